@@ -1,0 +1,117 @@
+"""``hwtui`` command line.
+
+Imports stay lazy: this module pulls in only argparse, and each subcommand module imports its
+heavy dependencies inside ``run``; ``hwtui --help`` and ``--version`` must answer in well under
+0.2 s on a machine where importing torch takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+from hwtui.app.errors import EXIT_INTERNAL, EXIT_USAGE, HwtuiError
+
+# Subcommand name -> module with HELP, add_arguments(parser) and run(args) -> int.
+SUBCOMMANDS: dict[str, str] = {
+    "list-gpus": "hwtui.app.commands.list_gpus",
+    "snapshot": "hwtui.app.commands.snapshot",
+    "env": "hwtui.app.commands.env",
+    "plan": "hwtui.app.commands.plan",
+    "replicate": "hwtui.app.commands.replicate",
+    "train": "hwtui.app.commands.train",
+    "cluster": "hwtui.app.commands.cluster",
+}
+
+
+def _add_host_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    default = argparse.SUPPRESS if suppress else None
+    group = parser.add_argument_group("machine")
+    group.add_argument("--sysroot", metavar="DIR", default=default,
+                       help="read /sys, /dev, /proc and /etc under DIR (a recorded tree) instead of /")
+    group.add_argument("--replay", metavar="FILE", default=default,
+                       help="reproduce the machine recorded by `hwtui snapshot` in FILE")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hwtui",
+        description="Detect and verify GPUs of every vendor, then replicate weights and train on them. "
+                    "With no command, starts the terminal UI.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    check = parser.add_argument_group("headless check")
+    check.add_argument("--check", action="store_true", help="run every check headless and print findings")
+    check.add_argument("--json", action="store_true", help="with --check: print one JSON document (schema hwtui.check/1)")
+    check.add_argument("--junit", metavar="FILE", help="with --check: also write JUnit XML, one testcase per finding")
+    check.add_argument("--strict", action="store_true", help="with --check: warnings fail the check too")
+    check.add_argument("--only", metavar="AREAS", help="with --check: comma list of areas to run (e.g. env,nccl)")
+    check.add_argument("--timeout-scale", type=float, default=None, metavar="X",
+                       help="multiply every probe timeout by X (default: HWTUI_PROBE_TIMEOUT_SCALE or 1)")
+    _add_host_options(parser, suppress=False)
+
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        sub = subs.add_parser(name, help=module.HELP, description=module.HELP)
+        _add_host_options(sub, suppress=True)
+        module.add_arguments(sub)
+        sub.set_defaults(_module=module_name)
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.version:
+        from hwtui.app import version
+
+        print(f"hwtui {version()}")
+        return 0
+    if getattr(args, "_module", None):
+        return importlib.import_module(args._module).run(args)
+    if args.check:
+        from hwtui.app.commands.check import run as run_check
+
+        return run_check(args)
+    if args.json or args.junit or args.strict or args.only:
+        raise HwtuiError("--json, --junit, --strict and --only go with --check (or a command that takes them)")
+    from hwtui.app.tui.launch import run_tui
+
+    return run_tui(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except HwtuiError as exc:
+        print(f"hwtui: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hwtui: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `hwtui --check | head` closes the pipe early; that is not an error worth a trace.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001 - no traceback ever reaches the user
+        if os.environ.get("HWTUI_DEBUG"):
+            raise
+        print(f"hwtui: internal error: {type(exc).__name__}: {exc} (HWTUI_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS", "EXIT_USAGE"]

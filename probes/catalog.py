@@ -1,0 +1,44 @@
+"""Every collector and rule hwtui runs, in one place.
+
+Modules are listed by name and imported on demand so ``hwtui --help`` stays fast; each module
+exposes ``COLLECTORS`` and/or ``RULES`` built from the functions it defines.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from hwtui.probes.framework import Collector, Rule
+from hwtui.probes.hardware_rules import device_node_rules, host_rules, module_rules, pci_rules
+from hwtui.probes.hostinfo import collect_host
+from hwtui.probes.pci import collect_device_nodes, collect_modules, collect_pci
+
+CORE_COLLECTORS = [
+    Collector("pci", collect_pci, "pci", timeout=5.0),
+    Collector("devnodes", collect_device_nodes, "devnodes", timeout=5.0),
+    Collector("modules", collect_modules, "kernel", timeout=5.0),
+    Collector("host", collect_host, "host", timeout=5.0),
+]
+CORE_RULES = [
+    Rule("pci", pci_rules, "pci", needs=("pci",)),
+    Rule("devnodes", device_node_rules, "devnodes", needs=("pci", "devnodes")),
+    Rule("modules", module_rules, "kernel", needs=("modules",)),
+    Rule("host", host_rules, "host", needs=("host",)),
+]
+
+# Modules that add their own COLLECTORS / RULES (vendor probes, distributed environment...).
+EXTENSION_MODULES: list[str] = []
+
+
+def catalog() -> tuple[list[Collector], list[Rule]]:
+    collectors, rules = list(CORE_COLLECTORS), list(CORE_RULES)
+    for name in EXTENSION_MODULES:
+        module = importlib.import_module(name)
+        collectors += getattr(module, "COLLECTORS", [])
+        rules += getattr(module, "RULES", [])
+    return collectors, rules
+
+
+def areas() -> list[str]:
+    collectors, rules = catalog()
+    return sorted({r.area for r in rules} | {c.area for c in collectors})

@@ -1,0 +1,17 @@
+"""Map the root folders app/ probes/ engine/ widgets/ to hwtui.app, hwtui.probes, ...
+
+Computed rather than listed so a new subpackage cannot be forgotten, and so nothing generic such
+as ``app`` or ``engine`` lands at the top of site-packages.
+"""
+
+from setuptools import find_packages, setup
+
+ROOTS = ("app", "probes", "engine", "widgets")
+
+packages, package_dir = [], {}
+for root in ROOTS:
+    packages.append(f"hwtui.{root}")
+    package_dir[f"hwtui.{root}"] = root
+    packages += [f"hwtui.{root}.{sub}" for sub in find_packages(root)]
+
+setup(packages=packages, package_dir=package_dir, package_data={"": ["*.tcss", "*.json", "*.txt"]})
