@@ -13,17 +13,20 @@ from hwtui.probes.hardware_rules import device_node_rules, host_rules, module_ru
 from hwtui.probes.hostinfo import collect_host
 from hwtui.probes.pci import collect_device_nodes, collect_modules, collect_pci
 
+# Rule and collector areas are the groups `--check --only` selects: "hardware" (this module),
+# "gpu" (vendor runtimes, drivers and wheels) and "env" (distributed environment and network).
+# A finding's own area (its id's first segment) is what the report groups by.
 CORE_COLLECTORS = [
-    Collector("pci", collect_pci, "pci", timeout=5.0),
-    Collector("devnodes", collect_device_nodes, "devnodes", timeout=5.0),
-    Collector("modules", collect_modules, "kernel", timeout=5.0),
-    Collector("host", collect_host, "host", timeout=5.0),
+    Collector("pci", collect_pci, "hardware", timeout=5.0),
+    Collector("devnodes", collect_device_nodes, "hardware", timeout=5.0),
+    Collector("modules", collect_modules, "hardware", timeout=5.0),
+    Collector("host", collect_host, "hardware", timeout=5.0),
 ]
 CORE_RULES = [
-    Rule("pci", pci_rules, "pci", needs=("pci",)),
-    Rule("devnodes", device_node_rules, "devnodes", needs=("pci", "devnodes")),
-    Rule("modules", module_rules, "kernel", needs=("modules",)),
-    Rule("host", host_rules, "host", needs=("host",)),
+    Rule("pci", pci_rules, "hardware", needs=("pci",)),
+    Rule("devnodes", device_node_rules, "hardware", needs=("pci", "devnodes")),
+    Rule("modules", module_rules, "hardware", needs=("modules",)),
+    Rule("host", host_rules, "hardware", needs=("host",)),
 ]
 
 # Modules that add their own COLLECTORS / RULES (vendor probes, distributed environment...).
