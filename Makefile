@@ -1,0 +1,31 @@
+# Two entry points: `make run` (the app) and `make test` (lint + the whole suite).
+# Both create .venv on first use; the stamp re-installs when the packaging files change.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hwtui-installed
+EXTRAS ?= engine,nvidia,amd,dev
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml setup.py constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24" "setuptools>=77"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/hwtui $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

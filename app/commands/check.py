@@ -1,0 +1,87 @@
+"""``hwtui --check``: every probe headless, for people and for CI.
+
+Exit codes: 0 no failure, 1 a failure (or a probe error: an unverified check is not a pass; with
+--strict also a warning), 2 usage error. Results on stdout, diagnostics on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from hwtui.app.commands._host import host_from_args, timeout_scale
+from hwtui.app.errors import EXIT_FAILED, EXIT_OK, HwtuiError
+
+SCHEMA = "hwtui.check/1"
+
+
+def _host_summary(result) -> dict[str, Any]:
+    info = dict(result.facts.get("host") or {})
+    info.pop("python_executable", None)
+    return info
+
+
+def build_document(host, result, devices) -> dict[str, Any]:
+    from hwtui.probes.finding import summarize
+    from hwtui.probes.redact import redact
+
+    doc = {
+        "schema": SCHEMA,
+        "host": {"source": host.description, **_host_summary(result)},
+        "devices": [d.to_dict() for d in devices],
+        "findings": [f.to_dict() for f in result.findings],
+        "summary": summarize(result.findings),
+        "duration_s": round(result.duration_s, 3),
+    }
+    return redact(doc)
+
+
+def is_failure(result, strict: bool) -> bool:
+    from hwtui.probes.finding import Status
+
+    bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
+    return any(f.status in bad for f in result.findings)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwtui.probes.catalog import areas, catalog
+    from hwtui.probes.finding import Finding, summarize
+    from hwtui.probes.framework import run_checks
+    from hwtui.probes.inventory import devices_from_facts
+    from hwtui.probes.redact import redact
+
+    host = host_from_args(args)
+    only = None
+    if args.only:
+        only = {a.strip() for a in args.only.split(",") if a.strip()}
+        known = set(areas())
+        unknown = only - known
+        if unknown or not only:
+            raise HwtuiError(f"--only {args.only}: unknown area(s) {', '.join(sorted(unknown)) or '(empty)'}; "
+                             f"choose from {', '.join(sorted(known))}")
+    collectors, rules = catalog()
+    result = run_checks(host, collectors, rules, only=only, timeout_scale=timeout_scale(args))
+    # Findings are redacted at the boundary, so text, JSON and JUnit all get the same masked view.
+    result.findings = [Finding.from_dict(redact(f.to_dict())) for f in result.findings]
+    devices = devices_from_facts(result.facts)
+
+    if args.junit:
+        from hwtui.app.output.junit import to_junit
+        from hwtui.engine.atomic import atomic_write_text
+
+        try:
+            atomic_write_text(args.junit, to_junit(result.findings, result.duration_s, strict=args.strict))
+        except OSError as exc:
+            raise HwtuiError(f"--junit {args.junit}: {exc.strerror or exc}") from None
+    if args.json:
+        json.dump(build_document(host, result, devices), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from hwtui.app.output.style import Painter, use_color
+        from hwtui.app.output.text_report import render
+
+        print(render(result.findings, summarize(result.findings), result.duration_s, host.description,
+                     Painter(use_color(sys.stdout))))
+    return EXIT_FAILED if is_failure(result, args.strict) else EXIT_OK

@@ -1,0 +1,121 @@
+"""The engine as a child process: command lines, a line reader, and a clean stop.
+
+The engine runs in its own processes (a crash or a hung collective must not take the TUI with
+it) and in its own session, so stopping it signals the whole process group, spawned ranks
+included. This module knows nothing of Textual: the Run screen drives it from a thread worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hwtui.app.tui.config import TuiConfig
+
+STOP_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # "plan" | "run"
+    argv: list[str]
+
+
+def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> list[Stage]:
+    """The commands for the user's choices: ``hwtui plan`` first when they picked weights."""
+    hw = [sys.executable, "-m", "hwtui.app"]
+    nproc = cfg.nproc or int(defaults["nproc"])  # type: ignore[arg-type]
+    if cfg.mode == "train":
+        gpu_ids = cfg.gpu_ids or str(defaults["gpu_ids"])
+        return [Stage("run", [*hw, "train", "--gpu-ids", gpu_ids, "--steps", str(cfg.steps), "--events", "-"])]
+    stages: list[Stage] = []
+    plan = cfg.plan
+    if cfg.source == "weights":
+        plan = str(workdir / "plan.json")
+        bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])  # type: ignore[arg-type]
+        stages.append(Stage("plan", [*hw, "plan", "--weights", cfg.weights, "--bucket-mb", str(bucket_mb), "-o", plan]))
+    stages.append(Stage("run", [
+        *hw, "replicate", "--plan", plan, "--device", cfg.device or str(defaults["device"]),
+        "--nproc", str(nproc), "--inflight", str(cfg.window or defaults["window"]),
+        "--chunk-mb", str(cfg.chunk_mb or defaults["chunk_mb"]), "--events", "-",
+    ]))
+    return stages
+
+
+class EngineProcess:
+    """One child process with its stdout read line by line and its stderr forwarded."""
+
+    def __init__(self, argv: list[str], on_stderr: Callable[[str], None], env: dict[str, str] | None = None):
+        self.argv = argv
+        self._on_stderr = on_stderr
+        self._env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self.proc: subprocess.Popen[str] | None = None
+        self._stderr_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def start(self) -> None:
+        with self._lock:
+            if self.stopped:
+                raise RuntimeError("stopped before it started")
+            self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
+                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, encoding="utf-8", errors="replace", bufsize=1, env=self._env,
+                start_new_session=True,  # its own process group: one signal reaches every rank
+            )
+        self._stderr_thread = threading.Thread(target=self._pump_stderr, name="engine-stderr", daemon=True)
+        self._stderr_thread.start()
+
+    def _pump_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            if line.strip():
+                self._on_stderr(line)
+
+    def lines(self) -> Iterator[str]:
+        """stdout lines until the process closes it (exits or is stopped)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        yield from self.proc.stdout
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.proc is not None
+        rc = self.proc.wait(timeout)
+        if self._stderr_thread is not None:
+            self._stderr_thread.join(timeout=2.0)  # the last stderr lines explain a failure
+        return rc
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit status."""
+        with self._lock:
+            self.stopped = True
+            proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            self._signal(proc, signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal(proc, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(grace_s)
+        # Ranks the engine spawned may outlive it; the group is ours, clear it either way.
+        self._signal(proc, signal.SIGKILL)
+        return proc.poll()
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen[str], sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None

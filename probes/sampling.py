@@ -1,0 +1,251 @@
+"""Live per-device figures for the dashboard: one ``sample()`` per tick, about a millisecond a device.
+
+Nothing is spawned per sample. NVML handles are opened once and kept; AMD and Intel figures are
+sysfs reads (amdgpu's mem_info_vram_*, gpu_busy_percent and hwmon; Intel's hwmon energy counter,
+turned into watts from the difference between two ticks); the CPU entry comes from psutil.
+
+On a host that is not live (``--sysroot`` tree or ``--replay`` snapshot) the same call returns
+the figures recorded with the machine (NVML's answer, the sysfs files, /proc/meminfo), so the TUI
+can show a colleague's machine exactly as it was captured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hwtui.probes.devices import Device
+from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import PCI_ROOT
+
+
+@dataclass
+class DeviceSample:
+    key: str  # "cuda:0", "hip:0", ..., "cpu"
+    name: str
+    mem_used: int | None  # bytes
+    mem_total: int | None
+    util: float | None  # percent
+    temp_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def hwmon_dir(host: Host, pci: str) -> str | None:
+    """The device's hwmon directory (``.../hwmon/hwmon3``), if its driver registered one."""
+    names = [n for n in host.listdir(f"{PCI_ROOT}/{pci}/hwmon") if n.startswith("hwmon")]
+    return f"{PCI_ROOT}/{pci}/hwmon/{names[0]}" if names else None
+
+
+def read_sysfs_gpu(host: Host, pci: str, hwmon: str | None) -> dict[str, Any]:
+    """amdgpu / i915 / xe sysfs figures. Unknown files give None: no driver exposes all of them."""
+    base = f"{PCI_ROOT}/{pci}"
+    out: dict[str, Any] = {
+        "mem_total": _num(host.read_text(f"{base}/mem_info_vram_total")),
+        "mem_used": _num(host.read_text(f"{base}/mem_info_vram_used")),
+        "util": _num(host.read_text(f"{base}/gpu_busy_percent")),
+        "temp_c": None, "power_w": None, "power_limit_w": None, "energy_uj": None,
+    }
+    if hwmon:
+        temp = _num(host.read_text(f"{hwmon}/temp1_input"))
+        out["temp_c"] = None if temp is None else temp / 1000.0
+        # amdgpu: power1_average (older) or power1_input (RDNA3+), microwatts.
+        power = _num(host.read_text(f"{hwmon}/power1_average"))
+        if power is None:
+            power = _num(host.read_text(f"{hwmon}/power1_input"))
+        out["power_w"] = None if power is None else power / 1e6
+        cap = _num(host.read_text(f"{hwmon}/power1_cap"))
+        if cap is None:
+            cap = _num(host.read_text(f"{hwmon}/power1_max"))  # i915 / xe
+        out["power_limit_w"] = None if not cap else cap / 1e6
+        out["energy_uj"] = _num(host.read_text(f"{hwmon}/energy1_input"))
+    return out
+
+
+class Sampler:
+    """Keep what is expensive to open (NVML handles, hwmon paths); read the cheap figures per tick."""
+
+    def __init__(self, host: Host, devices: list[Device] | None = None, nvml: Any = None):
+        self.host = host
+        if devices is None:
+            from hwtui.probes.inventory import detect_devices
+
+            devices, _ = detect_devices(host)
+        self.devices = [d for d in devices if d.usable and d.device]
+        self._nvml: Any = None
+        self._handles: dict[str, Any] = {}
+        self._power_limits: dict[str, float | None] = {}
+        self._hwmon = {d.pci: hwmon_dir(host, d.pci) for d in self.devices if d.backend in ("hip", "xpu")}
+        self._energy: dict[str, tuple[float, int]] = {}
+        self._recorded_nvml: dict[str, dict[str, Any]] = {}
+        self._closed = False
+        self._cpu_name = _cpu_name(host)  # /proc/cpuinfo is large on big machines: read it once
+        if host.is_live:
+            self._open_nvml(nvml)
+            self._prime_cpu()
+        else:
+            self._load_recorded_nvml()
+
+    # -- setup ------------------------------------------------------------------------------
+    def _open_nvml(self, nvml: Any) -> None:
+        nv = [d for d in self.devices if d.backend == "cuda"]
+        if not nv:
+            return
+        if nvml is None:
+            from hwtui.probes.nvidia import import_pynvml
+
+            nvml = import_pynvml()
+        if nvml is None:
+            return
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError:
+            return  # the check reports why; the dashboard shows empty cells
+        self._nvml = nvml
+        for dev in nv:
+            try:
+                self._handles[dev.pci] = nvml.nvmlDeviceGetHandleByPciBusId(dev.pci)
+            except nvml.NVMLError:
+                continue
+
+    def _load_recorded_nvml(self) -> None:
+        try:
+            nvml = self.host.fact("nvml", lambda: None) or {}
+        except FactUnavailable:
+            return
+        self._recorded_nvml = {d["pci"]: d for d in nvml.get("devices") or [] if d.get("pci")}
+
+    def _prime_cpu(self) -> None:
+        try:
+            import psutil
+
+            psutil.cpu_percent(interval=None)  # the first call only starts the measurement window
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- per tick ---------------------------------------------------------------------------
+    def sample(self) -> list[DeviceSample]:
+        out = [self._sample_device(d) for d in self.devices]
+        out.append(self._sample_cpu())
+        return out
+
+    def _sample_device(self, dev: Device) -> DeviceSample:
+        key = dev.device or dev.pci
+        if dev.backend == "cuda":
+            return self._sample_nvidia(dev, key)
+        if dev.backend in ("hip", "xpu"):
+            return self._sample_sysfs(dev, key)
+        return DeviceSample(key, dev.name, dev.vram_used, dev.vram_total, None, None, None, None)
+
+    def _sample_nvidia(self, dev: Device, key: str) -> DeviceSample:
+        if not self.host.is_live:
+            rec = self._recorded_nvml.get(dev.pci, {})
+            mem = rec.get("memory") or {}
+            return DeviceSample(key, rec.get("name") or dev.name, mem.get("used"), mem.get("total"),
+                                (rec.get("utilization") or {}).get("gpu"), rec.get("temperature_c"),
+                                rec.get("power_w"), rec.get("power_limit_w"))
+        nvml, handle = self._nvml, self._handles.get(dev.pci)
+        sample = DeviceSample(key, dev.name, dev.vram_used, dev.vram_total, None, None, None, None)
+        if nvml is None or handle is None or self._closed:
+            return sample
+
+        def get(fn: str, *args: Any) -> Any:
+            try:
+                return getattr(nvml, fn)(handle, *args)
+            except nvml.NVMLError:
+                return None
+
+        mem = get("nvmlDeviceGetMemoryInfo")
+        if mem is not None:
+            sample.mem_used, sample.mem_total = int(mem.used), int(mem.total)
+        util = get("nvmlDeviceGetUtilizationRates")
+        sample.util = None if util is None else float(util.gpu)
+        temp = get("nvmlDeviceGetTemperature", 0)
+        sample.temp_c = None if temp is None else float(temp)
+        power = get("nvmlDeviceGetPowerUsage")
+        sample.power_w = None if power is None else power / 1000.0
+        if dev.pci not in self._power_limits:  # changes only by admin action: read once
+            limit = get("nvmlDeviceGetEnforcedPowerLimit")
+            self._power_limits[dev.pci] = None if limit is None else limit / 1000.0
+        sample.power_limit_w = self._power_limits[dev.pci]
+        return sample
+
+    def _sample_sysfs(self, dev: Device, key: str) -> DeviceSample:
+        raw = read_sysfs_gpu(self.host, dev.pci, self._hwmon.get(dev.pci))
+        power = raw["power_w"]
+        if power is None and raw["energy_uj"] is not None and self.host.is_live:
+            # Intel exposes only an energy counter: watts = delta energy / delta time.
+            now = time.monotonic()
+            prev = self._energy.get(dev.pci)
+            self._energy[dev.pci] = (now, raw["energy_uj"])
+            if prev and now > prev[0] and raw["energy_uj"] >= prev[1]:
+                power = (raw["energy_uj"] - prev[1]) / 1e6 / (now - prev[0])
+        return DeviceSample(key, dev.name, raw["mem_used"] if raw["mem_used"] is not None else dev.vram_used,
+                            raw["mem_total"] or dev.vram_total, None if raw["util"] is None else float(raw["util"]),
+                            raw["temp_c"], power, raw["power_limit_w"])
+
+    def _sample_cpu(self) -> DeviceSample:
+        if self.host.is_live:
+            try:
+                import psutil
+
+                vm = psutil.virtual_memory()
+                return DeviceSample("cpu", self._cpu_name, int(vm.total - vm.available), int(vm.total),
+                                    float(psutil.cpu_percent(interval=None)), None, None, None)
+            except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable
+                pass
+        total, available = _meminfo(self.host)
+        used = None if total is None or available is None else total - available
+        return DeviceSample("cpu", self._cpu_name, used, total, None, None, None, None)
+
+    def close(self) -> None:
+        if self._nvml is not None and not self._closed:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        self._closed = True
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_name(host: Host) -> str:
+    for line in (host.read_text("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "CPU"
+
+
+def _meminfo(host: Host) -> tuple[int | None, int | None]:
+    total = available = None
+    for line in (host.read_text("/proc/meminfo") or "").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemTotal:":
+            total = int(parts[1]) * 1024
+        elif len(parts) >= 2 and parts[0] == "MemAvailable:":
+            available = int(parts[1]) * 1024
+    if total is None or available is None:
+        try:
+            rt = host.fact("host_runtime", lambda: {}) or {}
+            total = total or rt.get("mem_total")
+            available = available if available is not None else rt.get("mem_available")
+        except FactUnavailable:
+            pass
+    return total, available

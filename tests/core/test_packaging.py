@@ -1,0 +1,40 @@
+"""The wheel installs everything under the hwtui namespace and nothing generic at top level."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                        str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = out.glob("hwtui-*.whl")
+    return zipfile.ZipFile(whl)
+
+
+def test_only_hwtui_at_top_level(wheel):
+    tops = {n.split("/", 1)[0] for n in wheel.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"hwtui"}
+    names = set(wheel.namelist())
+    for pkg in ("app", "probes", "engine", "widgets"):
+        assert f"hwtui/{pkg}/__init__.py" in names
+
+
+def test_metadata_extras_and_entry_point(wheel):
+    (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    text = wheel.read(meta).decode()
+    for extra in ("nvidia", "amd", "intel", "engine", "dev", "all"):
+        assert f"Provides-Extra: {extra}" in text
+    assert "nvidia-ml-py" in text and "Requires-Dist: pynvml" not in text
+    base = [line for line in text.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not [line for line in base if any(x in line for x in ("torch", "nvidia-ml-py", "amdsmi", "intel"))]
+    (eps,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
+    assert "hwtui = hwtui.app.cli:entry" in wheel.read(eps).decode()
