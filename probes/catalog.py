@@ -30,7 +30,11 @@ CORE_RULES = [
 ]
 
 # Modules that add their own COLLECTORS / RULES (vendor probes, distributed environment...).
-EXTENSION_MODULES: list[str] = []
+EXTENSION_MODULES: list[str] = ["hwtui.probes.nvidia", "hwtui.probes.amd", "hwtui.probes.intel", "hwtui.probes.gaudi",
+                                  "hwtui.probes.tpu", "hwtui.probes.torchwheel",
+                                  "hwtui.probes.dist.netif", "hwtui.probes.dist.launcher", "hwtui.probes.dist.visibility",
+                                  "hwtui.probes.dist.rendezvous", "hwtui.probes.dist.nccl", "hwtui.probes.dist.ib",
+                                  "hwtui.probes.dist.vendor_ccl", "hwtui.probes.dist.knobs", "hwtui.probes.dist.hygiene"]
 
 
 def catalog() -> tuple[list[Collector], list[Rule]]:

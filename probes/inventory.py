@@ -16,9 +16,23 @@ from hwtui.probes.host import Host
 
 Enricher = Callable[[Facts], Mapping[str, Mapping[str, Any]]]
 
-# Collectors the inventory needs (list-gpus runs just these, not every check).
-INVENTORY_COLLECTORS: list[str] = ["pci"]
-ENRICHERS: list[Enricher] = []
+
+
+def _vendor_enrichers() -> list[Enricher]:
+    # Imported here, not at the top: the vendor modules import this package's siblings.
+    from hwtui.probes.amd import amd_enricher
+    from hwtui.probes.intel import intel_enricher
+    from hwtui.probes.nvidia import nvml_enricher
+
+    return [nvml_enricher, amd_enricher, intel_enricher]
+
+
+# Collectors the inventory needs (list-gpus runs just these, not every check): NVML for NVIDIA
+# names, VRAM and live figures; amd for amdsmi/sysfs names, VRAM and gfx targets. torch is not
+# among them (a cold list-gpus must not import it); intel_enricher uses torch facts when a check
+# already gathered them.
+INVENTORY_COLLECTORS: list[str] = ["pci", "nvml", "amd"]
+ENRICHERS: list[Enricher] = _vendor_enrichers()
 
 
 def devices_from_facts(facts: Facts) -> list[Device]:

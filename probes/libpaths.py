@@ -9,7 +9,6 @@ reproducible from a recorded tree or a snapshot; nothing is dlopen()ed.
 from __future__ import annotations
 
 import fnmatch
-import glob
 import os
 import posixpath
 
@@ -62,19 +61,3 @@ def find_library(host: Host, pattern: str, extra_dirs: tuple[str, ...] = ()) -> 
                 found.append(posixpath.join(d, name))
     return found
 
-
-def site_package_dirs() -> list[str]:
-    """This interpreter's site-packages (for pip-installed runtimes such as libtpu)."""
-    import site
-    import sys
-
-    dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    try:
-        dirs += site.getsitepackages()
-    except AttributeError:  # virtualenv's old site.py
-        pass
-    return sorted(set(dirs))
-
-
-def glob_live(pattern: str) -> list[str]:
-    return sorted(glob.glob(pattern))

@@ -17,7 +17,7 @@ from typing import Any
 from hwtui.probes.devices import build_devices
 from hwtui.probes.finding import Finding, Status, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
-from hwtui.probes.host import Host
+from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
 
 # NVML return codes (nvml.h); NVMLError(code) builds the matching subclass in nvidia-ml-py.
@@ -189,7 +189,12 @@ class NvmlCollector:
         self._factory = factory
 
     def __call__(self, host: Host) -> dict[str, Any]:
-        return host.fact("nvml", lambda: read_nvml(self._nvml if self._nvml is not None else self._factory()))
+        try:
+            return host.fact("nvml", lambda: read_nvml(self._nvml if self._nvml is not None else self._factory()))
+        except FactUnavailable:
+            # A tree or snapshot taken without NVML answers: the /proc fallback still works.
+            return {"ok": False, "error": {"kind": "NotRecorded", "code": None,
+                                           "message": "NVML answers were not recorded with this machine"}}
 
 
 # -- the kernel driver without NVML ---------------------------------------------------------
@@ -273,6 +278,8 @@ def _error_finding(err: dict[str, Any], facts: Facts, n_gpus: int) -> Finding:
     if kind == "FunctionNotFound":
         return warn("nvidia.nvml", "the NVIDIA driver is older than nvidia-ml-py expects", msg,
                     "sudo apt install nvidia-driver-570-server (a driver from the last two years)", **data)
+    if kind == "NotRecorded":
+        return skip("nvidia.nvml", "NVML answers not recorded with this machine", msg, **data)
     if kind == "ModuleMissing":
         return warn("nvidia.nvml", "nvidia-ml-py is not installed: no live NVIDIA figures",
                     "Names, memory, utilization and power need NVML; the kernel driver version still comes from /proc.",

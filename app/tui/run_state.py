@@ -19,6 +19,7 @@ from typing import Any
 # Bucket states in pipeline order; "failed" is terminal like "done".
 BUCKET_STATES = ("pending", "staged", "inflight", "verifying", "done", "failed")
 ACTIVE_STATES = {"staged", "inflight", "verifying"}
+_ORDER = {state: i for i, state in enumerate(BUCKET_STATES)}
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
 
 
@@ -137,10 +138,15 @@ class RunState:
         self.train = Training()
         self.cluster = Cluster()
         self.log: deque[tuple[str, str]] = deque(maxlen=log_lines)  # (level, text)
+        self.log_total = 0  # lines ever logged: lets the log widget append only what is new
         self.errors: list[str] = []
         self.exit_code: int | None = None
         self.first_t: float | None = None
         self.last_t: float | None = None
+
+    def _log(self, entry: tuple[str, str]) -> None:
+        self.log.append(entry)
+        self.log_total += 1
 
     # -- writers (reader thread) ----------------------------------------------------------
     def apply(self, ev: Any) -> str:
@@ -152,7 +158,7 @@ class RunState:
 
     def add_log(self, text: str, level: str = "info") -> None:
         with self.lock:
-            self.log.append((level, text))
+            self._log((level, text))
             if level == "error":
                 self.errors.append(text)
             self.version += 1
@@ -163,7 +169,7 @@ class RunState:
             if exit_code != 0:
                 msg = f"engine exited with status {exit_code}"
                 self.errors.append(msg)
-                self.log.append(("error", msg))
+                self._log(("error", msg))
             self.version += 1
 
     def _apply(self, kind: str, d: dict[str, Any]) -> None:
@@ -180,16 +186,16 @@ class RunState:
         elif kind == "log":
             level = str(d.get("level") or "info")
             src = f"[{d['source']}] " if d.get("source") else ""
-            self.log.append((level, f"{src}{d.get('message', '')}"))
+            self._log((level, f"{src}{d.get('message', '')}"))
             if level in ("error", "critical"):
                 self.errors.append(str(d.get("message", "")))
         elif kind == "error":
             where = " ".join(x for x in (f"rank {d['rank']}" if d.get("rank") is not None else "", str(d.get("where") or "")) if x)
             msg = f"{where}: {d.get('message', '')}" if where else str(d.get("message", ""))
             self.errors.append(msg)
-            self.log.append(("error", msg))
+            self._log(("error", msg))
         else:
-            self.log.append(("debug", f"{kind} {d}"))
+            self._log(("debug", f"{kind} {d}"))
 
     # replication ---------------------------------------------------------------------------
     def _repl_start(self, d: dict[str, Any]) -> None:
@@ -197,17 +203,25 @@ class RunState:
         self.repl = Replication(start=dict(d), window=int(d.get("window") or 0), total_bytes=int(d.get("total_bytes") or 0))
         self.repl.states = {i: "pending" for i in range(int(d.get("n_buckets") or 0))}
         self.repl.lanes = [None] * max(self.repl.window, 1)
-        self.log.append(("info", f"replicating {d.get('model', '?')} v{d.get('version', '?')}: "
+        self._log(("info", f"replicating {d.get('model', '?')} v{d.get('version', '?')}: "
                                  f"{d.get('n_buckets', '?')} buckets, {d.get('world_size', '?')} ranks on "
                                  f"{d.get('device', '?')} via {d.get('transport', '?')}"))
 
     def _repl_bucket(self, d: dict[str, Any]) -> None:
         bid, state = int(d.get("bucket_id", -1)), str(d.get("state", ""))
+        current = self.repl.states.get(bid, "pending")
+        if d.get("rank") is not None and state != "failed":
+            # A rank's own progress moves the bucket forward but never to done: the world-level
+            # event (rank None) says done once every rank verified it.
+            if state == "done" or _ORDER.get(state, 0) <= _ORDER.get(current, 0):
+                return
+        if current == "failed":
+            return
         self.repl.states[bid] = state
         self.repl._place(bid, state)
         if state == "failed":
             self.errors.append(f"bucket {bid} failed on rank {d.get('rank', '?')}")
-            self.log.append(("error", self.errors[-1]))
+            self._log(("error", self.errors[-1]))
 
     def _repl_window(self, d: dict[str, Any]) -> None:
         self.repl.window = int(d.get("window") or self.repl.window)
@@ -226,7 +240,7 @@ class RunState:
     def _repl_commit(self, d: dict[str, Any]) -> None:
         self.repl.commits.append(dict(d))
         ok = d.get("ok", True)
-        self.log.append(("info" if ok else "error", f"commit v{d.get('version', '?')} {d.get('phase', '?')}: "
+        self._log(("info" if ok else "error", f"commit v{d.get('version', '?')} {d.get('phase', '?')}: "
                                                     f"{'ok' if ok else 'FAILED'} {d.get('detail', '')}".rstrip()))
         if not ok:
             self.errors.append(self.log[-1][1])
@@ -238,7 +252,7 @@ class RunState:
         if d.get("seconds"):
             self.repl.elapsed_s = _num(d["seconds"])
         ok = bool(d.get("ok"))
-        self.log.append(("info" if ok else "error", f"replication {'done' if ok else 'FAILED'}: "
+        self._log(("info" if ok else "error", f"replication {'done' if ok else 'FAILED'}: "
                                                     f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.1f} s"))
         if not ok:
             self.errors.append(self.log[-1][1])
@@ -249,7 +263,7 @@ class RunState:
         self.train = Training(start=dict(d))
         for w in d.get("workers") or []:
             self.train.workers[int(w.get("rank", len(self.train.workers)))] = {**w, "step": 0, "samples": 0}
-        self.log.append(("info", f"training {d.get('steps', '?')} steps on {len(self.train.workers)} workers "
+        self._log(("info", f"training {d.get('steps', '?')} steps on {len(self.train.workers)} workers "
                                  f"(balance {d.get('balance', '?')}, merge every {d.get('merge_every', '?')})"))
 
     def _train_worker(self, d: dict[str, Any]) -> None:
@@ -268,7 +282,7 @@ class RunState:
 
     def _train_checkpoint(self, d: dict[str, Any]) -> None:
         self.train.checkpoints.append(dict(d))
-        self.log.append(("info", f"checkpoint step {d.get('step', '?')} -> {d.get('path', '?')}"))
+        self._log(("info", f"checkpoint step {d.get('step', '?')} -> {d.get('path', '?')}"))
 
     def _train_lost(self, d: dict[str, Any]) -> None:
         self.train.lost.append(dict(d))
@@ -277,12 +291,12 @@ class RunState:
         msg = (f"worker rank {d.get('rank', '?')} ({d.get('device', '?')}) lost: {d.get('reason', '?')}; "
                f"{d.get('chunks_requeued', 0)} chunks requeued")
         self.errors.append(msg)
-        self.log.append(("error", msg))
+        self._log(("error", msg))
 
     def _train_done(self, d: dict[str, Any]) -> None:
         self.train.done = dict(d)
         ok = bool(d.get("ok"))
-        self.log.append(("info" if ok else "error", f"training {'done' if ok else 'FAILED'}: {d.get('samples', '?')} samples "
+        self._log(("info" if ok else "error", f"training {'done' if ok else 'FAILED'}: {d.get('samples', '?')} samples "
                                                     f"in {_num(d.get('seconds')):.1f} s, final loss {d.get('final_loss', '?')}"))
         if not ok:
             self.errors.append(self.log[-1][1])
@@ -290,28 +304,28 @@ class RunState:
     # cluster smoke test --------------------------------------------------------------------
     def _cluster_node(self, d: dict[str, Any]) -> None:
         self.cluster.nodes[int(d.get("rank", len(self.cluster.nodes)))] = dict(d)
-        self.log.append(("info" if d.get("ok") else "error", f"node {d.get('node', '?')} rank {d.get('rank', '?')}: {d.get('summary', '')}"))
+        self._log(("info" if d.get("ok") else "error", f"node {d.get('node', '?')} rank {d.get('rank', '?')}: {d.get('summary', '')}"))
 
     def _cluster_mismatch(self, d: dict[str, Any]) -> None:
         self.cluster.mismatches.append(d.get("finding"))
         f = d.get("finding") or {}
         text = f.get("title") if isinstance(f, dict) else str(f)
-        self.log.append(("warn", f"mismatch: {text}"))
+        self._log(("warn", f"mismatch: {text}"))
 
     def _cluster_correctness(self, d: dict[str, Any]) -> None:
         self.cluster.correctness = dict(d)
         if not d.get("ok"):
             self.errors.append(f"all-reduce correctness: expected {d.get('expected')}, got {d.get('got')}")
-            self.log.append(("error", self.errors[-1]))
+            self._log(("error", self.errors[-1]))
 
     def _cluster_bandwidth(self, d: dict[str, Any]) -> None:
         self.cluster.bandwidth.append(dict(d))
-        self.log.append(("info", f"{d.get('op', '?')} {int(d.get('size_bytes') or 0) / 1e6:.0f} MB: "
+        self._log(("info", f"{d.get('op', '?')} {int(d.get('size_bytes') or 0) / 1e6:.0f} MB: "
                                  f"algbw {_num(d.get('algbw')):.2f} GB/s busbw {_num(d.get('busbw')):.2f} GB/s"))
 
     def _cluster_done(self, d: dict[str, Any]) -> None:
         self.cluster.done = dict(d)
-        self.log.append(("info" if d.get("ok") else "error",
+        self._log(("info" if d.get("ok") else "error",
                          f"cluster test {'passed' if d.get('ok') else 'FAILED'}: {d.get('world_size', '?')} ranks on {d.get('nodes', '?')} nodes"))
 
     # -- readers (UI thread, under lock) -------------------------------------------------------
@@ -366,11 +380,3 @@ _HANDLERS = {
     "cluster.done": RunState._cluster_done,
 }
 
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--"
-    seconds = max(0, int(round(seconds)))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"

@@ -1,0 +1,45 @@
+"""``hwtui plan``: lay out weight files into a verified, versioned replication plan."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "plan a weight replication: buckets, checksums, delta against a previous manifest"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--weights", nargs="+", required=True, metavar="PATH",
+                        help="safetensors files (memory-mapped) or torch state dicts (loaded with weights_only=True)")
+    parser.add_argument("--prev", metavar="MANIFEST",
+                        help="manifest (or plan) of the version the receivers serve now: only changed tensors are sent")
+    parser.add_argument("--bucket-mb", type=float, default=32.0, metavar="N", help="bucket size in MiB (default 32)")
+    parser.add_argument("--align", type=int, default=1, metavar="B",
+                        help="align each tensor inside a bucket to B bytes (a power of two; default 1 keeps buckets "
+                             "contiguous file ranges that are sent without packing)")
+    parser.add_argument("--model", help="model id (default: the first file's name)")
+    parser.add_argument("--version", help="version of these weights (default: derived from their checksums)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan (atomically)")
+    parser.add_argument("--manifest", metavar="FILE", help="also write the manifest of this version (the next --prev)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from hwtui.app.errors import HwtuiError
+    from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic
+
+    bucket_bytes = int(args.bucket_mb * (1 << 20))
+    if bucket_bytes <= 0:
+        raise HwtuiError("--bucket-mb must be positive")
+    t0 = time.perf_counter()
+    plan = build_plan_from_files(args.weights, model=args.model, version=args.version, bucket_bytes=bucket_bytes,
+                                 align=args.align, prev_path=args.prev)
+    write_json_atomic(args.output, plan)
+    if args.manifest:
+        write_json_atomic(args.manifest, manifest_of(plan))
+    sent = sum(1 for t in plan["tensors"] if t["send"])
+    kind = f"delta from {plan['prev_version']}" if plan["prev_version"] else "full push"
+    print(f"plan {args.output}: {plan['model']} {plan['version']} ({kind}): {sent}/{len(plan['tensors'])} tensors, "
+          f"{plan['total_bytes'] / 1e6:.1f} MB in {len(plan['buckets'])} bucket(s), {len(plan['deleted'])} deleted, "
+          f"digest {plan['digest'][:16]} ({time.perf_counter() - t0:.2f} s)")
+    return 0

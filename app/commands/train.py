@@ -1,0 +1,180 @@
+"""``hwtui train``: every device in the box trains, whatever its vendor; copies merged by samples.
+
+One worker process per device (``--gpu-ids 0,1`` global ids, or ``cuda:0,xpu:0,hip:0,cpu:0,cpu:1``;
+``--cuda-ids`` kept for compatibility). Without any accelerator the default is two CPU workers.
+``--events -`` streams JSON lines on stdout (the TUI reads them) and moves every human line to
+stderr. SIGINT/SIGTERM stop the run cleanly: workers are stopped, the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+HELP = "train a small model on every selected device (mixed vendors), merged by samples"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sel = parser.add_argument_group("devices")
+    sel.add_argument("--gpu-ids", metavar="IDS", help="devices: global ids (0,1) or cuda:0,xpu:0,hip:0,hpu:0,cpu:0,cpu:1 "
+                                                      "(default: every usable accelerator, else cpu:0,cpu:1)")
+    sel.add_argument("--cuda-ids", metavar="IDS", help="legacy form: torch.cuda indices (0,1)")
+    run = parser.add_argument_group("training")
+    run.add_argument("--steps", type=int, default=200, help="steps of the merged model (default 200)")
+    run.add_argument("--batch-size", type=int, default=16, help="samples per batch and chunk (default 16)")
+    run.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    run.add_argument("--merge-every", type=int, default=20, help="steps between merge rounds (default 20)")
+    run.add_argument("--balance", choices=("dynamic", "equal", "static"), default="dynamic",
+                     help="dynamic: chunks claimed as devices free up (default); equal: same share each; "
+                          "static: shares from a measured calibration")
+    run.add_argument("--optimizer-state", choices=("average", "reset", "keep"), default="average",
+                     help="what merging does to AdamW state (default average; see engine/training/merge.py)")
+    run.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                     help="auto: bf16 autocast where the device supports it, else fp32")
+    run.add_argument("--activation-checkpointing", action="store_true", help="recompute activations (less memory)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--context", type=int, default=64, help="model context in bytes (default 64)")
+    run.add_argument("--d-model", type=int, default=64)
+    run.add_argument("--layers", type=int, default=2)
+    run.add_argument("--heads", type=int, default=4)
+    ck = parser.add_argument_group("checkpoints")
+    ck.add_argument("--checkpoint-dir", metavar="DIR", help="write a checkpoint after merge rounds")
+    ck.add_argument("--checkpoint-every", type=int, default=1, metavar="ROUNDS", help="rounds between checkpoints (default 1)")
+    ck.add_argument("--keep-checkpoints", type=int, default=3, metavar="N")
+    ck.add_argument("--resume", action="store_true", help="continue from the last good checkpoint in --checkpoint-dir")
+    h = parser.add_argument_group("health")
+    h.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="S", help="silence before a worker is lost")
+    h.add_argument("--stall-timeout", type=float, default=300.0, metavar="S", help="no progress while holding work")
+    h.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help="gloo rendezvous/collective timeout")
+    out = parser.add_argument_group("output")
+    out.add_argument("--events", metavar="FILE", help="write events as JSON lines to FILE ('-' = stdout, humans to stderr)")
+    out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")
+
+
+def _positive(args: argparse.Namespace) -> None:
+    from hwtui.app.errors import HwtuiError
+
+    for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every"):
+        if getattr(args, name) < 1:
+            raise HwtuiError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    if not args.lr > 0:
+        raise HwtuiError(f"--lr must be positive (got {args.lr})")
+    if args.d_model % args.heads:
+        raise HwtuiError(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    for name in ("heartbeat_timeout", "stall_timeout", "group_timeout"):
+        if not getattr(args, name) > 0:
+            raise HwtuiError(f"--{name.replace('_', '-')} must be positive")
+
+
+def resolve_devices(args: argparse.Namespace) -> list:
+    """DeviceRefs from --gpu-ids / --cuda-ids (or the default), errors as one line."""
+    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.errors import HwtuiError
+    from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
+    from hwtui.probes.inventory import detect_devices
+
+    if args.gpu_ids and args.cuda_ids:
+        raise HwtuiError("--gpu-ids and --cuda-ids are alternatives: give one")
+    devices, _facts = detect_devices(host_from_args(args))
+    try:
+        if args.cuda_ids:
+            return parse_cuda_ids(args.cuda_ids, devices)
+        if args.gpu_ids:
+            return parse_gpu_ids(args.gpu_ids, devices)
+        usable = [d for d in devices if d.usable and d.backend in ("cuda", "hip", "xpu", "hpu")]
+        spec = ",".join(f"{d.backend}:{d.index}" for d in usable) or "cpu:0,cpu:1"
+        return parse_gpu_ids(spec, devices)
+    except GpuIdError as exc:
+        raise HwtuiError(str(exc)) from None
+
+
+class _Printer:
+    """Human-readable progress, on stdout or (with --events -) stderr."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __call__(self, ev) -> None:
+        if getattr(ev, "where", None) == "startup" or (ev.kind == "train.done" and ev.report is None):
+            return  # a run that could not start: the CLI prints that one line itself (exit 2)
+        text = self.format(ev)
+        if text:
+            print(text, file=self.stream, flush=True)
+
+    @staticmethod
+    def format(ev) -> str | None:
+        k = ev.kind
+        if k == "train.start":
+            devs = ", ".join(f"{w['rank']}={w['device']} ({w['name'] if w['name'].startswith(w['vendor']) else w['vendor'] + ' ' + w['name']})"
+                             for w in ev.workers)
+            return (f"training {ev.params:,} parameters for {ev.steps} steps on {devs}; batch {ev.batch_size}, "
+                    f"merge every {ev.merge_every}, balance {ev.balance}")
+        if k == "train.merge":
+            shares = " ".join(f"{s:.0%}" for s in ev.shares)
+            lm = "-" if ev.loss_merged is None else f"{ev.loss_merged:.4f}"
+            lw = "-" if ev.loss_workers_mean is None else f"{ev.loss_workers_mean:.4f}"
+            return f"round {ev.round} step {ev.step}: shares {shares}; held-out loss merged {lm} vs workers' mean {lw}"
+        if k == "train.checkpoint":
+            return f"checkpoint {ev.path} (step {ev.step})"
+        if k == "train.worker_lost":
+            return f"worker {ev.rank} ({ev.device}) lost: {ev.reason}; {ev.chunks_requeued} chunk(s) back in the queue"
+        if k == "train.done":
+            fl = "-" if ev.final_loss is None else f"{ev.final_loss:.4f}"
+            return f"{'done' if ev.ok else 'stopped'} in {ev.seconds:.1f}s: {ev.samples:,} samples, final held-out loss {fl}"
+        if k == "error":
+            return f"error: {ev.message}"
+        if k == "log":
+            return ev.message
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwtui.app.errors import EXIT_FAILED, HwtuiError
+
+    _positive(args)
+    refs = resolve_devices(args)
+    if args.resume and not args.checkpoint_dir:
+        raise HwtuiError("--resume needs --checkpoint-dir")
+
+    from hwtui.engine.events import Fanout, JsonlWriter
+    from hwtui.engine.training.launcher import Coordinator, TrainConfig, TrainingError
+    from hwtui.engine.training.model import ModelConfig
+    from hwtui.engine.training.report import write_report
+
+    to_stdout = args.events == "-"
+    human = _Printer(sys.stderr if to_stdout else sys.stdout)
+    try:
+        writer = JsonlWriter(args.events) if args.events else None
+    except OSError as exc:
+        raise HwtuiError(f"--events {args.events}: {exc.strerror}") from None
+    cfg = TrainConfig(
+        devices=refs, steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
+        balance=args.balance, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints, resume=args.resume, seed=args.seed, precision=args.precision,
+        activation_checkpointing=args.activation_checkpointing, optimizer_state=args.optimizer_state,
+        model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
+        heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
+    )
+    coord = Coordinator(cfg, Fanout(human, writer))
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        coord.request_stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        report = coord.run()
+    except TrainingError as exc:
+        raise HwtuiError(str(exc)) from None
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if writer:
+            writer.close()
+    if args.report:
+        write_report(args.report, report)
+    if received:
+        return 128 + received[0]
+    return 0 if report["ok"] else EXIT_FAILED

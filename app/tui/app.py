@@ -1,0 +1,121 @@
+"""The hwtui Textual app: a five-step wizard that ends on the live dashboard.
+
+The app owns what the steps share (the host, detected devices, remembered choices) and the step
+order; each step is its own screen module. Screens are installed once and switched, so going
+Back keeps what a step already found instead of probing again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hwtui.app.tui.config import TuiConfig
+from hwtui.app.tui.defaults import engine_defaults
+from hwtui.app.tui.device_sampler import make_sampler
+from textual.app import App
+from textual.binding import Binding, BindingType
+
+STEPS = ("detect", "drivers", "environment", "engine", "run")
+
+
+class HwtuiApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "hwtui"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; the palette would shadow ctrl+p
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    def __init__(self, host: Any, config: TuiConfig | None = None, *, config_file: Path | None = None,
+                 engine_stages: Callable[..., list[Any]] | None = None,
+                 sampler_factory: Callable[[Any, list[Any]], Any] | None = None,
+                 host_args: list[str] | None = None, workdir: Path | None = None, start_step: str = "detect"):
+        super().__init__()
+        self.host = host
+        self.config = config or TuiConfig()
+        self.config_file = config_file
+        self.engine_stages = engine_stages  # None: the real `hwtui plan/replicate/train` commands
+        self.sampler_factory = sampler_factory or make_sampler
+        self.host_args = host_args or []  # ["--replay", FILE] so `hwtui env` sees the same machine
+        self.workdir = workdir
+        self.start_step = start_step
+        self.devices: list[Any] = []
+        self.devices_error = ""
+        self._quitting = False
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return engine_defaults(self.devices)
+
+    def on_mount(self) -> None:
+        from hwtui.app.tui.screens.detect import DetectScreen
+        from hwtui.app.tui.screens.drivers import DriversScreen
+        from hwtui.app.tui.screens.engine import EngineScreen
+        from hwtui.app.tui.screens.environment import EnvironmentScreen
+        from hwtui.app.tui.screens.run import RunScreen
+
+        for name, cls in zip(STEPS, (DetectScreen, DriversScreen, EnvironmentScreen, EngineScreen, RunScreen), strict=True):
+            self.install_screen(cls(), name=name)
+        self.push_screen(self.start_step)
+        if self.config.note:
+            self.notify(self.config.note, severity="warning")
+
+    # -- navigation ---------------------------------------------------------------------------
+    def goto(self, step: str) -> None:
+        self.switch_screen(step)
+
+    def step_offset(self, step: str, delta: int) -> str | None:
+        i = STEPS.index(step) + delta
+        return STEPS[i] if 0 <= i < len(STEPS) else None
+
+    def run_dir(self) -> Path:
+        """Where a run keeps its intermediate files (the plan made from weights)."""
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="hwtui-run-")
+            self.workdir = Path(self._tmp.name)
+        return self.workdir
+
+    def save_config(self) -> None:
+        try:
+            self.config.save(self.config_file)
+        except OSError as exc:
+            self.notify(f"could not save choices: {exc}", severity="warning")
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        from hwtui.app.tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        """Stop the engine (SIGTERM, then SIGKILL after a grace period) before leaving."""
+        if self._quitting:
+            return
+        self._quitting = True
+        run = self.get_screen("run") if "run" in self._installed_screens else None
+        if run is not None and run.engine_running:
+            self.notify("stopping the engine...")
+            self.run_worker(self._stop_then_exit, thread=True, group="quit", exit_on_error=False)
+        else:
+            self.exit(0)
+
+    def _stop_then_exit(self) -> None:
+        run = self.get_screen("run")
+        run.stop_engine()
+        self.call_from_thread(self.exit, 0)
+
+    def on_unmount(self) -> None:
+        # Last line of defence (an exception, a closed terminal): never leave an engine behind.
+        if "run" in self._installed_screens:
+            run = self.get_screen("run")
+            run.stop_engine(grace_s=2.0)
+            run.close_sampler()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -1,0 +1,41 @@
+"""``hwtui`` with no command: build the host, load remembered choices, run the app.
+
+Imported only when the TUI starts, so Textual never slows down the CLI's subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from hwtui.app.errors import HwtuiError
+
+
+def host_args(args: argparse.Namespace) -> list[str]:
+    """The options that make a subprocess (``hwtui env``) see the same machine as the app."""
+    if getattr(args, "replay", None):
+        return ["--replay", os.path.abspath(args.replay)]
+    if getattr(args, "sysroot", None):
+        return ["--sysroot", os.path.abspath(args.sysroot)]
+    return []
+
+
+def run_tui(args: argparse.Namespace) -> int:
+    from hwtui.probes.host import make_host
+
+    try:
+        host = make_host(getattr(args, "sysroot", None), getattr(args, "replay", None))
+    except ValueError as exc:
+        raise HwtuiError(str(exc)) from None
+
+    from hwtui.app.tui.app import HwtuiApp
+    from hwtui.app.tui.config import TuiConfig, config_path
+
+    config_file = config_path()
+    config = TuiConfig.load(config_file)
+    interval = getattr(args, "interval", None)
+    if interval:
+        config.interval = float(interval)
+    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args))
+    result = app.run()
+    return int(result or 0)

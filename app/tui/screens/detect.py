@@ -1,0 +1,46 @@
+"""Step 1, Detect: every accelerator on the machine, of every vendor, as ``list-gpus`` shows it."""
+
+from __future__ import annotations
+
+from hwtui.app.tui.messages import DevicesDetected
+from hwtui.app.tui.screens._step import WizardStep
+from hwtui.widgets.device_table import DeviceTable
+from textual import work
+from textual.app import ComposeResult
+from textual.widgets import Static
+
+
+class DetectScreen(WizardStep):
+    STEP = "detect"
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("", id="status", classes="summary")
+        yield DeviceTable(id="devices")
+        yield Static("Devices marked unusable are listed with the reason; the Drivers step says how to fix it.\n"
+                     "n: next step   r: detect again   ?: help", classes="hint")
+
+    def action_rerun(self) -> None:
+        self.set_status(f"detecting devices on {self.app.host.description}...")  # type: ignore[attr-defined]
+        self._detect()
+
+    @work(thread=True, exclusive=True, group="detect", exit_on_error=False)
+    def _detect(self) -> None:
+        from hwtui.probes.inventory import detect_devices
+
+        try:
+            devices, _facts = detect_devices(self.app.host)  # type: ignore[attr-defined]
+            self.post_message(DevicesDetected(devices))
+        except Exception as exc:  # noqa: BLE001 - shown, not raised
+            self.post_message(DevicesDetected([], f"{type(exc).__name__}: {exc}"))
+
+    def on_devices_detected(self, msg: DevicesDetected) -> None:
+        app = self.app
+        app.devices, app.devices_error = msg.devices, msg.error  # type: ignore[attr-defined]
+        if msg.error:
+            self.set_status(f"detection failed: {msg.error}")
+        usable = [d for d in msg.devices if d.usable]
+        vendors = sorted({d.vendor for d in msg.devices})
+        if not msg.error:
+            self.set_status(f"{len(msg.devices)} accelerator(s) on {app.host.description}: {len(usable)} usable"  # type: ignore[attr-defined]
+                            + (f" ({', '.join(vendors)})" if vendors else " - the engine will run on CPU ranks"))
+        self.query_one(DeviceTable).show(msg.devices)

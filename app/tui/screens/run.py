@@ -1,0 +1,298 @@
+"""Step 5, Run: the live dashboard.
+
+Two thread workers feed it and neither ever blocks the UI thread:
+
+* the engine reader runs the engine's stages as child processes, folds each JSON line into the
+  shared :class:`RunState` and posts a merged ``EngineUpdated``; the screen repaints at most
+  ``MAX_FPS`` times a second however fast events come;
+* the sampler polls device figures, then the screen re-arms a one-shot timer, so polls never
+  overlap even when one takes longer than the interval (dolphie's pattern).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hwtui.app.tui.device_sampler import DeviceHistory
+from hwtui.app.tui.engine_process import EngineProcess, build_stages
+from hwtui.app.tui.messages import EngineError, EngineExited, EngineUpdated, SamplesReady
+from hwtui.app.tui.run_state import RunState
+from hwtui.app.tui.screens._step import WizardStep
+from hwtui.widgets.bucket_lanes import BucketLanes
+from hwtui.widgets.cluster_summary import ClusterSummary
+from hwtui.widgets.device_panel import DevicePanel
+from hwtui.widgets.error_log import ErrorLog
+from hwtui.widgets.loss_chart import LossChart
+from hwtui.widgets.merge_rounds import MergeRounds
+from hwtui.widgets.progress_eta import ProgressEta
+from hwtui.widgets.throughput_chart import ThroughputChart
+from hwtui.widgets.worker_table import WorkerTable
+from textual import events, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.timer import Timer
+from textual.widgets import ContentSwitcher, Static
+
+MAX_FPS = 10
+
+
+class RunScreen(WizardStep):
+    STEP = "run"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("b", "back", "Back"),
+        Binding("n", "next", "Next", show=False),
+        Binding("r", "rerun", "Re-run"),
+        Binding("s", "stop", "Stop engine"),
+        Binding("l", "toggle_log", "Log"),
+    ]
+    DEFAULT_CSS = """
+    RunScreen .step-body { padding: 0 1; }
+    RunScreen #views { height: auto; }
+    RunScreen #devices-title, RunScreen #log-title { height: 1; text-style: bold; }
+    RunScreen.-short DevicePanel { max-height: 4; }
+    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 4; }
+    RunScreen.-log-only #views, RunScreen.-log-only DevicePanel, RunScreen.-log-only #devices-title { display: none; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = RunState()
+        self.history = DeviceHistory()
+        self.engine: EngineProcess | None = None
+        self._engine_lock = threading.Lock()
+        self._stop_requested = False
+        self._seen_version = -1
+        self._last_paint = 0.0
+        self._paint_timer: Timer | None = None
+        self._poll_timer: Timer | None = None
+        self._sampler: Any = None
+        self._sampler_lock = threading.Lock()
+        self._polling = False
+        self._errors_notified = 0
+        self.pending_run = False  # set by the Engine step; the run starts once this screen shows
+
+    # -- layout -------------------------------------------------------------------------------
+    def compose_body(self) -> ComposeResult:
+        yield ProgressEta(id="progress")
+        with ContentSwitcher(id="views", initial="view-idle"):
+            yield Static("No run yet: choose an engine in step 4 (b goes back) and press ctrl+s there.",
+                         id="view-idle", classes="hint")
+            with Vertical(id="view-replicate"):
+                yield BucketLanes(id="lanes")
+                yield ThroughputChart(id="throughput")
+            with Vertical(id="view-train"):
+                yield WorkerTable(id="workers")
+                yield LossChart(id="loss")
+                yield MergeRounds(id="merges")
+            yield ClusterSummary(id="view-cluster")
+        yield Static("devices", id="devices-title")
+        yield DevicePanel(id="device-panel")
+        yield Static("log", id="log-title")
+        yield ErrorLog(id="log")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.height < 32, "-short")
+
+    def on_screen_resume(self) -> None:
+        self.started = True
+        self.set_class(self.size.height < 32, "-short")
+        self._start_polling()
+        if self.pending_run:
+            self.pending_run = False
+            self.start_run()
+
+    def on_screen_suspend(self) -> None:
+        # Nobody is looking: stop sampling (the engine keeps running and its state keeps folding).
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+            self._poll_timer = None
+        self._polling = False
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _start_polling(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self._poll()
+
+    def _poll(self) -> None:
+        self._poll_timer = None
+        if self._polling:
+            self._sample()
+
+    @work(thread=True, exclusive=True, group="sampler", exit_on_error=False)
+    def _sample(self) -> None:
+        try:
+            with self._sampler_lock:
+                if self._sampler is None:
+                    self._sampler = self.app.sampler_factory(self.app.host, self.app.devices)  # type: ignore[attr-defined]
+                samples = list(self._sampler.sample())
+            self.post_message(SamplesReady(samples))
+        except Exception as exc:  # noqa: BLE001 - a failed poll shows, the next one retries
+            self.post_message(SamplesReady([], f"{type(exc).__name__}: {exc}"))
+
+    def on_samples_ready(self, msg: SamplesReady) -> None:
+        if msg.error:
+            self.query_one("#devices-title", Static).update(f"devices (sampling failed: {msg.error})")
+        elif msg.samples:
+            self.history.add(msg.samples)
+            self.query_one(DevicePanel).update_from(self.history)
+        if self._polling:  # re-arm only now: the next poll starts a full interval after this one ended
+            self._poll_timer = self.set_timer(self.app.config.interval, self._poll)  # type: ignore[attr-defined]
+
+    def close_sampler(self) -> None:
+        self._polling = False
+        with self._sampler_lock:
+            if self._sampler is not None:
+                try:
+                    self._sampler.close()
+                finally:
+                    self._sampler = None
+
+    # -- engine -------------------------------------------------------------------------------
+    @property
+    def engine_running(self) -> bool:
+        with self._engine_lock:
+            return self.engine is not None and self.engine.running
+
+    def start_run(self) -> None:
+        """Start the engine the Engine step configured (stopping a previous run first)."""
+        if self.engine_running:
+            self.notify("the engine is still running: s stops it first", severity="warning")
+            return
+        cfg = self.app.config  # type: ignore[attr-defined]
+        workdir = self.app.run_dir()  # type: ignore[attr-defined]
+        factory = self.app.engine_stages or build_stages  # type: ignore[attr-defined]
+        stages = factory(cfg, self.app.defaults, Path(workdir))  # type: ignore[attr-defined]
+        self.state = RunState()
+        self._seen_version = -1
+        self._errors_notified = 0
+        self._stop_requested = False
+        self.query_one(ErrorLog).reset()
+        for stage in stages:
+            self.state.add_log("$ " + " ".join(stage.argv[2:] if stage.argv[1:2] == ["-m"] else stage.argv), "info")
+        self._run_engine(stages, self.state)
+        self._paint()
+
+    @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
+    def _run_engine(self, stages: list[Any], state: RunState) -> None:
+        from hwtui.engine.events import parse_line
+
+        def on_stderr(line: str) -> None:
+            state.add_log(line, "stderr")
+            self.post_message(EngineUpdated())
+
+        for stage in stages:
+            proc = EngineProcess(stage.argv, on_stderr)
+            with self._engine_lock:
+                if self._stop_requested:
+                    return
+                self.engine = proc
+            try:
+                proc.start()
+            except (OSError, RuntimeError) as exc:
+                state.add_log(f"cannot start {stage.name}: {exc}", "error")
+                state.finish(127)
+                self.post_message(EngineExited(127, stage.name))
+                return
+            for line in proc.lines():
+                ev = parse_line(line)
+                if ev is None:
+                    continue
+                errors_before = len(state.errors)
+                state.apply(ev)
+                self.post_message(EngineUpdated())
+                if len(state.errors) > errors_before:
+                    self.post_message(EngineError(state.errors[-1]))
+            rc = proc.wait()
+            if rc != 0 or proc.stopped or stage is stages[-1]:
+                if proc.stopped:
+                    state.add_log(f"engine stopped (exit status {rc})", "warn")
+                    state.finish(0 if rc in (0, -15, -9) else rc)
+                else:
+                    state.finish(rc)
+                self.post_message(EngineExited(rc, stage.name))
+                return
+            state.add_log(f"{stage.name} finished", "info")
+
+    def stop_engine(self, grace_s: float = 5.0) -> int | None:
+        """Blocking: call from a worker thread (or at exit). SIGTERM, wait, then SIGKILL."""
+        with self._engine_lock:
+            self._stop_requested = True
+            proc = self.engine
+        return proc.stop(grace_s) if proc is not None else None
+
+    def action_stop(self) -> None:
+        if not self.engine_running:
+            self.notify("no engine is running")
+            return
+        self.notify("stopping the engine (SIGTERM)...")
+        self.run_worker(self.stop_engine, thread=True, group="stop", exit_on_error=False)
+
+    def action_rerun(self) -> None:
+        if self.engine_running:
+            self.notify("the engine is running: s stops it, then r starts it again", severity="warning")
+            return
+        if self.app.config.mode and (self.app.config.plan or self.app.config.weights or self.app.config.mode == "train"):  # type: ignore[attr-defined]
+            self.start_run()
+        else:
+            self.notify("nothing to run yet: configure the engine in step 4")
+
+    def action_toggle_log(self) -> None:
+        self.toggle_class("-log-only")
+
+    def on_engine_updated(self, _msg: EngineUpdated) -> None:
+        # Coalesce: paint now if the last paint is old enough, otherwise once, a bit later.
+        wait = 1.0 / MAX_FPS - (time.monotonic() - self._last_paint)
+        if wait <= 0:
+            self._paint()
+        elif self._paint_timer is None:
+            self._paint_timer = self.set_timer(wait, self._paint)
+
+    def on_engine_error(self, msg: EngineError) -> None:
+        self._errors_notified += 1
+        if self._errors_notified <= 5:  # a storm of failures should not bury the screen in toasts
+            self.notify(msg.text, title="engine error", severity="error", timeout=8)
+
+    def on_engine_exited(self, msg: EngineExited) -> None:
+        self._paint()
+        if msg.returncode != 0 and not self._stop_requested:
+            tail = [t for lvl, t in list(self.state.log)[-6:] if lvl in ("stderr", "error")]
+            self.notify(f"{msg.stage} exited with status {msg.returncode}" + (f": {tail[-1]}" if tail else ""),
+                        title="engine failed", severity="error", timeout=10)
+
+    def _paint(self) -> None:
+        self._paint_timer = None
+        self._last_paint = time.monotonic()
+        state = self.state
+        with state.lock:
+            if state.version == self._seen_version:
+                return
+            self._seen_version = state.version
+            fraction, eta, label = state.progress()
+            if state.exit_code is None:
+                status = "running" if self.engine is not None else "starting"
+            else:
+                done = state.repl.done or state.train.done or state.cluster.done
+                ok = state.exit_code == 0 and not state.errors and (done is None or done.get("ok", True))
+                status = "done" if ok else "FAILED"
+            self.query_one(ProgressEta).show(fraction, eta, label, status)
+            switcher = self.query_one("#views", ContentSwitcher)
+            if state.mode == "replicate":
+                switcher.current = "view-replicate"
+                self.query_one(BucketLanes).show(state.repl)
+                self.query_one(ThroughputChart).show(state.repl)
+            elif state.mode == "train":
+                switcher.current = "view-train"
+                self.query_one(WorkerTable).show(state.train)
+                self.query_one(LossChart).show(state.train)
+                self.query_one(MergeRounds).show(state.train)
+            elif state.mode == "cluster":
+                switcher.current = "view-cluster"
+                self.query_one(ClusterSummary).show(state.cluster)
+            self.query_one(ErrorLog).catch_up(list(state.log), state.log_total)
+            errors = len(state.errors)
+        self.query_one("#log-title", Static).update(f"log ({errors} error{'s' if errors != 1 else ''})" if errors else "log")

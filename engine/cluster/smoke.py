@@ -1,0 +1,442 @@
+"""What every rank runs under the launcher: `hwtui cluster test`.
+
+The order is chosen so that each failure is explained where it happens:
+
+1. **Reach the store** (rank 0 hosts it unless torchrun's agent does). Before handing the address
+   to TCPStore a plain TCP connect probe runs, because only it can tell "connection refused"
+   (nothing listening yet, or a firewall REJECT) from "no answer" (a firewall DROP / blocked port).
+2. **Roll call**: each rank registers its node name in the store; rank 0 waits at most the join
+   timeout and publishes a verdict naming the ranks and nodes that never came. Only then is a
+   process group formed, so a missing node costs ``join_timeout`` seconds, not gloo's 30 minutes.
+3. **Process group** on a prefix of the same store, with ``timeout=`` so no collective waits forever.
+4. **Local check** on every rank, reports gathered as JSON (``gather``), nodes compared (``compare``).
+5. **Correctness** all-reduce of known values, then the **bandwidth** sweep.
+
+Every rank computes the same verdict (the reports are all-gathered, the timings all-reduced), so
+every rank exits with the same code and the launcher's summary agrees with rank 0's report.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from hwtui.engine.cluster import compare as cmp
+from hwtui.engine.cluster.bandwidth import OPS, BandwidthResult, Correctness, correctness, floor_failures, measure
+from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
+from hwtui.engine.cluster.spec import ClusterSpec
+from hwtui.engine.events import Event
+from hwtui.probes.finding import Finding, Status, fail, passed, skip
+from hwtui.probes.redact import redact
+
+REPORT_SCHEMA = "hwtui.cluster.report/1"
+POLL_S = 0.2
+
+
+class ClusterFailure(Exception):
+    """The test could not run (store unreachable, process group did not form); one-line message."""
+
+
+@dataclass
+class SmokeOptions:
+    spec: ClusterSpec | None = None
+    node: str | None = None
+    backend: str = "auto"
+    join_timeout: float = 60.0
+    timeout: float = 60.0
+    sizes: list[int] = field(default_factory=lambda: [1024, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024])
+    ops: tuple[str, ...] = OPS
+    iters: int = 10
+    warmup: int = 3
+    min_busbw: float | None = None
+    sweep: bool = True
+
+
+@dataclass
+class LaunchContext:
+    launcher: str  # torchrun | slurm | mpirun | env | single
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    agent_store: bool  # torchrun's agent hosts the store; every rank is a client
+    run_key: str
+
+    @property
+    def fixed_layout(self) -> bool:
+        """True when rank r is known to run on node r // devices (not torchrun's elastic assignment)."""
+        return self.launcher in ("slurm", "mpirun", "env")
+
+
+@dataclass
+class SmokeResult:
+    rank: int
+    exit_code: int
+    message: str
+    report: dict[str, Any] | None = None  # rank 0 only
+
+
+def _int_env(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ClusterFailure(f"{name}={value!r} is not a number") from None
+    return None
+
+
+def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchContext:
+    """Rank, world size and rendezvous address from whichever launcher started us."""
+    if env.get("TORCHELASTIC_RUN_ID") is not None or env.get("TORCHELASTIC_USE_AGENT_STORE") is not None:
+        launcher = "torchrun"
+        rank, world, local = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_RANK")
+    elif env.get("SLURM_PROCID") is not None and env.get("SLURM_NTASKS") is not None:
+        launcher = "slurm"
+        rank, world, local = _int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_NTASKS"), _int_env(env, "SLURM_LOCALID")
+    elif env.get("OMPI_COMM_WORLD_RANK") is not None or env.get("PMI_RANK") is not None or env.get("PMIX_RANK") is not None:
+        launcher = "mpirun"
+        rank = _int_env(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+        world = _int_env(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+        local = _int_env(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+    elif env.get("RANK") is not None and env.get("WORLD_SIZE") is not None:
+        launcher = "env"
+        rank, world, local = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE"), _int_env(env, "LOCAL_RANK")
+    else:
+        launcher, rank, world, local = "single", 0, 1, 0
+    if world is None or rank is None:
+        raise ClusterFailure(f"launched by {launcher} but the rank or world size is missing from the environment")
+    if world < 1 or not 0 <= rank < world:
+        raise ClusterFailure(f"rank {rank} is outside a world of {world}")
+    if local is None:
+        local = rank % spec.devices_per_node if spec else 0
+    addr = env.get("MASTER_ADDR") or (spec.master if spec else None)
+    port = _int_env(env, "MASTER_PORT") or (spec.master_port if spec else None)
+    if launcher == "single":
+        addr, port = addr or "127.0.0.1", port or _free_port()
+    if not addr or not port:
+        raise ClusterFailure("no rendezvous address: set MASTER_ADDR and MASTER_PORT (the env files from "
+                             "`hwtui cluster init` do) or pass --spec cluster.json")
+    run_key = "-".join(filter(None, [env.get("TORCHELASTIC_RUN_ID"), env.get("TORCHELASTIC_RESTART_COUNT"),
+                                     env.get("SLURM_JOB_ID")])) or "run"
+    return LaunchContext(launcher, rank, world, local, addr, int(port),
+                         env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", run_key)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpec | None) -> str:
+    """This rank's node name: --node, then HWTUI_CLUSTER_NODE (env files set it), then matching
+    the host name or a local address against cluster.json, then the host name."""
+    if explicit:
+        return explicit
+    if env.get("HWTUI_CLUSTER_NODE"):
+        return env["HWTUI_CLUSTER_NODE"]
+    hostname = socket.gethostname()
+    if spec:
+        short = hostname.split(".")[0]
+        for node in spec.nodes:
+            if node.name in (hostname, short) or node.addr in (hostname, short):
+                return node.name
+        from hwtui.engine.cluster.local import local_addresses
+
+        mine = local_addresses()
+        for node in spec.nodes:
+            if node.addr in mine:
+                return node.name
+    return hostname
+
+
+# -- reaching the store ------------------------------------------------------------------------
+
+def probe_port(host: str, port: int, timeout: float) -> tuple[bool, str]:
+    """Try a TCP connect until it succeeds or ``timeout`` passes; say why it failed."""
+    deadline = time.monotonic() + timeout
+    why = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, why
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(left, 0.05))):
+                return True, "open"
+        except socket.gaierror as exc:
+            return False, f"cannot resolve {host}: {exc.strerror}"
+        except ConnectionRefusedError:
+            why = "connection refused (nothing listening there yet, or a firewall rejects the port)"
+        except TimeoutError:
+            why = "no answer (packets dropped: a firewall blocks the port, or the address is wrong)"
+        except OSError as exc:
+            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                why = f"{exc.strerror} (no route: wrong address or interface)"
+            else:
+                why = exc.strerror or str(exc)
+        time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+
+
+def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None):
+    from torch.distributed import PrefixStore, TCPStore
+
+    where = f"{ctx.master_addr}:{ctx.master_port}"
+    td = timedelta(seconds=timeout)
+    if ctx.rank == 0 and not ctx.agent_store:
+        try:
+            store = TCPStore(ctx.master_addr, ctx.master_port, None, True, td, wait_for_workers=False)
+        except Exception as exc:  # noqa: BLE001 - RuntimeError/DistStoreError, by torch version
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            hint = ("another job (or a stale test) holds it: pick another with --master-port, or find it with "
+                    f"`ss -ltnp | grep {ctx.master_port}`") if "in use" in text.lower() else "check MASTER_ADDR is an address of this node"
+            raise ClusterFailure(f"rank 0 on {node} cannot listen on port {ctx.master_port}: {text}; {hint}") from None
+    else:
+        ok, why = probe_port(ctx.master_addr, ctx.master_port, timeout)
+        if not ok:
+            host = f" (node {master_node})" if master_node else ""
+            raise ClusterFailure(
+                f"rank {ctx.rank} on node {node} cannot reach the rendezvous store at {where}{host} within {timeout:g} s: "
+                f"{why}. Is `hwtui cluster test` running on the master? From {node}: nc -zv {ctx.master_addr} "
+                f"{ctx.master_port}; on the master: allow tcp/{ctx.master_port} in the firewall")
+        try:
+            store = TCPStore(ctx.master_addr, ctx.master_port, None, False, td)
+        except Exception as exc:  # noqa: BLE001
+            raise ClusterFailure(f"rank {ctx.rank} on node {node}: the store at {where} accepted a connection but "
+                                 f"did not answer: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    return PrefixStore(f"hwtui-cluster/{ctx.run_key}", store)
+
+
+# -- roll call -----------------------------------------------------------------------------------
+
+def _missing_label(rank: int, ctx: LaunchContext, spec: ClusterSpec | None) -> dict[str, Any]:
+    node = spec.node_of_rank(rank) if (spec and ctx.fixed_layout) else None
+    return {"rank": rank, "node": node.name if node else None, "address": node.addr if node else None}
+
+
+def roll_call(store, ctx: LaunchContext, me: dict[str, Any], join_timeout: float, spec: ClusterSpec | None,
+              backend: str) -> dict[str, Any]:
+    """Register, then (rank 0) wait for everyone or (others) wait for rank 0's verdict."""
+    store.set(f"join/{ctx.rank}", json.dumps(me))
+    if ctx.rank != 0:
+        try:
+            store.wait(["verdict"], timedelta(seconds=join_timeout + 15))
+        except Exception:  # noqa: BLE001 - DistStoreError: a timeout
+            raise ClusterFailure(f"rank 0 did not publish the roll call within {join_timeout + 15:g} s "
+                                 f"(rank {ctx.rank} on {me['node']} gave up)") from None
+        return json.loads(store.get("verdict"))
+
+    keys = [f"join/{r}" for r in range(ctx.world_size)]
+    started = time.monotonic()
+    while not store.check(keys) and time.monotonic() - started < join_timeout:
+        time.sleep(POLL_S)
+    joined = {}
+    for r, key in enumerate(keys):
+        if store.check([key]):
+            joined[r] = json.loads(store.get(key))
+    missing = [_missing_label(r, ctx, spec) for r in range(ctx.world_size) if r not in joined]
+    if backend == "auto":
+        backend = "nccl" if joined and all(j.get("cuda") for j in joined.values()) and not missing else "gloo"
+    verdict = {"ok": not missing, "missing": missing, "joined": {str(r): j for r, j in joined.items()},
+               "waited_s": round(time.monotonic() - started, 2), "join_timeout": join_timeout, "backend": backend}
+    store.set("verdict", json.dumps(verdict))
+    return verdict
+
+
+def missing_findings(verdict: dict[str, Any], spec: ClusterSpec | None = None) -> list[Finding]:
+    out = []
+    came = {j.get("node") for j in verdict["joined"].values()}
+    absent = [n.name for n in spec.nodes if n.name not in came] if spec else []
+    for m in verdict["missing"]:
+        if m.get("node"):
+            where = f" (node {m['node']}, {m['address']})"
+        elif absent:
+            # torchrun assigns ranks to nodes itself, so the rank's node is one of those with no rank.
+            where = f" (no rank came from node {', '.join(absent)})"
+        else:
+            where = ""
+        suspects = [m["node"]] if m.get("node") else absent
+        remedy = (f"start the launch command on {', '.join(suspects)}; if it runs, its own error line says why it could "
+                  f"not register (from there: nc -zv MASTER_ADDR MASTER_PORT)" if suspects
+                  else "start every rank; check each node reaches MASTER_ADDR:MASTER_PORT")
+        out.append(fail(f"cluster.join[rank {m['rank']}]",
+                        f"rank {m['rank']}{where} never joined within {verdict['join_timeout']:g} s",
+                        f"{len(verdict['joined'])} of {len(verdict['joined']) + len(verdict['missing'])} ranks registered "
+                        f"in the rendezvous store; the test stops before forming a process group.",
+                        remedy, rank=m["rank"], node=m.get("node"), candidates=absent))
+    return out
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def _summary(rep: dict[str, Any]) -> str:
+    t = rep.get("torch", {})
+    build = "cuda " + t["cuda"] if t.get("cuda") else ("rocm " + t["hip"] if t.get("hip") else "cpu")
+    route = rep.get("route") or {}
+    return (f"torch {t.get('version')} ({build}), python {rep.get('python')}, "
+            f"{route.get('interface') or '?'} {route.get('local_addr') or '?'}, local check: {rep.get('check', {}).get('worst')}")
+
+
+def _wait_done(store, ctx: LaunchContext, timeout: float, ranks: list[int] | None = None) -> None:
+    """Rank 0 hosts the store in fixed layouts: it must outlive the other ranks' last store call."""
+    store.set(f"done/{ctx.rank}", "1")
+    if ctx.rank == 0 and not ctx.agent_store:
+        deadline = time.monotonic() + timeout
+        keys = [f"done/{r}" for r in (range(ctx.world_size) if ranks is None else ranks)]
+        while not store.check(keys) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+
+def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str] | None = None) -> SmokeResult:
+    import torch
+    import torch.distributed as dist
+    from hwtui.engine.cluster.gather import all_gather_json
+    from hwtui.engine.cluster.local import rank_report, route_to
+
+    env = dict(os.environ if env is None else env)
+    started = time.monotonic()
+    spec = opts.spec
+    ctx = detect_launch(env, spec)
+    node = identify_node(env, opts.node, spec)
+    master_node = spec.master_node().name if spec and spec.master_node() else None
+    say = emit if ctx.rank == 0 else (lambda ev: None)
+
+    store = connect_store(ctx, node, opts.join_timeout, master_node)
+    cuda = bool(torch.cuda.is_available())
+    me = {"node": node, "hostname": socket.gethostname(), "local_rank": ctx.local_rank, "pid": os.getpid(), "cuda": cuda}
+    verdict = roll_call(store, ctx, me, opts.join_timeout, spec, opts.backend)
+    backend = verdict["backend"]
+
+    base = {"schema": REPORT_SCHEMA, "launcher": ctx.launcher, "world_size": ctx.world_size, "backend": backend,
+            "master": f"{ctx.master_addr}:{ctx.master_port}", "join_timeout": opts.join_timeout, "timeout": opts.timeout}
+    if not verdict["ok"]:
+        findings = missing_findings(verdict, spec)
+        msg = "; ".join(f.title for f in findings)
+        report = None
+        if ctx.rank == 0:
+            nodes = sorted({j["node"] for j in verdict["joined"].values()})
+            for f in findings:
+                say(MismatchEvent(finding=f.to_dict()))
+            say(DoneEvent(ok=False, world_size=ctx.world_size, nodes=nodes, findings=[f.to_dict() for f in findings]))
+            report = redact({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings],
+                             "missing": verdict["missing"], "duration_s": round(time.monotonic() - started, 2)})
+        _wait_done(store, ctx, 5.0, [int(r) for r in verdict["joined"]])
+        return SmokeResult(ctx.rank, 1, msg, report)
+
+    # Gloo binds to the address the host name resolves to unless told otherwise; on a machine whose
+    # host name points at another network (or at nothing, in a container) that fails obscurely.
+    # Pin it to the interface that routes to the master, which is the one the store just used.
+    auto_iface = None
+    if backend == "gloo" and not env.get("GLOO_SOCKET_IFNAME") and ctx.world_size > 1:
+        auto_iface = route_to(ctx.master_addr, ctx.master_port).get("interface")
+        if auto_iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = auto_iface
+
+    from torch.distributed import PrefixStore
+
+    device: Any = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", ctx.local_rank % max(torch.cuda.device_count(), 1))
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(backend, store=PrefixStore("pg", store), rank=ctx.rank, world_size=ctx.world_size,
+                                timeout=timedelta(seconds=opts.timeout))
+    except Exception as exc:  # noqa: BLE001
+        raise ClusterFailure(
+            f"rank {ctx.rank} on {node}: the {backend} process group did not form within {opts.timeout:g} s: "
+            f"{str(exc).splitlines()[0] if str(exc) else exc!r}. The store works, so the peer-to-peer ports are the "
+            f"suspect: allow TCP between the nodes on the cluster interface (NCCL/gloo use ephemeral ports) and set "
+            f"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to it") from None
+    try:
+        mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=node,
+                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ})
+        if auto_iface:
+            mine["gloo_socket_ifname_auto"] = auto_iface
+        reports = all_gather_json(mine, device=device)
+        for rep in reports:
+            say(NodeEvent(rank=rep["rank"], node=rep["node"], ok=rep["check"]["worst"] not in ("fail", "error"),
+                          summary=_summary(rep)))
+
+        findings: list[Finding] = []
+        if spec:
+            registered = [rep["node"] for rep in reports]
+            findings += cmp.expected_nodes(registered, [n.name for n in spec.nodes], opts.join_timeout,
+                                           {n.name: n.addr for n in spec.nodes})
+        findings += cmp.compare(reports)
+        for f in findings:
+            if f.status not in (Status.PASS, Status.SKIP):
+                say(MismatchEvent(finding=f.to_dict()))
+
+        check = correctness(ctx.rank, ctx.world_size, device)
+        say(CorrectnessEvent(ok=check.ok, expected=check.expected, got=check.got))
+        findings.append(_correctness_finding(check, reports))
+
+        results: list[BandwidthResult] = []
+        if opts.sweep and ctx.world_size > 1 and check.ok:
+            for op in opts.ops:
+                for size in opts.sizes:
+                    res = measure(op, size, ctx.rank, ctx.world_size, device, opts.iters, opts.warmup)
+                    results.append(res)
+                    say(BandwidthEvent(op=op, size_bytes=size, algbw=res.algbw, busbw=res.busbw, seconds=res.seconds))
+            findings += _bandwidth_findings(results, opts.min_busbw)
+        elif opts.sweep:
+            reason = "a world of one rank has no link to measure" if ctx.world_size == 1 else "the correctness test failed"
+            findings.append(skip("cluster.bandwidth", f"bandwidth sweep skipped: {reason}"))
+    finally:
+        dist.destroy_process_group()
+
+    ok = not any(f.status in (Status.FAIL, Status.ERROR) for f in findings)
+    report = None
+    if ctx.rank == 0:
+        node_list = list(cmp.by_node(reports))
+        say(DoneEvent(ok=ok, world_size=ctx.world_size, nodes=node_list, findings=[f.to_dict() for f in findings]))
+        report = redact({
+            **base, "ok": ok, "nodes": [{"node": n, "ranks": [r["rank"] for r in reports if r["node"] == n],
+                                         "summary": _summary(rep)} for n, rep in cmp.by_node(reports).items()],
+            "findings": [f.to_dict() for f in findings], "correctness": check.to_dict(),
+            "bandwidth": [r.to_dict() for r in results], "min_busbw": opts.min_busbw,
+            "sizes": opts.sizes, "iters": opts.iters, "warmup": opts.warmup,
+            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)})
+    _wait_done(store, ctx, 10.0)
+    bad = [f.title for f in findings if f.status in (Status.FAIL, Status.ERROR)]
+    return SmokeResult(ctx.rank, 0 if ok else 1, "; ".join(bad) or "cluster test passed", report)
+
+
+def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:
+    if check.ok:
+        return passed("cluster.correctness", f"all-reduce of rank+1 gave {check.expected:g} on every rank; broadcast exact",
+                      expected=check.expected)
+    where = ", ".join(f"rank {r} ({reports[r]['node']}): {check.got[r]:g}" for r in check.bad_ranks)
+    return fail("cluster.correctness", f"collectives returned wrong data on {len(check.bad_ranks)} rank(s)",
+                f"expected {check.expected:g}; got {where}; broadcast exact: {check.broadcast_ok}",
+                "run again with NCCL_DEBUG=INFO; wrong sums with no error mean a broken transport or plugin "
+                "(try NCCL_NET_PLUGIN unset, NCCL_P2P_DISABLE=1, NCCL_IB_DISABLE=1 to bisect)",
+                expected=check.expected, got=check.got, bad_ranks=check.bad_ranks)
+
+
+def _bandwidth_findings(results: list[BandwidthResult], floor: float | None) -> list[Finding]:
+    out = []
+    low = {r.op for r in floor_failures(results, floor)} if floor is not None else set()
+    for op in dict.fromkeys(r.op for r in results):
+        largest = max((r for r in results if r.op == op), key=lambda r: r.size_bytes)
+        figure = f"{largest.busbw:.3f} GB/s busbw ({largest.algbw:.3f} GB/s algbw) at {largest.size_bytes} B"
+        if op in low:
+            out.append(fail(f"cluster.bandwidth[{op}]", f"{op}: {figure}, below the {floor:g} GB/s floor",
+                            "Measured at the largest message size of the sweep, where the link, not latency, limits.",
+                            "check the interface in use (NCCL_SOCKET_IFNAME), NCCL_DEBUG=INFO for the transport "
+                            "('NET/IB' vs 'NET/Socket'), and the link speed: ethtool <iface>",
+                            busbw=largest.busbw, floor=floor, size_bytes=largest.size_bytes))
+        else:
+            extra = f" (floor {floor:g} GB/s)" if floor is not None else ""
+            out.append(passed(f"cluster.bandwidth[{op}]", f"{op}: {figure}{extra}",
+                              busbw=largest.busbw, size_bytes=largest.size_bytes))
+    return out

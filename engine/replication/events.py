@@ -1,0 +1,76 @@
+"""Replication events: the contract between the engine, the CLI printer, ``--events`` JSONL and the TUI.
+
+Workers emit them as JSON lines over a pipe (never pickled); the launcher aggregates world-level
+views (a bucket is ``done`` with ``rank=None`` when every rank has it) and fans everything out.
+The transport decision line is a shared :class:`~hwtui.engine.events.LogEvent` and failures are
+:class:`~hwtui.engine.events.ErrorEvent`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.engine.events import ErrorEvent, Event, LogEvent, event
+
+BUCKET_STATES = ("staged", "inflight", "verifying", "done", "failed")
+COMMIT_PHASES = ("prepare", "commit", "abort")
+
+
+@event("repl.start")
+class ReplStart(Event):
+    plan_digest: str
+    model: str
+    version: str
+    total_bytes: int
+    n_buckets: int
+    bucket_bytes: int
+    world_size: int
+    device: str
+    transport: str
+    window: int
+    chunk_bytes: int
+
+
+@event("repl.bucket")
+class ReplBucket(Event):
+    bucket_id: int
+    state: str  # one of BUCKET_STATES
+    nbytes: int
+    seconds: float = 0.0  # time spent in the state that just ended (0 if n/a)
+    rank: int | None = None  # None: the whole world
+
+
+@event("repl.window")
+class ReplWindow(Event):
+    occupancy: int
+    window: int
+    bytes_in_flight: int
+
+
+@event("repl.throughput")
+class ReplThroughput(Event):
+    gbps: float
+    bytes_done: int
+    total_bytes: int
+    elapsed_s: float
+
+
+@event("repl.commit")
+class ReplCommit(Event):
+    version: str
+    phase: str  # one of COMMIT_PHASES
+    ok: bool
+    detail: str = ""
+
+
+@event("repl.done")
+class ReplDone(Event):
+    ok: bool
+    bytes: int
+    seconds: float
+    gbps: float
+    report: dict[str, Any] | None = None
+
+
+__all__ = ["ReplStart", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
+           "BUCKET_STATES", "COMMIT_PHASES"]

@@ -1,0 +1,71 @@
+"""Test-only fault injection, driven by ``HWTUI_TEST_FAULT`` (ignored when unset).
+
+Syntax: ``ACTION:key=value[,key=value]`` and several faults separated by ``;``:
+
+- ``corrupt:bucket=3[,rank=1]`` a receiver flips a byte of bucket 3 after receiving it
+  (every receiver when ``rank`` is omitted): checksum verification must catch and name it;
+- ``kill:rank=1[,bucket=2][,phase=prepare]`` the rank SIGKILLs itself when it reaches bucket 2
+  (default: its first bucket) or, with ``phase=prepare``, right after voting material is ready;
+- ``hang:rank=2[,bucket=1]`` the rank stops making progress (sleeps) at that bucket.
+
+It exists so the tests can prove that corruption, a dead rank and a hung rank each end the run
+with a named error and no commit; it costs one dict lookup per bucket when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+ENV = "HWTUI_TEST_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    rank: int | None
+    bucket: int | None
+    phase: str | None
+
+
+def parse(spec: str | None) -> list[Fault]:
+    faults = []
+    for part in (spec or "").split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        action, _, args = part.partition(":")
+        kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
+        if action not in ("corrupt", "kill", "hang"):
+            raise ValueError(f"{ENV}: unknown fault {action!r}")
+        faults.append(Fault(action, int(kv["rank"]) if "rank" in kv else None,
+                            int(kv["bucket"]) if "bucket" in kv else None, kv.get("phase")))
+    return faults
+
+
+class Injector:
+    def __init__(self, rank: int, spec: str | None = None):
+        self.rank = rank
+        self.faults = [f for f in parse(spec if spec is not None else os.environ.get(ENV))
+                       if f.rank is None or f.rank == rank]
+
+    def at_bucket(self, bucket: int) -> None:
+        for f in self.faults:
+            if f.phase is None and (f.bucket is None or f.bucket == bucket):
+                self._fire(f)
+
+    def at_phase(self, phase: str) -> None:
+        for f in self.faults:
+            if f.phase == phase:
+                self._fire(f)
+
+    def corrupts(self, bucket: int) -> bool:
+        return any(f.action == "corrupt" and f.bucket == bucket for f in self.faults)
+
+    def _fire(self, f: Fault) -> None:
+        if f.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif f.action == "hang":
+            time.sleep(3600)

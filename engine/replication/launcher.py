@@ -1,0 +1,518 @@
+"""Start (or join) the replication world and turn per-rank messages into the world's events.
+
+Local mode: N workers, each a fresh interpreter (``python -m hwtui.engine.replication.worker``;
+that is the spawn start method without multiprocessing's pickled bootstrap), on 127.0.0.1 with a
+free port. Each worker writes JSON lines to its own pipe; nothing is pickled. The launcher watches
+the pipes and the processes: a rank that dies is seen at once, a rank that stops making progress
+is named when its peers time out (or by the launcher's own watchdog), and then every worker is
+terminated. Workers carry PR_SET_PDEATHSIG so they die with the launcher.
+
+Join mode: ``torchrun``/SLURM already started one ``hwtui replicate`` per rank with RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each process runs its rank in-process and reports its
+own view (the commit vote is still world-wide).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hwtui.app.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
+from hwtui.engine.events import ErrorEvent, Event, LogEvent, from_dict
+from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
+from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
+from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.transport import choose_transport, detect_facts
+
+MB = 1 << 20
+_FORWARDED = {"repl.bucket", "repl.window", "log", "error"}
+
+
+@dataclass
+class ReplicationOptions:
+    plan: str
+    device: str = "cpu"
+    nproc: int | None = None  # None: join an existing world if the environment describes one, else 2
+    inflight: int | None = None  # None: HOTWEIGHTS_IPC_INFLIGHT_BUCKETS, else 4
+    max_inflight_mb: float | None = None
+    adaptive: bool = False
+    target_bucket_ms: float = 50.0
+    chunk_mb: float | None = None  # None: HOTWEIGHTS_BCAST_CHUNK_MB, else 8
+    transport: str | None = None
+    verify: bool = True
+    commit: bool = False
+    out: str | None = None
+    timeout: float = 20.0  # per bucket wait
+    init_timeout: float = 60.0
+    commit_timeout: float | None = None  # None: same as timeout
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class ReplicationResult:
+    ok: bool
+    exit_code: int
+    error: str | None
+    report: dict[str, Any]
+
+
+def _env_number(env: dict[str, str], name: str, default: float, kind: type = float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise HwtuiError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise HwtuiError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def resolve_settings(opts: ReplicationOptions) -> dict[str, Any]:
+    inflight = opts.inflight if opts.inflight is not None else int(_env_number(opts.env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", 4, int))
+    chunk_mb = opts.chunk_mb if opts.chunk_mb is not None else _env_number(opts.env, "HOTWEIGHTS_BCAST_CHUNK_MB", 8.0)
+    if inflight < 1:
+        raise HwtuiError("--inflight must be at least 1")
+    if chunk_mb <= 0:
+        raise HwtuiError("--chunk-mb must be positive")
+    if opts.max_inflight_mb is not None and opts.max_inflight_mb <= 0:
+        raise HwtuiError("--max-inflight-mb must be positive")
+    if min(opts.timeout, opts.init_timeout, opts.commit_timeout or opts.timeout) <= 0:
+        raise HwtuiError("timeouts must be positive")
+    if opts.commit and not opts.out:
+        raise HwtuiError("--commit needs --out DIR (where each receiver keeps the version it serves)")
+    return {"window": inflight, "chunk_bytes": max(1, int(chunk_mb * MB)), "adaptive": opts.adaptive,
+            "max_inflight_bytes": int(opts.max_inflight_mb * MB) if opts.max_inflight_mb else None,
+            "target_bucket_s": opts.target_bucket_ms / 1000.0, "verify": opts.verify, "device": opts.device}
+
+
+def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
+    """RANK/WORLD_SIZE from torchrun (or SLURM's equivalents), or None when not under a launcher."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        get = env.get
+        rank, world, local = get("RANK"), get("WORLD_SIZE"), get("LOCAL_RANK", get("RANK"))
+        local_world = get("LOCAL_WORLD_SIZE", world)
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world, local = env["SLURM_PROCID"], env["SLURM_NTASKS"], env.get("SLURM_LOCALID", "0")
+        local_world = env.get("SLURM_NTASKS_PER_NODE", world).split("(")[0]
+    else:
+        return None
+    try:
+        info = {"rank": int(rank), "world_size": int(world), "local_rank": int(local), "local_world_size": int(local_world)}
+    except (TypeError, ValueError):
+        raise HwtuiError("RANK/WORLD_SIZE/LOCAL_RANK in the environment are not integers") from None
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        raise HwtuiError("joining a launcher's world needs MASTER_ADDR and MASTER_PORT in the environment")
+    info["master_addr"], info["master_port"] = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    return info
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> Plan:
+    """Everything that makes the input bad, checked before any process starts or any byte is written."""
+    from hwtui.engine.replication.commit import ServedDir
+
+    plan = load_plan(opts.plan)
+    if 0 in world_ranks:
+        preflight_sources(plan)
+    if plan["prev_version"] is not None and not (opts.commit and opts.out):
+        raise HwtuiError(f"plan {opts.plan} is a delta from {plan['prev_version']!r}: it needs --commit --out DIR "
+                         "where every receiver serves that version")
+    if opts.out and opts.commit:
+        for r in world_ranks:
+            if r == 0:
+                continue
+            served = ServedDir(opts.out, r)
+            have = served.current_version()
+            if plan["prev_version"] is not None and have != plan["prev_version"]:
+                raise HwtuiError(f"rank {r} serves version {have!r} under {served.root}, but the plan is a delta from "
+                                 f"{plan['prev_version']!r}")
+            if (served.root / "versions" / plan["version"]).exists():
+                raise HwtuiError(f"rank {r} already holds version {plan['version']!r} under {served.root}")
+    return plan
+
+
+class Coordinator:
+    """Turns per-rank messages into world events and the final result."""
+
+    def __init__(self, plan: Plan, ranks: list[int], sink: Callable[[Event], None]):
+        self.plan, self.ranks, self.sink = plan, ranks, sink
+        self.done_ranks: dict[int, set[int]] = {}
+        self.first_seen: dict[int, float] = {}
+        self.bytes_done = 0
+        self.transfer_t0: float | None = None
+        self.last_sample = (0.0, 0)
+        self.results: dict[int, dict[str, Any]] = {}
+        self.errors: list[ErrorEvent] = []
+        self.progress: dict[int, tuple[float, str]] = {r: (time.monotonic(), "starting") for r in ranks}
+        self.decided: dict[str, Any] | None = None
+        self.prepared: dict[int, dict[str, Any]] = {}
+
+    def feed(self, raw: dict[str, Any]) -> None:
+        now = time.monotonic()
+        kind = raw.get("kind")
+        rank = raw.get("rank")
+        if isinstance(rank, int) and rank in self.progress:
+            self.progress[rank] = (now, self._describe(raw))
+        if kind == "_rank":
+            self._internal(raw, now)
+            return
+        if kind not in _FORWARDED:
+            return
+        ev = from_dict(raw)
+        if isinstance(ev, ErrorEvent):
+            self.errors.append(ev)
+        self.sink(ev)
+        if isinstance(ev, ReplBucket):
+            self._bucket(ev, now)
+
+    @staticmethod
+    def _describe(raw: dict[str, Any]) -> str:
+        if raw.get("kind") == "repl.bucket":
+            return f"bucket {raw.get('bucket_id')} {raw.get('state')}"
+        if raw.get("kind") == "_rank":
+            return str(raw.get("what"))
+        return str(raw.get("kind"))
+
+    def _bucket(self, ev: ReplBucket, now: float) -> None:
+        self.first_seen.setdefault(ev.bucket_id, now)
+        if ev.state != "done":
+            return
+        done = self.done_ranks.setdefault(ev.bucket_id, set())
+        done.add(ev.rank if ev.rank is not None else -1)
+        if len(done) < len(self.ranks):
+            return
+        self.sink(ReplBucket(bucket_id=ev.bucket_id, state="done", nbytes=ev.nbytes,
+                             seconds=round(now - self.first_seen[ev.bucket_id], 6), rank=None))
+        self.bytes_done += ev.nbytes
+        t0 = self.transfer_t0 if self.transfer_t0 is not None else now
+        last_t, last_b = self.last_sample
+        last_t = last_t or t0
+        finished = self.bytes_done >= self.plan["total_bytes"]
+        if now - last_t >= 0.2 or finished:
+            dt = max(now - last_t, 1e-9)
+            self.sink(ReplThroughput(gbps=round((self.bytes_done - last_b) / dt / 1e9, 4), bytes_done=self.bytes_done,
+                                     total_bytes=self.plan["total_bytes"], elapsed_s=round(now - t0, 6)))
+            self.last_sample = (now, self.bytes_done)
+
+    def _internal(self, raw: dict[str, Any], now: float) -> None:
+        what, rank = raw.get("what"), raw.get("rank")
+        if what == "transfer_start" and self.transfer_t0 is None:
+            self.transfer_t0 = now
+            self.last_sample = (now, 0)
+        elif what == "prepared":
+            self.prepared[rank] = raw
+        elif what == "decided" and self.decided is None:
+            self.decided = raw
+            ok = bool(raw.get("unanimous"))
+            detail = "every rank verified every bucket" if ok else self._first_failure()
+            self.sink(ReplCommit(version=self.plan["version"], phase="prepare", ok=ok, detail=detail))
+            if raw.get("committed"):
+                self.sink(ReplCommit(version=self.plan["version"], phase="commit", ok=True,
+                                     detail=f"all {len(self.ranks) if len(self.ranks) > 1 else 'ranks'} switched to "
+                                            f"{self.plan['version']}"))
+            elif not ok:
+                self.sink(ReplCommit(version=self.plan["version"], phase="abort", ok=True,
+                                     detail=f"every rank keeps serving {self.plan['prev_version'] or 'what it had'}"))
+        elif what == "result":
+            self.results[rank] = raw
+
+    def _first_failure(self) -> str:
+        for r in sorted(self.prepared):
+            if not self.prepared[r].get("ok"):
+                return self.prepared[r].get("detail") or f"rank {r} voted no"
+        return "a rank voted no"
+
+
+def _signal_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class _Stop:
+    """SIGTERM/SIGINT (main thread only) or an external threading.Event end the run as an abort."""
+
+    def __init__(self, external: threading.Event | None):
+        self.external = external
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None or bool(self.external and self.external.is_set())
+
+    def describe(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}" if self.signum else "stopped on request"
+
+
+def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] | None = None,
+                    stop: threading.Event | None = None) -> ReplicationResult:
+    """Run a replication; raises HwtuiError for bad input (nothing started, nothing written)."""
+    sink = on_event or (lambda ev: None)
+    t_wall = time.perf_counter()
+    settings = resolve_settings(opts)
+    joined = joined_world(opts.env) if opts.nproc is None else None
+    world = joined["world_size"] if joined else (opts.nproc or 2)
+    if world < 2:
+        raise HwtuiError("replication needs at least 2 ranks (a source and a receiver): --nproc 2 or more")
+    ranks = [joined["rank"]] if joined else list(range(world))
+    plan = preflight(opts, ranks)
+    facts = {"rocm": False, "multi_node": False, "xccl_available": False}
+    if opts.device != "cpu":
+        facts = detect_facts(opts.device, {**opts.env, **({} if joined else {"WORLD_SIZE": str(world)})})
+    choice = choose_transport(opts.device, opts.transport, **facts)
+    settings.update({"transport": choice.to_dict(), "world_size": world, "mode": "join" if joined else "local"})
+
+    sink(LogEvent(message=choice.decision_line(), source="replication.transport"))
+    sink(ReplStart(plan_digest=plan.digest, model=plan["model"], version=plan["version"], total_bytes=plan["total_bytes"],
+                   n_buckets=len(plan.buckets), bucket_bytes=plan["bucket_bytes"], world_size=world, device=opts.device,
+                   transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
+    coord = Coordinator(plan, ranks, sink)
+    cfg_base = {"plan": os.path.abspath(opts.plan), "device": opts.device, "transport": choice.to_dict(),
+                "world_size": world, "inflight": settings["window"], "max_inflight_bytes": settings["max_inflight_bytes"],
+                "adaptive": opts.adaptive, "target_bucket_s": settings["target_bucket_s"], "chunk_bytes": settings["chunk_bytes"],
+                "verify": opts.verify, "commit": opts.commit, "out": os.path.abspath(opts.out) if opts.out else None,
+                "timeouts": {"init": opts.init_timeout, "bucket": opts.timeout, "commit": opts.commit_timeout or opts.timeout},
+                "fault": opts.env.get("HWTUI_TEST_FAULT")}
+    launcher_phases: dict[str, float] = {}
+    with _Stop(stop) as stopper:
+        if joined:
+            error, exit_code = _run_joined(cfg_base, joined, coord, stopper)
+        else:
+            error, exit_code = _run_local(cfg_base, world, coord, stopper, opts, launcher_phases)
+            if error is not None and opts.out:
+                # Every local worker is gone now; a rank that was killed could not remove its own
+                # staging copy. Only staging/<version> goes: CURRENT and versions/ are never touched.
+                from hwtui.engine.replication.commit import ServedDir
+
+                for r in ranks[1:]:
+                    ServedDir(opts.out, r).abort(plan["version"])
+
+    results = [coord.results.get(r, {"rank": r}) for r in ranks]
+    ok = error is None and all(r.get("ok") for r in results) and len(coord.results) == len(ranks)
+    if error is None and not ok:
+        error = _failure_text(coord) or "the run did not complete on every rank"
+        exit_code = EXIT_USAGE if any(r.get("bad_input") for r in results) else EXIT_FAILED
+    if error is not None and (coord.decided is None):
+        sink(ReplCommit(version=plan["version"], phase="abort", ok=True,
+                        detail=f"nothing committed; every rank keeps serving {plan['prev_version'] or 'what it had'}"))
+    transfer = max((float((r.get("phases") or {}).get("transfer", 0.0)) for r in results), default=0.0)
+    seconds = transfer if transfer > 0 else time.perf_counter() - t_wall
+    committed = bool(ok and coord.decided and coord.decided.get("committed"))
+    rank_rows = [{k: v for k, v in r.items() if k not in ("kind", "what", "t")} for r in results]
+    report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, ranks=rank_rows, seconds=seconds,
+                          wall_seconds=time.perf_counter() - t_wall, committed=committed, launcher_phases=launcher_phases)
+    if error is not None:
+        sink(ErrorEvent(message=error, rank=None, where="replication"))
+    sink(ReplDone(ok=ok, bytes=plan["total_bytes"] if ok else coord.bytes_done, seconds=round(seconds, 6),
+                  gbps=report["gbps"], report=report))
+    return ReplicationResult(ok=ok, exit_code=0 if ok else exit_code, error=error, report=report)
+
+
+def _failure_text(coord: Coordinator) -> str | None:
+    """The most useful error: bad input, then a verification failure, then anything else."""
+    for where in ("input", "source", "verify", "transport", "signal", "internal"):
+        for ev in coord.errors:
+            if ev.where == where:
+                return ev.message
+    return None
+
+
+def _worker_env(opts: ReplicationOptions, rank: int, world: int, port: int) -> dict[str, str]:
+    env = dict(opts.env)
+    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
+    # N busy ranks on a few cores: keep torch's intra-op pools from oversubscribing them.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
+    return env
+
+
+def _run_local(cfg_base: dict[str, Any], world: int, coord: Coordinator, stopper: _Stop, opts: ReplicationOptions,
+               phases: dict[str, float]) -> tuple[str | None, int]:
+    port = free_port()
+    sel = selectors.DefaultSelector()
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    bufs: dict[int, bytes] = {}
+    t_launch = time.perf_counter()
+    try:
+        for rank in range(world):
+            rfd, wfd = os.pipe()
+            cfg = {**cfg_base, "rank": rank, "local_rank": rank, "master_addr": "127.0.0.1", "master_port": port,
+                   "parent_pid": os.getpid()}
+            try:
+                procs[rank] = subprocess.Popen(
+                    [sys.executable, "-m", "hwtui.engine.replication.worker", str(wfd), json.dumps(cfg)],
+                    stdin=subprocess.DEVNULL, pass_fds=(wfd,), env=_worker_env(opts, rank, world, port),
+                    start_new_session=True)
+            finally:
+                os.close(wfd)
+            os.set_blocking(rfd, False)
+            sel.register(rfd, selectors.EVENT_READ, rank)
+            bufs[rank] = b""
+        return _watch(sel, procs, bufs, coord, stopper, cfg_base["timeouts"], phases, t_launch)
+    finally:
+        _terminate(procs)
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fd)
+            os.close(key.fd)
+        sel.close()
+
+
+def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]], bufs: dict[int, bytes],
+           coord: Coordinator, stopper: _Stop, timeouts: dict[str, float], phases: dict[str, float],
+           t_launch: float) -> tuple[str | None, int]:
+    failure: tuple[str, int] | None = None
+    fail_at: float | None = None
+    all_exited_at: float | None = None
+    ready: set[int] = set()
+    # The watchdog: peers normally name a hung rank through their own timeouts; this catches the rest.
+    init_stall = timeouts["init"] + 60.0  # includes interpreter start and `import torch` on a loaded host
+    run_stall = max(timeouts["bucket"], timeouts["commit"]) + 5.0
+    while True:
+        for key, _ in sel.select(timeout=0.05):
+            rank = key.data
+            try:
+                chunk = os.read(key.fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                continue
+            data = bufs[rank] + chunk
+            *lines, bufs[rank] = data.split(b"\n")
+            for line in lines:
+                try:
+                    raw = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(raw, dict):
+                    if raw.get("kind") == "_rank" and raw.get("what") == "ready":
+                        ready.add(rank)
+                        if len(ready) == len(procs):
+                            phases["launch_to_ready"] = time.perf_counter() - t_launch
+                    coord.feed(raw)
+        now = time.monotonic()
+        exited = {r: p.poll() for r, p in procs.items()}
+        if failure is None:
+            if stopper.requested:
+                failure = (stopper.describe(), 128 + (stopper.signum or signal.SIGTERM))
+            for r, code in exited.items():
+                if failure is None and code is not None and not (coord.results.get(r) or {}).get("clean"):
+                    if (coord.results.get(r) or {}).get("bad_input"):
+                        failure = (_failure_text(coord) or f"rank {r}: bad input", EXIT_USAGE)
+                    elif code < 0 or r not in coord.results:
+                        failure = (f"rank {r} {_signal_text(code)} during {coord.progress[r][1]}; nothing was committed",
+                                   EXIT_FAILED)
+            if failure is None and any(ev.where == "transport" for ev in coord.errors):
+                suspects = [r for r, c in exited.items() if c is None and r not in {e.rank for e in coord.errors}]
+                if suspects or all(c is not None for c in exited.values()):
+                    failure = (_hung_text(coord, suspects) if suspects else _failure_text(coord) or "transport failure",
+                               EXIT_FAILED)
+            for r, code in exited.items():
+                last, what = coord.progress[r]
+                limit = run_stall if r in ready else init_stall
+                if failure is None and code is None and now - last > limit:
+                    failure = (_hung_text(coord, [r]), EXIT_FAILED)
+            if failure is not None:
+                fail_at = now
+        if all(code is not None for code in exited.values()):
+            all_exited_at = all_exited_at or now
+            # Drain what the ranks wrote before exiting (bounded: a grandchild may hold a pipe open).
+            if not sel.get_map() or now - all_exited_at > 1.0:
+                break
+        if failure is not None and fail_at is not None and now - fail_at > 1.0:
+            break  # a short grace for the others to report what they saw; then tear down
+    if failure is None:
+        return None, 0
+    return failure
+
+
+def _hung_text(coord: Coordinator, suspects: list[int]) -> str:
+    now = time.monotonic()
+    parts = []
+    for r in suspects:
+        last, what = coord.progress[r]
+        parts.append(f"rank {r} hung (no progress for {now - last:.1f} s, last: {what})")
+    others = sorted({e.rank for e in coord.errors if e.where == "transport" and e.rank is not None})
+    tail = f"; rank(s) {', '.join(map(str, others))} timed out waiting for it" if others else ""
+    return "; ".join(parts) + tail + "; nothing was committed"
+
+
+def _terminate(procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    alive = [p for p in procs.values() if p.poll() is None]
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 2.0
+    for p in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _run_joined(cfg_base: dict[str, Any], joined: dict[str, Any], coord: Coordinator, stopper: _Stop) -> tuple[str | None, int]:
+    from hwtui.engine.replication import worker
+
+    cfg = {**cfg_base, **{k: joined[k] for k in ("rank", "local_rank", "master_addr", "master_port")}}
+
+    def emit(raw: dict[str, Any]) -> None:
+        coord.feed(json.loads(json.dumps(raw, default=str)))  # the same JSON round trip as local mode
+
+    # In-process, a signal must interrupt the worker rather than only set a flag.
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopper.signum = signum
+        raise worker.Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = worker.run_worker(cfg, emit)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if code == worker.EXIT_OK:
+        return None, 0
+    if code == worker.EXIT_INTERRUPTED:
+        return stopper.describe(), 128 + (stopper.signum or signal.SIGTERM)
+    text = _failure_text(coord) or f"rank {joined['rank']} failed"
+    return text, EXIT_USAGE if code == worker.EXIT_BAD_INPUT else EXIT_FAILED

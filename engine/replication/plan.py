@@ -1,0 +1,405 @@
+"""Replication plans: schema ``hwtui.plan/1``, the planner, deltas and validation.
+
+A plan is everything a rank needs to move one version of a model, decided once, up front:
+
+- ``tensors``: the complete next version (name, dtype, shape, nbytes, xxh3 checksum, ``send``),
+  so a receiver can lay out its staging copy and copy unchanged tensors from what it serves now;
+- ``buckets``: id, size, xxh3 of the packed bytes, consumer ranks (``null``: every receiver);
+- ``items``: the pieces inside buckets (name, dtype, shape, file, file offset, offset inside the
+  tensor, nbytes, bucket, offset inside the bucket). A tensor larger than the room left in a
+  bucket is split at the bucket boundary;
+- ``deleted``: tensors of the previous version that the next one drops;
+- ``digest``: xxh3-128 of the canonical JSON of everything else, so a truncated or edited plan,
+  or two ranks holding different plans, is caught before a byte moves.
+
+Layout: the tensors to send are sorted by (file, offset in file) and laid end to end (with
+``align`` padding) as one stream cut into buckets of exactly ``bucket_bytes``. Every bucket but the
+last is full, so the window bounds memory tightly, and with ``--align 1`` (or tensors already
+aligned in the file) a bucket is one contiguous range of a safetensors file, which the source
+broadcasts from the page cache without packing. Sorting is the only super-linear step: O(n log n).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+from hwtui.app.errors import HwtuiError
+from hwtui.engine.atomic import atomic_write_text
+from hwtui.engine.replication.checksum import Streaming, xxh3_hex
+from hwtui.engine.replication.weights import (
+    DTYPES,
+    TensorInfo,
+    expected_nbytes,
+    file_format,
+    load_torch_state,
+    read_safetensors_header,
+    tensor_bytes,
+    torch_tensor_infos,
+)
+
+PLAN_SCHEMA = "hwtui.plan/1"
+MANIFEST_SCHEMA = "hwtui.manifest/1"
+_SAFE_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+
+
+# ---------------------------------------------------------------- digest and I/O
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    body = {k: v for k, v in plan.items() if k != "digest"}
+    return xxhash.xxh3_128_hexdigest(canonical(body))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, separators=(",", ":")) + "\n")
+
+
+def check_version(v: Any, what: str) -> str:
+    if not isinstance(v, str) or not _SAFE_VERSION.match(v):
+        raise HwtuiError(f"{what} {v!r} is not a valid version (letters, digits, . _ + -; it names a directory)")
+    return v
+
+
+# ---------------------------------------------------------------- previous manifests
+
+
+def load_previous(path: str | os.PathLike[str]) -> tuple[str | None, dict[str, tuple[str, list[int], str]]]:
+    """Read a manifest (or a previous plan) -> (version, {name: (dtype, shape, checksum)}).
+
+    A manifest with no tensors is the explicit "nothing deployed yet": the plan is a full push.
+    """
+    raw = _read_json(path, "previous manifest")
+    schema = raw.get("schema")
+    if schema not in (MANIFEST_SCHEMA, PLAN_SCHEMA):
+        raise HwtuiError(f"{path}: not an hwtui manifest or plan (schema {schema!r})")
+    tensors = raw.get("tensors")
+    if not isinstance(tensors, list):
+        raise HwtuiError(f"{path}: 'tensors' must be a list")
+    out: dict[str, tuple[str, list[int], str]] = {}
+    for t in tensors:
+        try:
+            out[t["name"]] = (t["dtype"], list(t["shape"]), t["checksum"])
+        except (KeyError, TypeError):
+            raise HwtuiError(f"{path}: malformed tensor entry {str(t)[:80]}") from None
+    version = raw.get("version")
+    if out:
+        check_version(version, f"{path}: version")
+    return (version if out else None), out
+
+
+def _read_json(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HwtuiError(f"{what} {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HwtuiError(f"cannot read {what} {path}: {exc}") from None
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise HwtuiError(f"{what} {path} is not valid JSON (truncated?): {exc}") from None
+    if not isinstance(raw, dict):
+        raise HwtuiError(f"{what} {path} is not a JSON object")
+    return raw
+
+
+# ---------------------------------------------------------------- the planner
+
+
+@dataclass
+class SourceTensor:
+    file: int
+    info: TensorInfo
+
+
+@dataclass
+class PlanInputs:
+    files: list[dict[str, Any]]
+    tensors: list[SourceTensor]
+    reader: Callable[[SourceTensor], Any]  # -> a flat uint8 buffer of the whole tensor
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
+               prev: tuple[str | None, dict[str, tuple[str, list[int], str]]] | None = None) -> dict[str, Any]:
+    """Lay out the next version into buckets. O(n log n) in the number of tensors."""
+    if version is not None:
+        check_version(version, "version")
+    if bucket_bytes <= 0:
+        raise HwtuiError("--bucket-mb must be positive")
+    if align <= 0 or align & (align - 1):
+        raise HwtuiError(f"--align {align} must be a power of two")
+    prev_version, prev_tensors = prev if prev is not None else (None, {})
+
+    order = sorted(inputs.tensors, key=lambda s: (s.file, s.info.file_offset, s.info.name))
+    seen: set[str] = set()
+    tensors: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    buckets: list[dict[str, Any]] = []
+    hasher, fill = Streaming(), 0
+
+    def close_bucket() -> None:
+        nonlocal hasher, fill
+        buckets.append({"id": len(buckets), "size": fill, "checksum": hasher.hexdigest(), "consumer_ranks": None})
+        hasher, fill = Streaming(), 0
+
+    for src in order:
+        info = src.info
+        if info.name in seen:
+            raise HwtuiError(f"tensor {info.name!r} appears in more than one weight file")
+        seen.add(info.name)
+        data = inputs.reader(src)
+        checksum = xxh3_hex(data)
+        old = prev_tensors.get(info.name)
+        send = old is None or old != (info.dtype, list(info.shape), checksum)
+        tensors.append({"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "nbytes": info.nbytes,
+                        "checksum": checksum, "send": send})
+        if not send or info.nbytes == 0:
+            continue
+        pad = (-fill) % align
+        if fill and fill + pad >= bucket_bytes:
+            close_bucket()
+        elif pad:
+            hasher.pad(pad)
+            fill += pad
+        toff = 0
+        mv = memoryview(data)
+        while toff < info.nbytes:
+            if fill == bucket_bytes:
+                close_bucket()
+            n = min(info.nbytes - toff, bucket_bytes - fill)
+            items.append({"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "file": src.file,
+                          "file_offset": info.file_offset + toff if inputs.files[src.file]["format"] == "safetensors" else None,
+                          "tensor_offset": toff, "nbytes": n, "bucket": len(buckets), "offset": fill})
+            hasher.update(mv[toff:toff + n])
+            fill += n
+            toff += n
+    if fill:
+        close_bucket()
+    tensors.sort(key=lambda t: t["name"])
+    if version is None:  # content-addressed: the same weights always get the same version
+        version = "v" + xxhash.xxh3_64_hexdigest(canonical([[t["name"], t["dtype"], t["shape"], t["checksum"]] for t in tensors]))[:12]
+    if prev_version is not None and prev_version == version:
+        raise HwtuiError(f"the previous manifest already is version {version!r}; nothing to plan under that name")
+    plan: dict[str, Any] = {
+        "schema": PLAN_SCHEMA,
+        "model": model,
+        "version": version,
+        "prev_version": prev_version,
+        "bucket_bytes": bucket_bytes,
+        "align": align,
+        "total_bytes": sum(b["size"] for b in buckets),
+        "model_bytes": sum(t["nbytes"] for t in tensors),
+        "files": inputs.files,
+        "tensors": tensors,
+        "deleted": sorted(set(prev_tensors) - seen),
+        "buckets": buckets,
+        "items": items,
+    }
+    plan["digest"] = plan_digest(plan)
+    return plan
+
+
+def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
+    """Index the weight files (safetensors headers, or torch state dicts) for the planner."""
+    from hwtui.engine.replication.weights import MappedFile
+
+    files: list[dict[str, Any]] = []
+    tensors: list[SourceTensor] = []
+    views: dict[int, Any] = {}
+    closers: list[Callable[[], None]] = []
+    for idx, p in enumerate(paths):
+        path = Path(p).resolve()
+        if not path.is_file():
+            raise HwtuiError(f"weight file {p} does not exist")
+        fmt = file_format(path)
+        entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": path.stat().st_size}
+        if fmt == "safetensors":
+            infos, raw_header, _ = read_safetensors_header(path)
+            entry["header_xxh3"] = xxh3_hex(raw_header)
+            mapped = MappedFile(path)
+            closers.append(mapped.close)
+            views[idx] = ("mmap", mapped)
+        else:
+            state = load_torch_state(path)
+            infos = torch_tensor_infos(state, str(path))
+            views[idx] = ("state", {k: tensor_bytes(v) for k, v in state.items()})
+        files.append(entry)
+        tensors.extend(SourceTensor(idx, info) for info in infos)
+
+    def reader(src: SourceTensor) -> Any:
+        kind, obj = views[src.file]
+        if kind == "mmap":
+            return obj.tensor[src.info.file_offset:src.info.file_offset + src.info.nbytes].numpy()
+        return obj[src.info.name].numpy()
+
+    return PlanInputs(files, tensors, reader, closers)
+
+
+def build_plan_from_files(paths: list[str], *, model: str | None, version: str | None, bucket_bytes: int, align: int = 1,
+                          prev_path: str | None = None) -> dict[str, Any]:
+    prev = load_previous(prev_path) if prev_path else None
+    inputs = open_weight_files(paths)
+    try:
+        return build_plan(inputs, model=model or Path(paths[0]).stem, version=version, bucket_bytes=bucket_bytes,
+                          align=align, prev=prev)
+    finally:
+        for close in inputs.closers:
+            close()
+
+
+def manifest_of(plan: dict[str, Any], plan_digest_: str | None = None) -> dict[str, Any]:
+    """The manifest of the version a plan produces: the input of the next delta plan."""
+    return {"schema": MANIFEST_SCHEMA, "model": plan["model"], "version": plan["version"],
+            "plan_digest": plan_digest_ or plan.get("digest"),
+            "tensors": [{k: t[k] for k in ("name", "dtype", "shape", "nbytes", "checksum")} for t in plan["tensors"]]}
+
+
+# ---------------------------------------------------------------- validation
+
+
+@dataclass
+class Plan:
+    """A validated plan plus the indexes the workers need."""
+
+    raw: dict[str, Any]
+    path: str
+    bucket_items: list[list[dict[str, Any]]]  # items per bucket, by offset
+
+    @property
+    def digest(self) -> str:
+        return self.raw["digest"]
+
+    @property
+    def buckets(self) -> list[dict[str, Any]]:
+        return self.raw["buckets"]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+
+def _need(cond: bool, path: str, msg: str) -> None:
+    if not cond:
+        raise HwtuiError(f"plan {path}: {msg}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
+    """Check every invariant a worker relies on; one line naming the first violation."""
+    _need(raw.get("schema") == PLAN_SCHEMA, path, f"schema is {raw.get('schema')!r}, expected {PLAN_SCHEMA!r}")
+    for key, kind in (("model", str), ("version", str), ("bucket_bytes", int), ("align", int), ("total_bytes", int),
+                      ("files", list), ("tensors", list), ("deleted", list), ("buckets", list), ("items", list),
+                      ("digest", str)):
+        _need(isinstance(raw.get(key), kind) and not isinstance(raw.get(key), bool), path,
+              f"missing or mistyped field {key!r} (expected {kind.__name__})")
+    check_version(raw["version"], f"plan {path}: version")
+    if raw.get("prev_version") is not None:
+        check_version(raw["prev_version"], f"plan {path}: prev_version")
+    _need(raw["bucket_bytes"] > 0, path, "bucket_bytes must be positive")
+    for i, f in enumerate(raw["files"]):
+        _need(isinstance(f, dict) and isinstance(f.get("path"), str) and f.get("format") in ("safetensors", "torch")
+              and _is_int(f.get("size")), path, f"file entry {i} is malformed")
+
+    tensors: dict[str, dict[str, Any]] = {}
+    for t in raw["tensors"]:
+        _need(isinstance(t, dict) and isinstance(t.get("name"), str), path, f"malformed tensor entry {str(t)[:60]}")
+        name = t["name"]
+        _need(name not in tensors, path, f"tensor {name!r} listed twice")
+        _need(t.get("dtype") in DTYPES, path, f"tensor {name!r} has unknown dtype {t.get('dtype')!r}")
+        shape = t.get("shape")
+        _need(isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape), path, f"tensor {name!r} has a bad shape")
+        _need(t.get("nbytes") == expected_nbytes(t["dtype"], shape), path,
+              f"tensor {name!r}: nbytes {t.get('nbytes')} does not match {t['dtype']}{shape}")
+        _need(isinstance(t.get("checksum"), str) and bool(_HEX16.match(t["checksum"])), path, f"tensor {name!r} has a bad checksum")
+        _need(isinstance(t.get("send"), bool), path, f"tensor {name!r} lacks 'send'")
+        tensors[name] = t
+    for name in raw["deleted"]:
+        _need(isinstance(name, str) and name not in tensors, path, f"deleted tensor {name!r} is also in the next version")
+
+    nb = len(raw["buckets"])
+    for i, b in enumerate(raw["buckets"]):
+        _need(isinstance(b, dict) and b.get("id") == i, path, f"bucket ids must be 0..{nb - 1} in order (entry {i})")
+        _need(_is_int(b.get("size")) and 0 < b["size"] <= raw["bucket_bytes"], path, f"bucket {i} has a bad size")
+        _need(isinstance(b.get("checksum"), str) and bool(_HEX16.match(b["checksum"])), path, f"bucket {i} has a bad checksum")
+        cr = b.get("consumer_ranks")
+        _need(cr is None or (isinstance(cr, list) and all(_is_int(r) and r >= 0 for r in cr)), path,
+              f"bucket {i} has bad consumer_ranks")
+    _need(raw["total_bytes"] == sum(b["size"] for b in raw["buckets"]), path, "total_bytes is not the sum of the bucket sizes")
+
+    per_bucket: list[list[dict[str, Any]]] = [[] for _ in range(nb)]
+    per_tensor: dict[str, list[tuple[int, int]]] = {}
+    nfiles = len(raw["files"])
+    for it in raw["items"]:
+        _need(isinstance(it, dict), path, "malformed item")
+        name = it.get("name")
+        t = tensors.get(name)  # type: ignore[arg-type]
+        _need(t is not None and t["send"], path, f"item for {name!r} which is not a tensor to send")
+        _need(it.get("dtype") == t["dtype"] and it.get("shape") == t["shape"], path, f"item for {name!r}: dtype/shape differ from its tensor")
+        for key in ("bucket", "offset", "nbytes", "tensor_offset", "file"):
+            _need(_is_int(it.get(key)) and it[key] >= 0, path, f"item for {name!r}: bad {key!r}")
+        _need(it["bucket"] < nb, path, f"item for {name!r} points at bucket {it['bucket']} of {nb}")
+        _need(it["file"] < nfiles, path, f"item for {name!r} points at file {it['file']} of {nfiles}")
+        size = raw["buckets"][it["bucket"]]["size"]
+        _need(it["nbytes"] > 0 and it["offset"] + it["nbytes"] <= size, path,
+              f"item for {name!r} lies outside bucket {it['bucket']} (offset {it['offset']} + {it['nbytes']} > {size})")
+        if raw["files"][it["file"]]["format"] == "safetensors":
+            _need(_is_int(it.get("file_offset")) and it["file_offset"] >= 0, path, f"item for {name!r}: bad file_offset")
+        per_bucket[it["bucket"]].append(it)
+        per_tensor.setdefault(name, []).append((it["tensor_offset"], it["nbytes"]))
+    for b, its in enumerate(per_bucket):
+        its.sort(key=lambda i: i["offset"])
+        for a, c in zip(its, its[1:], strict=False):
+            _need(c["offset"] >= a["offset"] + a["nbytes"], path,
+                  f"bucket {b}: items {a['name']!r} and {c['name']!r} overlap at offset {c['offset']}")
+    for name, t in tensors.items():
+        if not t["send"] or t["nbytes"] == 0:
+            continue
+        pieces = sorted(per_tensor.get(name, []))
+        pos = 0
+        for off, n in pieces:
+            _need(off == pos, path, f"tensor {name!r}: pieces overlap or leave a gap at byte {pos}")
+            pos += n
+        _need(pos == t["nbytes"], path, f"tensor {name!r}: pieces cover {pos} of {t['nbytes']} bytes")
+    _need(plan_digest(raw) == raw["digest"], path, "digest mismatch: the plan was edited or truncated after planning")
+    return Plan(raw, path, per_bucket)
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    return validate_plan(_read_json(path, "plan"), str(path))
+
+
+def preflight_sources(plan: Plan) -> None:
+    """The source's weight files must be the ones planned: present, same size, same header.
+
+    Content changes that keep size and header are caught when the source hashes each bucket
+    before sending it (a mismatch names the bucket and stops the run before any commit).
+    """
+    for f in plan["files"]:
+        p = Path(f["path"])
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise HwtuiError(f"weight file {p} named by the plan is missing") from None
+        except OSError as exc:
+            raise HwtuiError(f"cannot stat weight file {p}: {exc.strerror}") from None
+        if size != f["size"]:
+            raise HwtuiError(f"weight file {p} changed since planning: {size} bytes, plan says {f['size']}")
+        if f["format"] == "safetensors":
+            _, raw_header, _ = read_safetensors_header(p)
+            if xxh3_hex(raw_header) != f.get("header_xxh3"):
+                raise HwtuiError(f"weight file {p} changed since planning: its safetensors header differs")

@@ -1,0 +1,51 @@
+"""The final replication report (``--report FILE``, and ``repl.done.report``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hwtui.probes.redact import redact, redact_env
+
+REPORT_SCHEMA = "hwtui.replication-report/1"
+_ENV_PREFIXES = ("HOTWEIGHTS_", "MASTER_", "NCCL_", "GLOO_", "TORCH_", "CCL_", "HCCL_", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                 "SLURM_NTASKS", "SLURM_JOB_ID")
+
+
+def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings: dict[str, Any],
+                 ranks: list[dict[str, Any]], seconds: float, wall_seconds: float, committed: bool,
+                 launcher_phases: dict[str, float]) -> dict[str, Any]:
+    total = int(plan["total_bytes"])
+    phases: dict[str, float] = dict(launcher_phases)
+    for r in ranks:
+        for name, v in (r.get("phases") or {}).items():
+            phases[name] = max(phases.get(name, 0.0), float(v))
+    mem = [r.get("memory") or {} for r in ranks]
+    pool_peaks = [((m.get("pool") or {}).get("peak_in_use_bytes") or 0) for m in mem]
+    report = {
+        "schema": REPORT_SCHEMA,
+        "ok": ok,
+        "error": error,
+        "committed": committed,
+        "model": plan["model"],
+        "version": plan["version"],
+        "prev_version": plan.get("prev_version"),
+        "plan_digest": plan["digest"],
+        "bytes": total,
+        "n_buckets": len(plan["buckets"]),
+        "bucket_bytes": plan["bucket_bytes"],
+        "seconds": round(seconds, 6),
+        "gbps": round(total / seconds / 1e9, 4) if seconds > 0 and ok else 0.0,
+        "wall_seconds": round(wall_seconds, 3),
+        "phases_s": {k: round(v, 6) for k, v in phases.items()},
+        "peak_memory": {
+            "max_peak_rss_bytes": max((m.get("peak_rss_bytes") or 0 for m in mem), default=0),
+            "max_pool_peak_bytes": max(pool_peaks, default=0),
+            "pool_bound_bytes": int(settings["window"]) * max((b["size"] for b in plan["buckets"]), default=0),
+        },
+        "world_size": settings["world_size"],
+        "ranks": ranks,
+        **{k: settings[k] for k in ("device", "transport", "window", "adaptive", "chunk_bytes", "verify", "mode")},
+        "env": redact_env({k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}),
+    }
+    return redact(report)

@@ -1,0 +1,104 @@
+"""A receiver's staging copy of the next version.
+
+The staging copy has the layout of a safetensors file (tensors sorted by itemsize then name, as
+safetensors itself writes them, so every tensor stays aligned behind the 8-byte-padded header).
+With an output directory on the CPU, the staging copy *is* a memory-mapped file in the staging
+directory: unpacking writes straight into the page cache and ``prepare`` only has to msync and
+fsync it; the served version is never touched. Otherwise it is a buffer on the device (and, on
+commit, is written out from there).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+from hwtui.engine.replication.checksum import tensor_hex
+from hwtui.engine.replication.weights import DTYPES
+
+
+def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Return (header bytes incl. its 8-byte length, {name: (data offset, nbytes)})."""
+    order = sorted(tensors, key=lambda t: (-DTYPES[t["dtype"]][0], t["name"]))
+    header: dict[str, Any] = {"__metadata__": metadata}
+    layout: dict[str, tuple[int, int]] = {}
+    pos = 0
+    for t in order:
+        header[t["name"]] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [pos, pos + t["nbytes"]]}
+        layout[t["name"]] = (pos, t["nbytes"])
+        pos += t["nbytes"]
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * ((-len(raw)) % 8)
+    return len(raw).to_bytes(8, "little") + raw, layout
+
+
+class Staging:
+    def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
+                 file: str | os.PathLike[str] | None = None):
+        import torch
+
+        self.tensors = {t["name"]: t for t in tensors}
+        self.header, self.layout = safetensors_layout(tensors, metadata)
+        self.data_bytes = sum(n for _, n in self.layout.values())
+        self.device = device
+        self.file = Path(file) if file is not None else None
+        self._mm: mmap.mmap | None = None
+        if self.file is not None and device == "cpu":
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            total = len(self.header) + self.data_bytes
+            with open(self.file, "w+b") as fh:
+                fh.truncate(total)
+                fh.write(self.header)
+                self._mm = mmap.mmap(fh.fileno(), total) if total else None
+            whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
+            self.data = whole[len(self.header):]
+        else:
+            self.data = torch.empty(self.data_bytes, dtype=torch.uint8, device=device)
+        if self.data_bytes:
+            self.data.zero_()  # fault the pages in before the transfer starts (see pool.py)
+
+    def region(self, name: str) -> Any:
+        off, n = self.layout[name]
+        return self.data[off:off + n]
+
+    def write(self, name: str, tensor_offset: int, src: Any) -> None:
+        off, _ = self.layout[name]
+        start = off + tensor_offset
+        self.data[start:start + src.numel()].copy_(src)
+
+    def verify(self, names: list[str] | None = None) -> list[str]:
+        """Names whose bytes do not hash to the plan's checksum."""
+        bad = []
+        for name in names if names is not None else list(self.tensors):
+            region = self.region(name)
+            host = region if region.device.type == "cpu" else region.cpu()
+            if tensor_hex(host) != self.tensors[name]["checksum"]:
+                bad.append(name)
+        return bad
+
+    def flush(self) -> None:
+        """Make the staged file durable (prepare phase)."""
+        if self.file is None:
+            return
+        if self._mm is not None:
+            self._mm.flush()
+        elif self.device != "cpu":
+            with open(self.file, "wb") as fh:
+                fh.write(self.header)
+                fh.write(memoryview(self.data.cpu().numpy()))
+        elif not self.file.exists():  # an empty model: header only
+            self.file.write_bytes(self.header)
+        with open(self.file, "rb+") as fh:
+            os.fsync(fh.fileno())
+
+    def close(self) -> None:
+        self.data = None
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+            self._mm = None

@@ -1,0 +1,115 @@
+"""Which transport moves the buckets, decided once per run and announced in one line.
+
+The lines are the vendor guide's, so scripts that grep for them keep working:
+
+- NVIDIA, one node: "Using SOTA CUDA-IPC Transport Layer." -- NCCL broadcast between the GPUs;
+  inside one node NCCL moves it GPU to GPU through CUDA IPC handles (P2P over NVLink/PCIe), no
+  host copy. (We do not open IPC handles ourselves: torch's handle exchange pickles storages.)
+- NVIDIA across nodes: NCCL broadcast (IPC cannot cross a node).
+- AMD ROCm: RCCL broadcast, "Using GPU broadcast transport (no IPC)."
+- Intel XPU: oneCCL, "Using GPU broadcast transport (Intel oneCCL)." (backend ``xccl`` in
+  upstream torch >= 2.8, else ``ccl`` from oneccl_bindings_for_pytorch)
+- Intel Gaudi: HCCL.
+- CPU: gloo, the embedded default.
+
+``--transport`` overrides the choice; an override that cannot work on the device is bad input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hwtui.app.errors import HwtuiError
+
+LINES = {
+    "cuda-ipc": "Using SOTA CUDA-IPC Transport Layer.",
+    "nccl": "Using GPU broadcast transport (NCCL).",
+    "rccl": "Using GPU broadcast transport (no IPC).",
+    "xccl": "Using GPU broadcast transport (Intel oneCCL).",
+    "ccl": "Using GPU broadcast transport (Intel oneCCL).",
+    "hccl": "Using GPU broadcast transport (Habana HCCL).",
+    "gloo": "Using CPU broadcast transport (gloo).",
+}
+BACKENDS = {"cuda-ipc": "nccl", "nccl": "nccl", "rccl": "nccl", "xccl": "xccl", "ccl": "ccl", "hccl": "hccl", "gloo": "gloo"}
+DEVICES = {"cuda-ipc": {"cuda"}, "nccl": {"cuda"}, "rccl": {"cuda"}, "xccl": {"xpu"}, "ccl": {"xpu"}, "hccl": {"hpu"},
+           "gloo": {"cpu", "cuda", "xpu", "hpu"}}
+TRANSPORTS = tuple(LINES)
+
+
+@dataclass(frozen=True)
+class TransportChoice:
+    name: str
+    backend: str  # torch.distributed backend
+    comm_device: str  # where the bucket buffers live for the collective
+    line: str  # the vendor guide's log line
+    reason: str
+
+    def decision_line(self) -> str:
+        return f"{self.line} [transport={self.name} backend={self.backend}; {self.reason}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_transport(device: str, override: str | None = None, *, rocm: bool = False, multi_node: bool = False,
+                     xccl_available: bool = False) -> TransportChoice:
+    """Pure decision (facts passed in), so every vendor branch is testable on any machine."""
+    if override:
+        if override not in LINES:
+            raise HwtuiError(f"unknown --transport {override!r} (choose from {', '.join(TRANSPORTS)})")
+        if device not in DEVICES[override]:
+            raise HwtuiError(f"--transport {override} cannot move buckets on --device {device}")
+        if override == "cuda-ipc" and multi_node:
+            raise HwtuiError("--transport cuda-ipc works inside one node; these ranks span nodes (use nccl)")
+        if override == "cuda-ipc" and rocm:
+            raise HwtuiError("--transport cuda-ipc is not available on ROCm (use rccl)")
+        name, reason = override, "chosen with --transport"
+    elif device == "cpu":
+        name, reason = "gloo", "device cpu: gloo over TCP is the embedded default"
+    elif device == "cuda" and rocm:
+        name, reason = "rccl", "AMD ROCm build (torch.version.hip set): RCCL broadcast, CUDA IPC unavailable"
+    elif device == "cuda" and multi_node:
+        name, reason = "nccl", "NVIDIA GPUs on several nodes: NCCL broadcast (CUDA IPC stops at the node)"
+    elif device == "cuda":
+        name, reason = "cuda-ipc", "NVIDIA GPUs in one node: NCCL broadcast, which NCCL carries over CUDA IPC (P2P/NVLink)"
+    elif device == "xpu":
+        name = "xccl" if xccl_available else "ccl"
+        reason = "Intel XPU: oneCCL via " + ("torch's built-in xccl backend" if xccl_available else "oneccl_bindings_for_pytorch")
+    elif device == "hpu":
+        name, reason = "hccl", "Intel Gaudi: HCCL via habana_frameworks"
+    else:
+        raise HwtuiError(f"unknown --device {device!r} (cpu, cuda, xpu or hpu)")
+    comm = "cpu" if name == "gloo" else device
+    return TransportChoice(name, BACKENDS[name], comm, LINES[name], reason)
+
+
+def detect_facts(device: str, env: dict[str, str]) -> dict[str, bool]:
+    """The facts choose_transport needs, read from torch and the launcher environment."""
+    import torch
+
+    world = int(env.get("WORLD_SIZE", "1") or 1)
+    local = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    facts = {"rocm": bool(getattr(torch.version, "hip", None)), "multi_node": local < world, "xccl_available": False}
+    if device == "xpu":
+        import torch.distributed as dist
+
+        facts["xccl_available"] = bool(getattr(dist, "is_xccl_available", lambda: False)())
+    return facts
+
+
+def prepare_backend(choice: TransportChoice, local_rank: int) -> None:
+    """Vendor imports and device binding that must happen before init_process_group."""
+    import importlib
+
+    import torch
+
+    if choice.comm_device == "cuda":
+        torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+    elif choice.comm_device == "xpu":
+        torch.xpu.set_device(local_rank % max(1, torch.xpu.device_count()))
+        if choice.backend == "ccl":
+            importlib.import_module("oneccl_bindings_for_pytorch")
+    elif choice.comm_device == "hpu":
+        # Gaudi wants WORLD_SIZE/RANK/LOCAL_RANK in the environment before this import (they are).
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")

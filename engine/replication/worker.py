@@ -1,0 +1,519 @@
+"""Per-rank replication logic, run in a fresh interpreter per rank (or in-process under torchrun).
+
+Source (rank 0): for each bucket, take its bytes zero-copy from the memory-mapped file when the
+bucket is one contiguous file range, else pack its pieces into a pooled buffer; hash it (a
+mismatch with the plan means the file changed since planning); broadcast it in chunks as async
+collectives. At most ``window`` buckets are between "staged" and "done".
+
+Receivers: post the broadcast of up to ``window`` buckets into pooled buffers ahead of time; when
+the oldest completes, verify its xxh3 against the plan (naming the bucket on a mismatch), unpack
+its pieces into the staging copy and recycle the buffer. A checksum failure does not stop the
+collective schedule (the other ranks would only see a timeout): the rank finishes the schedule and
+votes no, so every rank aborts together with the real reason.
+
+Every wait has a timeout. Events go out as JSON lines through ``emit``; internal ``_rank``
+messages (ready, transfer times, votes, results) let the launcher build the world view.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import resource
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from hwtui.app.errors import HwtuiError
+from hwtui.engine.events import ErrorEvent, Event
+from hwtui.engine.replication.checksum import xxh3_hex
+from hwtui.engine.replication.commit import ServedDir
+from hwtui.engine.replication.events import ReplBucket, ReplWindow
+from hwtui.engine.replication.faults import Injector
+from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
+from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.transport import TransportChoice, prepare_backend
+from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
+from hwtui.engine.replication.window import Window
+
+SRC = 0
+# Worker exit codes: the launcher tells a clean "voted and aborted" from a rank that fell over.
+EXIT_OK, EXIT_ABORTED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class Interrupted(Exception):
+    pass
+
+
+class TransportFailure(Exception):
+    pass
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any], emit: Emit):
+        self.cfg = cfg
+        self.rank: int = cfg["rank"]
+        self.world: int = cfg["world_size"]
+        self._emit = emit
+        self.choice = TransportChoice(**cfg["transport"])
+        self.faults = Injector(self.rank, cfg.get("fault"))
+        self.phases: dict[str, float] = {}
+        self.failures: list[str] = []
+        self.bad_input = False
+        self.pool: BufferPool | None = None
+        self.host_pool: BufferPool | None = None
+        self.staging: Any = None
+        self.served: ServedDir | None = None
+        self.window_stats: dict[str, int] = {}
+        self.rss_base = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def emit(self, ev: Event) -> None:
+        self._emit(ev.to_dict())
+
+    def internal(self, what: str, **data: Any) -> None:
+        self._emit({"kind": "_rank", "rank": self.rank, "what": what, "t": time.time(), **data})
+
+    def bucket(self, b: int, state: str, nbytes: int, seconds: float = 0.0) -> None:
+        self.emit(ReplBucket(bucket_id=b, state=state, nbytes=nbytes, seconds=round(seconds, 6), rank=self.rank))
+
+    def _timeout(self, key: str) -> datetime.timedelta:
+        return datetime.timedelta(seconds=float(self.cfg["timeouts"][key]))
+
+    def _wait(self, work: Any, key: str, what: str) -> None:
+        try:
+            work.wait(timeout=self._timeout(key))
+        except Exception as exc:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            kind = "timed out" if "timed out" in msg.lower() or "timeout" in msg.lower() else "failed"
+            raise TransportFailure(f"rank {self.rank}: {what} {kind} after waiting up to "
+                                   f"{self.cfg['timeouts'][key]:g} s ({msg})") from None
+
+    # ------------------------------------------------------------------ phases
+
+    def load(self) -> Plan:
+        t = _now()
+        plan = load_plan(self.cfg["plan"])
+        if self.rank == SRC:
+            preflight_sources(plan)
+        elif self.cfg.get("out") and self.cfg.get("commit"):
+            self.served = ServedDir(self.cfg["out"], self.rank)
+            have = self.served.current_version()
+            if plan["prev_version"] is not None and have != plan["prev_version"]:
+                raise HwtuiError(f"rank {self.rank} serves version {have!r} but the plan is a delta from "
+                                 f"{plan['prev_version']!r}; replan against {have!r} or push in full")
+            self.served.begin(plan["version"])
+        elif plan["prev_version"] is not None:
+            raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
+        self.phases["load"] = _now() - t
+        return plan
+
+    def init(self, plan: Plan) -> None:
+        import torch
+        import torch.distributed as dist
+
+        t = _now()
+        prepare_backend(self.choice, self.cfg.get("local_rank", self.rank))
+        init_method = self.cfg.get("init_method") or f"tcp://{self.cfg['master_addr']}:{self.cfg['master_port']}"
+        dist.init_process_group(self.choice.backend, init_method=init_method, rank=self.rank, world_size=self.world,
+                                timeout=self._timeout("init"))
+        self.internal("init", seconds=_now() - t)
+        # Every rank must hold the same plan: compare digests before any byte moves.
+        mine = torch.tensor(list(plan.digest.encode()), dtype=torch.uint8, device=self.comm_device())
+        theirs = mine.clone()
+        self._wait(dist.broadcast(theirs, SRC, async_op=True), "init", "plan digest exchange")
+        if not torch.equal(mine.cpu(), theirs.cpu()):
+            raise HwtuiError(f"rank {self.rank} holds a different plan than rank {SRC} (digest "
+                             f"{plan.digest[:12]} vs {bytes(theirs.cpu().tolist()).decode(errors='replace')[:12]})")
+        self.phases["init"] = _now() - t
+
+    def comm_device(self) -> str:
+        return self.choice.comm_device
+
+    def setup(self, plan: Plan) -> None:
+        from hwtui.engine.replication.staging import Staging
+
+        t = _now()
+        self.rss_base = _rss()
+        n = len(plan.buckets)
+        largest = max((b["size"] for b in plan.buckets), default=1)
+        k = self.cfg["inflight"]
+        device, comm = self.cfg["device"], self.comm_device()
+        if self.rank == SRC:
+            self._sources = _SourceReader(plan)
+            needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
+        else:
+            needs_pool = n > 0
+            meta = {"model": plan["model"], "version": plan["version"], "plan_digest": plan.digest}
+            file = self.served.staging_file(plan["version"]) if self.served else None
+            self.staging = Staging(plan["tensors"], meta, device=device, file=file)
+            if comm != "cpu" and self.cfg["verify"]:
+                self.host_pool = BufferPool(k, largest, "cpu", pin=True)
+                self.host_pool.warm(min(k, n))
+        if needs_pool:
+            self.pool = BufferPool(k, largest, comm)
+            self.pool.warm(min(k, n))
+        self.phases["setup"] = _now() - t
+
+    def barrier(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.ones(1, dtype=torch.int32, device=self.comm_device())
+        self._wait(dist.all_reduce(flag, async_op=True), "init", "start barrier")
+
+    # ------------------------------------------------------------------ transfer
+
+    def _chunks(self, buf: Any) -> list[Any]:
+        step = max(1, int(self.cfg["chunk_bytes"]) or buf.numel())
+        return [buf[i:i + step] for i in range(0, buf.numel(), step)]
+
+    def transfer(self, plan: Plan) -> None:
+        t = _now()
+        self.internal("transfer_start")
+        if self.rank == SRC:
+            self._send(plan)
+        else:
+            self._receive(plan)
+        self.phases["transfer"] = _now() - t
+        self.internal("transfer_end", seconds=self.phases["transfer"])
+
+    def _window(self) -> Window:
+        return Window(self.cfg["inflight"], max_bytes=self.cfg.get("max_inflight_bytes"),
+                      adaptive=bool(self.cfg.get("adaptive")) and self.rank == SRC,
+                      target_s=self.cfg.get("target_bucket_s"), max_limit=self.cfg["inflight"])
+
+    def _send(self, plan: Plan) -> None:
+        import torch.distributed as dist
+
+        win, inflight, n, b = self._window(), deque(), len(plan.buckets), 0
+        while b < n or inflight:
+            while b < n and win.can_admit(plan.buckets[b]["size"]):
+                self.faults.at_bucket(b)
+                t0 = _now()
+                size = plan.buckets[b]["size"]
+                buf, pooled, digest = self._sources.stage(plan, b, self.pool)
+                if digest != plan.buckets[b]["checksum"]:
+                    self.bad_input = True
+                    self.failures.append(f"bucket {b}: the weight files changed since planning (source checksum "
+                                         f"{digest} != plan {plan.buckets[b]['checksum']})")
+                    self.emit(ErrorEvent(message=f"rank {self.rank}: {self.failures[-1]}", rank=self.rank, where="source"))
+                self.bucket(b, "staged", size, _now() - t0)
+                works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:size])]
+                win.admit(size)
+                inflight.append((b, buf, pooled, works, _now()))
+                self.bucket(b, "inflight", size)
+                self.emit(ReplWindow(occupancy=win.occupancy, window=win.limit, bytes_in_flight=win.bytes_in_flight))
+                b += 1
+            ob, buf, pooled, works, t0 = inflight.popleft()
+            for w in works:
+                self._wait(w, "bucket", f"broadcast of bucket {ob}")
+            dt = _now() - t0
+            size = plan.buckets[ob]["size"]
+            win.retire(size, dt)
+            if pooled:
+                self.pool.release(buf)
+            self.bucket(ob, "done", size, dt)
+            self.emit(ReplWindow(occupancy=win.occupancy, window=win.limit, bytes_in_flight=win.bytes_in_flight))
+        self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
+                             "final_limit": win.limit, "changes": win.changes}
+
+    def _receive(self, plan: Plan) -> None:
+        import torch.distributed as dist
+
+        win, inflight, n, b = self._window(), deque(), len(plan.buckets), 0
+        verify = self.cfg["verify"]
+        while b < n or inflight:
+            while b < n and win.can_admit(plan.buckets[b]["size"]):
+                self.faults.at_bucket(b)
+                size = plan.buckets[b]["size"]
+                buf = self.pool.acquire(size)
+                works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:size])]
+                win.admit(size)
+                inflight.append((b, buf, works, _now()))
+                self.bucket(b, "inflight", size)
+                b += 1
+            ob, buf, works, t0 = inflight.popleft()
+            for w in works:
+                self._wait(w, "bucket", f"broadcast of bucket {ob}")
+            size = plan.buckets[ob]["size"]
+            self.bucket(ob, "verifying", size, _now() - t0)
+            win.retire(size, _now() - t0)
+            t1 = _now()
+            data = buf[:size]
+            if self.faults.corrupts(ob):
+                data[size // 2] ^= 0xFF
+            ok = True
+            if verify:
+                if data.device.type == "cpu":
+                    got = xxh3_hex(data.numpy())
+                else:  # the bytes must reach the host to be hashed; a pinned, pooled buffer
+                    hbuf = self.host_pool.acquire(size)
+                    hbuf[:size].copy_(data)
+                    got = xxh3_hex(hbuf[:size].numpy())
+                    self.host_pool.release(hbuf)
+                if got != plan.buckets[ob]["checksum"]:
+                    ok = False
+                    self.failures.append(f"bucket {ob} failed verification on rank {self.rank} "
+                                         f"(xxh3 {got} != plan {plan.buckets[ob]['checksum']})")
+                    self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
+            if ok:
+                for it in plan.bucket_items[ob]:
+                    self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
+            self.pool.release(buf)
+            self.bucket(ob, "done" if ok else "failed", size, _now() - t1)
+        self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
+                             "final_limit": win.limit, "changes": win.changes}
+
+    # ------------------------------------------------------------------ commit
+
+    def prepare(self, plan: Plan) -> bool:
+        t = _now()
+        if self.rank != SRC and not self.failures:
+            kept = [tt["name"] for tt in plan["tensors"] if not tt["send"]]
+            if kept:
+                self._copy_kept(kept)
+            if self.cfg["verify"]:
+                bad = self.staging.verify()
+                if bad:
+                    self.failures.append(f"{len(bad)} tensor(s) of the staging copy on rank {self.rank} do not match "
+                                         f"the plan (first: {bad[0]!r})")
+                    self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
+            if self.served and not self.failures:
+                self.staging.flush()
+                self.served.prepare(plan["version"], manifest_of(plan.raw))
+        self.phases["prepare"] = _now() - t
+        ok = not self.failures
+        self.internal("prepared", ok=ok, detail="; ".join(self.failures)[:500])
+        self.faults.at_phase("prepare")
+        return ok
+
+    def _copy_kept(self, names: list[str]) -> None:
+        mapped, offsets = self.served.open_current()
+        try:
+            for name in names:
+                if name not in offsets:
+                    raise HwtuiError(f"rank {self.rank}: tensor {name!r} is not in the served version")
+                off, nbytes = offsets[name]
+                self.staging.write(name, 0, mapped.tensor[off:off + nbytes])
+        finally:
+            mapped.close()
+
+    def vote_and_commit(self, plan: Plan, ok: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        t = _now()
+        vote = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.comm_device())
+        self._wait(dist.all_reduce(vote, op=dist.ReduceOp.MIN, async_op=True), "commit", "commit vote")
+        unanimous = int(vote.item()) == 1
+        committed = False
+        if unanimous and self.cfg.get("commit"):
+            if self.served is not None:
+                # The switch itself must not be cut in half by a signal: block them for the two renames.
+                old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+                try:
+                    self.served.commit(plan["version"], plan.digest)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            committed = True
+        elif self.served is not None:
+            self.served.abort(plan["version"])
+        self.phases["commit"] = _now() - t
+        self.internal("decided", unanimous=unanimous, committed=committed)
+        return unanimous
+
+    # ------------------------------------------------------------------ results
+
+    def result(self, ok: bool, clean: bool) -> None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.internal("result", ok=ok, clean=clean, phases={k: round(v, 6) for k, v in self.phases.items()},
+                      failures=self.failures, bad_input=self.bad_input,
+                      memory={"peak_rss_bytes": peak, "rss_before_setup_bytes": self.rss_base,
+                              "pool": self.pool.stats() if self.pool else None,
+                              "host_pool": self.host_pool.stats() if self.host_pool else None,
+                              "staging_bytes": self.staging.data_bytes if self.staging is not None else 0},
+                      window=self.window_stats)
+
+    def cleanup_staging(self) -> None:
+        if self.staging is not None:
+            self.staging.close()
+        if self.served is not None and self.cfg.get("plan_version"):
+            self.served.abort(self.cfg["plan_version"])
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class _SourceReader:
+    """The source's zero-copy view of the weight files."""
+
+    def __init__(self, plan: Plan):
+        self.mapped: dict[int, MappedFile] = {}
+        self.states: dict[int, dict[str, Any]] = {}
+        for idx, f in enumerate(plan["files"]):
+            if f["format"] == "safetensors":
+                self.mapped[idx] = MappedFile(f["path"])
+            else:
+                self.states[idx] = {k: tensor_bytes(v) for k, v in load_torch_state(f["path"]).items()}
+
+    def contiguous(self, plan: Plan, b: int) -> bool:
+        """True when bucket b is exactly one byte range of one safetensors file (no packing needed)."""
+        items = plan.bucket_items[b]
+        if not items or items[0]["file"] not in self.mapped:
+            return False
+        base = items[0]["file_offset"] - items[0]["offset"]
+        return (sum(i["nbytes"] for i in items) == plan.buckets[b]["size"]
+                and all(i["file"] == items[0]["file"] and i["file_offset"] - i["offset"] == base for i in items))
+
+    def piece(self, it: dict[str, Any]) -> Any:
+        if it["file"] in self.mapped:
+            return self.mapped[it["file"]].tensor[it["file_offset"]:it["file_offset"] + it["nbytes"]]
+        src = self.states[it["file"]].get(it["name"])
+        if src is None:
+            raise HwtuiError(f"tensor {it['name']!r} is missing from {it['file']} (the weight file changed since planning)")
+        return src[it["tensor_offset"]:it["tensor_offset"] + it["nbytes"]]
+
+    def stage(self, plan: Plan, b: int, pool: BufferPool | None) -> tuple[Any, bool, str]:
+        """(buffer holding bucket b, whether it came from the pool, xxh3 of its bytes)."""
+        size = plan.buckets[b]["size"]
+        if self.contiguous(plan, b) and (pool is None or pool.device == "cpu"):
+            it = plan.bucket_items[b][0]
+            start = it["file_offset"] - it["offset"]
+            view = self.mapped[it["file"]].tensor[start:start + size]
+            return view, False, xxh3_hex(view.numpy())
+        buf = pool.acquire(size)
+        host_parts = []
+        pos = 0
+        for it in plan.bucket_items[b]:
+            if it["offset"] > pos:
+                buf[pos:it["offset"]].zero_()  # alignment padding is hashed as zeros by the planner
+            src = self.piece(it)
+            buf[it["offset"]:it["offset"] + it["nbytes"]].copy_(src)
+            host_parts.append((it["offset"], src))
+            pos = it["offset"] + it["nbytes"]
+        if pos < size:
+            buf[pos:size].zero_()
+        if buf.device.type == "cpu":
+            return buf, True, xxh3_hex(buf[:size].numpy())
+        # On a GPU, hash the host-side pieces (and padding) instead of copying the bucket back.
+        from hwtui.engine.replication.checksum import Streaming
+
+        h, pos = Streaming(), 0
+        for off, src in host_parts:
+            h.pad(off - pos)
+            h.update(src.numpy())
+            pos = off + src.numel()
+        h.pad(size - pos)
+        return buf, True, h.hexdigest()
+
+
+def run_worker(cfg: dict[str, Any], emit: Emit) -> int:
+    """Run one rank to completion; returns its exit code (see EXIT_*)."""
+    w = Worker(cfg, emit)
+    plan: Plan | None = None
+    joined = False
+    try:
+        plan = w.load()
+        cfg["plan_version"] = plan["version"]
+        w.init(plan)
+        joined = True
+        w.setup(plan)
+        w.barrier()
+        w.internal("ready")
+        w.transfer(plan)
+        ok = w.prepare(plan)
+        unanimous = w.vote_and_commit(plan, ok)
+        w.result(ok=unanimous, clean=True)
+        code = EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)
+    except HwtuiError as exc:
+        w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
+        w.bad_input = True
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        code = EXIT_BAD_INPUT
+    except TransportFailure as exc:
+        w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="transport"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        code = EXIT_BROKEN
+    except Interrupted as exc:
+        w.emit(ErrorEvent(message=f"rank {w.rank}: {exc}", rank=w.rank, where="signal"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        code = EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - report, never a bare traceback
+        w.emit(ErrorEvent(message=f"rank {w.rank}: {type(exc).__name__}: {exc}", rank=w.rank, where="internal"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        code = EXIT_BROKEN
+    if joined and code in (EXIT_OK, EXIT_ABORTED, EXIT_BAD_INPUT):
+        import torch.distributed as dist
+
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001, S110 - best effort on the way out
+            pass
+    return code
+
+
+# ---------------------------------------------------------------------- process entry
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the launcher dies, so no orphan ever holds a port or a GPU."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    fd, cfg = int(argv[0]), json.loads(argv[1])
+    _die_with_parent()
+    if os.getppid() != cfg.get("parent_pid", os.getppid()):
+        return EXIT_BROKEN  # the launcher died before we could arm the death signal
+
+    def emit(raw: dict[str, Any]) -> None:
+        data = (json.dumps(raw, separators=(",", ":"), default=str) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        code = run_worker(cfg, emit)
+    except BrokenPipeError:
+        code = EXIT_BROKEN
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: a rank whose peer died can block forever in gloo's destructors on a normal exit.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,23 @@
+"""Mixed-vendor parallel training: one worker process per device, merged through host memory.
+
+Each device (CUDA, ROCm, XPU, Gaudi or a CPU rank) trains its own copy of a small model on chunks
+of data it claims from a shared queue; every ``merge_every`` steps the copies are averaged in
+proportion to the samples each one trained on, over a gloo group on CPU copies of the weights,
+because no collective library spans vendors. Module map:
+
+* ``backend``    one device abstraction (device, set_device, synchronize, streams, memory, AMP)
+* ``model``      a small character-level transformer
+* ``data``       the Python standard library's own source text, split deterministically
+* ``memory``     will the model fit? refuse clearly, before any work starts
+* ``queue``      chunk queue: dynamic / equal / static balancing, requeue on worker loss
+* ``merge``      sample-weighted merge over gloo with a two-phase commit
+* ``checkpoint`` atomic safetensors checkpoints with a JSON manifest, resume
+* ``health``     heartbeats (worker side) and liveness tracking (coordinator side)
+* ``channel``    JSON lines over pipes between coordinator and workers (never pickle)
+* ``worker``     the worker process (``python -m hwtui.engine.training.worker``)
+* ``launcher``   the coordinator: spawns workers, owns the queue, rounds, recovery
+* ``events`` / ``report``  the telemetry contract and the ``--report`` document
+* ``knobs``      documented test-only knobs (slowdown, fault injection, checkpoint delay)
+
+Importing this package imports neither torch nor textual.
+"""

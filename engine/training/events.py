@@ -1,0 +1,66 @@
+"""Training events: the contract between the engine, the CLI printer and the TUI.
+
+Errors use the shared :class:`hwtui.engine.events.ErrorEvent`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.engine.events import Event, event
+
+
+@event("train.start")
+class TrainStart(Event):
+    workers: list[dict[str, Any]]  # {rank, device, vendor, name}
+    steps: int
+    batch_size: int
+    balance: str
+    merge_every: int
+    params: int
+
+
+@event("train.worker")
+class TrainWorker(Event):
+    rank: int
+    device: str
+    step: int  # optimizer steps this worker has taken (one per chunk)
+    samples: int
+    samples_per_s: float
+    loss: float | None
+    mem_used: int | None
+    mem_total: int | None
+    chunks_claimed: int
+
+
+@event("train.merge")
+class TrainMerge(Event):
+    round: int
+    step: int
+    shares: list[float]  # per rank: fraction of the round's samples (0 for a lost rank)
+    loss_merged: float | None  # held-out loss of the merged model
+    loss_workers_mean: float | None  # mean held-out loss of the workers' own models before the merge
+
+
+@event("train.checkpoint")
+class TrainCheckpoint(Event):
+    path: str
+    step: int
+    round: int
+
+
+@event("train.worker_lost")
+class TrainWorkerLost(Event):
+    rank: int
+    device: str
+    reason: str
+    chunks_requeued: int
+
+
+@event("train.done")
+class TrainDone(Event):
+    ok: bool
+    seconds: float
+    samples: int
+    final_loss: float | None
+    report: dict[str, Any] | None

@@ -1,0 +1,55 @@
+"""Test-only knobs, read from the environment of the worker processes. Never needed in real use.
+
+``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
+    Make worker RANK take FACTOR times as long per batch (it sleeps ``(FACTOR-1) x`` the measured
+    compute time after each batch). The balancing benchmark uses it to build unequal workers on a
+    CPU-only machine; sleeping rather than spinning keeps the other worker's core free.
+
+``HWTUI_TEST_FAULT=RANK:ACTION:WHEN[,...]``
+    ACTION is ``kill`` (the worker SIGKILLs itself: an abrupt death, like an OOM kill or a driver
+    reset) or ``stall`` (it SIGSTOPs itself: a hang, heartbeats stop too). WHEN is ``chunk=N``
+    (after its N-th trained chunk) or ``merge=N`` (on entering merge round N, while the others sit
+    in the collective).
+
+``HWTUI_TEST_CHECKPOINT_DELAY=SECONDS``
+    Sleep between writing a checkpoint's tensors and committing it, so a test can kill the
+    writer in the middle of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str  # kill | stall
+    trigger: str  # chunk | merge
+    at: int
+
+
+def slowdown(rank: int, env: Mapping[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    for part in filter(None, env.get("HWTUI_TEST_SLOWDOWN", "").split(",")):
+        r, _, factor = part.partition(":")
+        if r.strip() == str(rank):
+            return max(1.0, float(factor))
+    return 1.0
+
+
+def faults(rank: int, env: Mapping[str, str] | None = None) -> list[Fault]:
+    env = os.environ if env is None else env
+    out = []
+    for part in filter(None, env.get("HWTUI_TEST_FAULT", "").split(",")):
+        r, action, when = part.split(":")
+        trigger, _, at = when.partition("=")
+        if r.strip() == str(rank) and action in ("kill", "stall") and trigger in ("chunk", "merge"):
+            out.append(Fault(action, trigger, int(at)))
+    return out
+
+
+def checkpoint_delay(env: Mapping[str, str] | None = None) -> float:
+    env = os.environ if env is None else env
+    return float(env.get("HWTUI_TEST_CHECKPOINT_DELAY", "0") or 0)

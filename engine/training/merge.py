@@ -1,0 +1,139 @@
+"""Merging worker copies: weights averaged in proportion to the samples each worker trained on.
+
+Why weighted: with dynamic balancing a fast device takes, say, 30 steps of a round while a slow
+one takes 10. A plain mean would give the slow copy -- which saw a quarter of the data -- half of
+the say. The merged value of every tensor is ``sum_i(n_i * x_i) / sum_i(n_i)`` with ``n_i`` the
+samples worker ``i`` trained this round; a worker that trained nothing has weight 0 and simply
+receives the merged model.
+
+Why through host memory over gloo: no collective library spans vendors (NCCL cannot talk to
+oneCCL or HCCL), so each worker copies its tensors to the CPU and a gloo all-reduce sums them.
+
+Dtypes: floating tensors are summed in fp32 (bf16/fp16 sums lose digits) and cast back; integer
+and bool buffers are summed in fp64 (exact below 2**53), rounded half-to-even and cast back, so
+an integer buffer stays an integer tensor and is identical on every rank.
+
+Optimizer state policy (``--optimizer-state``):
+
+* ``average`` (default): AdamW's moments and step count are merged with the same sample weights.
+  After a merge the weights are identical everywhere; keeping per-worker moments would push the
+  copies apart again at once, and resetting them throws away the second-moment estimate and
+  restarts Adam's bias correction, which shows up as a loss spike after every round.
+* ``reset``: the optimizer state is dropped after each merge (classic local SGD).
+* ``keep``: each worker keeps its own state (cheapest, no optimizer traffic).
+
+Two-phase: :func:`weighted_allreduce` only computes the merged tensors; the caller applies them
+when the coordinator says every participant succeeded, so a worker dying in the middle of the
+collective can never leave some ranks merged and others not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+OPTIMIZER_POLICIES = ("average", "reset", "keep")
+
+
+def _is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def weighted_allreduce(tensors: Mapping[str, torch.Tensor], samples: int) -> tuple[dict[str, torch.Tensor], int]:
+    """Sample-weighted mean of ``tensors`` across the default gloo group. Returns (merged, total samples).
+
+    Every rank must pass the same names with the same shapes and dtypes. Two all-reduces, each on
+    one flat buffer: floats (fp32) and integers plus the sample count (fp64).
+    """
+    names = sorted(tensors)
+    floats = [n for n in names if _is_float(tensors[n])]
+    ints = [n for n in names if not _is_float(tensors[n])]
+    w = float(samples)
+    flat_f = torch.cat([tensors[n].detach().to("cpu", torch.float32).reshape(-1) for n in floats]) if floats else torch.zeros(0)
+    flat_f.mul_(w)
+    flat_i = torch.cat([tensors[n].detach().to("cpu", torch.float64).reshape(-1) for n in ints] + [torch.ones(1, dtype=torch.float64)])
+    flat_i.mul_(w)
+    if flat_f.numel():
+        dist.all_reduce(flat_f)
+    dist.all_reduce(flat_i)
+    total = flat_i[-1].item()
+    if total <= 0:  # nobody trained: keep the tensors as they are
+        return {n: tensors[n].detach().to("cpu").clone() for n in names}, 0
+    flat_f.div_(total)
+    flat_i.div_(total)
+    merged: dict[str, torch.Tensor] = {}
+    offset = 0
+    for n in floats:
+        t = tensors[n]
+        merged[n] = flat_f[offset: offset + t.numel()].view(t.shape).to(t.dtype).clone()
+        offset += t.numel()
+    offset = 0
+    for n in ints:
+        t = tensors[n]
+        merged[n] = torch.round(flat_i[offset: offset + t.numel()]).view(t.shape).to(t.dtype).clone()
+        offset += t.numel()
+    return merged, int(round(total))
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.state_dict())
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Optimizer state keyed by parameter *name* (stable across ranks), e.g. ``head.weight/exp_avg``."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out[f"{names[id(p)]}/{key}"] = value
+                else:
+                    out[f"{names[id(p)]}/{key}"] = torch.tensor(float(value))
+    return out
+
+
+def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Materialise AdamW's state (zeros) so every rank merges the same names even before its first step."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    for key, value in tensors.items():
+        name, _, field = key.rpartition("/")
+        p = params[name]
+        state = optimizer.state[p]
+        target = state.get(field)
+        if isinstance(target, torch.Tensor):
+            target.copy_(value.to(target.device, target.dtype))
+        else:
+            state[field] = value.to(p.device) if field != "step" else value.clone()
+
+
+def load_model_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, target in model.state_dict().items():
+            target.copy_(tensors[name].to(target.device, target.dtype))
+
+
+def join_group(store: dist.Store, generation: int, rank: int, world_size: int, timeout_s: float) -> None:
+    """(Re)form the gloo group for one generation of the live worker set.
+
+    After a peer dies, a gloo group is broken for good and must be destroyed; the survivors form a
+    new group under a fresh key prefix on the same TCPStore (owned by the coordinator, so it
+    outlives any worker), with ranks renumbered 0..n-1.
+    """
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"hwtui-train/gen{generation}", store),
+                            rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))

@@ -1,0 +1,59 @@
+"""The ``--report FILE`` document: what each worker did, every merge round, every checkpoint.
+
+Written atomically, redacted (device names and paths can carry user names), JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hwtui.engine.atomic import atomic_write_text
+from hwtui.probes.redact import redact
+
+SCHEMA = "hwtui.train-report/1"
+
+
+def build_report(coord: Any) -> dict[str, Any]:
+    cfg = coord.cfg
+    t_train = coord.t_train
+    end = coord.t_done if coord.t_done else None
+    import time
+
+    wall = ((end or time.monotonic()) - t_train) if t_train else 0.0
+    workers = []
+    for w in coord.workers:
+        losses = w.losses
+        workers.append({
+            "rank": w.rank, "device": w.device, "vendor": w.ref.vendor, "name": w.ref.name,
+            "samples": w.samples, "samples_discarded": w.samples_discarded,
+            "samples_per_s": round(w.samples / wall, 3) if wall > 0 else None,
+            "busy_samples_per_s": round(w.chunks_done * cfg.batch_size / w.busy_seconds, 3) if w.busy_seconds else None,
+            "chunks_claimed": w.chunks_claimed, "chunks_done": w.chunks_done, "chunks_requeued": w.requeued,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "loss_curve": [round(x, 4) for x in losses[:: max(1, len(losses) // 50)]],
+            "calibration_samples_per_s": (w.hello or {}).get("calibration"),
+            "precision": (w.hello or {}).get("precision"),
+            "alive": w.alive, "lost_reason": w.lost_reason,
+        })
+    return {
+        "schema": SCHEMA,
+        "config": {"steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "merge_every": cfg.merge_every,
+                   "balance": cfg.balance, "optimizer_state": cfg.optimizer_state, "seed": cfg.seed,
+                   "model": cfg.model.to_dict(), "params": coord.params, "checkpoint_dir": cfg.checkpoint_dir},
+        "resumed_from": coord.resumed_from,
+        "corpus_fingerprint": coord.fingerprint,
+        "step": coord.step,
+        "samples": coord.samples_committed,
+        "samples_discarded": coord.samples_discarded,
+        "train_seconds": round(wall, 3),
+        "samples_per_s": round(sum(w["samples"] for w in workers) / wall, 3) if wall > 0 else None,
+        "final_loss": coord.final_loss,
+        "workers": workers,
+        "rounds": coord.rounds,
+        "checkpoints": coord.checkpoints,
+    }
+
+
+def write_report(path: str, report: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(redact(report), indent=1, default=str) + "\n")

@@ -1,0 +1,252 @@
+"""The worker process: one per device, started by the coordinator as a fresh interpreter.
+
+``python -m hwtui.engine.training.worker`` with two pipes: commands arrive as JSON lines on stdin
+(the first one is the configuration), answers leave on the file descriptor named by
+``HWTUI_TRAIN_FD``. stdout is the coordinator's stderr, so anything a vendor library prints can
+never corrupt ``--events -``.
+
+Loop: claim a chunk -> train one batch on it -> report and claim the next. The coordinator may
+answer a claim with ``merge`` (the round's data is all trained), ``regroup`` (the set of live
+workers changed: rebuild the gloo group) or ``stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from hwtui.engine.training import knobs
+from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the coordinator dies, so no orphan keeps a GPU busy."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any], chan: WorkerChannel):
+        import torch
+        from hwtui.engine.training.backend import TrainDevice
+        from hwtui.engine.training.data import load_corpus
+        from hwtui.engine.training.model import ModelConfig
+
+        self.cfg, self.chan, self.rank = cfg, chan, cfg["rank"]
+        if cfg["backend"] == "cpu":
+            torch.set_num_threads(max(1, int(cfg.get("cpu_threads", 1))))
+        self.dev = TrainDevice(cfg["backend"], cfg["index"])
+        self.dev.set_device()
+        self.precision = self.dev.resolve_precision(cfg["precision"])
+        self.mcfg = ModelConfig(**cfg["model"])
+        self.corpus = load_corpus()
+        self.reply_timeout = float(cfg["reply_timeout"])
+        self.slowdown = knobs.slowdown(self.rank)
+        self.faults = knobs.faults(self.rank)
+        self.chunks_trained = 0
+        self.group_rank: int | None = None
+
+    # -- setup ---------------------------------------------------------------------------------
+    def memory_refusal(self) -> str | None:
+        from hwtui.engine.training.memory import check_fits
+
+        free, _total = self.dev.memory()
+        if self.dev.spec.name == "cpu":
+            free //= max(1, int(self.cfg.get("cpu_workers", 1)))  # CPU ranks share host RAM
+        return check_fits(self.dev.name, self.mcfg, self.cfg["batch_size"], self.precision,
+                          self.cfg["activation_checkpointing"], free)
+
+    def build(self) -> None:
+        import torch
+        from hwtui.engine.training import checkpoint, merge
+        from hwtui.engine.training.model import build_model
+
+        self.model = build_model(self.mcfg, self.cfg["seed"], self.cfg["activation_checkpointing"]).to(self.dev.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
+        if self.cfg["optimizer_state"] == "average":
+            merge.ensure_optimizer_state(self.opt)
+        if self.cfg.get("init_from"):
+            from pathlib import Path
+
+            model_t, opt_t = checkpoint.load_tensors(Path(self.cfg["init_from"]))
+            merge.load_model_tensors(self.model, model_t)
+            if opt_t and self.cfg["optimizer_state"] == "average":
+                merge.load_optimizer_tensors(self.opt, self.model, opt_t)
+        self.scaler = self.dev.grad_scaler(self.precision)
+        self.store = torch.distributed.TCPStore(self.cfg["store_host"], self.cfg["store_port"], is_master=False,
+                                                timeout=__import__("datetime").timedelta(seconds=self.cfg["group_timeout"]))
+
+    def calibrate(self, batches: int = 3) -> float:
+        """Samples/s of forward+backward on this device, weights untouched (for --balance static)."""
+        from hwtui.engine.training.data import chunk_batch
+
+        self.model.train()
+        rate = 0.0
+        for i in range(batches + 1):  # the first batch warms up kernels and allocators
+            x, y = (t.to(self.dev.device) for t in chunk_batch(self.corpus, -1 - i, self.cfg["batch_size"],
+                                                              self.mcfg.context, self.cfg["seed"]))
+            t0 = time.perf_counter()
+            with self.dev.autocast(self.precision):
+                loss = self.model.loss(x, y)
+            loss.backward()
+            self.dev.synchronize()
+            dt = (time.perf_counter() - t0) * self.slowdown
+            if i:
+                rate += self.cfg["batch_size"] / dt / batches
+        self.opt.zero_grad(set_to_none=True)
+        return rate
+
+    # -- work ----------------------------------------------------------------------------------
+    def _fault(self, trigger: str, count: int) -> None:
+        for fault in self.faults:
+            if fault.trigger == trigger and fault.at == count:
+                os.kill(os.getpid(), signal.SIGKILL if fault.action == "kill" else signal.SIGSTOP)
+
+    def train_chunk(self, chunk_id: int) -> dict[str, Any]:
+        from hwtui.engine.training.data import chunk_batch
+
+        self.model.train()
+        x, y = (t.to(self.dev.device, non_blocking=True) for t in
+                chunk_batch(self.corpus, chunk_id, self.cfg["batch_size"], self.mcfg.context, self.cfg["seed"]))
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        with self.dev.autocast(self.precision):
+            loss = self.model.loss(x, y)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        value = float(loss.detach())  # .item() synchronises the device too
+        dt = time.perf_counter() - t0
+        if self.slowdown > 1:
+            time.sleep(dt * (self.slowdown - 1))
+        self.chunks_trained += 1
+        self._fault("chunk", self.chunks_trained)
+        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
+
+    def evaluate(self) -> float:
+        import torch
+        from hwtui.engine.training.data import heldout_batch
+
+        self.model.eval()
+        x, y = heldout_batch(self.corpus, self.cfg["eval_windows"], self.mcfg.context)
+        with torch.no_grad(), self.dev.autocast(self.precision):
+            return float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
+
+    def regroup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        from hwtui.engine.training.merge import join_group
+
+        try:
+            join_group(self.store, msg["gen"], msg["group_rank"], msg["world_size"], self.cfg["group_timeout"])
+        except Exception as exc:  # a peer died during the rendezvous: the coordinator starts another generation
+            return {"op": "regroup_failed", "gen": msg["gen"], "error": f"{type(exc).__name__}: {exc}"}
+        self.group_rank = msg["group_rank"]
+        return {"op": "claim", "done": None, "gen": msg["gen"]}
+
+    def merge(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Two-phase merge. Returns the next message to send, or None to stop."""
+        from hwtui.engine.training import merge as M
+
+        self._fault("merge", msg["round"])
+        loss_local = self.evaluate()
+        tensors = M.model_tensors(self.model)
+        averaged_opt = self.cfg["optimizer_state"] == "average"
+        if averaged_opt:
+            tensors |= {f"opt:{k}": v for k, v in M.optimizer_tensors(self.opt, self.model).items()}
+        try:
+            merged, total = M.weighted_allreduce(tensors, msg["samples"])
+        except Exception as exc:  # a peer died or hung: the group is broken, keep our own weights
+            reply = self.chan.request({"op": "merge_failed", "round": msg["round"], "error": f"{type(exc).__name__}: {exc}"},
+                                      self.reply_timeout)
+            return self.dispatch(reply)
+        reply = self.chan.request({"op": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
+                                  self.reply_timeout)
+        if reply["op"] != "commit":
+            return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
+        M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
+        if averaged_opt:
+            M.load_optimizer_tensors(self.opt, self.model, {k[4:]: v for k, v in merged.items() if k.startswith("opt:")})
+        elif self.cfg["optimizer_state"] == "reset":
+            self.opt.state.clear()
+        if reply.get("writer"):
+            done: dict[str, Any] = {"op": "merged", "round": msg["round"], "loss_merged": self.evaluate(), "checkpoint": None}
+            ck = reply.get("checkpoint")
+            if ck:
+                from hwtui.engine.training import checkpoint
+
+                model_t = {k: v for k, v in merged.items() if not k.startswith("opt:")}
+                opt_t = {k[4:]: v for k, v in merged.items() if k.startswith("opt:")} or None
+                path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3))
+                done["checkpoint"] = str(path)
+            self.chan.send(done)
+        return {"op": "claim", "done": None}
+
+    def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        op = msg.get("op")
+        if op == "chunk":
+            return {"op": "claim", "done": self.train_chunk(msg["chunk"])}
+        if op == "regroup":
+            return self.regroup(msg)
+        if op == "merge":
+            return self.merge(msg)
+        if op == "stop":
+            return None
+        raise RuntimeError(f"unexpected command from the coordinator: {msg!r}")
+
+    def loop(self) -> None:
+        nxt: dict[str, Any] | None = {"op": "claim", "done": None}
+        while nxt is not None:
+            nxt = self.dispatch(self.chan.request(nxt, self.reply_timeout))
+
+    def memory_info(self) -> dict[str, Any]:
+        try:
+            _free, total = self.dev.memory()
+            return {"mem_used": self.dev.memory_used(), "mem_total": total}
+        except Exception:
+            return {"mem_used": None, "mem_total": None}
+
+
+def main() -> int:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when we stop
+    chan = WorkerChannel(sys.stdin.fileno(), int(os.environ["HWTUI_TRAIN_FD"]))
+    try:
+        cfg = chan.recv(timeout=120)["config"]
+    except (ChannelClosed, TimeoutError, KeyError):
+        return 2
+    try:
+        worker = Worker(cfg, chan)
+        refusal = worker.memory_refusal()
+        if refusal:
+            chan.send({"op": "refuse", "message": refusal})
+            return 0
+        worker.build()
+        calib = worker.calibrate() if cfg["balance"] == "static" else None
+        from hwtui.engine.training.health import HeartbeatSender
+
+        HeartbeatSender(chan.send, cfg["heartbeat_interval"], worker.memory_info).start()
+        chan.send({"op": "hello", "rank": worker.rank, "pid": os.getpid(), "fingerprint": worker.corpus.fingerprint,
+                   "corpus": worker.corpus.describe(), "precision": worker.precision, "calibration": calib,
+                   "params": sum(p.numel() for p in worker.model.parameters()), **worker.memory_info()})
+        worker.loop()
+        return 0
+    except ChannelClosed:
+        return 1
+    except Exception as exc:  # reported to the coordinator as one line, never a traceback on the user
+        with contextlib.suppress(OSError):
+            chan.send({"op": "error", "message": f"{type(exc).__name__}: {exc}"})
+        if os.environ.get("HWTUI_DEBUG"):
+            raise
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""FakeNVML: the nvidia-ml-py API answered from recorded data, raising nvidia-ml-py's REAL errors.
+
+Only the library boundary is faked: the probe under test is the real one, and an error is
+``pynvml.NVMLError(code)`` (which builds the real subclass, NVMLError_NotSupported and so on), so
+the probe's ``except nvml.NVMLError`` and its kind mapping are exercised exactly as on a machine.
+
+Recorded data (tests/data/vendor/nvml_*.json): system fields, ``devices`` with one entry per GPU,
+``errors`` per device mapping an NVML function name to the return code it answers with, and a
+top-level ``init_error`` code to fail nvmlInit.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+
+class FakeNVML:
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+        self.initialised = 0
+        self.calls: list[str] = []
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _raise(self, code: int) -> None:
+        raise pynvml.NVMLError(code)
+
+    def _check_init(self) -> None:
+        if self.initialised <= 0:
+            self._raise(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _dev(self, handle: Any, fn: str) -> dict[str, Any]:
+        self._check_init()
+        self.calls.append(fn)
+        dev = self.data["devices"][handle]
+        code = (dev.get("errors") or {}).get(fn)
+        if code:
+            self._raise(code)
+        return dev
+
+    # -- system -----------------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        if self.data.get("init_error"):
+            self._raise(self.data["init_error"])
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        self._check_init()
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return self.data["driver_version"]
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check_init()
+        return self.data["cuda_driver_version"]
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check_init()
+        return self.data["nvml_version"]
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        if self.data.get("count_error"):
+            self._raise(self.data["count_error"])
+        return len(self.data["devices"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._check_init()
+        if index >= len(self.data["devices"]):
+            self._raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        code = (self.data["devices"][index].get("errors") or {}).get("nvmlDeviceGetHandleByIndex")
+        if code:
+            self._raise(code)
+        return index
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str) -> int:
+        self._check_init()
+        want = bus_id.lower()[-12:]
+        for i, dev in enumerate(self.data["devices"]):
+            if dev["pci_bus_id"].lower()[-12:] == want:
+                return i
+        self._raise(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # -- per device -------------------------------------------------------------------------
+    def nvmlDeviceGetName(self, h):
+        return self._dev(h, "nvmlDeviceGetName")["name"]
+
+    def nvmlDeviceGetUUID(self, h):
+        return self._dev(h, "nvmlDeviceGetUUID")["uuid"]
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=self._dev(h, "nvmlDeviceGetPciInfo")["pci_bus_id"])
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return self._dev(h, "nvmlDeviceGetMinorNumber")["minor_number"]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(**self._dev(h, "nvmlDeviceGetMemoryInfo")["memory"])
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(**self._dev(h, "nvmlDeviceGetUtilizationRates")["utilization"])
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._dev(h, "nvmlDeviceGetTemperature")["temperature"]
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._dev(h, "nvmlDeviceGetPowerUsage")["power_mw"]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._dev(h, "nvmlDeviceGetEnforcedPowerLimit")["power_limit_mw"]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
+        return self._dev(h, "nvmlDeviceGetCurrPcieLinkGeneration")["pcie"]["cur_gen"]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return self._dev(h, "nvmlDeviceGetMaxPcieLinkGeneration")["pcie"]["max_gen"]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
+        return self._dev(h, "nvmlDeviceGetCurrPcieLinkWidth")["pcie"]["cur_width"]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return self._dev(h, "nvmlDeviceGetMaxPcieLinkWidth")["pcie"]["max_width"]
+
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        pcie = self._dev(h, "nvmlDeviceGetPcieThroughput")["pcie"]
+        return pcie["tx_kbps"] if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else pcie["rx_kbps"]
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        links = self._dev(h, "nvmlDeviceGetNvLinkState")["nvlink"]
+        if links is None:
+            self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= len(links):
+            self._raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return tuple(self._dev(h, "nvmlDeviceGetCudaComputeCapability")["compute_capability"])
+
+    def nvmlDeviceGetMigMode(self, h):
+        mig = self._dev(h, "nvmlDeviceGetMigMode")["mig"]
+        if mig is None:
+            self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(mig)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory"])
+                for p in self._dev(h, "nvmlDeviceGetComputeRunningProcesses")["processes"]]

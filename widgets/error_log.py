@@ -1,0 +1,34 @@
+"""The engine's log: events, stderr and errors, newest last. Errors are labelled, not just red."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+LEVEL_STYLE = {"error": "bold red", "critical": "bold red", "warn": "yellow", "warning": "yellow", "debug": "dim",
+               "stderr": "", "info": ""}
+
+
+class ErrorLog(RichLog):
+    DEFAULT_CSS = "ErrorLog { height: 1fr; min-height: 3; }"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_lines=1000, wrap=True, markup=False, highlight=False, **kwargs)
+        self.seen = 0  # RunState.log_total already written
+
+    def catch_up(self, entries: list[tuple[str, str]], total: int) -> None:
+        """Write only the entries logged since the last call (``total`` counts every line ever)."""
+        new = total - self.seen
+        if new <= 0:
+            return
+        for level, text in entries[-min(new, len(entries)):]:
+            prefix = {"error": "ERROR ", "critical": "ERROR ", "warn": "warn  ", "warning": "warn  ",
+                      "stderr": "stderr "}.get(level, "")
+            self.write(Text(prefix + text, style=LEVEL_STYLE.get(level, "")))
+        self.seen = total
+
+    def reset(self) -> None:
+        self.clear()
+        self.seen = 0

@@ -1,0 +1,49 @@
+"""The highlighted finding: its detail, and its remedy in a read-only text area.
+
+The remedy sits in a TextArea so a person can select part of it with the mouse or keyboard even
+where the terminal has no clipboard support; ``c`` copies the whole of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.widgets.findings_list import verdict_text
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static, TextArea
+
+
+class FindingDetail(Vertical):
+    DEFAULT_CSS = """
+    FindingDetail { height: auto; max-height: 12; border-top: solid $primary; }
+    FindingDetail > #detail { height: auto; max-height: 6; }
+    FindingDetail > #remedy { height: 4; }
+    FindingDetail > #remedy.-empty { display: none; }
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.remedy = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail")
+        yield TextArea("", id="remedy", read_only=True, show_line_numbers=False, soft_wrap=True, classes="-empty")
+
+    def show(self, finding: Any | None) -> None:
+        detail = self.query_one("#detail", Static)
+        area = self.query_one("#remedy", TextArea)
+        if finding is None:
+            detail.update("No findings.")
+            self.remedy = ""
+        else:
+            text = Text.assemble(verdict_text(finding.status), " ", (finding.id, "bold"), "\n", finding.title)
+            if finding.detail:
+                text.append("\n" + finding.detail.strip())
+            if finding.remedy:
+                text.append("\nRemedy (c copies it):", style="bold")
+            detail.update(text)
+            self.remedy = finding.remedy or ""
+        area.load_text(self.remedy)
+        area.set_class(not self.remedy, "-empty")

@@ -1,0 +1,37 @@
+"""Merge rounds of the training run: step, merged loss against the workers' mean, and shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widget import Widget
+
+
+class MergeRounds(Widget):
+    DEFAULT_CSS = "MergeRounds { height: auto; max-height: 6; }"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.merges: list[dict[str, Any]] = []
+        self.checkpoints = 0
+
+    def show(self, train: Any) -> None:
+        self.merges = list(train.merges)
+        self.checkpoints = len(train.checkpoints)
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
+        return 1 + min(len(self.merges), 5)
+
+    def render(self) -> Text:
+        text = Text.assemble(("merge rounds ", "bold"), f"{len(self.merges)}   checkpoints {self.checkpoints}")
+        for m in self.merges[-5:]:
+            shares = m.get("shares") or []
+            values = shares.values() if isinstance(shares, dict) else shares
+            share_txt = " ".join(f"{float(s) * 100:.0f}%" for s in values)
+            merged, mean = m.get("loss_merged"), m.get("loss_workers_mean")
+            text.append(f"\n#{m.get('round', '?'):<3} step {m.get('step', '?'):<5} merged "
+                        f"{'-' if merged is None else f'{float(merged):.4f}'} vs mean "
+                        f"{'-' if mean is None else f'{float(mean):.4f}'}  shares {share_txt}")
+        return text
