@@ -7,12 +7,12 @@ Solo figures come from runs of one worker alone, with the same model, batch and 
 slower by the documented test-only knob ``HWTUI_TEST_SLOWDOWN=1:FACTOR`` (engine/training/knobs.py:
 it sleeps (FACTOR-1) x its measured compute time after each batch). Dynamic balancing (chunks
 claimed as workers free up) should reach >= 0.95; an equal split is bounded by the slow worker
-(about 2 / (1 + FACTOR) x (1 + 1/FACTOR)... i.e. 0.5 for FACTOR 3) and is printed beside it.
+(efficiency 2 / (1 + FACTOR), i.e. 0.5 for FACTOR 3) and is printed beside it.
 
 With ``--mixed`` and a CUDA device visible, it also runs ``cuda:0`` with two CPU workers: a real
 mixed-backend run (weights merged through host memory over gloo).
 
-    .venv/bin/python benchmarks/bench_training.py [--steps 200] [--factor 3] [--mixed] [--json OUT]
+    .venv/bin/python benchmarks/bench_training.py [--steps 200] [--factor 3] [--repeats 3] [--mixed] [--json OUT]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,25 +51,34 @@ def main() -> int:
     ap.add_argument("--merge-every", type=int, default=20)
     ap.add_argument("--factor", type=float, default=3.0, help="how much slower worker 1 is (default 3)")
     ap.add_argument("--mixed", action="store_true", help="also run cuda:0 + cpu:0 + cpu:1 when CUDA is visible")
+    ap.add_argument("--repeats", type=int, default=3, help="measurement repeats; medians reported (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args()
     s, b, m, f = args.steps, args.batch_size, args.merge_every, args.factor
     figures: dict = {"factor": f, "steps": s, "batch_size": b, "merge_every": m}
 
     # One worker alone does one chunk per step: 2*s steps gives it as many chunks as the pair's run.
-    fast = run("cpu:0", "dynamic", 2 * s, b, m)["samples_per_s"]
-    slow = run("cpu:0", "dynamic", 2 * s, b, m, slowdown=f"0:{f}")["samples_per_s"]
-    ideal = fast + slow
-    figures["solo"] = {"fast": fast, "slow": slow, "sum": round(ideal, 2)}
-    print(f"solo: fast {fast:.1f} samples/s, slow (x{f:g}) {slow:.1f} samples/s, sum {ideal:.1f}")
+    # Each repeat measures its own solos right before its pair runs, so a shared machine's load drift
+    # hits numerator and denominator alike; medians over repeats are reported.
+    per: dict[str, list[float]] = {"fast": [], "slow": [], "dynamic": [], "equal": [], "static": []}
+    shares: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        fast = run("cpu:0", "dynamic", 2 * s, b, m)["samples_per_s"]
+        slow = run("cpu:0", "dynamic", 2 * s, b, m, slowdown=f"0:{f}")["samples_per_s"]
+        per["fast"].append(fast)
+        per["slow"].append(slow)
+        for balance in ("dynamic", "equal", "static"):
+            rep = run("cpu:0,cpu:1", balance, s, b, m, slowdown=f"1:{f}")
+            per[balance].append(rep["samples_per_s"] / (fast + slow))
+            shares[balance] = [round(w["samples"] / max(1, rep["samples"]), 3) for w in rep["workers"]]
+    med = {k: statistics.median(v) for k, v in per.items()}
+    figures["solo"] = {"fast": med["fast"], "slow": med["slow"], "runs": {"fast": per["fast"], "slow": per["slow"]}}
+    print(f"solo (median of {args.repeats}): fast {med['fast']:.1f} samples/s, slow (x{f:g}) {med['slow']:.1f} samples/s")
     for balance in ("dynamic", "equal", "static"):
-        rep = run("cpu:0,cpu:1", balance, s, b, m, slowdown=f"1:{f}")
-        rate = rep["samples_per_s"]
-        shares = [w["samples"] / max(1, rep["samples"]) for w in rep["workers"]]
-        figures[balance] = {"samples_per_s": rate, "efficiency": round(rate / ideal, 4),
-                            "shares": [round(x, 3) for x in shares], "final_loss": rep["final_loss"]}
-        print(f"{balance:8s}: {rate:7.1f} samples/s  efficiency {rate / ideal:.3f}  shares "
-              + " ".join(f"{x:.0%}" for x in shares) + f"  final held-out loss {rep['final_loss']:.4f}")
+        figures[balance] = {"efficiency": round(med[balance], 4), "runs": [round(x, 4) for x in per[balance]],
+                            "shares_last_run": shares[balance]}
+        print(f"{balance:8s}: efficiency {med[balance]:.3f} (runs {', '.join(f'{x:.3f}' for x in per[balance])}), "
+              f"shares in the last run " + " ".join(f"{x:.0%}" for x in shares[balance]))
 
     if args.mixed:
         probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],

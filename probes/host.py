@@ -201,22 +201,25 @@ class FsHost(Host):
     def listdir(self, path: str) -> list[str]:
         try:
             return sorted(os.listdir(self._p(path)))
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL byte in a path taken from the environment
             return []
 
     def exists(self, path: str) -> bool:
-        return os.path.lexists(self._p(path))
+        try:
+            return os.path.lexists(self._p(path))
+        except ValueError:
+            return False
 
     def readlink(self, path: str) -> str | None:
         try:
             return os.readlink(self._p(path))
-        except OSError:
+        except (OSError, ValueError):
             return None
 
     def stat(self, path: str) -> StatInfo | None:
         try:
             st = os.stat(self._p(path))
-        except OSError:
+        except (OSError, ValueError):
             return None
         return StatInfo(st.st_mode, st.st_uid, st.st_gid)
 

@@ -18,6 +18,7 @@ every rank exits with the same code and the launcher's summary agrees with rank 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -299,7 +300,7 @@ def _wait_done(store, ctx: LaunchContext, timeout: float, ranks: list[int] | Non
 def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str] | None = None) -> SmokeResult:
     import torch
     import torch.distributed as dist
-    from hwtui.engine.cluster.gather import all_gather_json
+    from hwtui.engine.cluster.gather import GatherError, all_gather_json
     from hwtui.engine.cluster.local import rank_report, route_to
 
     env = dict(os.environ if env is None else env)
@@ -356,6 +357,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
             f"{str(exc).splitlines()[0] if str(exc) else exc!r}. The store works, so the peer-to-peer ports are the "
             f"suspect: allow TCP between the nodes on the cluster interface (NCCL/gloo use ephemeral ports) and set "
             f"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to it") from None
+    stage = "gathering the node reports"
     try:
         mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=node,
                            master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ})
@@ -376,10 +378,12 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
             if f.status not in (Status.PASS, Status.SKIP):
                 say(MismatchEvent(finding=f.to_dict()))
 
+        stage = "the correctness all-reduce"
         check = correctness(ctx.rank, ctx.world_size, device)
         say(CorrectnessEvent(ok=check.ok, expected=check.expected, got=check.got))
         findings.append(_correctness_finding(check, reports))
 
+        stage = "the bandwidth sweep"
         results: list[BandwidthResult] = []
         if opts.sweep and ctx.world_size > 1 and check.ok:
             for op in opts.ops:
@@ -391,8 +395,14 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         elif opts.sweep:
             reason = "a world of one rank has no link to measure" if ctx.world_size == 1 else "the correctness test failed"
             findings.append(skip("cluster.bandwidth", f"bandwidth sweep skipped: {reason}"))
+    except (RuntimeError, GatherError) as exc:  # DistBackendError & co. derive from RuntimeError
+        # A peer that dies or a link that drops mid-test surfaces here after `timeout` at most.
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ClusterFailure(f"rank {ctx.rank} on {node}: {stage} failed after at most {opts.timeout:g} s: {first[:300]}. "
+                             "Another rank died or the network between the nodes dropped; its own output says which") from None
     finally:
-        dist.destroy_process_group()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
     ok = not any(f.status in (Status.FAIL, Status.ERROR) for f in findings)
     report = None

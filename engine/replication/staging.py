@@ -20,9 +20,17 @@ from hwtui.engine.replication.checksum import tensor_hex
 from hwtui.engine.replication.weights import DTYPES
 
 
-def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str]) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """Return (header bytes incl. its 8-byte length, {name: (data offset, nbytes)})."""
-    order = sorted(tensors, key=lambda t: (-DTYPES[t["dtype"]][0], t["name"]))
+def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str],
+                       first: list[str] | None = None) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Return (header bytes incl. its 8-byte length, {name: (data offset, nbytes)}).
+
+    ``first``: names laid out first, in this order (the plan's stream order), so that a bucket is
+    usually one contiguous range of the staging copy and can be received straight into it.
+    """
+    by_name = {t["name"]: t for t in tensors}
+    lead = [by_name[n] for n in (first or [])]
+    seen = set(first or [])
+    order = lead + sorted((t for t in tensors if t["name"] not in seen), key=lambda t: (-DTYPES[t["dtype"]][0], t["name"]))
     header: dict[str, Any] = {"__metadata__": metadata}
     layout: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -37,11 +45,11 @@ def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str]) 
 
 class Staging:
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
-                 file: str | os.PathLike[str] | None = None):
+                 file: str | os.PathLike[str] | None = None, first: list[str] | None = None):
         import torch
 
         self.tensors = {t["name"]: t for t in tensors}
-        self.header, self.layout = safetensors_layout(tensors, metadata)
+        self.header, self.layout = safetensors_layout(tensors, metadata, first)
         self.data_bytes = sum(n for _, n in self.layout.values())
         self.device = device
         self.file = Path(file) if file is not None else None
@@ -63,6 +71,16 @@ class Staging:
     def region(self, name: str) -> Any:
         off, n = self.layout[name]
         return self.data[off:off + n]
+
+    def direct_region(self, items: list[dict[str, Any]], size: int) -> Any | None:
+        """The staging bytes a bucket maps onto exactly (same order, no padding), or None."""
+        if not items or sum(i["nbytes"] for i in items) != size:
+            return None
+        base = self.layout[items[0]["name"]][0] + items[0]["tensor_offset"] - items[0]["offset"]
+        for it in items:
+            if self.layout[it["name"]][0] + it["tensor_offset"] - it["offset"] != base:
+                return None
+        return self.data[base:base + size]
 
     def write(self, name: str, tensor_offset: int, src: Any) -> None:
         off, _ = self.layout[name]

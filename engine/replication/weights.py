@@ -160,6 +160,8 @@ class MappedFile:
         with open(path, "rb") as fh:
             self.size = os.fstat(fh.fileno()).st_size
             self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
+        if self._mm is not None and hasattr(mmap, "MADV_WILLNEED"):
+            self._mm.madvise(mmap.MADV_WILLNEED)  # start readahead now, not on the first bucket
         self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
 
     def close(self) -> None:

@@ -76,6 +76,7 @@ class Worker:
         self.served: ServedDir | None = None
         self.window_stats: dict[str, int] = {}
         self.rss_base = 0
+        self.direct: dict[int, Any] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -154,10 +155,18 @@ class Worker:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
         else:
-            needs_pool = n > 0
             meta = {"model": plan["model"], "version": plan["version"], "plan_digest": plan.digest}
             file = self.served.staging_file(plan["version"]) if self.served else None
-            self.staging = Staging(plan["tensors"], meta, device=device, file=file)
+            self.staging = Staging(plan["tensors"], meta, device=device, file=file, first=stream_order(plan))
+            # Buckets that are one contiguous range of the staging copy are received straight into it:
+            # no pooled buffer, no unpack copy. The rest go through the pool.
+            self.direct = {}
+            if device == comm:
+                for b in range(n):
+                    region = self.staging.direct_region(plan.bucket_items[b], plan.buckets[b]["size"])
+                    if region is not None:
+                        self.direct[b] = region
+            needs_pool = len(self.direct) < n
             if comm != "cpu" and self.cfg["verify"]:
                 self.host_pool = BufferPool(k, largest, "cpu", pin=True)
                 self.host_pool.warm(min(k, n))
@@ -238,7 +247,9 @@ class Worker:
             while b < n and win.can_admit(plan.buckets[b]["size"]):
                 self.faults.at_bucket(b)
                 size = plan.buckets[b]["size"]
-                buf = self.pool.acquire(size)
+                buf = self.direct.get(b)
+                if buf is None:
+                    buf = self.pool.acquire(size)
                 works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:size])]
                 win.admit(size)
                 inflight.append((b, buf, works, _now()))
@@ -268,10 +279,11 @@ class Worker:
                     self.failures.append(f"bucket {ob} failed verification on rank {self.rank} "
                                          f"(xxh3 {got} != plan {plan.buckets[ob]['checksum']})")
                     self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
-            if ok:
+            if ok and ob not in self.direct:
                 for it in plan.bucket_items[ob]:
                     self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
-            self.pool.release(buf)
+            if ob not in self.direct:
+                self.pool.release(buf)
             self.bucket(ob, "done" if ok else "failed", size, _now() - t1)
         self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
                              "final_limit": win.limit, "changes": win.changes}
@@ -351,6 +363,15 @@ class Worker:
             self.staging.close()
         if self.served is not None and self.cfg.get("plan_version"):
             self.served.abort(self.cfg["plan_version"])
+
+
+def stream_order(plan: Plan) -> list[str]:
+    """Names of the tensors sent, in the order their bytes travel."""
+    seen: dict[str, None] = {}
+    for items in plan.bucket_items:
+        for it in items:
+            seen.setdefault(it["name"], None)
+    return list(seen)
 
 
 def _rss() -> int:

@@ -12,8 +12,8 @@ Round protocol (generation ``gen`` = one incarnation of the gloo group over the 
    out simply waits: the reply is deferred, not polled for).
 2. Every live worker gets ``merge`` with its sample count; each all-reduces and answers
    ``reduced`` (or ``merge_failed``).
-3. All reduced in the current generation -> ``commit`` (the lowest live rank also evaluates the
-   merged model and writes the checkpoint). Anything else -> the round is aborted: workers keep
+3. All reduced in the current generation -> ``commit`` (the round's slowest worker also evaluates
+   the merged model and writes the checkpoint). Anything else -> the round is aborted: workers keep
    their own weights, a new generation is formed, chunks a lost worker had touched this round are
    trained again by the survivors, and the merge is retried.
 """
@@ -203,7 +203,7 @@ class Coordinator:
             env["HWTUI_TRAIN_FD"] = str(w_fd)
             python = os.environ.get(f"HWTUI_PYTHON_{ref.backend.upper()}", sys.executable)
             proc = subprocess.Popen(  # a fresh interpreter: the spawn start method, without pickling anything
-                [python, "-m", "hwtui.engine.training.worker"], stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
+                [python, "-m", "hwtui.engine.training.worker"], stdin=subprocess.PIPE, stdout=_stderr_fd(),
                 pass_fds=(w_fd,), env=env, start_new_session=True, close_fds=True)
             os.close(w_fd)
             os.set_blocking(r_fd, False)
@@ -437,7 +437,9 @@ class Coordinator:
         ckpt = None
         if cfg.checkpoint_dir and (last or self.round % max(1, cfg.checkpoint_every) == 0):
             ckpt = {"dir": cfg.checkpoint_dir, "step": self.step, "keep": cfg.keep_checkpoints, "manifest": self._manifest()}
-        writer = alive[0]
+        # The slowest worker of the round evaluates the merged model and writes the checkpoint: the
+        # throughput lost while it does is smallest there (the others keep claiming chunks).
+        writer = min(alive, key=lambda w: (done_by.get(w.rank, 0), w.rank))
         self.awaiting_writer = self.round
         for w in alive:
             self._reply(w, {"op": "commit", "writer": w is writer, "checkpoint": ckpt if w is writer else None})
@@ -517,6 +519,14 @@ class Coordinator:
                 w.proc.stdin.close()
         with contextlib.suppress(Exception):
             self.sel.close()
+
+
+def _stderr_fd() -> int | None:
+    """Workers print to our stderr: stdout may be the ``--events -`` stream."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
 
 
 def _exit_reason(code: int | None) -> str:

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hwtui.engine.cluster.compare import compare, expected_nodes
 from hwtui.engine.cluster.smoke import missing_findings
 from hwtui.engine.cluster.spec import ClusterSpec, Node

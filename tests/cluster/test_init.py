@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hwtui.app.cli import main
 from hwtui.engine.cluster import spec as specmod
 

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hwtui.app.cli import main as cli_main
 from hwtui.engine.cluster import events as cluster_events  # noqa: F401 - registers the cluster.* kinds
 from hwtui.engine.events import iter_events
+
 from tests.cluster.netns import NetnsCluster, finish, unavailable_reason
 
 pytestmark = [pytest.mark.torch, pytest.mark.netns, pytest.mark.timeout(150)]
@@ -191,3 +191,24 @@ def test_blocked_and_refused_ports_are_told_apart(cluster, setup_dir, world):
     assert "rank 1 on node c cannot reach the rendezvous store at 10.77.0.1:29701 (node a) within 3 s" in err_ref
     assert "connection refused" in err_ref
     assert "Traceback" not in err_drop + err_ref
+
+
+def test_torchrun_closes_the_rendezvous_and_names_the_absent_node(cluster, tmp_path, world):
+    """The generated torchrun scripts use --nnodes=1:N with last_call_timeout = join timeout: with c
+    never started, a and b run the test after the timeout and the report names c."""
+    out = tmp_path / "cl"
+    nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
+    assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
+                     "--join-timeout", "6", "--master-port", "29800", "-o", str(out)]) == 0
+    started = time.monotonic()
+    procs = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "16K", "--report", str(out / "r.json")],
+                           env=_env()) for i, n in enumerate(NODES[:2])]
+    results = finish(procs, timeout=90)
+    assert [rc for rc, _, _ in results] == [1, 1], results
+    assert time.monotonic() - started < 6 + 60
+    report = json.loads((out / "r.json").read_text())
+    assert report["world_size"] == 2 and sorted(n["node"] for n in report["nodes"]) == ["a", "b"]
+    failed = {f["id"]: f for f in report["findings"] if f["status"] == "fail"}
+    assert list(failed) == ["cluster.join[c]"]
+    assert failed["cluster.join[c]"]["title"] == "node c (10.77.0.3) never joined within 6 s"
+    assert report["correctness"]["ok"] is True  # the nodes that came were still tested

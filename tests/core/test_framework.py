@@ -125,3 +125,10 @@ def test_child_timeout_kills_whole_process_group(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("grandchild survived the timeout kill")
+
+
+def test_host_survives_nul_bytes_in_paths(tmp_path):
+    host = FsHost(tmp_path, {})
+    bad = "/etc/x\0y"
+    assert (host.read_text(bad), host.listdir(bad), host.exists(bad), host.readlink(bad), host.stat(bad)) == (
+        None, [], False, None, None)
