@@ -13,11 +13,30 @@ from pathlib import Path
 from typing import IO
 
 
+def _umask() -> int:
+    # /proc/self/status avoids the set-and-restore dance of os.umask, which races with threads.
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8",
+                perms: int | None = None) -> Iterator[IO]:
+    """Open a temporary sibling of ``path``; on a clean exit it replaces ``path`` in one rename.
+
+    ``perms`` defaults to what a plain ``open()`` would give (0o666 minus the umask), not
+    mkstemp's 0o600; pass 0o600 for files that hold secrets.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, (0o666 & ~_umask()) if perms is None else perms)
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as fh:
@@ -41,11 +60,11 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_open(path, "w") as fh:
+def atomic_write_text(path: str | os.PathLike[str], text: str, perms: int | None = None) -> None:
+    with atomic_open(path, "w", perms=perms) as fh:
         fh.write(text)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_open(path, "wb", encoding=None) as fh:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, perms: int | None = None) -> None:
+    with atomic_open(path, "wb", encoding=None, perms=perms) as fh:
         fh.write(data)

@@ -65,14 +65,44 @@ class ErrorEvent(Event):
     where: str = ""
 
 
-def from_dict(raw: dict[str, Any]) -> Event:
-    """Rebuild a registered event; unknown kinds come back as a generic ``Event`` subclass."""
-    kind = raw.get("kind", "event")
+# Where each engine's events are defined, so a reader (the TUI, a test) that parses a stream can
+# rebuild typed events without having imported that engine first. These modules import no torch.
+_PROVIDERS = {
+    "repl.": "hwtui.engine.replication.events",
+    "train.": "hwtui.engine.training.events",
+    "cluster.": "hwtui.engine.cluster.events",
+}
+
+
+def _lookup(kind: str) -> type[Event] | None:
     cls = _REGISTRY.get(kind)
+    if cls is None:
+        for prefix, module in _PROVIDERS.items():
+            if kind.startswith(prefix):
+                import importlib
+
+                try:
+                    importlib.import_module(module)
+                except ImportError:
+                    return None
+                cls = _REGISTRY.get(kind)
+                break
+    return cls
+
+
+def from_dict(raw: dict[str, Any]) -> Event:
+    """Rebuild a registered event; unknown kinds come back as ``UnknownEvent``."""
+    kind = raw.get("kind", "event")
+    cls = _lookup(kind)
     if cls is None:
         return UnknownEvent(kind_name=kind, payload=raw, t=raw.get("t", time.time()))
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in raw.items() if k in names})
+    try:
+        return cls(**{k: v for k, v in raw.items() if k in names})
+    except TypeError:
+        # A line from a different hwtui version (missing fields): keep it readable, never crash
+        # the reader over it.
+        return UnknownEvent(kind_name=kind, payload=raw, t=raw.get("t", time.time()))
 
 
 @event("unknown")

@@ -215,10 +215,9 @@ def write(spec: ClusterSpec, out_dir: str | Path) -> LaunchPlan:
     launch = plan(spec, out)
     old = _read_manifest(out)
     for rel, text in launch.files.items():
-        path = out / rel
-        atomic_write_text(path, text)
-        if rel in launch.executable:
-            path.chmod(0o755)
+        # Env files may carry --env values (tokens), so they are owner-only; scripts are born executable.
+        perms = 0o600 if rel.endswith(".env") else 0o755 if rel in launch.executable else None
+        atomic_write_text(out / rel, text, perms=perms)
     atomic_write_text(out / MANIFEST, json.dumps(sorted([*launch.files, SPEC_FILE]), indent=1) + "\n")
     atomic_write_text(out / SPEC_FILE, spec.to_json())
     # Files an earlier `init` generated for nodes no longer in the cluster would mislead.
