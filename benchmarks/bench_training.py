@@ -61,6 +61,10 @@ def main() -> int:
     # Each repeat measures its own solos right before its pair runs, so a shared machine's load drift
     # hits numerator and denominator alike; medians over repeats are reported.
     per: dict[str, list[float]] = {"fast": [], "slow": [], "dynamic": [], "equal": [], "static": []}
+    # In-run efficiency: achieved samples/s / sum of each worker's own rate while busy in the same run.
+    # Same definition with the solo rates measured under the run's own load, so it survives a machine
+    # shared with other jobs (where solo runs minutes earlier saw a different load).
+    inrun: dict[str, list[float]] = {"dynamic": [], "equal": [], "static": []}
     shares: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         fast = run("cpu:0", "dynamic", 2 * s, b, m)["samples_per_s"]
@@ -70,15 +74,17 @@ def main() -> int:
         for balance in ("dynamic", "equal", "static"):
             rep = run("cpu:0,cpu:1", balance, s, b, m, slowdown=f"1:{f}")
             per[balance].append(rep["samples_per_s"] / (fast + slow))
+            inrun[balance].append(rep["samples_per_s"] / sum(w["busy_samples_per_s"] for w in rep["workers"]))
             shares[balance] = [round(w["samples"] / max(1, rep["samples"]), 3) for w in rep["workers"]]
     med = {k: statistics.median(v) for k, v in per.items()}
     figures["solo"] = {"fast": med["fast"], "slow": med["slow"], "runs": {"fast": per["fast"], "slow": per["slow"]}}
     print(f"solo (median of {args.repeats}): fast {med['fast']:.1f} samples/s, slow (x{f:g}) {med['slow']:.1f} samples/s")
     for balance in ("dynamic", "equal", "static"):
+        ir = statistics.median(inrun[balance])
         figures[balance] = {"efficiency": round(med[balance], 4), "runs": [round(x, 4) for x in per[balance]],
-                            "shares_last_run": shares[balance]}
-        print(f"{balance:8s}: efficiency {med[balance]:.3f} (runs {', '.join(f'{x:.3f}' for x in per[balance])}), "
-              f"shares in the last run " + " ".join(f"{x:.0%}" for x in shares[balance]))
+                            "efficiency_in_run": round(ir, 4), "shares_last_run": shares[balance]}
+        print(f"{balance:8s}: efficiency {med[balance]:.3f} (runs {', '.join(f'{x:.3f}' for x in per[balance])}); "
+              f"in-run {ir:.3f}; shares in the last run " + " ".join(f"{x:.0%}" for x in shares[balance]))
 
     if args.mixed:
         probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],

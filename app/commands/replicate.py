@@ -34,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="per-rank served versions: DIR/rank<R>/CURRENT, versions/, staging/")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S", help="seconds any bucket may wait (default 20)")
     parser.add_argument("--init-timeout", type=float, default=60.0, metavar="S", help="seconds to form the world (default 60)")
-    parser.add_argument("--events", metavar="FILE", help="write events as JSON lines to FILE ('-' = stdout)")
-    parser.add_argument("--report", metavar="FILE", help="write the final JSON report to FILE (atomically)")
+    parser.add_argument("--events", metavar="FILE",
+                        help="write events as JSON lines to FILE ('-' = stdout; '{rank}' in FILE is replaced by the rank)")
+    parser.add_argument("--report", metavar="FILE", help="write the final JSON report to FILE (atomically; '{rank}' as above)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every bucket of every rank")
 
 
@@ -107,12 +108,18 @@ class Printer:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
 
     from hwtui.app.errors import HwtuiError
     from hwtui.engine.atomic import atomic_write_text
     from hwtui.engine.events import ErrorEvent, Fanout, JsonlWriter
     from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 
+    # Under torchrun/SLURM every rank runs this command: "{rank}" in a path keeps their files apart.
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    for attr in ("events", "report"):
+        if getattr(args, attr) and "{rank}" in getattr(args, attr):
+            setattr(args, attr, getattr(args, attr).replace("{rank}", rank))
     human = sys.stderr if args.events == "-" else sys.stdout
     events = _LazyJsonl(args.events) if args.events else None
     sink = Fanout(Printer(human, args.verbose), events)

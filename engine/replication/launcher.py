@@ -164,6 +164,7 @@ class Coordinator:
         self.progress: dict[int, tuple[float, str]] = {r: (time.monotonic(), "starting") for r in ranks}
         self.decided: dict[str, Any] | None = None
         self.prepared: dict[int, dict[str, Any]] = {}
+        self.reached: dict[int, int] = {}  # highest bucket id each rank has reported
 
     def feed(self, raw: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -171,6 +172,8 @@ class Coordinator:
         rank = raw.get("rank")
         if isinstance(rank, int) and rank in self.progress:
             self.progress[rank] = (now, self._describe(raw))
+            if kind == "repl.bucket":
+                self.reached[rank] = max(self.reached.get(rank, -1), int(raw.get("bucket_id", -1)))
         if kind == "_rank":
             self._internal(raw, now)
             return
@@ -436,7 +439,8 @@ def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]
                     if (coord.results.get(r) or {}).get("bad_input"):
                         failure = (_failure_text(coord) or f"rank {r}: bad input", EXIT_USAGE)
                     elif code < 0 or r not in coord.results:
-                        failure = (f"rank {r} {_signal_text(code)} during {coord.progress[r][1]}; nothing was committed",
+                        failure = (f"rank {r} {_signal_text(code)} (last reported: {coord.progress[r][1]}); "
+                                   "nothing was committed",
                                    EXIT_FAILED)
             if failure is None and any(ev.where == "transport" for ev in coord.errors):
                 suspects = [r for r, c in exited.items() if c is None and r not in {e.rank for e in coord.errors}]
@@ -463,7 +467,12 @@ def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]
 
 
 def _hung_text(coord: Coordinator, suspects: list[int]) -> str:
+    """Name the rank(s) that fell behind: among the silent ones, those that reached the fewest buckets
+    (a peer waiting for the hung rank is silent too, but further along)."""
     now = time.monotonic()
+    if len(suspects) > 1:
+        least = min(coord.reached.get(r, -1) for r in suspects)
+        suspects = [r for r in suspects if coord.reached.get(r, -1) == least]
     parts = []
     for r in suspects:
         last, what = coord.progress[r]

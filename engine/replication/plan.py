@@ -21,6 +21,8 @@ broadcasts from the page cache without packing. Sorting is the only super-linear
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -54,22 +56,56 @@ _HEX16 = re.compile(r"^[0-9a-f]{16}$")
 
 
 def canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON in the objects' own key order (json.loads keeps it), so re-indenting a plan keeps
+    its digest while reordering or editing anything changes it. Sorting keys would cost 1.5x on a
+    million items for no gain: hwtui writes every plan in one fixed order."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _body_text(plan: dict[str, Any]) -> bytes:
+    return canonical({k: v for k, v in plan.items() if k != "digest"})
 
 
 def plan_digest(plan: dict[str, Any]) -> str:
-    body = {k: v for k, v in plan.items() if k != "digest"}
-    return xxhash.xxh3_128_hexdigest(canonical(body))
+    return xxhash.xxh3_128_hexdigest(_body_text(plan))
+
+
+class PlanDict(dict):
+    """A freshly built plan that remembers its JSON text: a million items are encoded once, for
+    the digest, and that same text is what gets written."""
+
+    text: str | None = None
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, separators=(",", ":")) + "\n")
+    if isinstance(obj, PlanDict) and obj.text is not None and list(obj)[-1:] == ["digest"]:
+        text = obj.text
+    elif isinstance(obj, dict) and obj.get("schema") == PLAN_SCHEMA and list(obj)[-1:] == ["digest"]:
+        # A plan: its text is the digested body plus the digest; encode the million items once, not twice.
+        body = _body_text(obj)
+        text = body[:-1].decode() + f',"digest":{json.dumps(obj["digest"])}}}'
+    else:
+        text = json.dumps(obj, separators=(",", ":"))
+    atomic_write_text(path, text + "\n")
 
 
 def check_version(v: Any, what: str) -> str:
     if not isinstance(v, str) or not _SAFE_VERSION.match(v):
         raise HwtuiError(f"{what} {v!r} is not a valid version (letters, digits, . _ + -; it names a directory)")
     return v
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Building or checking a million small dicts triggers the cyclic GC thousands of times, each
+    pass walking every dict made so far (a third of the planner's time); none of them are cyclic."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # ---------------------------------------------------------------- previous manifests
@@ -132,7 +168,13 @@ class PlanInputs:
     closers: list[Callable[[], None]] = field(default_factory=list)
 
 
-def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
+def build_plan(inputs: PlanInputs, **kw: Any) -> dict[str, Any]:
+    """Lay out the next version into buckets. O(n log n) in the number of tensors."""
+    with _gc_paused():
+        return _build_plan(inputs, **kw)
+
+
+def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
                prev: tuple[str | None, dict[str, tuple[str, list[int], str]]] | None = None) -> dict[str, Any]:
     """Lay out the next version into buckets. O(n log n) in the number of tensors."""
     if version is not None:
@@ -149,24 +191,30 @@ def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_by
     items: list[dict[str, Any]] = []
     buckets: list[dict[str, Any]] = []
     hasher, fill = Streaming(), 0
+    update = hasher.update_fn()
 
     def close_bucket() -> None:
-        nonlocal hasher, fill
+        nonlocal hasher, fill, update
         buckets.append({"id": len(buckets), "size": fill, "checksum": hasher.hexdigest(), "consumer_ranks": None})
         hasher, fill = Streaming(), 0
+        update = hasher.update_fn()
 
+    is_st = [f["format"] == "safetensors" for f in inputs.files]
+    reader, hexdigest = inputs.reader, xxhash.xxh3_64_hexdigest
     for src in order:
         info = src.info
-        if info.name in seen:
-            raise HwtuiError(f"tensor {info.name!r} appears in more than one weight file")
-        seen.add(info.name)
-        data = inputs.reader(src)
-        checksum = xxh3_hex(data)
-        old = prev_tensors.get(info.name)
-        send = old is None or old != (info.dtype, list(info.shape), checksum)
-        tensors.append({"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "nbytes": info.nbytes,
-                        "checksum": checksum, "send": send})
-        if not send or info.nbytes == 0:
+        name, nbytes = info.name, info.nbytes
+        if name in seen:
+            raise HwtuiError(f"tensor {name!r} appears in more than one weight file")
+        seen.add(name)
+        data = reader(src)
+        checksum = hexdigest(data)
+        shape = list(info.shape)  # one list shared by the tensor and its items
+        old = prev_tensors.get(name)
+        send = old is None or old[2] != checksum or old[0] != info.dtype or list(old[1]) != shape
+        tensors.append({"name": name, "dtype": info.dtype, "shape": shape, "nbytes": nbytes, "checksum": checksum,
+                        "send": send})
+        if not send or nbytes == 0:
             continue
         pad = (-fill) % align
         if fill and fill + pad >= bucket_bytes:
@@ -174,16 +222,23 @@ def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_by
         elif pad:
             hasher.pad(pad)
             fill += pad
+        st_offset = info.file_offset if is_st[src.file] else None
+        if fill + nbytes <= bucket_bytes:  # the common case: the whole tensor fits
+            items.append({"name": name, "dtype": info.dtype, "shape": shape, "file": src.file, "file_offset": st_offset,
+                          "tensor_offset": 0, "nbytes": nbytes, "bucket": len(buckets), "offset": fill})
+            update(data)
+            fill += nbytes
+            continue
         toff = 0
         mv = memoryview(data)
-        while toff < info.nbytes:
+        while toff < nbytes:
             if fill == bucket_bytes:
                 close_bucket()
-            n = min(info.nbytes - toff, bucket_bytes - fill)
-            items.append({"name": info.name, "dtype": info.dtype, "shape": list(info.shape), "file": src.file,
-                          "file_offset": info.file_offset + toff if inputs.files[src.file]["format"] == "safetensors" else None,
+            n = min(nbytes - toff, bucket_bytes - fill)
+            items.append({"name": name, "dtype": info.dtype, "shape": shape, "file": src.file,
+                          "file_offset": None if st_offset is None else st_offset + toff,
                           "tensor_offset": toff, "nbytes": n, "bucket": len(buckets), "offset": fill})
-            hasher.update(mv[toff:toff + n])
+            update(mv[toff:toff + n])
             fill += n
             toff += n
     if fill:
@@ -193,7 +248,7 @@ def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_by
         version = "v" + xxhash.xxh3_64_hexdigest(canonical([[t["name"], t["dtype"], t["shape"], t["checksum"]] for t in tensors]))[:12]
     if prev_version is not None and prev_version == version:
         raise HwtuiError(f"the previous manifest already is version {version!r}; nothing to plan under that name")
-    plan: dict[str, Any] = {
+    plan: dict[str, Any] = PlanDict({
         "schema": PLAN_SCHEMA,
         "model": model,
         "version": version,
@@ -207,8 +262,10 @@ def build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_by
         "deleted": sorted(set(prev_tensors) - seen),
         "buckets": buckets,
         "items": items,
-    }
-    plan["digest"] = plan_digest(plan)
+    })
+    body = canonical(plan)
+    plan["digest"] = xxhash.xxh3_128_hexdigest(body)
+    plan.text = body[:-1].decode() + f',"digest":{json.dumps(plan["digest"])}}}'
     return plan
 
 
@@ -299,8 +356,21 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _fail(path: str, msg: str) -> None:
+    raise HwtuiError(f"plan {path}: {msg}")
+
+
 def validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
-    """Check every invariant a worker relies on; one line naming the first violation."""
+    with _gc_paused():
+        return _validate_plan(raw, path)
+
+
+def _validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
+    """Check every invariant a worker relies on; one line naming the first violation.
+
+    Linear in the number of items plus a sort per bucket; the hot loops test conditions inline and
+    only format a message on failure (a million items validate in seconds).
+    """
     _need(raw.get("schema") == PLAN_SCHEMA, path, f"schema is {raw.get('schema')!r}, expected {PLAN_SCHEMA!r}")
     for key, kind in (("model", str), ("version", str), ("bucket_bytes", int), ("align", int), ("total_bytes", int),
                       ("files", list), ("tensors", list), ("deleted", list), ("buckets", list), ("items", list),
@@ -316,17 +386,24 @@ def validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
               and _is_int(f.get("size")), path, f"file entry {i} is malformed")
 
     tensors: dict[str, dict[str, Any]] = {}
+    hex16 = _HEX16.match
     for t in raw["tensors"]:
-        _need(isinstance(t, dict) and isinstance(t.get("name"), str), path, f"malformed tensor entry {str(t)[:60]}")
-        name = t["name"]
-        _need(name not in tensors, path, f"tensor {name!r} listed twice")
-        _need(t.get("dtype") in DTYPES, path, f"tensor {name!r} has unknown dtype {t.get('dtype')!r}")
-        shape = t.get("shape")
-        _need(isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape), path, f"tensor {name!r} has a bad shape")
-        _need(t.get("nbytes") == expected_nbytes(t["dtype"], shape), path,
-              f"tensor {name!r}: nbytes {t.get('nbytes')} does not match {t['dtype']}{shape}")
-        _need(isinstance(t.get("checksum"), str) and bool(_HEX16.match(t["checksum"])), path, f"tensor {name!r} has a bad checksum")
-        _need(isinstance(t.get("send"), bool), path, f"tensor {name!r} lacks 'send'")
+        if not (isinstance(t, dict) and isinstance(t.get("name"), str)):
+            _fail(path, f"malformed tensor entry {str(t)[:60]}")
+        name, dtype, shape = t["name"], t.get("dtype"), t.get("shape")
+        if name in tensors:
+            _fail(path, f"tensor {name!r} listed twice")
+        if dtype not in DTYPES:
+            _fail(path, f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+            _fail(path, f"tensor {name!r} has a bad shape")
+        if t.get("nbytes") != expected_nbytes(dtype, shape):
+            _fail(path, f"tensor {name!r}: nbytes {t.get('nbytes')} does not match {dtype}{shape}")
+        ck = t.get("checksum")
+        if not (isinstance(ck, str) and hex16(ck)):
+            _fail(path, f"tensor {name!r} has a bad checksum")
+        if not isinstance(t.get("send"), bool):
+            _fail(path, f"tensor {name!r} lacks 'send'")
         tensors[name] = t
     for name in raw["deleted"]:
         _need(isinstance(name, str) and name not in tensors, path, f"deleted tensor {name!r} is also in the next version")
@@ -342,45 +419,69 @@ def validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
     _need(raw["total_bytes"] == sum(b["size"] for b in raw["buckets"]), path, "total_bytes is not the sum of the bucket sizes")
 
     per_bucket: list[list[dict[str, Any]]] = [[] for _ in range(nb)]
-    per_tensor: dict[str, list[tuple[int, int]]] = {}
-    nfiles = len(raw["files"])
+    whole: dict[str, int] = {}  # tensors sent as one piece: how many such pieces (must be 1)
+    parts: dict[str, list[tuple[int, int]]] = {}  # tensors split across buckets: their pieces
+    sizes = [b["size"] for b in raw["buckets"]]
+    safetensors_file = [f["format"] == "safetensors" for f in raw["files"]]
+    nfiles = len(safetensors_file)
     for it in raw["items"]:
-        _need(isinstance(it, dict), path, "malformed item")
+        if type(it) is not dict:
+            _fail(path, "malformed item")
         name = it.get("name")
-        t = tensors.get(name)  # type: ignore[arg-type]
-        _need(t is not None and t["send"], path, f"item for {name!r} which is not a tensor to send")
-        _need(it.get("dtype") == t["dtype"] and it.get("shape") == t["shape"], path, f"item for {name!r}: dtype/shape differ from its tensor")
-        for key in ("bucket", "offset", "nbytes", "tensor_offset", "file"):
-            _need(_is_int(it.get(key)) and it[key] >= 0, path, f"item for {name!r}: bad {key!r}")
-        _need(it["bucket"] < nb, path, f"item for {name!r} points at bucket {it['bucket']} of {nb}")
-        _need(it["file"] < nfiles, path, f"item for {name!r} points at file {it['file']} of {nfiles}")
-        size = raw["buckets"][it["bucket"]]["size"]
-        _need(it["nbytes"] > 0 and it["offset"] + it["nbytes"] <= size, path,
-              f"item for {name!r} lies outside bucket {it['bucket']} (offset {it['offset']} + {it['nbytes']} > {size})")
-        if raw["files"][it["file"]]["format"] == "safetensors":
-            _need(_is_int(it.get("file_offset")) and it["file_offset"] >= 0, path, f"item for {name!r}: bad file_offset")
-        per_bucket[it["bucket"]].append(it)
-        per_tensor.setdefault(name, []).append((it["tensor_offset"], it["nbytes"]))
+        t = tensors.get(name) if type(name) is str else None
+        if t is None or not t["send"]:
+            _fail(path, f"item for {name!r} which is not a tensor to send")
+        if it.get("dtype") != t["dtype"] or it.get("shape") != t["shape"]:
+            _fail(path, f"item for {name!r}: dtype/shape differ from its tensor")
+        b, off, n, toff, f = it.get("bucket"), it.get("offset"), it.get("nbytes"), it.get("tensor_offset"), it.get("file")
+        if not (type(b) is int and type(off) is int and type(n) is int and type(toff) is int and type(f) is int
+                and b >= 0 and off >= 0 and toff >= 0 and f >= 0):
+            _fail(path, f"item for {name!r}: bad bucket/offset/nbytes/tensor_offset/file")
+        if b >= nb:
+            _fail(path, f"item for {name!r} points at bucket {b} of {nb}")
+        if f >= nfiles:
+            _fail(path, f"item for {name!r} points at file {f} of {nfiles}")
+        if n <= 0 or off + n > sizes[b]:
+            _fail(path, f"item for {name!r} lies outside bucket {b} (offset {off} + {n} > {sizes[b]})")
+        if safetensors_file[f]:
+            fo = it.get("file_offset")
+            if type(fo) is not int or fo < 0:
+                _fail(path, f"item for {name!r}: bad file_offset")
+        per_bucket[b].append(it)
+        if toff == 0 and n == t["nbytes"]:
+            whole[name] = whole.get(name, 0) + 1
+        else:
+            parts.setdefault(name, []).append((toff, n))
     for b, its in enumerate(per_bucket):
-        its.sort(key=lambda i: i["offset"])
-        for a, c in zip(its, its[1:], strict=False):
-            _need(c["offset"] >= a["offset"] + a["nbytes"], path,
-                  f"bucket {b}: items {a['name']!r} and {c['name']!r} overlap at offset {c['offset']}")
+        if any(its[i]["offset"] > its[i + 1]["offset"] for i in range(len(its) - 1)):
+            its.sort(key=lambda i: i["offset"])
+        end = 0
+        for i, it in enumerate(its):
+            if it["offset"] < end:
+                _fail(path, f"bucket {b}: items {its[i - 1]['name']!r} and {it['name']!r} overlap at offset {it['offset']}")
+            end = it["offset"] + it["nbytes"]
     for name, t in tensors.items():
         if not t["send"] or t["nbytes"] == 0:
             continue
-        pieces = sorted(per_tensor.get(name, []))
+        w, pieces = whole.get(name, 0), parts.get(name)
+        if w == 1 and not pieces:
+            continue
+        if w:
+            _fail(path, f"tensor {name!r}: pieces overlap (sent whole and in parts, or twice)")
         pos = 0
-        for off, n in pieces:
-            _need(off == pos, path, f"tensor {name!r}: pieces overlap or leave a gap at byte {pos}")
+        for off, n in sorted(pieces or []):
+            if off != pos:
+                _fail(path, f"tensor {name!r}: pieces overlap or leave a gap at byte {pos}")
             pos += n
-        _need(pos == t["nbytes"], path, f"tensor {name!r}: pieces cover {pos} of {t['nbytes']} bytes")
+        if pos != t["nbytes"]:
+            _fail(path, f"tensor {name!r}: pieces cover {pos} of {t['nbytes']} bytes")
     _need(plan_digest(raw) == raw["digest"], path, "digest mismatch: the plan was edited or truncated after planning")
     return Plan(raw, path, per_bucket)
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
-    return validate_plan(_read_json(path, "plan"), str(path))
+    with _gc_paused():
+        return validate_plan(_read_json(path, "plan"), str(path))
 
 
 def preflight_sources(plan: Plan) -> None:

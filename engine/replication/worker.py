@@ -30,7 +30,7 @@ from typing import Any
 
 from hwtui.app.errors import HwtuiError
 from hwtui.engine.events import ErrorEvent, Event
-from hwtui.engine.replication.checksum import xxh3_hex
+from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.commit import ServedDir
 from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
@@ -212,12 +212,7 @@ class Worker:
                 self.faults.at_bucket(b)
                 t0 = _now()
                 size = plan.buckets[b]["size"]
-                buf, pooled, digest = self._sources.stage(plan, b, self.pool)
-                if digest != plan.buckets[b]["checksum"]:
-                    self.bad_input = True
-                    self.failures.append(f"bucket {b}: the weight files changed since planning (source checksum "
-                                         f"{digest} != plan {plan.buckets[b]['checksum']})")
-                    self.emit(ErrorEvent(message=f"rank {self.rank}: {self.failures[-1]}", rank=self.rank, where="source"))
+                buf, pooled = self._sources.stage(plan, b, self.pool)
                 self.bucket(b, "staged", size, _now() - t0)
                 works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:size])]
                 win.admit(size)
@@ -292,12 +287,18 @@ class Worker:
 
     def prepare(self, plan: Plan) -> bool:
         t = _now()
+        if self.rank == SRC and self.cfg["verify"]:
+            self._check_sources(plan)
         if self.rank != SRC and not self.failures:
             kept = [tt["name"] for tt in plan["tensors"] if not tt["send"]]
             if kept:
                 self._copy_kept(kept)
             if self.cfg["verify"]:
-                bad = self.staging.verify()
+                # Bytes received straight into the staging copy were verified there, bucket by
+                # bucket; what was copied (unpacked from the pool, kept from the served version)
+                # is checked again per tensor against the plan.
+                in_place = _in_place_tensors(plan, set(self.direct))
+                bad = self.staging.verify([tt["name"] for tt in plan["tensors"] if tt["name"] not in in_place])
                 if bad:
                     self.failures.append(f"{len(bad)} tensor(s) of the staging copy on rank {self.rank} do not match "
                                          f"the plan (first: {bad[0]!r})")
@@ -310,6 +311,21 @@ class Worker:
         self.internal("prepared", ok=ok, detail="; ".join(self.failures)[:500])
         self.faults.at_phase("prepare")
         return ok
+
+    def _check_sources(self, plan: Plan) -> None:
+        """The source's own check that it sent what was planned, off the transfer's critical path.
+
+        A file changed since planning makes every receiver fail verification; this names the cause
+        (the file, not the wire) and makes it bad input (exit 2). Nothing commits either way.
+        """
+        for b in range(len(plan.buckets)):
+            digest = self._sources.bucket_digest(plan, b)
+            if digest != plan.buckets[b]["checksum"]:
+                self.bad_input = True
+                self.failures.append(f"the weight files changed since planning: bucket {b} hashes to {digest}, "
+                                     f"the plan says {plan.buckets[b]['checksum']}")
+                self.emit(ErrorEvent(message=f"rank {self.rank}: {self.failures[-1]}", rank=self.rank, where="source"))
+                return
 
     def _copy_kept(self, names: list[str]) -> None:
         mapped, offsets = self.served.open_current()
@@ -365,6 +381,15 @@ class Worker:
             self.served.abort(self.cfg["plan_version"])
 
 
+def _in_place_tensors(plan: Plan, direct: set[int]) -> set[str]:
+    """Tensors all of whose pieces travelled in buckets received straight into the staging copy."""
+    ok: dict[str, bool] = {}
+    for b, items in enumerate(plan.bucket_items):
+        for it in items:
+            ok[it["name"]] = ok.get(it["name"], True) and b in direct
+    return {name for name, v in ok.items() if v}
+
+
 def stream_order(plan: Plan) -> list[str]:
     """Names of the tensors sent, in the order their bytes travel."""
     seen: dict[str, None] = {}
@@ -411,38 +436,38 @@ class _SourceReader:
             raise HwtuiError(f"tensor {it['name']!r} is missing from {it['file']} (the weight file changed since planning)")
         return src[it["tensor_offset"]:it["tensor_offset"] + it["nbytes"]]
 
-    def stage(self, plan: Plan, b: int, pool: BufferPool | None) -> tuple[Any, bool, str]:
-        """(buffer holding bucket b, whether it came from the pool, xxh3 of its bytes)."""
+    def stage(self, plan: Plan, b: int, pool: BufferPool | None) -> tuple[Any, bool]:
+        """(buffer holding bucket b, whether it came from the pool)."""
         size = plan.buckets[b]["size"]
-        if self.contiguous(plan, b) and (pool is None or pool.device == "cpu"):
+        if self.contiguous(plan, b):
             it = plan.bucket_items[b][0]
             start = it["file_offset"] - it["offset"]
             view = self.mapped[it["file"]].tensor[start:start + size]
-            return view, False, xxh3_hex(view.numpy())
+            if pool is None or pool.device == "cpu":
+                return view, False  # zero-copy: broadcast straight from the mapping
+            buf = pool.acquire(size)
+            buf[:size].copy_(view)  # one host-to-device copy per bucket
+            return buf, True
         buf = pool.acquire(size)
-        host_parts = []
         pos = 0
         for it in plan.bucket_items[b]:
             if it["offset"] > pos:
                 buf[pos:it["offset"]].zero_()  # alignment padding is hashed as zeros by the planner
-            src = self.piece(it)
-            buf[it["offset"]:it["offset"] + it["nbytes"]].copy_(src)
-            host_parts.append((it["offset"], src))
+            buf[it["offset"]:it["offset"] + it["nbytes"]].copy_(self.piece(it))
             pos = it["offset"] + it["nbytes"]
         if pos < size:
             buf[pos:size].zero_()
-        if buf.device.type == "cpu":
-            return buf, True, xxh3_hex(buf[:size].numpy())
-        # On a GPU, hash the host-side pieces (and padding) instead of copying the bucket back.
-        from hwtui.engine.replication.checksum import Streaming
+        return buf, True
 
+    def bucket_digest(self, plan: Plan, b: int) -> str:
+        """xxh3 of bucket b as the files hold it now, streamed from host memory (no buffer, no device)."""
         h, pos = Streaming(), 0
-        for off, src in host_parts:
-            h.pad(off - pos)
-            h.update(src.numpy())
-            pos = off + src.numel()
-        h.pad(size - pos)
-        return buf, True, h.hexdigest()
+        for it in plan.bucket_items[b]:
+            h.pad(it["offset"] - pos)
+            h.update(self.piece(it).numpy())
+            pos = it["offset"] + it["nbytes"]
+        h.pad(plan.buckets[b]["size"] - pos)
+        return h.hexdigest()
 
 
 def run_worker(cfg: dict[str, Any], emit: Emit) -> int:

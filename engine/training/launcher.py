@@ -62,7 +62,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     optimizer_state: str = "average"
     model: ModelConfig = field(default_factory=ModelConfig)
-    eval_windows: int = 64
+    eval_windows: int = 32
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 30.0
     stall_timeout: float = 300.0
@@ -96,6 +96,8 @@ class WorkerState:
     requeued: int = 0
     samples_discarded: int = 0
     last_emit: float = 0.0
+    chunk_time: float | None = None  # moving average of its seconds per chunk
+    claimed_at: float = 0.0
 
     @property
     def device(self) -> str:
@@ -286,6 +288,7 @@ class Coordinator:
         w.samples += self.cfg.batch_size
         w.chunks_done += 1
         w.busy_seconds += done["seconds"]
+        w.chunk_time = done["seconds"] if w.chunk_time is None else 0.7 * w.chunk_time + 0.3 * done["seconds"]
         w.losses.append(done["loss"])
         if time.monotonic() - w.last_emit >= self.cfg.telemetry_interval:
             self._emit_worker(w)
@@ -402,13 +405,32 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 self._reply(w, {"op": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending["op"] == "claim":
+            elif w.pending["op"] == "claim" and not self._tail_defer(w, alive):
                 cid = self.queue.claim(w.rank)
                 if cid is not None:
-                    w.holding, w.chunks_claimed = cid, w.chunks_claimed + 1
+                    w.holding, w.chunks_claimed, w.claimed_at = cid, w.chunks_claimed + 1, time.monotonic()
                     self._reply(w, {"op": "chunk", "chunk": cid})
         if self.queue.complete() and all(w.pending and w.pending["op"] == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
+
+    def _tail_defer(self, w: WorkerState, alive: list[WorkerState]) -> bool:
+        """Dynamic balancing's end of round: hold back a slow worker's claim when a faster one would
+        finish the remaining chunks before the slow one finished a single chunk (the round, and the
+        merge everyone waits for, would otherwise end with the fast device idle)."""
+        if self.cfg.balance != "dynamic" or w.chunk_time is None:
+            return False
+        pending = sum(1 for c in self.queue.chunks.values() if c.state == "pending" and c.owner in (None, w.rank))
+        if pending == 0:
+            return False
+        now = time.monotonic()
+        best = None
+        for x in alive:
+            if x is w or x.chunk_time is None:
+                continue
+            busy_left = max(0.0, x.chunk_time - (now - x.claimed_at)) if x.holding is not None else 0.0
+            finish = busy_left + pending * x.chunk_time
+            best = finish if best is None else min(best, finish)
+        return best is not None and best < w.chunk_time
 
     def _begin_merge(self, alive: list[WorkerState]) -> None:
         self.phase, self.merge_gen = "merging", self.gen

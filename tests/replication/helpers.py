@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
-
 from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+from safetensors.torch import load_file, save_file
 
 
 def make_model(directory: Path, seed: int = 0, *, big: int = 200_000, n: int = 30) -> dict[str, torch.Tensor]:

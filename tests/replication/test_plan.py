@@ -5,12 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from hwtui.app.cli import main
 from hwtui.app.errors import HwtuiError
 from hwtui.engine.replication import faults
@@ -28,6 +25,8 @@ from hwtui.engine.replication.pool import BufferPool, PoolExhausted
 from hwtui.engine.replication.transport import LINES, choose_transport
 from hwtui.engine.replication.weights import TensorInfo
 from hwtui.engine.replication.window import Window
+from safetensors.torch import save_file
+
 from tests.replication.helpers import files, make_model, write_plan
 
 

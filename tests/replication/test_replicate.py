@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
-
 from hwtui.engine.events import ErrorEvent, LogEvent
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import manifest_of, write_json_atomic
+from safetensors.torch import save_file
+
 from tests.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -235,3 +234,24 @@ def test_cli_events_on_stdout_and_sigterm_aborts(tmp_path):
     assert any(x["kind"] == "repl.commit" and x["phase"] == "abort" for x in lines)
     assert "Using CPU broadcast transport" in err and "SIGTERM" in err
     assert served(tmp_path / "out", 1)[0] is None
+
+
+def test_joins_a_torchrun_world(tmp_path):
+    expected = make_model(tmp_path / "src", seed=11, big=30_000, n=8)
+    write_plan(tmp_path / "src", tmp_path / "p.json", version="t1", bucket_kib=32)
+    from hwtui.engine.replication.launcher import free_port
+
+    hwtui = str(Path(sys.executable).parent / "hwtui")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HWTUI_TEST_FAULT")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(free_port()), "--no-python", hwtui, "replicate", "--plan",
+                           str(tmp_path / "p.json"), "--commit", "--out", str(tmp_path / "out"),
+                           "--report", str(tmp_path / "rep{rank}.json")],
+                          capture_output=True, text=True, timeout=90, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version, tensors = served(tmp_path / "out", 1)
+    assert version == "t1"
+    assert_bytes_equal(tensors, expected)
+    reports = [json.loads((tmp_path / f"rep{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["mode"] == "join" and r["world_size"] == 2 and r["ok"] and r["committed"] for r in reports)
+    assert [r["ranks"][0]["rank"] for r in reports] == [0, 1]

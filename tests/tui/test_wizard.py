@@ -250,7 +250,7 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
         app.config.interval = 0.05  # below what the form accepts: the poll takes 3x the interval
         await wait_for(pilot, lambda: run.engine_running)
         await pilot.pause(1.0)
-        assert run._sampler.polls >= 3 and SlowSampler.overlaps == 0
+        assert (run._sampler.polls, SlowSampler.overlaps) >= (3, 0) and SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
         await pilot.press("s")
         await wait_for(pilot, lambda: run.state.finished, timeout=10)
         assert "engine stopped" in log_text(app)
