@@ -1,14 +1,21 @@
-"""The Detect step's device list: one row per device, the columns ``hwtui list-gpus`` prints."""
+"""The Detect step's device list: the columns ``hwtui list-gpus`` prints, plus why a device is unusable.
+
+Unusable devices (passthrough, wrong driver) are listed too, last, with the reason: a GPU that is
+"missing" is the first thing a person wants explained.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hwtui.widgets._draw import gib
 from rich.text import Text
 from textual.widgets import DataTable
 
-COLUMNS = ("ID", "DEVICE", "VENDOR", "NAME", "PCI", "DRIVER", "VRAM", "STATUS")
+COLUMNS = ("ID", "Vendor", "Model", "VRAM", "Backend", "Device", "PCI", "Driver", "Status")
+
+
+def _vram(n: int | None) -> str:
+    return "-" if not n else f"{n / 1024**3:.0f} GB"
 
 
 class DeviceTable(DataTable):
@@ -26,6 +33,6 @@ class DeviceTable(DataTable):
             status = Text("ok") if d.usable else Text(f"unusable: {d.reason}", style="bold")
             # Text, never str: a str cell is markup, and a PCI address like 0000:ab:00.0 holds
             # the emoji code ":ab:".
-            cells = ("-" if d.id is None else str(d.id), d.device or "-", d.vendor, d.name, d.pci, d.driver or "-",
-                     gib(d.vram_total) if d.vram_total else "-")
+            cells = ("-" if d.id is None else str(d.id), d.vendor, d.name, _vram(d.vram_total), d.backend,
+                     d.device or "-", d.pci, d.driver or "-")
             self.add_row(*(Text(c) for c in cells), status, key=d.pci)

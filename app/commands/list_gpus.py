@@ -26,7 +26,7 @@ def format_table(devices) -> str:
             d.device or f"({d.reason})", d.pci, d.driver or "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def run(args: argparse.Namespace) -> int:

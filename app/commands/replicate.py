@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive", action="store_true", help="steer the window towards --target-bucket-ms per bucket")
     parser.add_argument("--target-bucket-ms", type=float, default=50.0, metavar="MS", help="adaptive target (default 50)")
     parser.add_argument("--chunk-mb", type=float, metavar="M",
-                        help="split each broadcast into chunks of M MiB (default: HOTWEIGHTS_BCAST_CHUNK_MB, else 8)")
+                        help="split each broadcast into chunks of M MiB (default: HOTWEIGHTS_BCAST_CHUNK_MB, else 32)")
     parser.add_argument("--transport", metavar="NAME",
                         help="override the transport: gloo, cuda-ipc, nccl, rccl, xccl, ccl, hccl")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
@@ -101,7 +101,8 @@ class Printer:
             if ev.ok:
                 r = ev.report or {}
                 mem = (r.get("peak_memory") or {}).get("max_pool_peak_bytes", 0)
-                self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, verified on "
+                checked = "verified" if r.get("verify") else "NOT verified (--no-verify)"
+                self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
                         f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
                         + ("; committed" if r.get("committed") else ""))
 

@@ -47,6 +47,7 @@ class HwtuiApp(App[int]):
         self.devices: list[Any] = []
         self.devices_error = ""
         self._quitting = False
+        self.run_screen: Any = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -62,6 +63,7 @@ class HwtuiApp(App[int]):
 
         for name, cls in zip(STEPS, (DetectScreen, DriversScreen, EnvironmentScreen, EngineScreen, RunScreen), strict=True):
             self.install_screen(cls(), name=name)
+        self.run_screen = self.get_screen("run")
         self.push_screen(self.start_step)
         if self.config.note:
             self.notify(self.config.note, severity="warning")
@@ -99,7 +101,7 @@ class HwtuiApp(App[int]):
         if self._quitting:
             return
         self._quitting = True
-        run = self.get_screen("run") if "run" in self._installed_screens else None
+        run = self.run_screen
         if run is not None and run.engine_running:
             self.notify("stopping the engine...")
             self.run_worker(self._stop_then_exit, thread=True, group="quit", exit_on_error=False)
@@ -107,15 +109,13 @@ class HwtuiApp(App[int]):
             self.exit(0)
 
     def _stop_then_exit(self) -> None:
-        run = self.get_screen("run")
-        run.stop_engine()
+        self.run_screen.stop_engine()
         self.call_from_thread(self.exit, 0)
 
     def on_unmount(self) -> None:
         # Last line of defence (an exception, a closed terminal): never leave an engine behind.
-        if "run" in self._installed_screens:
-            run = self.get_screen("run")
-            run.stop_engine(grace_s=2.0)
-            run.close_sampler()
+        # (Installed screens are already gone from the registry by now: use the reference.)
+        if self.run_screen is not None:
+            self.run_screen.shutdown()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -141,6 +141,7 @@ class RunState:
         self.log_total = 0  # lines ever logged: lets the log widget append only what is new
         self.errors: list[str] = []
         self.exit_code: int | None = None
+        self.stopped = False  # the user stopped it (not a failure, not a finished run)
         self.first_t: float | None = None
         self.last_t: float | None = None
 

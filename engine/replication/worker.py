@@ -77,6 +77,7 @@ class Worker:
         self.window_stats: dict[str, int] = {}
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
+        self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
 
     # ------------------------------------------------------------------ plumbing
 
@@ -186,7 +187,9 @@ class Worker:
 
     def _chunks(self, buf: Any) -> list[Any]:
         step = max(1, int(self.cfg["chunk_bytes"]) or buf.numel())
-        return [buf[i:i + step] for i in range(0, buf.numel(), step)]
+        chunks = [buf[i:i + step] for i in range(0, buf.numel(), step)]
+        self.collectives += len(chunks)
+        return chunks
 
     def transfer(self, plan: Plan) -> None:
         t = _now()
@@ -372,7 +375,8 @@ class Worker:
                               "pool": self.pool.stats() if self.pool else None,
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0},
-                      window=self.window_stats)
+                      window=self.window_stats, collectives=self.collectives,
+                      direct_buckets=len(self.direct) if self.rank != SRC else None)
 
     def cleanup_staging(self) -> None:
         if self.staging is not None:

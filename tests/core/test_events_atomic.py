@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hwtui.engine.atomic import atomic_open, atomic_write_text
 from hwtui.engine.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
 

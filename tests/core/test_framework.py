@@ -4,7 +4,6 @@ import os
 import time
 
 import pytest
-
 from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.finding import Status
 from hwtui.probes.framework import Collector, Rule, run_checks

@@ -1,12 +1,12 @@
 """The PCI probe and hardware rules on every recorded machine."""
 
 import pytest
-
 from hwtui.probes.catalog import CORE_COLLECTORS, CORE_RULES
 from hwtui.probes.devices import build_devices
 from hwtui.probes.finding import Status
 from hwtui.probes.framework import run_checks
 from hwtui.probes.pci import GPU_CLASSES, collect_pci, link_gen
+
 from tests import machines
 
 EXPECTED = {

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-
 from hwtui.probes.catalog import catalog
 from hwtui.probes.framework import run_checks
 from hwtui.probes.host import SNAPSHOT_SCHEMA, RecordingHost, ReplayHost
+
 from tests import machines
 
 

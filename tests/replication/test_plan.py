@@ -311,3 +311,34 @@ def test_fault_spec_parsing():
         faults.parse("explode:rank=1")
     inj = faults.Injector(1, "corrupt:bucket=3")
     assert inj.corrupts(3) and not inj.corrupts(2)
+
+
+def test_knobs_default_from_the_vendor_guide_env():
+    from hwtui.engine.replication.launcher import ReplicationOptions, resolve_settings
+
+    base = resolve_settings(ReplicationOptions(plan="p", env={}))
+    assert base["window"] == 4 and base["chunk_bytes"] == 32 << 20
+    env = {"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "7", "HOTWEIGHTS_BCAST_CHUNK_MB": "2.5"}
+    got = resolve_settings(ReplicationOptions(plan="p", env=env))
+    assert got["window"] == 7 and got["chunk_bytes"] == int(2.5 * (1 << 20))
+    flags = resolve_settings(ReplicationOptions(plan="p", env=env, inflight=2, chunk_mb=1))
+    assert flags["window"] == 2 and flags["chunk_bytes"] == 1 << 20  # flags beat the environment
+    for bad in ({"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "four"}, {"HOTWEIGHTS_BCAST_CHUNK_MB": "-1"}):
+        with pytest.raises(HwtuiError, match=next(iter(bad))):
+            resolve_settings(ReplicationOptions(plan="p", env=bad))
+    with pytest.raises(HwtuiError, match="--out"):
+        resolve_settings(ReplicationOptions(plan="p", env={}, commit=True))
+
+
+def test_joined_world_from_torchrun_and_slurm_env():
+    from hwtui.engine.replication.launcher import joined_world
+
+    assert joined_world({}) is None
+    tr = joined_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                       "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (tr["rank"], tr["world_size"], tr["local_rank"], tr["local_world_size"]) == (3, 8, 1, 4)
+    sl = joined_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "8(x2)",
+                       "MASTER_ADDR": "n1", "MASTER_PORT": "29500"})
+    assert (sl["rank"], sl["world_size"], sl["local_world_size"]) == (5, 16, 8)
+    with pytest.raises(HwtuiError, match="MASTER_ADDR"):
+        joined_world({"RANK": "0", "WORLD_SIZE": "2"})

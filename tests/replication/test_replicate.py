@@ -193,6 +193,8 @@ def test_two_ranks_window_bound_with_packed_buckets(tmp_path):
         assert 0 < pool["peak_in_use_bytes"] <= 2 * bucket and pool["allocated_bytes"] <= 2 * bucket
         assert r["window"]["peak_occupancy"] <= 2
     assert max(w.occupancy for w in of(events, ReplWindow)) == 2
+    chunk = int(0.01 * (1 << 20))
+    assert all(r["collectives"] == sum(-(-b["size"] // chunk) for b in plan["buckets"]) for r in result.report["ranks"])
     assert result.report["peak_memory"]["max_pool_peak_bytes"] <= result.report["peak_memory"]["pool_bound_bytes"]
     # A changed file of the same size is caught by the source's checksum: bad input, nothing committed.
     raw = bytearray((tmp_path / "src" / "model.safetensors").read_bytes())
@@ -245,7 +247,7 @@ def test_joins_a_torchrun_world(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HWTUI_TEST_FAULT")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                            "127.0.0.1", "--master-port", str(free_port()), "--no-python", hwtui, "replicate", "--plan",
-                           str(tmp_path / "p.json"), "--commit", "--out", str(tmp_path / "out"),
+                           str(tmp_path / "p.json"), "--commit", "--out", str(tmp_path / "out"), "--adaptive",
                            "--report", str(tmp_path / "rep{rank}.json")],
                           capture_output=True, text=True, timeout=90, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

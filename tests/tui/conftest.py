@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from hwtui.app.tui.engine_process import Stage
+
 from tests import machines
 
 DATA = Path(__file__).parent / "data"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 
 def build_snapshot(machine: str, root: Path) -> dict:
@@ -42,6 +43,9 @@ def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         path = base / f"{name}.json"
         path.write_text(json.dumps(build_snapshot(name, base / name)))
         out[name] = path
+    for name, example in (("h100_x8", "h100x8"), ("rtx4090_rx7800xt_arc_a750", "mixed3")):
+        published = EXAMPLES / f"{example}.snapshot.json"
+        out[f"example:{name}"] = published if published.exists() else out[name]
     return out
 
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hwtui.app.tui.config import TuiConfig
 from hwtui.app.tui.defaults import engine_defaults
 from hwtui.app.tui.engine_process import EngineProcess, build_stages

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hwtui.app.tui.run_state import RunState, normalize
 from hwtui.engine.events import UnknownEvent, parse_line
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
@@ -22,6 +21,7 @@ from hwtui.widgets.findings_list import FindingsList
 from hwtui.widgets.progress_eta import ProgressEta
 from hwtui.widgets.throughput_chart import ThroughputChart
 from hwtui.widgets.worker_table import WorkerTable
+
 from tests.tui.conftest import FixedSampler, RecordedEngine, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,7 +46,7 @@ async def test_walk_the_wizard_and_watch_a_replication(snapshots, tmp_path):
         await wait_for(pilot, lambda: app.devices)
         table = app.screen.query_one(DeviceTable)
         assert table.row_count == 8
-        assert [str(table.get_row_at(i)[1]) for i in range(8)] == [f"cuda:{i}" for i in range(8)]
+        assert [str(table.get_row_at(i)[5]) for i in range(8)] == [f"cuda:{i}" for i in range(8)]
         assert "8 usable" in str(app.screen.query_one("#status").render())
         # 2 Drivers
         await pilot.press("n")
@@ -249,12 +249,12 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
         run = app.screen
         app.config.interval = 0.05  # below what the form accepts: the poll takes 3x the interval
         await wait_for(pilot, lambda: run.engine_running)
-        await pilot.pause(1.0)
-        assert (run._sampler.polls, SlowSampler.overlaps) >= (3, 0) and SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
+        await pilot.pause(2.0)
+        assert run._sampler.polls >= 4 and SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
         await pilot.press("s")
         await wait_for(pilot, lambda: run.state.finished, timeout=10)
         assert "engine stopped" in log_text(app)
-        assert run.query_one(ProgressEta).status == "done"
+        assert run.query_one(ProgressEta).status == "stopped"
 
 
 async def test_help_opens_and_closes(snapshots):

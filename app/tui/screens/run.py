@@ -143,14 +143,25 @@ class RunScreen(WizardStep):
         if self._polling:  # re-arm only now: the next poll starts a full interval after this one ended
             self._poll_timer = self.set_timer(self.app.config.interval, self._poll)  # type: ignore[attr-defined]
 
+    def shutdown(self) -> None:
+        """Stop the engine and the sampler; safe to call twice (screen unmount, then app unmount)."""
+        self.stop_engine(grace_s=2.0)
+        self.close_sampler()
+
+    def on_unmount(self) -> None:
+        self.shutdown()
+
     def close_sampler(self) -> None:
         self._polling = False
-        with self._sampler_lock:
+        # A poll stuck in a vendor library must not hold the app open: give it a second.
+        if not self._sampler_lock.acquire(timeout=1.0):
+            return
+        try:
             if self._sampler is not None:
-                try:
-                    self._sampler.close()
-                finally:
-                    self._sampler = None
+                self._sampler.close()
+        finally:
+            self._sampler = None
+            self._sampler_lock.release()
 
     # -- engine -------------------------------------------------------------------------------
     @property
@@ -211,6 +222,7 @@ class RunScreen(WizardStep):
             if rc != 0 or proc.stopped or stage is stages[-1]:
                 if proc.stopped:
                     state.add_log(f"engine stopped (exit status {rc})", "warn")
+                    state.stopped = True
                     state.finish(0 if rc in (0, -15, -9) else rc)
                 else:
                     state.finish(rc)
@@ -273,7 +285,9 @@ class RunScreen(WizardStep):
                 return
             self._seen_version = state.version
             fraction, eta, label = state.progress()
-            if state.exit_code is None:
+            if state.stopped:
+                status = "stopped"
+            elif state.exit_code is None:
                 status = "running" if self.engine is not None else "starting"
             else:
                 done = state.repl.done or state.train.done or state.cluster.done
