@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout-scale", type=float, default=None, metavar="X",
                        help="multiply every probe timeout by X (default: HWTUI_PROBE_TIMEOUT_SCALE or 1)")
     _add_host_options(parser, suppress=False)
+    tui = parser.add_argument_group("terminal UI")
+    tui.add_argument("--interval", type=float, default=None, metavar="S",
+                     help="dashboard sampling interval in seconds (default: remembered choice, else 1)")
 
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():

@@ -14,6 +14,7 @@ from textual.widget import Widget
 GLYPH = {"pending": ("·", "dim"), "staged": ("░", "blue"), "inflight": ("▒", "yellow"),
          "verifying": ("▓", "magenta"), "done": ("█", "green"), "failed": ("✗", "bold red")}
 STAGES = ("staged", "inflight", "verifying", "done")
+SHORT = {"pending": "pend", "staged": "staged", "inflight": "flight", "verifying": "verify", "done": "done", "failed": "fail"}
 
 
 class BucketLanes(Widget):
@@ -40,11 +41,11 @@ class BucketLanes(Widget):
             return Text("waiting for repl.start", style="dim")
         text = Text()
         text.append(f"window {r.occupancy}/{r.window}", style="bold")
-        text.append(f"  in flight {r.bytes_in_flight / 1e6:.0f} MB   ")
+        text.append(f" {r.bytes_in_flight / 1e6:5.1f} MB  ")
         for state in ("pending", *STAGES, "failed"):
             glyph, style = GLYPH[state]
             text.append(glyph, style=style)
-            text.append(f"{state} ")
+            text.append(f"{SHORT[state]} ")
         width = max(self.size.width, 20)
         bar_w = max(width - 34, 4)
         for i, bid in enumerate(r.lanes):

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="align each tensor inside a bucket to B bytes (a power of two; default 1 keeps buckets "
                              "contiguous file ranges that are sent without packing)")
     parser.add_argument("--model", help="model id (default: the first file's name)")
-    parser.add_argument("--version", help="version of these weights (default: derived from their checksums)")
+    # dest differs from the name: the top-level parser's --version (print hwtui's version) shares the namespace
+    parser.add_argument("--version", dest="plan_version", metavar="V",
+                        help="version of these weights (default: derived from their checksums)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan (atomically)")
     parser.add_argument("--manifest", metavar="FILE", help="also write the manifest of this version (the next --prev)")
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if bucket_bytes <= 0:
         raise HwtuiError("--bucket-mb must be positive")
     t0 = time.perf_counter()
-    plan = build_plan_from_files(args.weights, model=args.model, version=args.version, bucket_bytes=bucket_bytes,
+    plan = build_plan_from_files(args.weights, model=args.model, version=args.plan_version, bucket_bytes=bucket_bytes,
                                  align=args.align, prev_path=args.prev)
     write_json_atomic(args.output, plan)
     if args.manifest:

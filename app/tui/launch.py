@@ -21,20 +21,19 @@ def host_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_tui(args: argparse.Namespace) -> int:
-    from hwtui.probes.host import make_host
+    from hwtui.app.commands._host import host_from_args
 
-    try:
-        host = make_host(getattr(args, "sysroot", None), getattr(args, "replay", None))
-    except ValueError as exc:
-        raise HwtuiError(str(exc)) from None
+    interval = getattr(args, "interval", None)
+    if interval is not None and not 0.05 <= interval <= 3600:
+        raise HwtuiError(f"--interval {interval}: choose between 0.05 and 3600 seconds")
+    host = host_from_args(args)
 
     from hwtui.app.tui.app import HwtuiApp
     from hwtui.app.tui.config import TuiConfig, config_path
 
     config_file = config_path()
     config = TuiConfig.load(config_file)
-    interval = getattr(args, "interval", None)
-    if interval:
+    if interval is not None:
         config.interval = float(interval)
     app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args))
     result = app.run()

@@ -41,6 +41,13 @@ def _num(value: Any, default: float = 0.0) -> float:
         return default
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 @dataclass
 class Replication:
     start: dict[str, Any] = field(default_factory=dict)
@@ -79,6 +86,9 @@ class Replication:
         if bucket_id in self.lanes:
             if state not in ACTIVE_STATES:
                 self.lanes[self.lanes.index(bucket_id)] = None
+                # Overflow lanes go away once they are free again: the window is the normal shape.
+                while len(self.lanes) > max(self.window, 1) and self.lanes[-1] is None:
+                    self.lanes.pop()
             return
         if state not in ACTIVE_STATES:
             return
@@ -254,7 +264,7 @@ class RunState:
             self.repl.elapsed_s = _num(d["seconds"])
         ok = bool(d.get("ok"))
         self._log(("info" if ok else "error", f"replication {'done' if ok else 'FAILED'}: "
-                                                    f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.1f} s"))
+                                                    f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.3g} s"))
         if not ok:
             self.errors.append(self.log[-1][1])
 
@@ -338,7 +348,7 @@ class RunState:
             frac = 1.0 if r.done and r.done.get("ok") else (r.bytes_done / total if total else 0.0)
             rate = r.bytes_done / r.elapsed_s if r.elapsed_s > 0 else 0.0
             eta = (total - r.bytes_done) / rate if rate > 0 and not r.done else (0.0 if r.done else None)
-            return min(frac, 1.0), eta, f"{r.bytes_done / 1e9:.2f} / {total / 1e9:.2f} GB"
+            return min(frac, 1.0), eta, f"{_size(r.bytes_done)} / {_size(total)}"
         if self.mode == "train":
             tr = self.train
             steps = tr.steps

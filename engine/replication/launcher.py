@@ -405,6 +405,7 @@ def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]
     failure: tuple[str, int] | None = None
     fail_at: float | None = None
     all_exited_at: float | None = None
+    transport_err_at: float | None = None
     ready: set[int] = set()
     # The watchdog: peers normally name a hung rank through their own timeouts; this catches the rest.
     init_stall = timeouts["init"] + 60.0  # includes interpreter start and `import torch` on a loaded host
@@ -446,7 +447,11 @@ def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]
                         failure = (f"rank {r} {_signal_text(code)} (last reported: {coord.progress[r][1]}); "
                                    "nothing was committed",
                                    EXIT_FAILED)
-            if failure is None and any(ev.where == "transport" for ev in coord.errors):
+            if transport_err_at is None and any(ev.where == "transport" for ev in coord.errors):
+                transport_err_at = now
+            # A peer sees a dead rank's socket close a moment before the dead rank can be reaped:
+            # wait briefly so a death is reported as a death, not as a hang.
+            if failure is None and transport_err_at is not None and now - transport_err_at > 0.5:
                 suspects = [r for r, c in exited.items() if c is None and r not in {e.rank for e in coord.errors}]
                 if suspects or all(c is not None for c in exited.values()):
                     failure = (_hung_text(coord, suspects) if suspects else _failure_text(coord) or "transport failure",

@@ -84,18 +84,42 @@ def choose_transport(device: str, override: str | None = None, *, rocm: bool = F
     return TransportChoice(name, BACKENDS[name], comm, LINES[name], reason)
 
 
-def detect_facts(device: str, env: dict[str, str]) -> dict[str, bool]:
-    """The facts choose_transport needs, read from torch and the launcher environment."""
-    import torch
+def torch_build(version_py: str | None = None) -> dict[str, str | None]:
+    """``__version__``, ``cuda``, ``hip``, ``xpu`` from torch/version.py, parsed, never imported:
+    the launcher must not pay for (or crash on) ``import torch``; only the workers import it."""
+    import importlib.util
+    import re
+    from pathlib import Path
 
+    if version_py is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.origin:
+            raise HwtuiError("torch is not installed: pip install 'hwtui[engine]'")
+        version_py = str(Path(spec.origin).with_name("version.py"))
+    try:
+        text = Path(version_py).read_text(encoding="utf-8")
+    except OSError:
+        return {"__version__": None, "cuda": None, "hip": None, "xpu": None}
+    out: dict[str, str | None] = {}
+    for key in ("__version__", "cuda", "hip", "xpu"):
+        m = re.search(rf"^{key}\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        out[key] = m.group(1) if m else None
+    return out
+
+
+def detect_facts(device: str, env: dict[str, str], build: dict[str, str | None] | None = None) -> dict[str, bool]:
+    """The facts choose_transport needs, from the torch build and the launcher environment."""
+    build = build if build is not None else torch_build()
     world = int(env.get("WORLD_SIZE", "1") or 1)
     local = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
-    facts = {"rocm": bool(getattr(torch.version, "hip", None)), "multi_node": local < world, "xccl_available": False}
-    if device == "xpu":
-        import torch.distributed as dist
-
-        facts["xccl_available"] = bool(getattr(dist, "is_xccl_available", lambda: False)())
-    return facts
+    version = (build.get("__version__") or "0.0").split("+")[0].split(".")
+    try:
+        major_minor = (int(version[0]), int(version[1]))
+    except (ValueError, IndexError):
+        major_minor = (0, 0)
+    # Upstream XPU wheels ship the xccl backend from torch 2.8 on; older setups need oneCCL bindings.
+    xccl = bool(build.get("xpu")) and major_minor >= (2, 8)
+    return {"rocm": bool(build.get("hip")), "multi_node": local < world, "xccl_available": xccl}
 
 
 def prepare_backend(choice: TransportChoice, local_rank: int) -> None:

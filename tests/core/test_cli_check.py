@@ -143,3 +143,9 @@ def test_version_and_help_are_fast_and_lazy():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     r = hwtui("--version")
     assert r.returncode == 0 and r.stdout.startswith("hwtui ")
+
+
+@pytest.mark.parametrize("args", [("--interval", "0"), ("--interval", "abc"), ("--sysroot", "/a", "--replay", "/b")])
+def test_tui_usage_errors_exit_2_before_starting(args):
+    r = hwtui(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -228,9 +228,10 @@ def test_changed_or_missing_weight_file_is_bad_input(model, tmp_path, capsys):
 def test_plan_cli_writes_plan_and_manifest(model, tmp_path, capsys):
     d, _ = model
     code = main(["plan", "--weights", *files(d), "--bucket-mb", "0.05", "-o", str(tmp_path / "p.json"),
-                 "--manifest", str(tmp_path / "m.json")])
-    assert code == 0
+                 "--manifest", str(tmp_path / "m.json"), "--version", "2024-06-01.1", "--model", "tiny"])
+    assert code == 0 and "hwtui 0." not in capsys.readouterr().out  # not the top-level --version
     plan = load_plan(tmp_path / "p.json")
+    assert (plan["version"], plan["model"], plan["bucket_bytes"]) == ("2024-06-01.1", "tiny", int(0.05 * (1 << 20)))
     man = json.loads((tmp_path / "m.json").read_text())
     assert man["version"] == plan["version"] and len(man["tensors"]) == len(plan["tensors"])
     assert main(["plan", "--weights", str(tmp_path / "nope.safetensors"), "-o", str(tmp_path / "q.json")]) == 2
@@ -342,3 +343,18 @@ def test_joined_world_from_torchrun_and_slurm_env():
     assert (sl["rank"], sl["world_size"], sl["local_world_size"]) == (5, 16, 8)
     with pytest.raises(HwtuiError, match="MASTER_ADDR"):
         joined_world({"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_torch_build_is_parsed_not_imported(tmp_path):
+    from hwtui.engine.replication.transport import detect_facts, torch_build
+
+    v = tmp_path / "version.py"
+    v.write_text("__version__ = '2.5.1+rocm6.2'\ncuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133'\n")
+    build = torch_build(str(v))
+    assert build == {"__version__": "2.5.1+rocm6.2", "cuda": None, "hip": "6.2.41133", "xpu": None}
+    assert detect_facts("cuda", {"WORLD_SIZE": "2"}, build)["rocm"] is True
+    xpu = {"__version__": "2.8.0+xpu", "cuda": None, "hip": None, "xpu": "20250101"}
+    assert detect_facts("xpu", {}, xpu)["xccl_available"] is True
+    assert detect_facts("cuda", {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, build)["multi_node"] is True
+    here = torch_build()
+    assert here["__version__"] and here["__version__"].split("+")[0] in torch.__version__

@@ -77,7 +77,7 @@ class FixedSampler:
     """Deterministic device figures: a function of the poll number, so snapshots are stable."""
 
     def __init__(self, host, devices, n: int | None = None):
-        from hwtui.app.tui.device_sampler import Sample
+        from hwtui.probes.sampling import DeviceSample as Sample
 
         self.Sample = Sample
         self.keys = [(d.device, d.name) for d in devices if d.device][: n or None] or []
@@ -90,7 +90,7 @@ class FixedSampler:
         out = [self.Sample(key, name, (20 + 7 * i) * 2**30, 80 * 2**30, float((p * 13 + i * 17) % 100),
                            40.0 + (p + i) % 30, 150.0 + (p * 31 + i * 11) % 500, 700.0)
                for i, (key, name) in enumerate(self.keys)]
-        out.append(self.Sample("cpu", "CPU", 16 * 2**30, 64 * 2**30, float((p * 7) % 100)))
+        out.append(self.Sample("cpu", "CPU", 16 * 2**30, 64 * 2**30, float((p * 7) % 100), None, None, None))
         return out
 
     def close(self):

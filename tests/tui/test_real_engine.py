@@ -9,13 +9,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
 from hwtui.widgets.bucket_lanes import BucketLanes
 from hwtui.widgets.progress_eta import ProgressEta
 from hwtui.widgets.worker_table import WorkerTable
+
 from tests.tui.conftest import FixedSampler, wait_for
 
 pytestmark = [

@@ -59,7 +59,7 @@ class EngineScreen(WizardStep):
         with Horizontal(id="choices"):
             yield Label("Engine")
             yield ChoiceToggle([("replicate", "replicate"), ("train", "train")], cfg.mode, id="mode")
-            yield Label(" Replicate from")
+            yield Label(" Source")
             yield ChoiceToggle([("plan", "plan"), ("weights", "weights")], cfg.source, id="source")
         with Grid(id="form"):
             for fid, label, attr, kind, _dkey in FIELDS:

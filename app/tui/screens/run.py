@@ -52,6 +52,7 @@ class RunScreen(WizardStep):
     DEFAULT_CSS = """
     RunScreen .step-body { padding: 0 1; }
     RunScreen #views { height: auto; }
+    RunScreen #views > Vertical { height: auto; }
     RunScreen #devices-title, RunScreen #log-title { height: 1; text-style: bold; }
     RunScreen.-short DevicePanel { max-height: 4; }
     RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 4; }
