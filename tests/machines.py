@@ -23,6 +23,14 @@ def _base(fs: FakeSys) -> None:
     fs.file("/proc/meminfo", "MemTotal:       65536000 kB\n")
     fs.file("/etc/os-release", 'PRETTY_NAME="Test Linux 12"\n')
     fs.facts(user={"uid": 1000, "gid": 1000, "groups": [1000], "name": "alice"})
+    # Every real machine has a loopback and one wired interface (flags IFF_UP|IFF_LOOPBACK / IFF_UP).
+    for name, flags, arphrd, state, mac in (("lo", 0x9, 772, "unknown", "00:00:00:00:00:00"),
+                                            ("eth0", 0x1003, 1, "up", "02:42:ac:11:00:02")):
+        fs.file(f"/sys/class/net/{name}/flags", f"0x{flags:x}\n")
+        fs.file(f"/sys/class/net/{name}/type", f"{arphrd}\n")
+        fs.file(f"/sys/class/net/{name}/operstate", f"{state}\n")
+        fs.file(f"/sys/class/net/{name}/address", f"{mac}\n")
+    fs.facts(**{"dist.if_addrs": {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"]}})
 
 
 def nvidia_gpu(fs: FakeSys, addr: str, device: int, index: int, *, driver: str = "nvidia", numa: int = 0,
