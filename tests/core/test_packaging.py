@@ -1,5 +1,6 @@
 """The wheel installs everything under the hwtui namespace and nothing generic at top level."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,8 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    src = tmp_path_factory.mktemp("src") / "hwtui"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                              ".pytest_cache", ".ruff_cache", ".hypothesis"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                        str(ROOT)], capture_output=True, text=True, timeout=300)
+                        str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     (whl,) = out.glob("hwtui-*.whl")
     return zipfile.ZipFile(whl)
