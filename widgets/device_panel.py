@@ -1,44 +1,143 @@
-"""Every sampled device, one line each: name, memory bar, util / temp / power sparklines.
+"""Every sampled device in ONE widget: key, memory bar with used/total, util / temp / power sparklines.
 
-Rows are created once per device key and then only updated, so a 1 Hz refresh repaints a few
-one-line widgets instead of rebuilding the panel.
+Why one widget: with a label, a row container, a memory bar and a sparkline widget per device,
+a 1 Hz refresh of 8 GPUs made Textual update, render and composite ~47 widgets, which alone was
+over the dashboard's 5 ms UI-thread budget (issue 7). Here a refresh stores a reference to the
+history and marks one widget dirty; its lines are drawn once per tick, lazily on the first
+``render_line`` after it, with the pure functions of ``memory_bar`` and ``sparkline_panel``
+(nvitop draws its device panel the same way). Drawing all rows together also lets the columns
+line up across devices.
+
+One line per device when the width allows a readable bar and sparklines; otherwise two (memory
+on the first, sparklines under it). The panel scrolls when it is given less height than it needs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from hwtui.widgets.memory_bar import MemoryBar
-from hwtui.widgets.sparkline_panel import SparklinePanel
-from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import Label
+from hwtui.widgets.memory_bar import memory_label, memory_segments
+from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+KEY_MAX = 12  # a longer device key is cut: the full name is in the row's tooltip
+MIN_BAR, MIN_SPARK = 4, 4  # below these the one-line layout stops being readable: go to two lines
 
 
-class _DeviceRow(Horizontal):
-    DEFAULT_CSS = """
-    _DeviceRow { height: 1; }
-    _DeviceRow > Label { width: 8; }
-    """
+@dataclass(frozen=True)
+class _Layout:
+    two_lines: bool
+    key: int  # key column, its trailing space included
+    bar: int
+    label: int  # memory label, right-aligned
+    spark: int  # each sparkline
+    values: tuple[int, ...]  # each metric's value column
 
 
-class DevicePanel(VerticalScroll):
-    DEFAULT_CSS = "DevicePanel { height: auto; max-height: 9; }"
+class DevicePanel(ScrollView, can_focus=True):
+    DEFAULT_CSS = "DevicePanel { height: auto; max-height: 9; overflow-x: hidden; }"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._rows: dict[str, tuple[MemoryBar, SparklinePanel]] = {}
+        self.keys: tuple[str, ...] = ()  # the devices shown, in order
+        self._history: Any = None
+        self._two_lines = False
+        self._strips: list[Strip] | None = None  # this tick's lines; None: draw on the next render
+        self._drawn_width = -1
+        self._base = Style()
+        self._tooltip_row = -1
 
+    # -- data ---------------------------------------------------------------------------------
     def update_from(self, history: Any) -> None:
-        for key in history.keys():
-            if key not in self._rows:
-                sample = history.latest[key]
-                mem, sparks = MemoryBar(), SparklinePanel()
-                label = Label(key, classes="device-key")
-                label.tooltip = getattr(sample, "name", key)
-                self.mount(_DeviceRow(label, mem, sparks))
-                self._rows[key] = (mem, sparks)
-            sample = history.latest[key]
-            mem, sparks = self._rows[key]
-            mem.set_memory(sample.mem_used, sample.mem_total)
-            series = history.series[key]
-            sparks.set_series(series["util"], series["temp_c"], series["power_w"], getattr(sample, "power_limit_w", None))
+        """Show ``history`` (a DeviceHistory): O(1) here, the drawing happens at the next repaint."""
+        self._history = history
+        self.keys = tuple(history.keys())
+        self._strips = None
+        self._sync_height()
+        self.refresh()
+
+    def lines(self, width: int | None = None) -> list[str]:
+        """The panel's text, one string per line (what tests and screen readers get)."""
+        width = self.scrollable_content_region.width if width is None else width
+        return [strip.text for strip in self._draw(width, Style())]
+
+    # -- layout -------------------------------------------------------------------------------
+    def _rows(self) -> list[tuple[str, Any, dict[str, Any]]]:
+        history = self._history
+        return [(key, history.latest[key], history.series[key]) for key in self.keys] if history else []
+
+    def _layout(self, width: int, rows: list[tuple[str, Any, dict[str, Any]]], two_lines: bool | None = None) -> _Layout:
+        key = min(max((len(k) for k, _, _ in rows), default=3), KEY_MAX) + 1
+        label = max((len(memory_label(s.mem_used, s.mem_total)) for _, s, _ in rows), default=5)
+        values = tuple(max((len(metric_value(getattr(s, m.attr, None), m.unit)) for _, s, _ in rows), default=2)
+                       for m in METRICS)
+        metrics_fixed = sum(metric_fixed_width(m, w) for m, w in zip(METRICS, values, strict=True))
+        flex = width - key - 1 - label - metrics_fixed
+        if two_lines is None:
+            two_lines = flex < MIN_BAR + len(METRICS) * MIN_SPARK
+        if two_lines:
+            spark = max((width - max(key - 2, 0) - metrics_fixed) // len(METRICS), 1)
+            return _Layout(True, key, max(width - key - 1 - label, 1), label, spark, values)
+        spark = max(flex * 4 // 5 // len(METRICS), MIN_SPARK)
+        return _Layout(False, key, max(flex - spark * len(METRICS), MIN_BAR), label, spark, values)
+
+    def _sync_height(self) -> None:
+        # Decided on the width without the scrollbar gutter, so a scrollbar appearing cannot flip
+        # the layout (and the height with it) back and forth.
+        two_lines = self._layout(self.size.width, self._rows()).two_lines if self.size.width else False
+        height = len(self.keys) * (2 if two_lines else 1)
+        self._two_lines = two_lines
+        if self.virtual_size.height != height:
+            self.virtual_size = Size(0, height)
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self._sync_height()
+        self._strips = None
+
+    # -- drawing ------------------------------------------------------------------------------
+    def _draw(self, width: int, base: Style) -> list[Strip]:
+        rows = self._rows()
+        if not rows or width <= 0:
+            return []
+        lay = self._layout(width, rows, self._two_lines)
+        strips = []
+        for key, sample, series in rows:
+            head = [Segment(key[: lay.key - 1].ljust(lay.key), base)]
+            head += memory_segments(sample.mem_used, sample.mem_total, lay.bar, lay.label, base)
+            tail: list[Segment] = []
+            for metric, value_width in zip(METRICS, lay.values, strict=True):
+                tail += metric_segments(metric, series[metric.attr], lay.spark, value_width, base,
+                                        getattr(sample, "power_limit_w", None))
+            if lay.two_lines:
+                strips.append(Strip(head).adjust_cell_length(width, base))
+                strips.append(Strip([Segment(" " * max(lay.key - 2, 0), base), *tail]).adjust_cell_length(width, base))
+            else:
+                strips.append(Strip(head + tail).adjust_cell_length(width, base))
+        return strips
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width  # narrower while the scrollbar shows
+        if self._strips is None or self._drawn_width != width:
+            self._base = self.rich_style
+            self._strips, self._drawn_width = self._draw(width, self._base), width
+        index = y + self.scroll_offset.y
+        return self._strips[index] if 0 <= index < len(self._strips) else Strip.blank(width, self._base)
+
+    def notify_style_update(self) -> None:
+        # Theme, NO_COLOR toggle or a class change on an ancestor: the cached lines carry old styles.
+        super().notify_style_update()
+        self._strips = None
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        # The full device name ("NVIDIA H100 80GB HBM3") as the tooltip of the row under the pointer.
+        row = (event.y + self.scroll_offset.y) // (2 if self._two_lines else 1)
+        if row != self._tooltip_row:
+            self._tooltip_row = row
+            sample = self._history.latest.get(self.keys[row]) if self._history and 0 <= row < len(self.keys) else None
+            self.tooltip = getattr(sample, "name", None) if sample is not None else None

@@ -1,48 +1,41 @@
-"""One device's memory: a bar plus used / total, sized to whatever width it is given.
+"""One device's memory drawn as a bar plus ``used/total``: pure functions, no widget.
 
-Drawn with the line API (one Strip of a few Segments) rather than a Rich renderable: eight of
-these repaint every second, and skipping the Text -> Visual conversion is most of their cost.
+The device panel draws every device in one widget (one Strip per line) so a 1 Hz refresh of
+many devices repaints one widget instead of dozens; these functions give it the memory column.
+The numbers are always printed next to the bar, so it reads the same with NO_COLOR (colour only
+repeats what the length and the numbers already say).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from hwtui.widgets._draw import bar, gib
 from rich.segment import Segment
 from rich.style import Style
-from textual.strip import Strip
-from textual.widget import Widget
 
-_LEVEL = {"ok": Style(color="green"), "high": Style(color="yellow"), "full": Style(color="red"), "none": Style(dim=True)}
+LEVEL_STYLES = {"ok": Style(color="green"), "high": Style(color="yellow"), "full": Style(color="red"), "none": Style(dim=True)}
 
 
-class MemoryBar(Widget):
-    DEFAULT_CSS = "MemoryBar { height: 1; width: 1fr; min-width: 16; }"
+def memory_label(used: int | None, total: int | None) -> str:
+    """``"12.0G/80.0G"``, or ``"mem ?"`` when the total is unknown (nothing to scale a bar to)."""
+    return f"{gib(used)}/{gib(total)}" if total else "mem ?"
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.used: int | None = None
-        self.total: int | None = None
 
-    def set_memory(self, used: int | None, total: int | None) -> None:
-        if (used, total) != (self.used, self.total):
-            self.used, self.total = used, total
-            self.refresh()
+def memory_level(used: int | None, total: int | None) -> str:
+    """``ok`` / ``high`` (> 75 %) / ``full`` (> 90 %), or ``none`` when it cannot be told."""
+    if not total or used is None:
+        return "none"
+    frac = used / total
+    return "full" if frac > 0.9 else "high" if frac > 0.75 else "ok"
 
-    def text(self, width: int) -> tuple[str, str, str]:
-        """``(bar, label, level)`` for ``width`` cells; also what tests read."""
-        label = f" {gib(self.used)}/{gib(self.total)}" if self.total else " mem ?"
-        bar_w = max(width - len(label), 1)
-        if not self.total or self.used is None:
-            return "·" * bar_w, label, "none"
-        frac = self.used / self.total
-        return bar(frac, bar_w), label, "full" if frac > 0.9 else "high" if frac > 0.75 else "ok"
 
-    def render_line(self, y: int) -> Strip:
-        if y:
-            return Strip.blank(self.size.width, self.rich_style)
-        base = self.rich_style
-        drawn, label, level = self.text(self.size.width)
-        strip = Strip([Segment(drawn, base + _LEVEL[level]), Segment(label, base)])
-        return strip.adjust_cell_length(self.size.width, base)
+def memory_bar_text(used: int | None, total: int | None, width: int) -> str:
+    """The bar alone, ``width`` cells; dots when the figures are unknown."""
+    if not total or used is None:
+        return "·" * max(width, 0)
+    return bar(used / total, width)
+
+
+def memory_segments(used: int | None, total: int | None, bar_width: int, label_width: int, base: Style) -> list[Segment]:
+    """Bar, a space, and the label right-aligned in ``label_width`` cells (so columns line up)."""
+    return [Segment(memory_bar_text(used, total, bar_width), base + LEVEL_STYLES[memory_level(used, total)]),
+            Segment(" " + memory_label(used, total).rjust(label_width), base)]

@@ -83,7 +83,7 @@ async def test_walk_the_wizard_and_watch_a_replication(snapshots, tmp_path):
         assert progress.status == "done" and progress.fraction == 1.0
         assert "100.0%" in str(progress.render())
         # Devices sampled live by the sampler worker: 8 GPUs and the CPU.
-        await wait_for(pilot, lambda: len(run.query_one(DevicePanel)._rows) == 9)
+        await wait_for(pilot, lambda: len(run.query_one(DevicePanel).keys) == 9)
         # Choices were remembered.
         saved = json.loads(config_path().read_text())
         assert saved["plan"] == str(plan) and saved["device"] == "cpu" and saved["nproc"] == 2
