@@ -61,7 +61,8 @@ def test_device_and_option_errors_are_one_line_exit_2(tmp_path, capsys, argv, ne
 def stop_resume(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     ckpt = tmp / "ckpt"
-    a = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--checkpoint-dir", str(ckpt),
+    # --eval-every 1: every merge round reports held-out losses (the tests below compare them all).
+    a = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
               "--events", "-", "--report", str(tmp / "a.json"))
     lines, ckpts = [], 0
     deadline = time.monotonic() + 150
@@ -82,7 +83,8 @@ def stop_resume(tmp_path_factory):
 
     found = checkpoint.latest(ckpt)
     a_latest = found[1] if found else None
-    b = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--checkpoint-dir", str(ckpt), "--resume",
+    b = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
+              "--resume",
               "--events", str(tmp / "b.jsonl"), "--report", str(tmp / "b.json"))
     b_out, b_err = b.communicate(timeout=150)
     return {"a_rc": a_rc, "a_events": events_of("".join(lines)), "a_err": a_err, "a_report": tmp / "a.json",
@@ -157,7 +159,8 @@ def test_loss_goes_down_and_merged_model_beats_the_workers_mean(stop_resume):
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lossy")
-    p = hwtui("train", "--gpu-ids", "cpu:0,cpu:1,cpu:2", "--steps", "30", *COMMON, "--events", str(tmp / "ev.jsonl"),
+    p = hwtui("train", "--gpu-ids", "cpu:0,cpu:1,cpu:2", "--steps", "30", *COMMON, "--eval-every", "2",
+              "--events", str(tmp / "ev.jsonl"),
               "--report", str(tmp / "r.json"), env={"HWTUI_TEST_FAULT": "2:kill:chunk=4,1:kill:merge=2"})
     out, err = p.communicate(timeout=200)
     return {"rc": p.returncode, "err": err, "out": out, "events": events_of((tmp / "ev.jsonl").read_text()),
@@ -192,6 +195,10 @@ def test_lost_workers_chunks_are_requeued_and_every_chunk_counted_once(lossy):
     assert rep["samples_discarded"] == sum(w["samples_discarded"] for w in rep["workers"]) > 0
     merges = [e for e in lossy["events"] if e["kind"] == "train.merge"]
     assert [m["step"] for m in merges] == [10, 20, 30] and merges[-1]["shares"] == [1.0, 0.0, 0.0]
+    # --eval-every 2: held-out losses on round 2 and on the last round only; round 1 merged without evaluating.
+    assert [m["loss_merged"] is not None for m in merges] == [False, True, True]
+    assert [m["loss_workers_mean"] is not None for m in merges] == [False, True, True]
+    assert lossy["events"][-1]["final_loss"] == merges[-1]["loss_merged"]
     assert lossy["events"][-1]["kind"] == "train.done" and lossy["events"][-1]["ok"] is True
 
 

@@ -73,6 +73,7 @@ class RunScreen(WizardStep):
         self._sampler: Any = None
         self._sampler_lock = threading.Lock()
         self._polling = False
+        self._sampling_failed = False
         self._errors_notified = 0
         self.pending_run = False  # set by the Engine step; the run starts once this screen shows
 
@@ -137,8 +138,12 @@ class RunScreen(WizardStep):
 
     def on_samples_ready(self, msg: SamplesReady) -> None:
         if msg.error:
+            self._sampling_failed = True
             self.query_one("#devices-title", Static).update(f"devices (sampling failed: {msg.error})")
         elif msg.samples:
+            if self._sampling_failed:  # recovered: drop the stale error (only then: a Static update costs a repaint)
+                self._sampling_failed = False
+                self.query_one("#devices-title", Static).update("devices")
             self.history.add(msg.samples)
             self.query_one(DevicePanel).update_from(self.history)
         if self._polling:  # re-arm only now: the next poll starts a full interval after this one ended
