@@ -16,13 +16,20 @@ How the solo rates are measured, so that they are comparable with the pair run:
   window (first claim to last commit, startup and shutdown excluded), merges included, with rounds
   as long in steps as the pair's; the slow solo trains fewer steps (whole rounds) so that both
   solos last about as long as the pair run;
+* under the same contention: the machine has 2 cores shared with other jobs, and in the pair run
+  both workers (and whatever else runs) compete for them; a worker alone on the machine does not
+  see that. So the headline solo rates come from the two one-worker runs started *together*
+  (two independent jobs, no merging between them: perfect balancing by construction, same CPU
+  demand as the pair). The solos run one after the other (``alone``) are printed as well;
 * interleaved: every repeat measures both solos right before its pair runs, so a shared machine's
   load drift hits numerator and denominator alike; each figure is the median over repeats of the
   per-repeat ratio.
 
 Three figures per balance, labelled:
 
-* ``solo``: the definition above (the target, >= 0.95 for dynamic);
+* ``solo``: the definition above with the concurrent solos (the target, >= 0.95 for dynamic);
+* ``alone``: with the solos run one after the other (optimistic on a loaded machine: a worker
+  alone there gets more CPU than either worker of the pair);
 * ``vs compute``: against the solos' pure compute rates (samples / seconds spent inside batches):
   stricter, it also charges the merge rounds and evaluations themselves;
 * ``in-run``: against each worker's own compute rate inside the same pair run (immune to load drift
@@ -53,22 +60,42 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(gpu_ids: str, balance: str, steps: int, batch: int, merge_every: int, eval_every: int | None,
-        slowdown: str = "") -> dict:
+def start(tmp: str, gpu_ids: str, balance: str, steps: int, batch: int, merge_every: int, eval_every: int | None,
+          slowdown: str = "") -> tuple[subprocess.Popen, list[str], Path]:
+    report = Path(tempfile.mkdtemp(dir=tmp)) / "report.json"
+    env = dict(os.environ)
+    env.pop("HWTUI_TEST_SLOWDOWN", None)
+    if slowdown:
+        env["HWTUI_TEST_SLOWDOWN"] = slowdown
+    cmd = [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", gpu_ids, "--balance", balance, "--steps", str(steps),
+           "--batch-size", str(batch), "--merge-every", str(merge_every), "--report", str(report)]
+    if eval_every is not None:
+        cmd += ["--eval-every", str(eval_every)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return proc, cmd, report
+
+
+def finish(proc: subprocess.Popen, cmd: list[str], report: Path) -> dict:
+    try:
+        _, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit(f"{' '.join(cmd)} took over 900 s") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()[-500:]}")
+    return json.loads(report.read_text())
+
+
+def run(*args, **kw) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        env = dict(os.environ)
-        env.pop("HWTUI_TEST_SLOWDOWN", None)
-        if slowdown:
-            env["HWTUI_TEST_SLOWDOWN"] = slowdown
-        cmd = [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", gpu_ids, "--balance", balance, "--steps", str(steps),
-               "--batch-size", str(batch), "--merge-every", str(merge_every), "--report", str(report)]
-        if eval_every is not None:
-            cmd += ["--eval-every", str(eval_every)]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-        return json.loads(report.read_text())
+        return finish(*start(tmp, *args, **kw))
+
+
+def run_together(*jobs: tuple) -> list[dict]:
+    """Independent one-worker runs at the same time: each solo under the pair's CPU contention."""
+    with tempfile.TemporaryDirectory() as tmp:
+        started = [start(tmp, *a, **kw) for a, kw in jobs]
+        return [finish(*x) for x in started]
 
 
 def seconds_per_batch(rep: dict, rank: int) -> float:
@@ -91,8 +118,8 @@ def main() -> int:
     args = ap.parse_args()
     s, b, m, f, ev = args.steps, args.batch_size, args.merge_every, args.factor, args.eval_every
     balances = [x for x in args.balances.split(",") if x]
-    # The slow solo trains whole rounds lasting about as long as the fast solo's run (same window kind).
-    slow_steps = max(m, math.ceil(s / f / m) * m)
+    # The slow solo trains 1/FACTOR of the steps: it lasts about as long as the fast solo (same window).
+    slow_steps = max(1, math.ceil(s / f))
     figures: dict = {"factor": f, "steps": s, "batch_size": b, "merge_every": m, "eval_every": ev,
                      "solo_steps": {"fast": s, "slow": slow_steps}}
     print(f"settings: pair {s} steps, --merge-every {m} (rounds of {2 * m} chunks), --batch-size {b}, "
@@ -101,7 +128,8 @@ def main() -> int:
 
     solo: dict[str, list[dict]] = {"fast": [], "slow": []}
     pair: dict[str, list[dict]] = {x: [] for x in balances}
-    eff: dict[str, dict[str, list[float]]] = {x: {"solo": [], "vs_compute": [], "in_run": []} for x in balances}
+    eff: dict[str, dict[str, list[float]]] = {x: {"solo": [], "alone": [], "vs_compute": [], "in_run": []} for x in balances}
+    together: dict[str, list[float]] = {"fast": [], "slow": []}
     knob: dict[str, list[float]] = {"solo": [], **{x: [] for x in balances}}
     for i in range(args.repeats):
         fast = run("cpu:0", "dynamic", s, b, m, ev)
@@ -109,14 +137,21 @@ def main() -> int:
         solo["fast"].append(fast)
         solo["slow"].append(slow)
         knob["solo"].append(seconds_per_batch(slow, 0) / seconds_per_batch(fast, 0))
-        ideal = fast["samples_per_s"] + slow["samples_per_s"]
+        fast_t, slow_t = run_together((("cpu:0", "dynamic", s, b, m, ev), {}),
+                                      (("cpu:0", "dynamic", slow_steps, b, m, ev), {"slowdown": f"0:{f}"}))
+        together["fast"].append(fast_t["samples_per_s"])
+        together["slow"].append(slow_t["samples_per_s"])
+        alone = fast["samples_per_s"] + slow["samples_per_s"]
+        ideal = fast_t["samples_per_s"] + slow_t["samples_per_s"]
         ideal_compute = fast["workers"][0]["busy_samples_per_s"] + slow["workers"][0]["busy_samples_per_s"]
-        line = [f"repeat {i + 1}: solo fast {fast['samples_per_s']:.1f}/s slow {slow['samples_per_s']:.1f}/s"]
+        line = [f"repeat {i + 1}: solo alone fast {fast['samples_per_s']:.1f}/s slow {slow['samples_per_s']:.1f}/s, "
+                f"together fast {fast_t['samples_per_s']:.1f}/s slow {slow_t['samples_per_s']:.1f}/s"]
         for balance in balances:
             rep = run("cpu:0,cpu:1", balance, s, b, m, ev, slowdown=f"1:{f}")
             pair[balance].append(rep)
             rate = rep["samples_per_s"]
             eff[balance]["solo"].append(rate / ideal)
+            eff[balance]["alone"].append(rate / alone)
             eff[balance]["vs_compute"].append(rate / ideal_compute)
             eff[balance]["in_run"].append(rate / sum(w["busy_samples_per_s"] for w in rep["workers"]))
             knob[balance].append(seconds_per_batch(rep, 1) / seconds_per_batch(rep, 0))
@@ -135,7 +170,9 @@ def main() -> int:
         "slow_compute_samples_per_s": [r["workers"][0]["busy_samples_per_s"] for r in solo["slow"]],
     }
     figures["knob_ratio"] = {k: [round(x, 3) for x in v] for k, v in knob.items()}
-    print(f"solo (median): fast {fast_rate:.1f} samples/s, slow (x{f:g}) {slow_rate:.1f} samples/s")
+    figures["solo"] |= {"together_fast_samples_per_s": together["fast"], "together_slow_samples_per_s": together["slow"]}
+    print(f"solo alone (median): fast {fast_rate:.1f} samples/s, slow (x{f:g}) {slow_rate:.1f} samples/s; together: "
+          f"fast {med(together['fast']):.1f}, slow {med(together['slow']):.1f}")
     print("knob check, slow/fast seconds per batch (median): solo " + f"{med(knob['solo']):.2f}"
           + "".join(f", {x} pair {med(knob[x]):.2f}" for x in balances) + f" (target {f:g})")
     for balance in balances:
@@ -144,13 +181,14 @@ def main() -> int:
         shares = [round(statistics.median(r["workers"][k]["samples"] / max(1, r["samples"]) for r in reps), 3)
                   for k in range(2)]
         rounds = statistics.median(r["train_seconds"] / max(1, len(r["rounds"])) for r in reps)
-        figures[balance] = {"efficiency": round(e["solo"], 4), "efficiency_vs_compute": round(e["vs_compute"], 4),
+        figures[balance] = {"efficiency": round(e["solo"], 4), "efficiency_alone": round(e["alone"], 4),
+                            "efficiency_vs_compute": round(e["vs_compute"], 4),
                             "efficiency_in_run": round(e["in_run"], 4),
                             "runs": {k: [round(x, 4) for x in v] for k, v in eff[balance].items()},
                             "samples_per_s": [r["samples_per_s"] for r in reps], "shares_median": shares,
                             "round_seconds_median": round(rounds, 2), "final_loss": [r["final_loss"] for r in reps]}
         print(f"{balance:8s}: efficiency (solo) {e['solo']:.3f} [runs {', '.join(f'{x:.3f}' for x in eff[balance]['solo'])}]; "
-              f"vs compute {e['vs_compute']:.3f}; in-run {e['in_run']:.3f}; shares {shares[0]:.0%}/{shares[1]:.0%}; "
+              f"alone {e['alone']:.3f}; vs compute {e['vs_compute']:.3f}; in-run {e['in_run']:.3f}; shares {shares[0]:.0%}/{shares[1]:.0%}; "
               f"rounds {rounds:.1f}s")
 
     if args.mixed:

@@ -1,38 +1,93 @@
-"""The cluster smoke test: nodes that reported, mismatches, all-reduce correctness, bandwidth."""
+"""The cluster smoke test: verdict, nodes that reported, correctness and the bandwidth table.
+
+Bandwidth is laid out as nccl-tests prints it (one row per message size, algbw and busbw per
+collective) so figures can be compared with a run of nccl-tests on the same cluster. Verdicts are
+words (PASSED / FAILED / ok), never colour alone, so the summary reads the same with NO_COLOR.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
+
+OPS = ("broadcast", "all_reduce")
+
+
+def size_text(n: int) -> str:
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
 
 
 class ClusterSummary(Widget):
     DEFAULT_CSS = "ClusterSummary { height: auto; }"
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, max_nodes: int = 4, max_sizes: int = 9, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cluster: Any = None
+        self.max_nodes = max_nodes
+        self.max_sizes = max_sizes  # the largest sizes are kept: they say most about the link
+        self.compact = False  # a short terminal: fewer sizes, no table title, so the log still shows
 
     def show(self, cluster: Any) -> None:
         self.cluster = cluster
         self.refresh(layout=True)
 
-    def render(self) -> Text:
+    def bandwidth_rows(self) -> list[tuple[int, dict[str, dict[str, Any]]]]:
+        """``[(size_bytes, {op: event})]`` in size order, the largest ``max_sizes`` of them."""
+        by_size: dict[int, dict[str, dict[str, Any]]] = {}
+        for b in self.cluster.bandwidth if self.cluster is not None else []:
+            by_size.setdefault(int(b.get("size_bytes") or 0), {})[str(b.get("op"))] = b
+        return sorted(by_size.items())[-(min(self.max_sizes, 4) if self.compact else self.max_sizes):]
+
+    def render(self) -> Group | Text:
         c = self.cluster
         if c is None:
-            return Text("cluster test: waiting", style="dim")
-        text = Text.assemble(("cluster ", "bold"), f"{len(c.nodes)} ranks reported, {len(c.mismatches)} mismatches")
-        for rank in sorted(c.nodes)[:8]:
-            n = c.nodes[rank]
-            text.append(f"\n  rank {rank} {n.get('node', '?')}: {'ok  ' if n.get('ok') else 'FAIL'} {n.get('summary', '')}")
-        if c.correctness is not None:
-            ok = c.correctness.get("ok")
-            text.append(f"\ncorrectness {'ok' if ok else 'FAILED'}", style="" if ok else "bold red")
-        for b in c.bandwidth[-4:]:
-            text.append(f"\n{b.get('op', '?')} {int(b.get('size_bytes') or 0) / 1e6:.0f} MB  algbw "
-                        f"{float(b.get('algbw') or 0):.2f} GB/s  busbw {float(b.get('busbw') or 0):.2f} GB/s")
+            return Text("cluster test: waiting for the first rank", style="dim")
+        head = Text.assemble(("cluster test ", "bold"))
         if c.done is not None:
-            text.append(f"\ncluster test {'passed' if c.done.get('ok') else 'FAILED'}", style="bold")
-        return text
+            ok = bool(c.done.get("ok"))
+            nodes = c.done.get("nodes")
+            n_nodes = len(nodes) if isinstance(nodes, list) else nodes
+            head.append("PASSED" if ok else "FAILED", style="bold" if ok else "bold red")
+            head.append(f": {c.done.get('world_size', '?')} rank(s) on {n_nodes} node(s)")
+        else:
+            head.append("running", style="italic")
+        if c.done is None:
+            head.append(f"  {len(c.nodes)} rank(s) reported")
+        head.append(f", {len(c.mismatches)} mismatch(es)")
+        parts: list[Any] = [head]
+        ranks = sorted(c.nodes)
+        for rank in ranks[: self.max_nodes]:
+            n = c.nodes[rank]
+            parts.append(Text(f"  rank {rank} {n.get('node', '?')}: {'ok  ' if n.get('ok') else 'FAIL'} {n.get('summary', '')}",
+                              style="" if n.get("ok") else "bold red", overflow="ellipsis", no_wrap=True))
+        if len(ranks) > self.max_nodes:
+            parts.append(Text(f"  ... {len(ranks) - self.max_nodes} more rank(s) (all in the log)", style="dim"))
+        if c.correctness is not None:
+            ok = bool(c.correctness.get("ok"))
+            got = c.correctness.get("got")
+            parts.append(Text(f"correctness: all-reduce {'ok' if ok else 'FAILED'} (expected {c.correctness.get('expected')}, "
+                              f"got {got})", style="" if ok else "bold red", overflow="ellipsis", no_wrap=True))
+        rows = self.bandwidth_rows()
+        if rows:
+            table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+            table.add_column("GB/s size" if self.compact else "size", justify="right")
+            for op in OPS:
+                table.add_column(f"{op} algbw", justify="right")
+                table.add_column("busbw", justify="right")
+            for size, ops in rows:
+                cells = [size_text(size)]
+                for op in OPS:
+                    b = ops.get(op)
+                    cells += [f"{float(b.get('algbw') or 0):.3f}", f"{float(b.get('busbw') or 0):.3f}"] if b else ["-", "-"]
+                table.add_row(*cells)
+            if not self.compact:
+                parts.append(Text("bandwidth, GB/s (busbw as nccl-tests defines it)", style="bold"))
+            parts.append(table)
+        return Group(*parts)

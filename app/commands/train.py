@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--batch-size", type=int, default=16, help="samples per batch and chunk (default 16)")
     run.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     run.add_argument("--merge-every", type=int, default=20, help="steps between merge rounds (default 20)")
+    run.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
+                     help="rounds between held-out evaluations of the workers' and the merged model "
+                          "(default 5; the last round is always evaluated; evaluation costs training time)")
     run.add_argument("--balance", choices=("dynamic", "equal", "static"), default="dynamic",
                      help="dynamic: chunks claimed as devices free up (default); equal: same share each; "
                           "static: shares from a measured calibration")
@@ -55,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _positive(args: argparse.Namespace) -> None:
     from hwtui.app.errors import HwtuiError
 
-    for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every"):
+    for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every", "eval_every"):
         if getattr(args, name) < 1:
             raise HwtuiError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if not args.lr > 0:
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError(f"--events {args.events}: {exc.strerror}") from None
     cfg = TrainConfig(
         devices=refs, steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
-        balance=args.balance, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every, balance=args.balance, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints, resume=args.resume, seed=args.seed, precision=args.precision,
         activation_checkpointing=args.activation_checkpointing, optimizer_state=args.optimizer_state,
         model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),

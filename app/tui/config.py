@@ -25,7 +25,7 @@ def config_path() -> Path:
 
 @dataclass
 class TuiConfig:
-    mode: str = "replicate"  # replicate | train
+    mode: str = "replicate"  # replicate | train | cluster
     source: str = "plan"  # plan | weights
     plan: str = ""
     weights: str = ""
@@ -38,6 +38,13 @@ class TuiConfig:
     steps: int = 50
     interval: float = 1.0  # dashboard sampling period, seconds
     export_path: str = "hwtui.env"
+    # cluster: what `hwtui cluster init` is given (see engine/cluster/spec.py for the rules)
+    cluster_nodes: str = ""  # "a,b" or "a=10.0.0.1,b=10.0.0.2"
+    cluster_devices: int = 0  # devices per node; 0 = from the detected hardware
+    cluster_interface: str = ""  # "" = the first up, non-loopback interface detected
+    cluster_launcher: str = "torchrun"  # torchrun | slurm | mpirun
+    cluster_out: str = "hwtui-cluster"
+    cluster_max_bytes: str = ""  # largest message of the smoke test's sweep; "" = the CLI's default
     step: str = "detect"  # the wizard step to open on
     note: str = ""  # why the file was not loaded, shown once
 

@@ -30,5 +30,7 @@ def engine_defaults(devices: list[Any]) -> dict[str, Any]:
     else:
         bucket_mb, window, chunk_mb = 64, 2, 16
     gpu_ids = ",".join(d.device for d in usable) if usable else "cpu:0,cpu:1"
-    return {"device": device, "nproc": nproc, "bucket_mb": int(bucket_mb), "window": window,
+    # A cluster node runs one rank per accelerator; a CPU-only box runs the one-rank local check.
+    devices_per_node = nproc if device != "cpu" else 1
+    return {"device": device, "nproc": nproc, "devices_per_node": devices_per_node, "bucket_mb": int(bucket_mb), "window": window,
             "chunk_mb": chunk_mb, "gpu_ids": gpu_ids}

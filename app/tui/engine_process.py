@@ -31,6 +31,8 @@ class Stage:
 def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> list[Stage]:
     """The commands for the user's choices: ``hwtui plan`` first when they picked weights."""
     hw = [sys.executable, "-m", "hwtui.app"]
+    if cfg.mode == "cluster":
+        return [cluster_test_stage(cfg, defaults)]
     nproc = cfg.nproc or int(defaults["nproc"])  # type: ignore[arg-type]
     if cfg.mode == "train":
         gpu_ids = cfg.gpu_ids or str(defaults["gpu_ids"])
@@ -47,6 +49,26 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
         "--chunk-mb", str(cfg.chunk_mb or defaults["chunk_mb"]), "--events", "-",
     ]))
     return stages
+
+
+def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
+    """The smoke test as this machine can run it: ``hwtui cluster test --events -``.
+
+    One device per node: alone, which `cluster test` treats as a one-rank local check. More: under
+    ``torchrun --standalone`` with that many ranks, so the correctness all-reduce and the bandwidth
+    sweep have a link to measure. The other nodes are never started from here (the launch files
+    from `cluster init` do that on each node), and ``--spec`` is left out on purpose: a lone run
+    would otherwise try to rendezvous at the cluster's master address instead of on this host.
+    """
+    per_node = cfg.cluster_devices or int(defaults.get("devices_per_node") or 1)  # type: ignore[call-overload]
+    test = ["-m", "hwtui.app", "cluster", "test", "--events", "-"]
+    if cfg.cluster_max_bytes:
+        test += ["--max-bytes", cfg.cluster_max_bytes]
+    if per_node > 1:
+        # --max-restarts=0: a rank that fails is reported as it is, not hidden by a silent retry.
+        return Stage("run", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={per_node}", "--max-restarts=0", *test])
+    return Stage("run", [sys.executable, *test])
 
 
 class EngineProcess:

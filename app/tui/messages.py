@@ -76,3 +76,26 @@ class EngineExited(Message):
         super().__init__()
         self.returncode = returncode
         self.stage = stage
+
+
+class InterfacesDetected(Message):
+    """The network interfaces (``probes/dist/netif``) for the cluster form's default."""
+
+    def __init__(self, interfaces: list[dict[str, Any]], error: str = "") -> None:
+        super().__init__()
+        self.interfaces = interfaces
+        self.error = error
+
+
+class ClusterFilesWritten(Message):
+    """``hwtui cluster init --json`` finished: its parsed answer, or the one-line error."""
+
+    def __init__(self, ok: bool, out: str = "", files: list[str] | None = None,
+                 commands: dict[str, str] | None = None, error: str = "", exists: bool = False) -> None:
+        super().__init__()
+        self.ok = ok
+        self.out = out
+        self.files = files or []
+        self.commands = commands or {}
+        self.error = error
+        self.exists = exists  # refused because cluster.json is already there (a second press overwrites)

@@ -41,6 +41,11 @@ def _num(value: Any, default: float = 0.0) -> float:
         return default
 
 
+def _count(value: Any) -> Any:
+    """``cluster.done`` names the nodes (a list); older streams gave a number."""
+    return len(value) if isinstance(value, (list, tuple)) else (value if value is not None else "?")
+
+
 def _size(n: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= scale:
@@ -331,13 +336,16 @@ class RunState:
 
     def _cluster_bandwidth(self, d: dict[str, Any]) -> None:
         self.cluster.bandwidth.append(dict(d))
-        self._log(("info", f"{d.get('op', '?')} {int(d.get('size_bytes') or 0) / 1e6:.0f} MB: "
+        self._log(("info", f"{d.get('op', '?')} {_size(int(d.get('size_bytes') or 0))}: "
                                  f"algbw {_num(d.get('algbw')):.2f} GB/s busbw {_num(d.get('busbw')):.2f} GB/s"))
 
     def _cluster_done(self, d: dict[str, Any]) -> None:
         self.cluster.done = dict(d)
         self._log(("info" if d.get("ok") else "error",
-                         f"cluster test {'passed' if d.get('ok') else 'FAILED'}: {d.get('world_size', '?')} ranks on {d.get('nodes', '?')} nodes"))
+                         f"cluster test {'passed' if d.get('ok') else 'FAILED'}: {d.get('world_size', '?')} ranks on {_count(d.get('nodes'))} nodes"))
+        if not d.get("ok"):
+            failed = [f.get("title", "?") for f in d.get("findings") or [] if isinstance(f, dict) and f.get("status") in ("fail", "error")]
+            self.errors.append("cluster test FAILED" + (f": {failed[0]}" if failed else ""))
 
     # -- readers (UI thread, under lock) -------------------------------------------------------
     def progress(self) -> tuple[float, float | None, str]:

@@ -1,8 +1,10 @@
 """Test-only knobs, read from the environment of the worker processes. Never needed in real use.
 
 ``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
-    Make worker RANK take FACTOR times as long per batch (it sleeps ``(FACTOR-1) x`` the measured
-    compute time after each batch). The balancing benchmark uses it to build unequal workers on a
+    Make worker RANK take FACTOR times as long per batch and per held-out evaluation (it sleeps
+    ``(FACTOR-1) x`` the measured compute time after each; calibration reports FACTOR times less).
+    It scales the worker's own compute time, so it applies the same whether the worker runs alone
+    or beside others. The balancing benchmark uses it to build unequal workers on a
     CPU-only machine; sleeping rather than spinning keeps the other worker's core free.
 
 ``HWTUI_TEST_FAULT=RANK:ACTION:WHEN[,...]``

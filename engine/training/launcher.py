@@ -12,10 +12,15 @@ Round protocol (generation ``gen`` = one incarnation of the gloo group over the 
    out simply waits: the reply is deferred, not polled for).
 2. Every live worker gets ``merge`` with its sample count; each all-reduces and answers
    ``reduced`` (or ``merge_failed``).
-3. All reduced in the current generation -> ``commit`` (the round's slowest worker also evaluates
-   the merged model and writes the checkpoint). Anything else -> the round is aborted: workers keep
+3. All reduced in the current generation -> ``commit`` (on evaluation rounds and checkpoint
+   rounds the round's slowest worker also evaluates the merged model / writes the checkpoint). Anything else -> the round is aborted: workers keep
    their own weights, a new generation is formed, chunks a lost worker had touched this round are
    trained again by the survivors, and the merge is retried.
+
+Held-out evaluation (each worker's own copy before the merge, the merged model after it) costs
+compute on every device and the pre-merge one holds the collective back, so it runs only every
+``eval_every`` rounds and on the last one (``--eval-every``); other rounds merge without it and
+their ``train.merge`` event carries no losses.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class TrainConfig:
     optimizer_state: str = "average"
     model: ModelConfig = field(default_factory=ModelConfig)
     eval_windows: int = 32
+    eval_every: int = 5  # rounds between held-out evaluations (the last round is always evaluated)
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 30.0
     stall_timeout: float = 300.0
@@ -274,7 +280,7 @@ class Coordinator:
             return
         if op == "claim" and msg.get("done"):
             self._chunk_done(w, msg["done"])
-        if op == "reduced":
+        if op == "reduced" and msg.get("loss_local") is not None:
             self.reduced_losses[w.rank] = msg["loss_local"]
         if op == "regroup_failed" and msg.get("gen") == self.gen:
             self.gen += 1  # the rendezvous failed for everyone: form another generation
@@ -306,7 +312,9 @@ class Coordinator:
         record = next((r for r in self.rounds if r["round"] == rnd), None)
         if record is None:
             return
-        record["loss_merged"] = self.final_loss = msg["loss_merged"]
+        record["loss_merged"] = msg.get("loss_merged")
+        if record["loss_merged"] is not None:
+            self.final_loss = record["loss_merged"]
         self.sink(TrainMerge(round=rnd, step=record["step"], shares=record["shares"], loss_merged=msg["loss_merged"],
                              loss_workers_mean=record["loss_workers_mean"]))
         if msg.get("checkpoint"):
@@ -432,13 +440,17 @@ class Coordinator:
             best = finish if best is None else min(best, finish)
         return best is not None and best < w.chunk_time
 
+    def _evaluating(self) -> bool:
+        return is_eval_round(self.round, self.step + self.round_steps >= self.cfg.steps, self.cfg.eval_every)
+
     def _begin_merge(self, alive: list[WorkerState]) -> None:
         self.phase, self.merge_gen = "merging", self.gen
         done_by = self.queue.done_by()
         self.reduced_losses = {}
+        evaluate = self._evaluating()
         for w in alive:
             w.in_merge = True
-            self._reply(w, {"op": "merge", "round": self.round, "gen": self.gen,
+            self._reply(w, {"op": "merge", "round": self.round, "gen": self.gen, "evaluate": evaluate,
                             "samples": done_by.get(w.rank, 0) * self.cfg.batch_size})
 
     def _commit(self, alive: list[WorkerState]) -> None:
@@ -456,15 +468,21 @@ class Coordinator:
         }
         self.rounds.append(record)
         last = self.step >= cfg.steps
+        evaluate = is_eval_round(self.round, last, cfg.eval_every)
         ckpt = None
         if cfg.checkpoint_dir and (last or self.round % max(1, cfg.checkpoint_every) == 0):
             ckpt = {"dir": cfg.checkpoint_dir, "step": self.step, "keep": cfg.keep_checkpoints, "manifest": self._manifest()}
         # The slowest worker of the round evaluates the merged model and writes the checkpoint: the
         # throughput lost while it does is smallest there (the others keep claiming chunks).
-        writer = min(alive, key=lambda w: (done_by.get(w.rank, 0), w.rank))
-        self.awaiting_writer = self.round
+        # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
+        writer = min(alive, key=lambda w: (done_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
+        self.awaiting_writer = self.round if writer else None
         for w in alive:
-            self._reply(w, {"op": "commit", "writer": w is writer, "checkpoint": ckpt if w is writer else None})
+            self._reply(w, {"op": "commit", "writer": w is writer, "evaluate": evaluate,
+                            "checkpoint": ckpt if w is writer else None})
+        if writer is None:
+            self.sink(TrainMerge(round=self.round, step=self.step, shares=record["shares"], loss_merged=None,
+                                 loss_workers_mean=None))
         for w in alive:
             self._emit_worker(w)
         if last:
@@ -572,6 +590,11 @@ def _loopback_ifname() -> str:
     except Exception:
         pass
     return "lo"
+
+
+def is_eval_round(round_no: int, last: bool, eval_every: int) -> bool:
+    """Held-out evaluation on every ``eval_every``-th round and always on the last (the final loss)."""
+    return last or round_no % max(1, eval_every) == 0
 
 
 def total_rounds(steps: int, merge_every: int) -> int:

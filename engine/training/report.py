@@ -39,6 +39,7 @@ def build_report(coord: Any) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "config": {"steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "merge_every": cfg.merge_every,
+                   "eval_every": cfg.eval_every,
                    "balance": cfg.balance, "optimizer_state": cfg.optimizer_state, "seed": cfg.seed,
                    "model": cfg.model.to_dict(), "params": coord.params, "checkpoint_dir": cfg.checkpoint_dir},
         "resumed_from": coord.resumed_from,

@@ -107,6 +107,12 @@ class Worker:
             if fault.trigger == trigger and fault.at == count:
                 os.kill(os.getpid(), signal.SIGKILL if fault.action == "kill" else signal.SIGSTOP)
 
+    def _slow_down(self, compute_seconds: float) -> None:
+        """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
+        takes ``slowdown`` times its measured compute time, like a slower device would."""
+        if self.slowdown > 1:
+            time.sleep(compute_seconds * (self.slowdown - 1))
+
     def train_chunk(self, chunk_id: int) -> dict[str, Any]:
         from hwtui.engine.training.data import chunk_batch
 
@@ -125,9 +131,7 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        dt = time.perf_counter() - t0
-        if self.slowdown > 1:
-            time.sleep(dt * (self.slowdown - 1))
+        self._slow_down(time.perf_counter() - t0)
         self.chunks_trained += 1
         self._fault("chunk", self.chunks_trained)
         return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
@@ -138,8 +142,11 @@ class Worker:
 
         self.model.eval()
         x, y = heldout_batch(self.corpus, self.cfg["eval_windows"], self.mcfg.context)
+        t0 = time.perf_counter()
         with torch.no_grad(), self.dev.autocast(self.precision):
-            return float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
+            value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
+        self._slow_down(time.perf_counter() - t0)
+        return value
 
     def regroup(self, msg: dict[str, Any]) -> dict[str, Any]:
         from hwtui.engine.training.merge import join_group
@@ -156,7 +163,7 @@ class Worker:
         from hwtui.engine.training import merge as M
 
         self._fault("merge", msg["round"])
-        loss_local = self.evaluate()
+        loss_local = self.evaluate() if msg.get("evaluate", True) else None  # only on evaluation rounds
         tensors = M.model_tensors(self.model)
         averaged_opt = self.cfg["optimizer_state"] == "average"
         if averaged_opt:
@@ -177,7 +184,8 @@ class Worker:
         elif self.cfg["optimizer_state"] == "reset":
             self.opt.state.clear()
         if reply.get("writer"):
-            done: dict[str, Any] = {"op": "merged", "round": msg["round"], "loss_merged": self.evaluate(), "checkpoint": None}
+            loss_merged = self.evaluate() if reply.get("evaluate", True) else None
+            done: dict[str, Any] = {"op": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None}
             ck = reply.get("checkpoint")
             if ck:
                 from hwtui.engine.training import checkpoint

@@ -45,6 +45,7 @@ def events_of(text: str) -> list[dict]:
     (["--cuda-ids", "3"], "--cuda-ids: no cuda:3"),
     (["--gpu-ids", "0", "--cuda-ids", "0"], "alternatives"),
     (["--gpu-ids", "cpu", "--steps", "0"], "--steps must be at least 1"),
+    (["--gpu-ids", "cpu", "--eval-every", "0"], "--eval-every must be at least 1"),
     (["--gpu-ids", "cpu", "--d-model", "30", "--heads", "4"], "multiple of --heads"),
     (["--gpu-ids", "cpu", "--resume"], "--resume needs --checkpoint-dir"),
 ])

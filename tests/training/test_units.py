@@ -82,3 +82,11 @@ def test_corpus_split_is_deterministic_and_disjoint():
     assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the next byte
     sample = bytes(a.heldout[:2000].tolist())
     assert sample in bytes(a.heldout.tolist()) and sample not in bytes(a.train.tolist())
+
+
+def test_evaluation_rounds_follow_eval_every_and_always_include_the_last():
+    from hwtui.engine.training.launcher import is_eval_round
+
+    assert [r for r in range(1, 13) if is_eval_round(r, r == 12, 5)] == [5, 10, 12]
+    assert [r for r in range(1, 4) if is_eval_round(r, r == 3, 1)] == [1, 2, 3]
+    assert [r for r in range(1, 4) if is_eval_round(r, r == 3, 100)] == [3]

@@ -110,3 +110,10 @@ def test_engine_step_80x24(snap_compare, make):
 
     assert os.environ.get("NO_COLOR") is None
     assert snap_compare(app, terminal_size=(80, 24), run_before=to_engine)
+
+
+def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
+    # A recorded two-node smoke test: real bandwidth figures vary from run to run, a recording does not.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make("rtx4090_rx7800xt_arc_a750", engine=RecordedEngine("cluster_two_nodes.jsonl"))
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_run_to_end({}, mode="cluster"))

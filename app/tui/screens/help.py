@@ -16,8 +16,9 @@ From "what do I have" to a running engine, then the run, live.
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
  3 Environment  distributed findings; w writes the export file
- 4 Engine       replication or training (blank = detected default)
- 5 Run          progress, lanes, throughput, workers, loss, devices
+ 4 Engine       replication, training or cluster (blank = detected default)
+ 5 Run          progress, lanes, throughput, workers, loss, devices;
+                cluster: nodes, mismatches, correctness, bandwidth
 
 Keys everywhere
   n / b         next / back step          r   re-run this step
@@ -29,9 +30,13 @@ Drivers, Environment
 Engine
   ctrl+s        start the run             ctrl+d  clear to defaults
   escape        back                      left/right  change a choice
+  cluster:      ctrl+o writes the launch files (`hwtui cluster init`)
+                ctrl+y copies the highlighted launch command
+                ctrl+s runs the smoke test here (`hwtui cluster test`)
 Run
   s             stop the engine (SIGTERM; SIGKILL after 5 s)
   r             run again                 l   log only / everything
+  c             copy the highlighted cluster finding's remedy
   b             back to Engine (the engine keeps running)
 
 Choices are kept in $XDG_CONFIG_HOME/hwtui/config.json.

@@ -25,6 +25,8 @@ from hwtui.widgets.bucket_lanes import BucketLanes
 from hwtui.widgets.cluster_summary import ClusterSummary
 from hwtui.widgets.device_panel import DevicePanel
 from hwtui.widgets.error_log import ErrorLog
+from hwtui.widgets.finding_detail import FindingDetail
+from hwtui.widgets.findings_list import FindingsList
 from hwtui.widgets.loss_chart import LossChart
 from hwtui.widgets.merge_rounds import MergeRounds
 from hwtui.widgets.progress_eta import ProgressEta
@@ -35,7 +37,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.timer import Timer
-from textual.widgets import ContentSwitcher, Static
+from textual.widgets import ContentSwitcher, DataTable, Static
 
 MAX_FPS = 10
 
@@ -48,6 +50,7 @@ class RunScreen(WizardStep):
         Binding("r", "rerun", "Re-run"),
         Binding("s", "stop", "Stop engine"),
         Binding("l", "toggle_log", "Log"),
+        Binding("c", "copy_remedy", "Copy remedy"),
     ]
     DEFAULT_CSS = """
     RunScreen .step-body { padding: 0 1; }
@@ -57,6 +60,15 @@ class RunScreen(WizardStep):
     RunScreen.-short DevicePanel { max-height: 4; }
     RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 4; }
     RunScreen.-log-only #views, RunScreen.-log-only DevicePanel, RunScreen.-log-only #devices-title { display: none; }
+    RunScreen #cluster-findings { height: auto; max-height: 6; min-height: 2; }
+    RunScreen #cluster-detail { max-height: 7; }
+    RunScreen #cluster-detail > #detail { max-height: 3; }
+    RunScreen #cluster-detail > #remedy { height: 2; }
+    /* The smoke test is about the network: its findings get the device panel's room. */
+    RunScreen.-cluster DevicePanel, RunScreen.-cluster #devices-title { display: none; }
+    RunScreen.-short #cluster-findings { max-height: 4; }
+    RunScreen.-short #cluster-detail > #detail { max-height: 2; }
+    RunScreen.-short #cluster-detail > #remedy { display: none; }
     """
 
     def __init__(self) -> None:
@@ -75,6 +87,7 @@ class RunScreen(WizardStep):
         self._polling = False
         self._sampling_failed = False
         self._errors_notified = 0
+        self._findings_shown = -1  # cluster findings in the table (repainted only when it grows)
         self.pending_run = False  # set by the Engine step; the run starts once this screen shows
 
     # -- layout -------------------------------------------------------------------------------
@@ -90,7 +103,10 @@ class RunScreen(WizardStep):
                 yield WorkerTable(id="workers")
                 yield LossChart(id="loss")
                 yield MergeRounds(id="merges")
-            yield ClusterSummary(id="view-cluster")
+            with Vertical(id="view-cluster"):
+                yield ClusterSummary(id="cluster")
+                yield FindingsList(id="cluster-findings")
+                yield FindingDetail(id="cluster-detail")
         yield Static("devices", id="devices-title")
         yield DevicePanel(id="device-panel")
         yield Static("log", id="log-title")
@@ -98,10 +114,12 @@ class RunScreen(WizardStep):
 
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.height < 32, "-short")
+        self.query_one(ClusterSummary).compact = event.size.height < 32
 
     def on_screen_resume(self) -> None:
         self.started = True
         self.set_class(self.size.height < 32, "-short")
+        self.query_one(ClusterSummary).compact = self.size.height < 32
         self._start_polling()
         if self.pending_run:
             self.pending_run = False
@@ -187,7 +205,10 @@ class RunScreen(WizardStep):
         self.state = RunState()
         self._seen_version = -1
         self._errors_notified = 0
+        self._findings_shown = -1
         self._stop_requested = False
+        self.set_class(cfg.mode == "cluster", "-cluster")
+        self.refresh_bindings()
         self.query_one(ErrorLog).reset()
         for stage in stages:
             self.state.add_log("$ " + " ".join(stage.argv[2:] if stage.argv[1:2] == ["-m"] else stage.argv), "info")
@@ -254,7 +275,8 @@ class RunScreen(WizardStep):
         if self.engine_running:
             self.notify("the engine is running: s stops it, then r starts it again", severity="warning")
             return
-        if self.app.config.mode and (self.app.config.plan or self.app.config.weights or self.app.config.mode == "train"):  # type: ignore[attr-defined]
+        cfg = self.app.config  # type: ignore[attr-defined]
+        if cfg.mode and (cfg.plan or cfg.weights or cfg.mode in ("train", "cluster")):
             self.start_run()
         else:
             self.notify("nothing to run yet: configure the engine in step 4")
@@ -281,6 +303,45 @@ class RunScreen(WizardStep):
             tail = [t for lvl, t in list(self.state.log)[-6:] if lvl in ("stderr", "error")]
             self.notify(f"{msg.stage} exited with status {msg.returncode}" + (f": {tail[-1]}" if tail else ""),
                         title="engine failed", severity="error", timeout=10)
+
+    def _show_cluster_findings(self, state: RunState) -> None:
+        """Mismatches as they arrive; every finding of the verdict once ``cluster.done`` came."""
+        from hwtui.probes.finding import Finding
+
+        raw = (state.cluster.done or {}).get("findings") if state.cluster.done else state.cluster.mismatches
+        raw = [f for f in raw or [] if isinstance(f, dict)]
+        key = len(raw) + (10**6 if state.cluster.done else 0)
+        if key == self._findings_shown:
+            return
+        self._findings_shown = key
+        findings = []
+        for f in raw:
+            try:
+                findings.append(Finding.from_dict(f))
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed finding is still in the log as the engine sent it
+        table = self.query_one("#cluster-findings", FindingsList)
+        table.show(findings)
+        self.query_one("#cluster-detail", FindingDetail).show(table.current())
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        table = self.query_one("#cluster-findings", FindingsList)
+        if event.data_table is table:
+            self.query_one("#cluster-detail", FindingDetail).show(table.current())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Only the cluster view lists findings: elsewhere the key is hidden from the footer.
+        if action == "copy_remedy":
+            return self.has_class("-cluster")
+        return True
+
+    def action_copy_remedy(self) -> None:
+        remedy = self.query_one("#cluster-detail", FindingDetail).remedy
+        if not remedy:
+            self.notify("this finding has no remedy to copy")
+            return
+        self.app.copy_to_clipboard(remedy)
+        self.notify(f"copied: {remedy}", title="remedy")
 
     def _paint(self) -> None:
         self._paint_timer = None
@@ -313,6 +374,7 @@ class RunScreen(WizardStep):
             elif state.mode == "cluster":
                 switcher.current = "view-cluster"
                 self.query_one(ClusterSummary).show(state.cluster)
+                self._show_cluster_findings(state)
             self.query_one(ErrorLog).catch_up(list(state.log), state.log_total)
             errors = len(state.errors)
         self.query_one("#log-title", Static).update(f"log ({errors} error{'s' if errors != 1 else ''})" if errors else "log")
