@@ -217,6 +217,13 @@ def main() -> int:
     exact["hwtui_end_to_end"] = exact["hwtui"]
     for k in ["hwtui", "hwtui_end_to_end", "flat", "ddp_coalesced_25mb", "ddp_coalesced_250mb", "tensor_by_tensor"]:
         print(f"{k:22} {gbps[k]:11.2f} {total / min(rows[k]) / 1e9:10.2f} {str(exact[k]):>9}")
+    print("\nper-method GB/s distribution over rounds (min / p25 / median / p75 / max):")
+    for k, v in rows.items():
+        q = statistics.quantiles([total / x / 1e9 for x in v], n=4) if len(v) > 1 else [total / v[0] / 1e9] * 3
+        print(f"  {k:22} {total / max(v) / 1e9:5.2f} / {q[0]:5.2f} / {q[1]:5.2f} / {q[2]:5.2f} / {total / min(v) / 1e9:5.2f}")
+    # Paired by round: hwtui and flat ran back to back, so background load hits both alike.
+    paired = sorted(f / h for h, f in zip(rows["hwtui"], rows["flat"], strict=True))
+    print(f"  hwtui/flat per round (sorted): {' '.join(f'{r:.2f}' for r in paired)}")
     print(f"\nhwtui / flat             = {gbps['hwtui'] / gbps['flat']:.2f}x (target >= 0.85x)")
     print(f"hwtui / DDP (25 MB)      = {gbps['hwtui'] / gbps['ddp_coalesced_25mb']:.2f}x (target >= 1.3x)")
     print(f"hwtui / DDP (250 MB)     = {gbps['hwtui'] / gbps['ddp_coalesced_250mb']:.2f}x")

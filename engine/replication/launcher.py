@@ -36,10 +36,13 @@ from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.transport import choose_transport, detect_facts
 
 MB = 1 << 20
-# One collective per 32 MiB: on gloo over loopback, many smaller concurrent broadcasts cost more in
-# thread contention than they win in overlap (measured: 8 MiB chunks x 4 buckets ran ~25% slower);
-# NCCL pipelines inside a collective anyway. HOTWEIGHTS_BCAST_CHUNK_MB / --chunk-mb change it.
-DEFAULT_CHUNK_MB = 32.0
+# At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
+# hand-off, and many small concurrent broadcasts cost more in contention than they win in overlap
+# (measured: 8 MiB chunks x 4 buckets ran ~25% slower than 32 MiB ones). Buckets that are contiguous
+# on both sides go out in pairs (see worker.collective_groups), so with the default 32 MiB buckets
+# and window 4 one collective carries 64 MiB while the pair before it is being verified. NCCL
+# pipelines inside a collective anyway. HOTWEIGHTS_BCAST_CHUNK_MB / --chunk-mb change it.
+DEFAULT_CHUNK_MB = 64.0
 _FORWARDED = {"repl.bucket", "repl.window", "log", "error"}
 
 

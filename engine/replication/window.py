@@ -27,7 +27,10 @@ class Window:
         self.peak_bytes = 0
         self.changes = 0
 
-    def can_admit(self, nbytes: int) -> bool:
+    def can_admit(self, nbytes: int, count: int = 1) -> bool:
+        """Room for ``count`` buckets of ``nbytes`` in all (a group sent as one collective)."""
+        if self.occupancy > 0 and self.occupancy + count > self.limit:
+            return False
         if self.occupancy >= self.limit:
             return False
         # A byte cap smaller than one bucket must still let one bucket through, or nothing moves.

@@ -2,7 +2,9 @@
 
 ``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
     Make worker RANK take FACTOR times as long per batch and per held-out evaluation (it sleeps
-    ``(FACTOR-1) x`` the measured compute time after each; calibration reports FACTOR times less).
+    ``(FACTOR-1) x`` the measured compute time after each -- the thread's CPU time on a CPU
+    worker, so time other processes held the core is not scaled; calibration reports FACTOR
+    times less).
     It scales the worker's own compute time, so it applies the same whether the worker runs alone
     or beside others. The balancing benchmark uses it to build unequal workers on a
     CPU-only machine; sleeping rather than spinning keeps the other worker's core free.

@@ -107,11 +107,20 @@ class Worker:
             if fault.trigger == trigger and fault.at == count:
                 os.kill(os.getpid(), signal.SIGKILL if fault.action == "kill" else signal.SIGSTOP)
 
-    def _slow_down(self, compute_seconds: float) -> None:
+    def _clock(self) -> tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def _slow_down(self, since: tuple[float, float]) -> None:
         """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
-        takes ``slowdown`` times its measured compute time, like a slower device would."""
+        takes ``slowdown`` times its compute time, like a slower device would.
+
+        On CPU the compute time is this thread's CPU time (torch runs its single intra-op thread
+        inline): wall time would also count the time other processes held the core, and scaling
+        that would make the knob slow a worker more when it runs beside others than when alone.
+        An accelerator's work does not show in thread time, so there the wall time is used."""
         if self.slowdown > 1:
-            time.sleep(compute_seconds * (self.slowdown - 1))
+            wall, cpu = time.perf_counter() - since[0], time.thread_time() - since[1]
+            time.sleep((cpu if self.cfg["backend"] == "cpu" else wall) * (self.slowdown - 1))
 
     def train_chunk(self, chunk_id: int) -> dict[str, Any]:
         from hwtui.engine.training.data import chunk_batch
@@ -119,7 +128,8 @@ class Worker:
         self.model.train()
         x, y = (t.to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg["batch_size"], self.mcfg.context, self.cfg["seed"]))
-        t0 = time.perf_counter()
+        since = self._clock()
+        t0 = since[0]
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
             loss = self.model.loss(x, y)
@@ -131,7 +141,7 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        self._slow_down(time.perf_counter() - t0)
+        self._slow_down(since)
         self.chunks_trained += 1
         self._fault("chunk", self.chunks_trained)
         return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
@@ -142,10 +152,10 @@ class Worker:
 
         self.model.eval()
         x, y = heldout_batch(self.corpus, self.cfg["eval_windows"], self.mcfg.context)
-        t0 = time.perf_counter()
+        since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
             value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
-        self._slow_down(time.perf_counter() - t0)
+        self._slow_down(since)
         return value
 
     def regroup(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -318,7 +318,7 @@ def test_knobs_default_from_the_vendor_guide_env():
     from hwtui.engine.replication.launcher import ReplicationOptions, resolve_settings
 
     base = resolve_settings(ReplicationOptions(plan="p", env={}))
-    assert base["window"] == 4 and base["chunk_bytes"] == 32 << 20
+    assert base["window"] == 4 and base["chunk_bytes"] == 64 << 20
     env = {"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "7", "HOTWEIGHTS_BCAST_CHUNK_MB": "2.5"}
     got = resolve_settings(ReplicationOptions(plan="p", env=env))
     assert got["window"] == 7 and got["chunk_bytes"] == int(2.5 * (1 << 20))
