@@ -43,6 +43,7 @@ With ``--mixed`` and a CUDA device visible it also runs ``cuda:0`` with two CPU 
 
     flock /tmp/hwtui-bench.lock .venv/bin/python benchmarks/bench_training.py \\
         [--steps 600] [--merge-every 150] [--factor 3] [--repeats 3] [--balances dynamic,equal] [--json OUT]
+        [--no-prefetch]
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+NO_PREFETCH = False  # --no-prefetch: one chunk at a time (a round trip per chunk), to compare
 
 
 def start(tmp: str, gpu_ids: str, balance: str, steps: int, batch: int, merge_every: int, eval_every: int | None,
@@ -65,6 +67,8 @@ def start(tmp: str, gpu_ids: str, balance: str, steps: int, batch: int, merge_ev
     report = Path(tempfile.mkdtemp(dir=tmp)) / "report.json"
     env = dict(os.environ)
     env.pop("HWTUI_TEST_SLOWDOWN", None)
+    if NO_PREFETCH:
+        env["HWTUI_TEST_PREFETCH"] = "0"
     if slowdown:
         env["HWTUI_TEST_SLOWDOWN"] = slowdown
     cmd = [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", gpu_ids, "--balance", balance, "--steps", str(steps),
@@ -115,7 +119,11 @@ def main() -> int:
     ap.add_argument("--mixed", action="store_true", help="also run cuda:0 + cpu:0 + cpu:1 when CUDA is visible")
     ap.add_argument("--repeats", type=int, default=3, help="measurement repeats; medians reported (default 3)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="workers claim one chunk at a time (HWTUI_TEST_PREFETCH=0), for a before/after comparison")
     args = ap.parse_args()
+    global NO_PREFETCH
+    NO_PREFETCH = args.no_prefetch
     s, b, m, f, ev = args.steps, args.batch_size, args.merge_every, args.factor, args.eval_every
     balances = [x for x in args.balances.split(",") if x]
     # The slow solo trains 1/FACTOR of the steps: it lasts about as long as the fast solo (same window).

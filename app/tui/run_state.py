@@ -219,7 +219,7 @@ class RunState:
         self.repl = Replication(start=dict(d), window=int(d.get("window") or 0), total_bytes=int(d.get("total_bytes") or 0))
         self.repl.states = {i: "pending" for i in range(int(d.get("n_buckets") or 0))}
         self.repl.lanes = [None] * max(self.repl.window, 1)
-        self._log(("info", f"replicating {d.get('model', '?')} v{d.get('version', '?')}: "
+        self._log(("info", f"replicating {d.get('model', '?')} version {d.get('version', '?')}: "
                                  f"{d.get('n_buckets', '?')} buckets, {d.get('world_size', '?')} ranks on "
                                  f"{d.get('device', '?')} via {d.get('transport', '?')}"))
 
@@ -256,7 +256,7 @@ class RunState:
     def _repl_commit(self, d: dict[str, Any]) -> None:
         self.repl.commits.append(dict(d))
         ok = d.get("ok", True)
-        self._log(("info" if ok else "error", f"commit v{d.get('version', '?')} {d.get('phase', '?')}: "
+        self._log(("info" if ok else "error", f"commit of version {d.get('version', '?')} {d.get('phase', '?')}: "
                                                     f"{'ok' if ok else 'FAILED'} {d.get('detail', '')}".rstrip()))
         if not ok:
             self.errors.append(self.log[-1][1])

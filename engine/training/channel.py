@@ -82,6 +82,16 @@ class WorkerChannel:
                     raise ChannelClosed("the coordinator went away")
         return self.pending.pop(0)
 
+    def poll(self) -> dict[str, Any] | None:
+        """The next command if one has already arrived, else None (never waits)."""
+        if not self.pending:
+            ready, _, _ = select.select([self.reader.fd], [], [], 0)
+            if ready:
+                self.pending.extend(self.reader.feed())
+                if self.reader.closed and not self.pending:
+                    raise ChannelClosed("the coordinator went away")
+        return self.pending.pop(0) if self.pending else None
+
     def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:
         self.send(msg)
         return self.recv(timeout)

@@ -15,6 +15,11 @@
     (after its N-th trained chunk) or ``merge=N`` (on entering merge round N, while the others sit
     in the collective).
 
+``HWTUI_TEST_PREFETCH=0``
+    Workers claim one chunk at a time (each chunk waits for a round trip through the
+    coordinator), as before prefetching existed: the balancing benchmark's ``--no-prefetch``
+    uses it to measure what prefetching buys.
+
 ``HWTUI_TEST_CHECKPOINT_DELAY=SECONDS``
     Sleep between writing a checkpoint's tensors and committing it, so a test can kill the
     writer in the middle of a checkpoint.
@@ -57,3 +62,8 @@ def faults(rank: int, env: Mapping[str, str] | None = None) -> list[Fault]:
 def checkpoint_delay(env: Mapping[str, str] | None = None) -> float:
     env = os.environ if env is None else env
     return float(env.get("HWTUI_TEST_CHECKPOINT_DELAY", "0") or 0)
+
+
+def prefetch(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get("HWTUI_TEST_PREFETCH", "1").strip() != "0"

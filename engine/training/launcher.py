@@ -9,7 +9,10 @@ groups rendezvous on is hosted here too, so it outlives any worker.
 Round protocol (generation ``gen`` = one incarnation of the gloo group over the live workers):
 
 1. Workers claim chunks until the round's chunks are all done (a request with nothing to hand
-   out simply waits: the reply is deferred, not polled for).
+   out simply waits: the reply is deferred, not polled for). A worker asks for its next chunk
+   while it trains the current one (``prefetch``: one chunk ahead, granted under the same
+   end-of-round rule as any claim), so no chunk starts with a round trip through this loop; it
+   reports a finished chunk with its next claim, or with ``done`` when a claim is already out.
 2. Every live worker gets ``merge`` with its sample count; each all-reduces and answers
    ``reduced`` (or ``merge_failed``).
 3. All reduced in the current generation -> ``commit`` (on evaluation rounds and checkpoint
@@ -77,6 +80,7 @@ class TrainConfig:
     stop_grace: float = 15.0
     telemetry_interval: float = 0.5
     cpu_threads: int = 1
+    prefetch: bool = True  # workers claim their next chunk while training the current one
 
 
 @dataclass
@@ -89,7 +93,7 @@ class WorkerState:
     hello: dict[str, Any] | None = None
     gen: int = -1
     pending: dict[str, Any] | None = None  # a request awaiting our answer
-    holding: int | None = None  # chunk id it is training
+    held: list[int] = field(default_factory=list)  # chunks granted, not reported done: [training, prefetched]
     in_merge: bool = False
     samples: int = 0
     chunks_claimed: int = 0
@@ -103,7 +107,7 @@ class WorkerState:
     samples_discarded: int = 0
     last_emit: float = 0.0
     chunk_time: float | None = None  # moving average of its seconds per chunk
-    claimed_at: float = 0.0
+    started_at: float = 0.0  # when the first chunk of ``held`` began (grant if idle, else the previous done)
 
     @property
     def device(self) -> str:
@@ -227,6 +231,7 @@ class Coordinator:
                 "heartbeat_interval": cfg.heartbeat_interval, "group_timeout": cfg.group_timeout,
                 "reply_timeout": cfg.group_timeout + cfg.stall_timeout + cfg.startup_timeout,
                 "cpu_workers": n_cpu, "cpu_threads": cfg.cpu_threads, "init_from": self.init_from,
+                "prefetch": cfg.prefetch,
             }})
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -278,6 +283,9 @@ class Coordinator:
         if op == "merged":
             self._merged(w, msg)
             return
+        if op == "done":  # a report only (its claim is already out): no answer expected
+            self._chunk_done(w, msg["done"])
+            return
         if op == "claim" and msg.get("done"):
             self._chunk_done(w, msg["done"])
         if op == "reduced" and msg.get("loss_local") is not None:
@@ -290,7 +298,8 @@ class Coordinator:
 
     def _chunk_done(self, w: WorkerState, done: dict[str, Any]) -> None:
         self.queue.complete(w.rank, done["chunk"])
-        w.holding = None
+        w.held.remove(done["chunk"])
+        w.started_at = time.monotonic()  # its prefetched chunk (if any) starts now
         w.samples += self.cfg.batch_size
         w.chunks_done += 1
         w.busy_seconds += done["seconds"]
@@ -333,7 +342,7 @@ class Coordinator:
                 continue
             if w.hello is None:
                 continue  # still importing torch / building: the startup timeout covers it
-            reason = self.live.verdict(w.rank, holds_work=w.holding is not None or w.in_merge)
+            reason = self.live.verdict(w.rank, holds_work=bool(w.held) or w.in_merge)
             if reason:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.proc.pid, signal.SIGKILL)  # a hung process cannot be asked nicely
@@ -344,9 +353,10 @@ class Coordinator:
             return
         if self.phase == "starting":
             raise TrainingError(f"{w.device} failed to start: {reason}")
-        w.alive, w.lost_reason, w.pending, w.holding, w.in_merge = False, reason, None, None, False
+        unstarted = set(w.held[1:])  # granted ahead, never begun: requeued, not counted as a training
+        w.alive, w.lost_reason, w.pending, w.held, w.in_merge = False, reason, None, [], False
         self.live.remove(w.rank)
-        back = self.queue.release(w.rank)
+        back = self.queue.release(w.rank, unstarted)
         trained = sum(1 for cid in back if self.queue.chunks[cid].attempts[-1]["outcome"] == "lost-after-training")
         w.requeued = len(back)
         # Its unmerged work died with it: those samples are counted as discarded, not as trained.
@@ -413,32 +423,46 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 self._reply(w, {"op": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending["op"] == "claim" and not self._tail_defer(w, alive):
+            elif w.pending["op"] == "claim" and len(w.held) < 2 and not self._tail_defer(w, alive):
                 cid = self.queue.claim(w.rank)
                 if cid is not None:
-                    w.holding, w.chunks_claimed, w.claimed_at = cid, w.chunks_claimed + 1, time.monotonic()
+                    if not w.held:
+                        w.started_at = time.monotonic()
+                    w.held.append(cid)
+                    w.chunks_claimed += 1
                     self._reply(w, {"op": "chunk", "chunk": cid})
         if self.queue.complete() and all(w.pending and w.pending["op"] == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
 
     def _tail_defer(self, w: WorkerState, alive: list[WorkerState]) -> bool:
-        """Dynamic balancing's end of round: hold back a slow worker's claim when a faster one would
-        finish the remaining chunks before the slow one finished a single chunk (the round, and the
-        merge everyone waits for, would otherwise end with the fast device idle)."""
+        """Dynamic balancing's end of round: hold back a worker's claim when a faster one would
+        finish the remaining chunks before this one finished the chunk it asks for (the round, and
+        the merge everyone waits for, would otherwise end with the fast device idle).
+
+        A prefetch (a claim made while still training) would only start once the chunks in hand
+        are done, so that time counts against it: the slow worker is not granted a chunk to sit on
+        at the end of a round that the fast one would finish sooner."""
         if self.cfg.balance != "dynamic" or w.chunk_time is None:
             return False
         pending = sum(1 for c in self.queue.chunks.values() if c.state == "pending" and c.owner in (None, w.rank))
         if pending == 0:
             return False
         now = time.monotonic()
+        mine = self._busy_left(w, now) + w.chunk_time
         best = None
         for x in alive:
             if x is w or x.chunk_time is None:
                 continue
-            busy_left = max(0.0, x.chunk_time - (now - x.claimed_at)) if x.holding is not None else 0.0
-            finish = busy_left + pending * x.chunk_time
+            finish = self._busy_left(x, now) + pending * x.chunk_time
             best = finish if best is None else min(best, finish)
-        return best is not None and best < w.chunk_time
+        return best is not None and best < mine
+
+    @staticmethod
+    def _busy_left(x: WorkerState, now: float) -> float:
+        """Estimated seconds until ``x`` has trained every chunk it holds (current + prefetched)."""
+        if not x.held or x.chunk_time is None:
+            return 0.0
+        return max(0.0, x.chunk_time - (now - x.started_at)) + (len(x.held) - 1) * x.chunk_time
 
     def _evaluating(self) -> bool:
         return is_eval_round(self.round, self.step + self.round_steps >= self.cfg.steps, self.cfg.eval_every)
@@ -537,7 +561,7 @@ class Coordinator:
                     for msg in w.reader.feed():
                         if msg.get("op") == "merged":
                             self._merged(w, msg)
-                        elif msg.get("op") not in ("hb", "refuse", "error", "hello"):
+                        elif msg.get("op") not in ("hb", "refuse", "error", "hello", "done"):
                             self._send(w, {"op": "stop"})
                     if w.reader.closed:
                         self.sel.unregister(w.reader.fd)

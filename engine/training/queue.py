@@ -12,7 +12,9 @@ of one batch each. How chunks reach workers depends on ``balance``:
 Accounting: a chunk is ``pending`` -> ``claimed`` (by a rank) -> ``done``. When a worker is lost
 every chunk it touched in the current round goes back to ``pending`` with no owner -- including
 the ones it finished, because their effect lived only in the dead worker's weights, which never
-got merged. Every attempt is recorded, so "trained twice" is always visible and counted, and a
+got merged. A chunk the worker had been granted ahead (prefetched) but not started yet goes back
+too, recorded as ``lost-unstarted`` (an attempt, but not a training: it does not make the chunk
+"retrained"). Every attempt is recorded, so "trained twice" is always visible and counted, and a
 round commits only when each of its chunks is done exactly once by a live worker.
 """
 
@@ -107,15 +109,20 @@ class ChunkQueue:
         chunk.attempts.append({"rank": rank, "outcome": "done"})
         return True
 
-    def release(self, rank: int) -> list[int]:
-        """A worker is gone: everything it held or finished this round goes back, ownerless."""
+    def release(self, rank: int, unstarted: frozenset[int] | set[int] = frozenset()) -> list[int]:
+        """A worker is gone: everything it held or finished this round goes back, ownerless.
+
+        ``unstarted``: chunks it held only as its prefetched next one (never began training)."""
         back = []
         for chunk in self.chunks.values():
             if chunk.owner == rank and chunk.state == "pending":
                 chunk.owner = None  # its pre-assigned quota is now anyone's
             if chunk.rank != rank or chunk.state == "pending":
                 continue
-            outcome = "lost-after-training" if chunk.state == "done" else "lost-in-progress"
+            if chunk.state == "done":
+                outcome = "lost-after-training"
+            else:
+                outcome = "lost-unstarted" if chunk.id in unstarted else "lost-in-progress"
             if chunk.state == "done":
                 chunk.attempts[-1]["outcome"] = outcome
             else:
@@ -144,6 +151,7 @@ class ChunkQueue:
             "round": self.round_no,
             "chunks": [min(self.chunks), max(self.chunks)] if self.chunks else [],
             "done_by": {str(r): n for r, n in sorted(self.done_by().items())},
-            "retrained": sorted(c.id for c in self.chunks.values() if len(c.attempts) > 1),
+            "retrained": sorted(c.id for c in self.chunks.values()
+                                if sum(a["outcome"] != "lost-unstarted" for a in c.attempts) > 1),
             "attempts": {str(c.id): c.attempts for c in self.chunks.values() if len(c.attempts) > 1},
         }

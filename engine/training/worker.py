@@ -8,6 +8,12 @@ never corrupt ``--events -``.
 Loop: claim a chunk -> train one batch on it -> report and claim the next. The coordinator may
 answer a claim with ``merge`` (the round's data is all trained), ``regroup`` (the set of live
 workers changed: rebuild the gloo group) or ``stop``.
+
+With ``prefetch`` (the default) the claim for the next chunk goes out while the current one
+trains, so the answer is usually waiting when the batch ends and the device never idles for a
+round trip through the coordinator. At most one claim is out at a time and at most two chunks are
+in hand (the one training, the one ahead); a chunk finished while a claim is out is reported on
+its own (``done``, no answer expected), otherwise the report rides on the next claim.
 """
 
 from __future__ import annotations
@@ -220,9 +226,42 @@ class Worker:
         raise RuntimeError(f"unexpected command from the coordinator: {msg!r}")
 
     def loop(self) -> None:
-        nxt: dict[str, Any] | None = {"op": "claim", "done": None}
-        while nxt is not None:
-            nxt = self.dispatch(self.chan.request(nxt, self.reply_timeout))
+        from collections import deque
+
+        depth = 1 if self.cfg.get("prefetch", True) and knobs.prefetch() else 0  # chunks to hold beyond the one training
+        ahead: deque[int] = deque()  # granted, not started
+        result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
+        control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
+        waiting = False  # a claim is out and its answer not read yet
+        while True:
+            if waiting and control is None and (msg := self.chan.poll()) is not None:
+                waiting = False
+                if msg["op"] == "chunk":
+                    ahead.append(msg["chunk"])
+                else:
+                    control = msg
+            if not waiting and control is None and len(ahead) <= depth:
+                self.chan.send({"op": "claim", "done": result})  # the report rides on the next claim
+                result, waiting = None, True
+            elif result is not None:
+                self.chan.send({"op": "done", "done": result})
+                result = None
+            if ahead and control is None:
+                result = self.train_chunk(ahead.popleft())
+                continue
+            if control is None:  # nothing to train: there is always a claim out here
+                control, waiting = self.chan.recv(self.reply_timeout), False
+            msg, control = control, None
+            if msg["op"] == "chunk":
+                ahead.append(msg["chunk"])
+                continue
+            # merge (only once every chunk of the round is reported), regroup (may come with a chunk
+            # still ahead: it trains after the new group is formed) or stop.
+            nxt = self.dispatch(msg)
+            if nxt is None:
+                return
+            self.chan.send(nxt)  # the claim (or regroup_failed) that follows: it expects an answer
+            waiting = True
 
     def memory_info(self) -> dict[str, Any]:
         try:

@@ -66,6 +66,22 @@ def test_lost_worker_returns_done_and_in_progress_chunks_with_attempts_recorded(
     assert q.requeued_total == 2
 
 
+def test_a_lost_workers_prefetched_chunk_goes_back_once_and_is_not_counted_as_retrained():
+    q = ChunkQueue("dynamic")
+    q.start_round(1, 6, [0, 1])
+    done, training, ahead = q.claim(1), q.claim(1), q.claim(1)  # one finished, one in hand, one prefetched
+    q.complete(1, done)
+    back = q.release(1, unstarted={ahead})
+    assert sorted(back) == sorted([done, training, ahead]) and q.requeued_total == 3
+    assert q.chunks[ahead].attempts == [{"rank": 1, "outcome": "lost-unstarted"}]
+    assert q.release(1) == [] and q.requeued_total == 3  # released once: a second release finds nothing
+    got = drain(q, [0])
+    assert sorted(got[0]) == list(range(6)) and q.done_by() == {0: 6}
+    rec = q.round_record()
+    assert sorted(rec["retrained"]) == sorted([done, training])  # the prefetched one was trained once only
+    assert rec["attempts"][str(ahead)] == [{"rank": 1, "outcome": "lost-unstarted"}, {"rank": 0, "outcome": "done"}]
+
+
 def test_completing_a_chunk_one_does_not_hold_is_refused():
     q = ChunkQueue("dynamic")
     q.start_round(1, 2, [0, 1])

@@ -162,7 +162,11 @@ def lossy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lossy")
     p = hwtui("train", "--gpu-ids", "cpu:0,cpu:1,cpu:2", "--steps", "30", *COMMON, "--eval-every", "2",
               "--events", str(tmp / "ev.jsonl"),
-              "--report", str(tmp / "r.json"), env={"HWTUI_TEST_FAULT": "2:kill:chunk=4,1:kill:merge=2"})
+              "--report", str(tmp / "r.json"), env={"HWTUI_TEST_FAULT": "2:kill:chunk=4,1:kill:merge=2",
+                                                    # Batches a few times longer than the coordinator's answer
+                                                    # takes, so rank 2's prefetched 5th chunk is surely granted
+                                                    # before it dies (equal factors: no tail deferral).
+                                                    "HWTUI_TEST_SLOWDOWN": "0:3,1:3,2:3"})
     out, err = p.communicate(timeout=200)
     return {"rc": p.returncode, "err": err, "out": out, "events": events_of((tmp / "ev.jsonl").read_text()),
             "report": json.loads((tmp / "r.json").read_text())}
@@ -175,9 +179,20 @@ def test_lost_workers_chunks_are_requeued_and_every_chunk_counted_once(lossy):
     lost = {e["rank"]: e for e in lossy["events"] if e["kind"] == "train.worker_lost"}
     assert set(lost) == {1, 2} and all("SIGKILL" in e["reason"] for e in lost.values())
     rep = lossy["report"]
-    assert lost[2]["chunks_requeued"] == 4  # three finished (their weights died with it) + the one in hand
+    # Three finished (their weights died with it) + the one in hand + the one it had claimed ahead (prefetch).
+    assert lost[2]["chunks_requeued"] == 5
     by_rank = {w["rank"]: w for w in rep["workers"]}
     assert by_rank[2]["chunks_done"] == 3 and by_rank[2]["samples"] == 0 and by_rank[2]["samples_discarded"] == 3 * BATCH
+    assert by_rank[2]["chunks_claimed"] == 5
+    outcomes = {cid: [a["outcome"] for a in att if a["rank"] == 2] for cid, att in rep["rounds"][0]["attempts"].items()}
+    rank2 = sorted(o for os_ in outcomes.values() for o in os_)
+    assert rank2 == ["lost-after-training"] * 3 + ["lost-in-progress", "lost-unstarted"]
+    # The prefetched chunk went back once, was then trained once by a survivor, and is not "retrained"
+    # (it was never trained by the dead worker); the four it did touch are.
+    unstarted = [int(cid) for cid, os_ in outcomes.items() if os_ == ["lost-unstarted"]]
+    assert len(unstarted) == 1 and len(rep["rounds"][0]["attempts"][str(unstarted[0])]) == 2
+    assert unstarted[0] not in rep["rounds"][0]["retrained"]
+    assert len([c for c, os_ in outcomes.items() if os_ and os_ != ["lost-unstarted"]]) == 4
     assert lost[1]["chunks_requeued"] == by_rank[1]["chunks_requeued"] > 0
     # Round 1 had 3 workers (30 chunks), round 2 started with 2 (20 chunks), round 3 with 1 (10 chunks).
     ids_seen: list[int] = []
