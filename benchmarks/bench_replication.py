@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -210,6 +211,8 @@ def main() -> int:
                 p.stdin.close()
         for p in procs:
             p.wait(timeout=60)
+
+        shutil.rmtree(work, ignore_errors=True)  # ~0.5 GB of model and served copies per run
 
     med = {k: statistics.median(v) for k, v in rows.items()}
     gbps = {k: total / s / 1e9 for k, s in med.items()}

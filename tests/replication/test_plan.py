@@ -358,3 +358,37 @@ def test_torch_build_is_parsed_not_imported(tmp_path):
     assert detect_facts("cuda", {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, build)["multi_node"] is True
     here = torch_build()
     assert here["__version__"] and here["__version__"].split("+")[0] in torch.__version__
+
+
+def test_collective_groups_merge_only_contiguous_buckets(tmp_path):
+    from hwtui.engine.replication.plan import load_plan
+    from hwtui.engine.replication.worker import collective_groups
+
+    from tests.replication.helpers import make_model, write_plan
+
+    make_model(tmp_path, seed=3)
+    write_plan(tmp_path, tmp_path / "p.json", version="v1", bucket_kib=64)
+    plan = load_plan(tmp_path / "p.json")
+    n, sizes = len(plan.buckets), [b["size"] for b in plan.buckets]
+    groups = collective_groups(plan, chunk_bytes=64 << 20, max_group=2, enabled=True)
+    assert [b for g in groups for b in g] == list(range(n))  # every bucket once, in order
+    assert any(len(g) == 2 for g in groups) and all(len(g) <= 2 for g in groups)
+    for g in groups:
+        if len(g) > 1:  # one byte range of one safetensors file, bucket after bucket
+            first = [plan.bucket_items[b][0] for b in g]
+            assert len({plan.bucket_items[b][i]["file"] for b in g for i in range(len(plan.bucket_items[b]))}) == 1
+            assert all(plan["files"][f["file"]]["format"] == "safetensors" for f in first)
+            starts = [f["file_offset"] - f["offset"] for f in first]
+            assert all(starts[i + 1] == starts[i] + sizes[g[i]] for i in range(len(g) - 1))
+    # the chunk size caps a group's bytes; off (GPU) or a window too small to overlap: one bucket each
+    assert all(len(g) == 1 for g in collective_groups(plan, chunk_bytes=max(sizes), max_group=2, enabled=True))
+    assert collective_groups(plan, chunk_bytes=64 << 20, max_group=1, enabled=True) == [[b] for b in range(n)]
+    assert collective_groups(plan, chunk_bytes=64 << 20, max_group=4, enabled=False) == [[b] for b in range(n)]
+    # padded buckets (alignment) are never a plain byte range: no merging
+    write_plan(tmp_path, tmp_path / "a.json", version="v1", bucket_kib=64, align=4096)
+    padded = load_plan(tmp_path / "a.json")
+    pad = [b for b in range(len(padded.buckets))
+           if sum(i["nbytes"] for i in padded.bucket_items[b]) != padded.buckets[b]["size"]]
+    assert pad
+    assert all(len(g) == 1 for g in collective_groups(padded, chunk_bytes=64 << 20, max_group=2, enabled=True)
+               if any(b in pad for b in g))

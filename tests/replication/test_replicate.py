@@ -145,6 +145,13 @@ def _still_v2_everywhere(world, v2):
 
 
 def test_corrupted_bucket_is_named_and_nobody_commits(world, v2, v3_plan):
+    from hwtui.engine.replication.plan import load_plan
+    from hwtui.engine.replication.worker import collective_groups
+
+    # With the default window (4) bucket 3 travels in one collective with bucket 2: the corruption
+    # must still be caught per bucket, inside the group.
+    groups = collective_groups(load_plan(v3_plan), chunk_bytes=64 << 20, max_group=2, enabled=True)
+    assert any(3 in g and len(g) == 2 for g in groups), groups
     result, events, secs = replicate(v3_plan, nproc=3, commit=True, out=str(world["out"]), fault="corrupt:bucket=3,rank=2")
     assert not result.ok and result.exit_code == 1
     assert "bucket 3" in result.error and "rank 2" in result.error
