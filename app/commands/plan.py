@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hwtui.engine.replication.defaults import DEFAULT_BUCKET_MB
+
 HELP = "plan a weight replication: buckets, checksums, delta against a previous manifest"
 
 
@@ -12,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="safetensors files (memory-mapped) or torch state dicts (loaded with weights_only=True)")
     parser.add_argument("--prev", metavar="MANIFEST",
                         help="manifest (or plan) of the version the receivers serve now: only changed tensors are sent")
-    parser.add_argument("--bucket-mb", type=float, default=32.0, metavar="N", help="bucket size in MiB (default 32)")
+    parser.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, metavar="N",
+                        help=f"bucket size in MiB (default {DEFAULT_BUCKET_MB:g})")
     parser.add_argument("--align", type=int, default=1, metavar="B",
                         help="align each tensor inside a bucket to B bytes (a power of two; default 1 keeps buckets "
                              "contiguous file ranges that are sent without packing)")

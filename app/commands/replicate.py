@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import IO, Any
 
+from hwtui.engine.replication.defaults import DEFAULT_CHUNK_MB
+
 HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, windowed, verified)"
 
 
@@ -24,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive", action="store_true", help="steer the window towards --target-bucket-ms per bucket")
     parser.add_argument("--target-bucket-ms", type=float, default=50.0, metavar="MS", help="adaptive target (default 50)")
     parser.add_argument("--chunk-mb", type=float, metavar="M",
-                        help="split each broadcast into chunks of M MiB (default: HOTWEIGHTS_BCAST_CHUNK_MB, else 32)")
+                        help=f"largest broadcast in MiB: bigger buckets are split, file-contiguous smaller ones travel together "
+                             f"(default: HOTWEIGHTS_BCAST_CHUNK_MB, else {DEFAULT_CHUNK_MB:g})")
     parser.add_argument("--transport", metavar="NAME",
                         help="override the transport: gloo, cuda-ipc, nccl, rccl, xccl, ccl, hccl")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,

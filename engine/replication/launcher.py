@@ -30,6 +30,7 @@ from typing import Any
 
 from hwtui.app.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
 from hwtui.engine.events import ErrorEvent, Event, LogEvent, from_dict
+from hwtui.engine.replication.defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
@@ -42,7 +43,6 @@ MB = 1 << 20
 # on both sides go out in pairs (see worker.collective_groups), so with the default 32 MiB buckets
 # and window 4 one collective carries 64 MiB while the pair before it is being verified. NCCL
 # pipelines inside a collective anyway. HOTWEIGHTS_BCAST_CHUNK_MB / --chunk-mb change it.
-DEFAULT_CHUNK_MB = 64.0
 _FORWARDED = {"repl.bucket", "repl.window", "log", "error"}
 
 
@@ -88,7 +88,7 @@ def _env_number(env: dict[str, str], name: str, default: float, kind: type = flo
 
 
 def resolve_settings(opts: ReplicationOptions) -> dict[str, Any]:
-    inflight = opts.inflight if opts.inflight is not None else int(_env_number(opts.env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", 4, int))
+    inflight = opts.inflight if opts.inflight is not None else int(_env_number(opts.env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", DEFAULT_INFLIGHT, int))
     chunk_mb = opts.chunk_mb if opts.chunk_mb is not None else _env_number(opts.env, "HOTWEIGHTS_BCAST_CHUNK_MB", DEFAULT_CHUNK_MB)
     if inflight < 1:
         raise HwtuiError("--inflight must be at least 1")

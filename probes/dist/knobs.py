@@ -12,6 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hwtui.engine.replication.defaults import (
+    DEFAULT_BUCKET_MB,
+    DEFAULT_CHUNK_MB,
+    DEFAULT_INFLIGHT,
+    largest_collective_mb,
+)
 from hwtui.probes.dist.ib import active_ports, selected_ports
 from hwtui.probes.dist.parsers import parse_int, parse_nccl_list, parse_positive_number, parse_ucx_devices
 from hwtui.probes.finding import Finding, fail, passed, skip, warn
@@ -19,11 +25,7 @@ from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.inventory import devices_from_facts
 
 MIB = 1 << 20
-# The engine's defaults (engine/replication/launcher.py): window 4, chunk 8 MB. The bucket size is
-# a plan-time choice; 256 MB is the middle of the range the TUI proposes.
-DEFAULT_BUCKET_MB = 256
-DEFAULT_INFLIGHT = 4
-DEFAULT_CHUNK_MB = 8.0
+# The engine's own defaults, so the check judges the configuration the engine will really run.
 MAX_INFLIGHT = 1024
 BUCKET_VARS = ("HWTUI_BUCKET_MB", "HOTWEIGHTS_BUCKET_MB")
 # Leave half of the free memory to the model and the framework's own caches.
@@ -82,12 +84,14 @@ def knob_rules(facts: Facts) -> Iterator[Finding]:
     for name in ("HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", "HOTWEIGHTS_BCAST_CHUNK_MB", *BUCKET_VARS):
         if name in env and name not in k["problems"]:
             yield passed(f"knobs.{name.lower()}", f"{name}={env[name].strip()}")
-    if k["chunk_mb"] and k["chunk_mb"] > k["bucket_mb"]:
-        yield warn("knobs.chunk", f"HOTWEIGHTS_BCAST_CHUNK_MB={k['chunk_mb']} exceeds the bucket size "
-                   f"({k['bucket_mb']} MB)", "A chunk never spans buckets, so the setting has no effect.",
-                   f"export HOTWEIGHTS_BCAST_CHUNK_MB={min(DEFAULT_CHUNK_MB, k['bucket_mb']):g}")
+    reach = largest_collective_mb(k["chunk_mb"] or DEFAULT_CHUNK_MB, k["bucket_mb"], k["inflight"])
+    if k["chunk_mb"] and k["chunk_mb"] > reach:
+        yield warn("knobs.chunk", f"HOTWEIGHTS_BCAST_CHUNK_MB={k['chunk_mb']:g} is larger than any broadcast can be "
+                   f"({reach:g} MB)", f"With {k['bucket_mb']:g} MB buckets and a window of {k['inflight']}, at most "
+                   f"{reach:g} MB travel in one broadcast, so the extra size has no effect.",
+                   f"export HOTWEIGHTS_BCAST_CHUNK_MB={reach:g}")
     window = k["inflight"] * k["bucket_mb"] * MIB
-    desc = f"{k['inflight']} bucket(s) x {k['bucket_mb']} MB = {window / MIB:.0f} MB in flight"
+    desc = f"{k['inflight']} bucket(s) x {k['bucket_mb']:g} MB = {window / MIB:.0f} MB in flight"
     free, what = _free_memory(facts, env)
     if free is None:
         yield skip("knobs.window_memory", f"{desc}; free memory not known here")

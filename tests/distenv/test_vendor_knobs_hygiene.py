@@ -84,11 +84,15 @@ def test_window_against_device_memory(amd_node):
 def test_window_against_host_memory_and_bad_knobs(tmp_path):
     ns = basic_node(tmp_path)
     ns.facts(host_runtime={"mem_available": 8 * GIB, "mem_total": 16 * GIB})
-    f = findings(FsHost(ns.root, {"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "64", "HOTWEIGHTS_BCAST_CHUNK_MB": "0.5x"}))
+    f = findings(FsHost(ns.root, {"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "64", "HWTUI_BUCKET_MB": "256",
+                                  "HOTWEIGHTS_BCAST_CHUNK_MB": "0.5x"}))
     assert status(f, "knobs.window_memory") == "fail" and "host memory" in f["knobs.window_memory"].title
     assert status(f, "knobs.hotweights_bcast_chunk_mb") == "fail"
     f = findings(FsHost(ns.root, {"HOTWEIGHTS_BCAST_CHUNK_MB": "512"}))
-    assert status(f, "knobs.chunk") == "warn"
+    assert status(f, "knobs.chunk") == "warn"  # 32 MB buckets, window 4: at most 64 MB per broadcast
+    assert f["knobs.chunk"].remedy == "export HOTWEIGHTS_BCAST_CHUNK_MB=64"
+    f = findings(FsHost(ns.root, {"HOTWEIGHTS_BCAST_CHUNK_MB": "64"}))
+    assert "knobs.chunk" not in f
     f = findings(FsHost(basic_node(tmp_path / "bare").root, {}))
     assert status(f, "knobs.window_memory") == "skip"
 
