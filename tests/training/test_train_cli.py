@@ -228,3 +228,29 @@ def test_memory_check_refuses_before_training_and_says_what_to_change():
     assert p.returncode == 2
     assert err.count("\n") == 1 and "needs about" in err and "--batch-size" in err and "--activation-checkpointing" in err
     assert "round" not in out
+
+
+# -- a worker that stalls (SIGSTOP: alive but silent) ------------------------------------------------
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_stalled_worker_is_detected_by_heartbeat_and_its_chunks_requeued(tmp_path):
+    started = time.monotonic()
+    p = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "20", "--batch-size", str(BATCH), "--merge-every", "10",
+              "--heartbeat-timeout", "3", "--stall-timeout", "3", "--group-timeout", "30", "--eval-every", "2",
+              "--events", str(tmp_path / "ev.jsonl"), "--report", str(tmp_path / "r.json"),
+              env={"HWTUI_TEST_FAULT": "1:stall:chunk=2"})
+    out, err = p.communicate(timeout=150)
+    assert p.returncode == 0, err
+    events = events_of((tmp_path / "ev.jsonl").read_text())
+    (lost,) = [e for e in events if e["kind"] == "train.worker_lost"]
+    assert lost["rank"] == 1 and lost["chunks_requeued"] >= 1
+    assert "heartbeat" in lost["reason"] or "no progress" in lost["reason"], lost["reason"]
+    rep = json.loads((tmp_path / "r.json").read_text())
+    for rnd in rep["rounds"]:
+        lo, hi = rnd["chunks"]
+        assert sum(rnd["done_by"].values()) == hi - lo + 1  # every chunk done exactly once by a live worker
+    assert set(rep["rounds"][-1]["done_by"]) == {"0"}
+    assert rep["samples"] == sum(r["samples"] for r in rep["rounds"])
+    assert events[-1]["kind"] == "train.done" and events[-1]["ok"] is True
+    assert time.monotonic() - started < 150
