@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat as stat_mod
 import threading
 from collections.abc import Callable, Mapping
@@ -364,6 +363,3 @@ def make_host(sysroot: str | None = None, replay: str | None = None, env: Mappin
         raise ValueError(f"--sysroot {root}: not a directory")
     return FsHost(root, env)
 
-
-def which_live(name: str) -> str | None:
-    return shutil.which(name)

@@ -22,13 +22,12 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.probes.finding import summarize
     from hwtui.probes.framework import run_checks
     from hwtui.probes.host import RecordingHost
-    from hwtui.probes.inventory import devices_from_facts
 
     recorder = RecordingHost(host_from_args(args))
     collectors, rules = catalog()
+    # Every collector runs, so the record holds what --check, list-gpus and the TUI's sampler read
+    # (NVML/amdsmi figures included).
     result = run_checks(recorder, collectors, rules, timeout_scale=timeout_scale(args))
-    devices_from_facts(result.facts)
-    # Sampling and anything the TUI reads later go through the same recorded facts.
     snap = recorder.snapshot()
     try:
         atomic_write_text(args.output, json.dumps(snap, indent=1, sort_keys=True) + "\n")
