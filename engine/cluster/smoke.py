@@ -34,6 +34,7 @@ from hwtui.engine.cluster.bandwidth import OPS, BandwidthResult, Correctness, co
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.cluster.spec import ClusterSpec
 from hwtui.engine.events import Event
+from hwtui.engine.netutil import free_loopback_port
 from hwtui.probes.finding import Finding, Status, fail, passed, skip
 from hwtui.probes.redact import redact
 
@@ -123,7 +124,7 @@ def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchCon
     addr = env.get("MASTER_ADDR") or (spec.master if spec else None)
     port = _int_env(env, "MASTER_PORT") or (spec.master_port if spec else None)
     if launcher == "single":
-        addr, port = addr or "127.0.0.1", port or _free_port()
+        addr, port = addr or "127.0.0.1", port or free_loopback_port()
     if not addr or not port:
         raise ClusterFailure("no rendezvous address: set MASTER_ADDR and MASTER_PORT (the env files from "
                              "`hwtui cluster init` do) or pass --spec cluster.json")
@@ -132,11 +133,6 @@ def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchCon
     return LaunchContext(launcher, rank, world, local, addr, int(port),
                          env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", run_key)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpec | None) -> str:

@@ -19,7 +19,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 
 from hwtui.app.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
 from hwtui.engine.events import ErrorEvent, Event, LogEvent, from_dict
+from hwtui.engine.netutil import free_loopback_port
 from hwtui.engine.replication.defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
@@ -125,11 +125,6 @@ def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
     info["master_addr"], info["master_port"] = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     return info
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> Plan:
@@ -373,7 +368,7 @@ def _worker_env(opts: ReplicationOptions, rank: int, world: int, port: int) -> d
 
 def _run_local(cfg_base: dict[str, Any], world: int, coord: Coordinator, stopper: _Stop, opts: ReplicationOptions,
                phases: dict[str, float]) -> tuple[str | None, int]:
-    port = free_port()
+    port = free_loopback_port()
     sel = selectors.DefaultSelector()
     procs: dict[int, subprocess.Popen[bytes]] = {}
     bufs: dict[int, bytes] = {}

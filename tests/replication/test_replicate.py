@@ -248,7 +248,7 @@ def test_cli_events_on_stdout_and_sigterm_aborts(tmp_path):
 def test_joins_a_torchrun_world(tmp_path):
     expected = make_model(tmp_path / "src", seed=11, big=30_000, n=8)
     write_plan(tmp_path / "src", tmp_path / "p.json", version="t1", bucket_kib=32)
-    from hwtui.engine.replication.launcher import free_port
+    from hwtui.engine.netutil import free_loopback_port as free_port
 
     hwtui = str(Path(sys.executable).parent / "hwtui")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HWTUI_TEST_FAULT")}
