@@ -45,6 +45,10 @@ def is_address(text: str) -> bool:
 
 
 def valid_host(text: str) -> bool:
+    # All digits and dots is meant as an IPv4 address: "10.0.0.256" is a typo, not a host name
+    # (RFC 1123 forbids an all-numeric top-level label for exactly this reason).
+    if re.fullmatch(r"[0-9.]+", text):
+        return is_address(text)
     return is_address(text) or bool(_HOSTNAME.match(text))
 
 

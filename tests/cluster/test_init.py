@@ -141,6 +141,8 @@ def test_existing_description_needs_force_and_stale_files_go(tmp_path, capsys):
     (["--nodes", "a,a"], "node 'a' is listed twice"),
     (["--nodes", "a=10.0.0.1,b=10.0.0.1"], "address '10.0.0.1' is given to more than one node"),
     (["--nodes", "bad_host!"], "neither a host name nor an IP address"),
+    (["--nodes", "a=10.0.0.256"], "neither a host name nor an IP address"),
+    (["--nodes", "a=1.2.3"], "neither a host name nor an IP address"),
     (["--nodes", ","], "no nodes given"),
     (["--nodes", "a,b", "--master-port", "70000"], "not a TCP port"),
     (["--nodes", "a,b", "--devices-per-node", "0"], "devices per node"),
