@@ -271,7 +271,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
 
 def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
     """Index the weight files (safetensors headers, or torch state dicts) for the planner."""
-    from hwtui.engine.replication.weights import MappedFile
+    from hwtui.engine.replication.weights import MappedArray
 
     files: list[dict[str, Any]] = []
     tensors: list[SourceTensor] = []
@@ -286,7 +286,7 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
         if fmt == "safetensors":
             infos, raw_header, _ = read_safetensors_header(path)
             entry["header_xxh3"] = xxh3_hex(raw_header)
-            mapped = MappedFile(path)
+            mapped = MappedArray(path)
             closers.append(mapped.close)
             views[idx] = ("mmap", mapped)
         else:
@@ -299,7 +299,7 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
     def reader(src: SourceTensor) -> Any:
         kind, obj = views[src.file]
         if kind == "mmap":
-            return obj.tensor[src.info.file_offset:src.info.file_offset + src.info.nbytes].numpy()
+            return obj.array[src.info.file_offset:src.info.file_offset + src.info.nbytes]
         return obj[src.info.name].numpy()
 
     return PlanInputs(files, tensors, reader, closers)

@@ -146,6 +146,23 @@ def tensor_bytes(t: Any) -> Any:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _map_readonly(path: str | os.PathLike[str]) -> tuple[mmap.mmap | None, int]:
+    """A shared read-only mapping of the whole file (None when empty), pre-populated where the
+    platform allows so page-table work happens at open, not inside a timed transfer."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return (mmap.mmap(fh.fileno(), 0, flags=flags, prot=mmap.PROT_READ) if size else None), size
+
+
+def _unmap(mm: mmap.mmap | None) -> None:
+    if mm is not None:
+        try:
+            mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes when it does
+
+
 class MappedFile:
     """A read-only view of a whole file as a torch uint8 tensor, backed by a shared mmap.
 
@@ -161,10 +178,7 @@ class MappedFile:
         import torch
 
         self.path = str(path)
-        with open(path, "rb") as fh:
-            self.size = os.fstat(fh.fileno()).st_size
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self._mm = mmap.mmap(fh.fileno(), 0, flags=flags, prot=mmap.PROT_READ) if self.size else None
+        self._mm, self.size = _map_readonly(path)
         if self._mm is None:
             self.tensor = torch.empty(0, dtype=torch.uint8)
             return
@@ -174,12 +188,27 @@ class MappedFile:
 
     def close(self) -> None:
         self.tensor = None
-        if self._mm is not None:
-            try:
-                self._mm.close()
-            except BufferError:
-                pass  # a view is still alive somewhere; the mapping goes when it does
-            self._mm = None
+        _unmap(self._mm)
+        self._mm = None
+
+
+class MappedArray:
+    """The same read-only shared mapping as :class:`MappedFile`, seen as a numpy uint8 array.
+
+    The planner only hashes bytes, so it uses this instead and never imports torch: planning a
+    safetensors model then costs the hashing, not a 1.5 s torch import.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        import numpy as np
+
+        self._mm, _ = _map_readonly(path)
+        self.array = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, dtype=np.uint8)
+
+    def close(self) -> None:
+        self.array = None
+        _unmap(self._mm)
+        self._mm = None
 
 
 def torch_dtype(name: str) -> Any:

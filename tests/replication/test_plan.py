@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -392,3 +394,18 @@ def test_collective_groups_merge_only_contiguous_buckets(tmp_path):
     assert pad
     assert all(len(g) == 1 for g in collective_groups(padded, chunk_bytes=64 << 20, max_group=2, enabled=True)
                if any(b in pad for b in g))
+
+
+def test_planning_safetensors_does_not_import_torch(tmp_path):
+    # Planning only reads headers and hashes bytes: no 1.5 s torch import for `hwtui plan`.
+    code = f"""
+import sys
+import numpy as np
+from safetensors.numpy import save_file
+save_file({{"a": np.arange(1000, dtype=np.float32), "b": np.ones((7, 3), dtype=np.int64)}}, {str(tmp_path / 'm.safetensors')!r})
+from hwtui.engine.replication.plan import build_plan_from_files
+plan = build_plan_from_files([{str(tmp_path / 'm.safetensors')!r}], model=None, version=None, bucket_bytes=1024)
+print(len(plan["tensors"]), "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["2", "False"], out.stdout + out.stderr
