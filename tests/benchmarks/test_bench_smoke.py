@@ -20,3 +20,30 @@ def test_replication_benchmark_runs_bit_exact_at_toy_size():
     assert {"hwtui", "flat", "ddp_coalesced_25mb", "tensor_by_tensor"} <= set(table)
     assert set(table.values()) == {"True"}  # every method bit-exact
     assert "hwtui / flat" in r.stdout
+
+
+def _run(script: str, *args: str, timeout: int = 170) -> str:
+    r = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.timeout(120)
+def test_check_benchmark_runs():
+    out = _run("bench_check.py", "--runs", "1")
+    assert "ratio cold/collect_env" in out and "ratio warm/collect_env" in out and "hwtui --help:" in out
+
+
+@pytest.mark.timeout(120)
+def test_dashboard_benchmark_repaints_every_tick():
+    out = _run("bench_dashboard.py", "--seconds", "3")
+    assert "one refresh, UI-thread CPU" in out and "app process CPU between ticks" in out
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_training_benchmark_runs_at_toy_size():
+    out = _run("bench_training.py", "--steps", "20", "--merge-every", "10", "--repeats", "1", "--balances", "dynamic")
+    (line,) = [x for x in out.splitlines() if x.startswith("dynamic")]
+    efficiency = float(line.split("efficiency (solo)")[1].split()[0])
+    assert 0 < efficiency < 2  # a figure, not a verdict: toy runs are too short to judge balancing
