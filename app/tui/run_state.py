@@ -164,6 +164,12 @@ class RunState:
         self.log.append(entry)
         self.log_total += 1
 
+    def _outcome(self, ok: bool, text: str) -> None:
+        """Log a phase's result; a failure is also an error, so it is shown, never only logged."""
+        self._log(("info" if ok else "error", text))
+        if not ok:
+            self.errors.append(text)
+
     # -- writers (reader thread) ----------------------------------------------------------
     def apply(self, ev: Any) -> str:
         kind, data = normalize(ev)
@@ -256,10 +262,8 @@ class RunState:
     def _repl_commit(self, d: dict[str, Any]) -> None:
         self.repl.commits.append(dict(d))
         ok = d.get("ok", True)
-        self._log(("info" if ok else "error", f"commit of version {d.get('version', '?')} {d.get('phase', '?')}: "
-                                                    f"{'ok' if ok else 'FAILED'} {d.get('detail', '')}".rstrip()))
-        if not ok:
-            self.errors.append(self.log[-1][1])
+        self._outcome(ok, f"commit of version {d.get('version', '?')} {d.get('phase', '?')}: "
+                                 f"{'ok' if ok else 'FAILED'} {d.get('detail', '')}".rstrip())
 
     def _repl_done(self, d: dict[str, Any]) -> None:
         self.repl.done = dict(d)
@@ -268,10 +272,8 @@ class RunState:
         if d.get("seconds"):
             self.repl.elapsed_s = _num(d["seconds"])
         ok = bool(d.get("ok"))
-        self._log(("info" if ok else "error", f"replication {'done' if ok else 'FAILED'}: "
-                                                    f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.3g} s"))
-        if not ok:
-            self.errors.append(self.log[-1][1])
+        self._outcome(ok, f"replication {'done' if ok else 'FAILED'}: "
+                                 f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.3g} s")
 
     # training ------------------------------------------------------------------------------
     def _train_start(self, d: dict[str, Any]) -> None:
@@ -312,10 +314,8 @@ class RunState:
     def _train_done(self, d: dict[str, Any]) -> None:
         self.train.done = dict(d)
         ok = bool(d.get("ok"))
-        self._log(("info" if ok else "error", f"training {'done' if ok else 'FAILED'}: {d.get('samples', '?')} samples "
-                                                    f"in {_num(d.get('seconds')):.1f} s, final loss {d.get('final_loss', '?')}"))
-        if not ok:
-            self.errors.append(self.log[-1][1])
+        self._outcome(ok, f"training {'done' if ok else 'FAILED'}: {d.get('samples', '?')} samples "
+                                 f"in {_num(d.get('seconds')):.1f} s, final loss {d.get('final_loss', '?')}")
 
     # cluster smoke test --------------------------------------------------------------------
     def _cluster_node(self, d: dict[str, Any]) -> None:
