@@ -2,5 +2,5 @@
 
 Probes read facts through a :class:`~hwtui.probes.host.Host` (never straight from ``/``) and
 rules turn facts into :class:`~hwtui.probes.finding.Finding` objects. Nothing in this package may
-import textual: the headless check and the engine must run on machines with no terminal UI.
+depend on textual: the headless check and the engine must run on machines with no terminal UI.
 """

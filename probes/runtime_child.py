@@ -82,6 +82,17 @@ def _xpu_facts(torch: Any) -> dict[str, Any] | None:
     return out
 
 
+def _optional_backend(dist: Any, backend: str, module: str) -> dict[str, Any]:
+    """Import the bindings that register ``backend``, then ask torch whether it is there."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+        return {backend: bool(dist.is_backend_available(backend))}
+    except Exception as exc:  # noqa: BLE001 - a broken vendor stack is a finding, not a crash
+        return {backend: False, f"{backend}_error": _err(exc)}
+
+
 def _backends(torch: Any, probe_ccl: bool, probe_hccl: bool) -> dict[str, Any]:
     dist = torch.distributed
     out: dict[str, Any] = {}
@@ -93,23 +104,11 @@ def _backends(torch: Any, probe_ccl: bool, probe_hccl: bool) -> dict[str, Any]:
             out[name] = bool(fn()) if fn else None
         except Exception:  # noqa: BLE001
             out[name] = None
+    # 'ccl' and 'hccl' register only once their bindings are imported.
     if probe_ccl:
-        # 'ccl' registers only once Intel's oneCCL bindings are imported.
-        try:
-            import oneccl_bindings_for_pytorch  # noqa: F401
-
-            out["ccl"] = bool(dist.is_backend_available("ccl"))
-        except Exception as exc:  # noqa: BLE001
-            out["ccl"] = False
-            out["ccl_error"] = _err(exc)
+        out.update(_optional_backend(dist, "ccl", "oneccl_bindings_for_pytorch"))
     if probe_hccl:
-        try:
-            import habana_frameworks.torch.distributed.hccl  # noqa: F401
-
-            out["hccl"] = bool(dist.is_backend_available("hccl"))
-        except Exception as exc:  # noqa: BLE001
-            out["hccl"] = False
-            out["hccl_error"] = _err(exc)
+        out.update(_optional_backend(dist, "hccl", "habana_frameworks.torch.distributed.hccl"))
     return out
 
 
