@@ -17,12 +17,17 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 run: $(STAMP)
 	$(BIN)/hwtui $(ARGS)
 
+# PYTHONPATH=. : the static tools read this tree (hwtui/ links the root folders), never another clone.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	PYTHONPATH=. $(BIN)/lint-imports
+	PYTHONPATH=. $(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	PYTHONPATH=. $(BIN)/lint-imports
+	PYTHONPATH=. $(BIN)/mypy
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -13,8 +13,21 @@ import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from hwtui.app.errors import EXIT_INTERNAL, EXIT_USAGE, HwtuiError
+from hwtui.core.errors import EXIT_INTERNAL, EXIT_USAGE, HwtuiError
+
+# Modules that only the engine extra brings: a base install (`pip install hwtui`) meets them as a
+# ModuleNotFoundError, which must read as "install the extra", not as an internal error.
+ENGINE_EXTRA_MODULES = {"torch": "engine", "xxhash": "engine", "safetensors": "engine", "numpy": "engine"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors are one line (what is wrong and where to look) with exit 2, not argparse's five."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
 
 # Subcommand name -> module with HELP, add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, str] = {
@@ -38,7 +51,7 @@ def _add_host_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hwtui",
         description="Detect and verify GPUs of every vendor, then replicate weights and train on them. "
                     "With no command, starts the terminal UI.",
@@ -96,6 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HwtuiError as exc:
         print(f"hwtui: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        extra = ENGINE_EXTRA_MODULES.get((exc.name or "").split(".")[0])
+        if extra is None:
+            if os.environ.get("HWTUI_DEBUG"):
+                raise
+            print(f"hwtui: internal error: {type(exc).__name__}: {exc} (HWTUI_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return EXIT_INTERNAL
+        what = args.command or "this"
+        print(f"hwtui: error: `hwtui {what}` needs the {extra} extra ({exc.name} is not installed): "
+              f'pip install "hwtui[{extra}]"', file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("hwtui: interrupted", file=sys.stderr)
         return 130

@@ -88,13 +88,14 @@ class TickProbe:
         setattr(owner, name, wrapper(original))
 
     def install(self) -> None:
-        from hwtui.app.tui.messages import SamplesReady
-        from hwtui.widgets.device_panel import DevicePanel
         from textual._compositor import CompositorUpdate
         from textual.app import App
         from textual.message_pump import MessagePump
         from textual.screen import Screen
         from textual.widget import Widget
+
+        from hwtui.app.tui.messages import SamplesReady
+        from hwtui.widgets.device_panel import DevicePanel
 
         probe = self
 

@@ -105,7 +105,7 @@ def baseline_worker(rank: int, port: int, model: str) -> None:
 
 
 def start_baselines(model: str) -> list[subprocess.Popen[str]]:
-    from hwtui.engine.netutil import free_loopback_port as free_port
+    from hwtui.core.net import free_loopback_port as free_port
 
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -1,6 +1,7 @@
 """Entry point of a probe child process: ``python -m hwtui.probes._child_entry MOD:FUNC FD ARGS``.
 
-Runs one function and writes ``{"ok": true, "value": ...}`` (or the error) to the inherited pipe.
+Runs one function and writes ``{"kind": "answer", "ok": true, "value": ...}`` (or the error) as one
+JSON line to the inherited pipe (the supervisor's envelope: an object with a ``kind``).
 Standard output is not the channel, because vendor libraries print on import.
 """
 
@@ -17,10 +18,10 @@ def main() -> None:
     try:
         module_name, func_name = target.split(":", 1)
         func = getattr(importlib.import_module(module_name), func_name)
-        answer = {"ok": True, "value": func(**json.loads(raw_args))}
+        answer = {"kind": "answer", "ok": True, "value": func(**json.loads(raw_args))}
     except BaseException as exc:  # noqa: BLE001 - amdsmi raises KeyError on import, others SystemExit
-        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    payload = json.dumps(answer, default=str).encode()
+        answer = {"kind": "answer", "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    payload = (json.dumps(answer, default=str) + "\n").encode()
     with os.fdopen(fd, "wb") as out:
         out.write(payload)
 

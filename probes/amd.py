@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, fail, passed
 from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import build_devices
-from hwtui.probes.finding import Finding, fail, passed
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.pci import GPU_CLASSES, PCI_ROOT
-from hwtui.probes.sampling import hwmon_dir, read_sysfs_gpu
+from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwtui.probes.finding import Finding, Status
+from hwtui.core.finding import Finding, Status
 from hwtui.probes.host import FactUnavailable, Host
 
 

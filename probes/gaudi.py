@@ -11,8 +11,8 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.devices import build_devices
-from hwtui.probes.finding import Finding, fail, passed, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 

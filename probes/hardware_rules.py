@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, Status, fail, passed, skip, warn
 from hwtui.probes.devices import build_devices
-from hwtui.probes.finding import Finding, Status, fail, passed, skip, warn
 from hwtui.probes.framework import Facts
 
 GIB = 1024**3

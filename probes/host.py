@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwtui.probes.redact import redact, redact_env
+from hwtui.core.redact import redact, redact_env
 
 SNAPSHOT_SCHEMA = "hwtui.snapshot/1"
 FACTS_FILE = ".hwtui-facts.json"
@@ -362,4 +362,3 @@ def make_host(sysroot: str | None = None, replay: str | None = None, env: Mappin
     if not os.path.isdir(root):
         raise ValueError(f"--sysroot {root}: not a directory")
     return FsHost(root, env)
-

@@ -12,9 +12,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.amd import vendor_functions
 from hwtui.probes.devices import build_devices
-from hwtui.probes.finding import Finding, fail, passed, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library

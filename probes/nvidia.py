@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, Status, fail, passed, skip, warn
 from hwtui.probes.devices import build_devices
-from hwtui.probes.finding import Finding, Status, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library

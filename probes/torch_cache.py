@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
 
 CACHE_SCHEMA = "hwtui.torch-cache/1"
 MAX_ENTRIES = 8

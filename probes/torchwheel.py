@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
 from hwtui.probes import torch_cache
 from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import Device, build_devices
-from hwtui.probes.finding import Finding, Status, error, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 

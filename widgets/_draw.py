@@ -59,15 +59,5 @@ def columns(values: Sequence[float], width: int, height: int, hi: float | None =
     return rows
 
 
-def human_bytes(n: float | None, digits: int = 1) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
-        n /= 1000
-    return f"{n:.{digits}f} TB"
-
-
 def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024**3:.1f}G"

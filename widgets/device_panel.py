@@ -17,14 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hwtui.widgets.memory_bar import memory_label, memory_segments
-from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from hwtui.widgets.memory_bar import memory_label, memory_segments
+from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
 
 KEY_MAX = 12  # a longer device key is cut: the full name is in the row's tooltip
 MIN_BAR, MIN_SPARK = 4, 4  # below these the one-line layout stops being readable: go to two lines

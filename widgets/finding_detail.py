@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.widgets.findings_list import verdict_text
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static, TextArea
+
+from hwtui.widgets.findings_list import verdict_text
 
 
 class FindingDetail(Vertical):

@@ -8,9 +8,10 @@ repeats what the length and the numbers already say).
 
 from __future__ import annotations
 
-from hwtui.widgets._draw import bar, gib
 from rich.segment import Segment
 from rich.style import Style
+
+from hwtui.widgets._draw import bar, gib
 
 LEVEL_STYLES = {"ok": Style(color="green"), "high": Style(color="yellow"), "full": Style(color="red"), "none": Style(dim=True)}
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.widgets._draw import bar
 from rich.text import Text
 from textual.widget import Widget
+
+from hwtui.widgets._draw import bar
 
 
 def format_eta(seconds: float | None) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hwtui.widgets._draw import sparkline
 from rich.segment import Segment
 from rich.style import Style
+
+from hwtui.widgets._draw import sparkline
 
 NAME_STYLE, LINE_STYLE = Style(dim=True), Style(color="cyan")
 

@@ -19,9 +19,6 @@ class StepBar(Widget):
         self.current = current
         self.subtitle = subtitle
 
-    def set_subtitle(self, subtitle: str) -> None:
-        self.subtitle = subtitle
-        self.refresh()
 
     def render(self) -> Text:
         text = Text(" hwtui ", style="bold reverse")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.widgets._draw import columns
 from rich.text import Text
 from textual.widget import Widget
+
+from hwtui.widgets._draw import columns
 
 
 class ThroughputChart(Widget):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.widgets._draw import bar, gib
 from rich.text import Text
 from textual.widgets import DataTable
+
+from hwtui.widgets._draw import bar, gib
 
 
 class WorkerTable(DataTable):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hwtui.app.errors import HwtuiError
+from hwtui.core.errors import HwtuiError
 
 
 def host_from_args(args: argparse.Namespace):

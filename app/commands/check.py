@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from hwtui.app.commands._host import host_from_args, timeout_scale
-from hwtui.app.errors import EXIT_FAILED, EXIT_OK, HwtuiError
+from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 
 SCHEMA = "hwtui.check/1"
 
@@ -24,8 +24,8 @@ def _host_summary(result) -> dict[str, Any]:
 
 
 def build_document(host, result, devices) -> dict[str, Any]:
-    from hwtui.probes.finding import summarize
-    from hwtui.probes.redact import redact
+    from hwtui.core.finding import summarize
+    from hwtui.core.redact import redact
 
     doc = {
         "schema": SCHEMA,
@@ -39,18 +39,18 @@ def build_document(host, result, devices) -> dict[str, Any]:
 
 
 def is_failure(result, strict: bool) -> bool:
-    from hwtui.probes.finding import Status
+    from hwtui.core.finding import Status
 
     bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
     return any(f.status in bad for f in result.findings)
 
 
 def run(args: argparse.Namespace) -> int:
+    from hwtui.core.finding import Finding, summarize
+    from hwtui.core.redact import redact
     from hwtui.probes.catalog import areas, catalog
-    from hwtui.probes.finding import Finding, summarize
     from hwtui.probes.framework import run_checks
     from hwtui.probes.inventory import devices_from_facts
-    from hwtui.probes.redact import redact
 
     host = host_from_args(args)
     only = None
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.junit:
         from hwtui.app.output.junit import to_junit
-        from hwtui.engine.atomic import atomic_write_text
+        from hwtui.core.atomic import atomic_write_text
 
         try:
             atomic_write_text(args.junit, to_junit(result.findings, result.duration_s, strict=args.strict))

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     action = getattr(args, "cluster_command", None)
     if action == "init":
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 # -- init ------------------------------------------------------------------------------------------
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     out = {}
     for item in items:
@@ -94,7 +94,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
 
 
 def build_spec(args: argparse.Namespace):
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
     from hwtui.engine.cluster.spec import ClusterSpec, SpecError, parse_nodes
 
     nodes = parse_nodes(args.nodes)
@@ -117,7 +117,7 @@ def build_spec(args: argparse.Namespace):
 def _init(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
     from hwtui.engine.cluster import launchfiles
 
     spec = build_spec(args)
@@ -147,7 +147,7 @@ def _init(args: argparse.Namespace) -> int:
 # -- test ------------------------------------------------------------------------------------------
 
 def _options(args: argparse.Namespace):
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
     from hwtui.engine.cluster import spec as specmod
     from hwtui.engine.cluster.bandwidth import OPS, parse_size, size_series
     from hwtui.engine.cluster.smoke import SmokeOptions
@@ -186,7 +186,7 @@ def _options(args: argparse.Namespace):
 
 
 def _test(args: argparse.Namespace) -> int:
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     if args.json and args.events == "-":
         raise HwtuiError("--json and --events - both want stdout: write events to a file, or drop --json")
@@ -194,10 +194,10 @@ def _test(args: argparse.Namespace) -> int:
 
     from hwtui.app.output.style import Painter, use_color
     from hwtui.app.output.text_report import render
+    from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
+    from hwtui.core.finding import Finding, summarize
     from hwtui.engine.cluster import smoke
     from hwtui.engine.cluster.report import LivePrinter, write_report
-    from hwtui.engine.events import ErrorEvent, Fanout, JsonlWriter
-    from hwtui.probes.finding import Finding, summarize
 
     try:
         rank = smoke.detect_launch(os.environ, opts.spec).rank

@@ -13,7 +13,7 @@ import sys
 import time
 
 from hwtui.app.commands._host import host_from_args, timeout_scale
-from hwtui.app.errors import EXIT_OK, HwtuiError
+from hwtui.core.errors import EXIT_OK, HwtuiError
 
 HELP = "print the environment exports that make this node ready (NCCL, RDMA, rendezvous, vendor runtimes)"
 
@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hwtui.core.finding import Status
     from hwtui.probes.catalog import catalog
     from hwtui.probes.dist.exports import build_lines, render
-    from hwtui.probes.finding import Status
     from hwtui.probes.framework import run_checks
 
     host = host_from_args(args)
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
               f"Checks: {len(bad)} failed, {len(warned)} warned (details: hwtui --check --only env)"]
     text = render(lines, header)
     if args.write:
-        from hwtui.engine.atomic import atomic_write_text
+        from hwtui.core.atomic import atomic_write_text
 
         try:
             atomic_write_text(args.write, text)

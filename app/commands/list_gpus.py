@@ -31,8 +31,8 @@ def format_table(devices) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.commands._host import host_from_args
+    from hwtui.core.redact import redact
     from hwtui.probes.inventory import detect_devices
-    from hwtui.probes.redact import redact
 
     host = host_from_args(args)
     devices, _facts = detect_devices(host)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hwtui.engine.replication.defaults import DEFAULT_BUCKET_MB
+from hwtui.probes.dist.replication_defaults import DEFAULT_BUCKET_MB
 
 HELP = "plan a weight replication: buckets, checksums, delta against a previous manifest"
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
     from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic
 
     bucket_bytes = int(args.bucket_mb * (1 << 20))

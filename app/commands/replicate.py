@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import IO, Any
 
-from hwtui.engine.replication.defaults import DEFAULT_CHUNK_MB
+from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB
 
 HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, windowed, verified)"
 
@@ -51,7 +51,7 @@ class _LazyJsonl:
         self.writer: Any = None
 
     def __call__(self, ev: Any) -> None:
-        from hwtui.engine.events import JsonlWriter
+        from hwtui.core.events import JsonlWriter
 
         if self.writer is None:
             self.writer = JsonlWriter(self.target)
@@ -75,7 +75,7 @@ class Printer:
     def __call__(self, ev: Any) -> None:
         import time
 
-        from hwtui.engine.events import ErrorEvent, LogEvent
+        from hwtui.core.events import ErrorEvent, LogEvent
         from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 
         if isinstance(ev, LogEvent):
@@ -114,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from hwtui.app.errors import HwtuiError
-    from hwtui.engine.atomic import atomic_write_text
-    from hwtui.engine.events import ErrorEvent, Fanout, JsonlWriter
+    from hwtui.core.atomic import atomic_write_text
+    from hwtui.core.errors import HwtuiError
+    from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
     from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 
     # Under torchrun/SLURM every rank runs this command: "{rank}" in a path keeps their files apart.

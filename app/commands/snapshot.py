@@ -16,10 +16,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from hwtui.app.commands._host import host_from_args, timeout_scale
-    from hwtui.app.errors import HwtuiError
-    from hwtui.engine.atomic import atomic_write_text
+    from hwtui.core.atomic import atomic_write_text
+    from hwtui.core.errors import HwtuiError
+    from hwtui.core.finding import summarize
     from hwtui.probes.catalog import catalog
-    from hwtui.probes.finding import summarize
     from hwtui.probes.framework import run_checks
     from hwtui.probes.host import RecordingHost
 

@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive(args: argparse.Namespace) -> None:
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every", "eval_every"):
         if getattr(args, name) < 1:
@@ -73,7 +73,7 @@ def _positive(args: argparse.Namespace) -> None:
 def resolve_devices(args: argparse.Namespace) -> list:
     """DeviceRefs from --gpu-ids / --cuda-ids (or the default), errors as one line."""
     from hwtui.app.commands._host import host_from_args
-    from hwtui.app.errors import HwtuiError
+    from hwtui.core.errors import HwtuiError
     from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
     from hwtui.probes.inventory import detect_devices
 
@@ -133,14 +133,14 @@ class _Printer:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.errors import EXIT_FAILED, HwtuiError
+    from hwtui.core.errors import EXIT_FAILED, HwtuiError
 
     _positive(args)
     refs = resolve_devices(args)
     if args.resume and not args.checkpoint_dir:
         raise HwtuiError("--resume needs --checkpoint-dir")
 
-    from hwtui.engine.events import Fanout, JsonlWriter
+    from hwtui.core.events import Fanout, JsonlWriter
     from hwtui.engine.training.launcher import Coordinator, TrainConfig, TrainingError
     from hwtui.engine.training.model import ModelConfig
     from hwtui.engine.training.report import write_report

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from hwtui.probes.finding import Finding, Status
+from hwtui.core.finding import Finding, Status
 
 
 def to_junit(findings: list[Finding], duration_s: float, strict: bool = False) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from hwtui.app.output.style import Painter
-from hwtui.probes.finding import Finding, Status
+from hwtui.core.finding import Finding, Status
 
 # ASCII-safe status tags: legible with NO_COLOR, in a CI log and on a serial console.
 _TAGS = {Status.PASS: ("PASS", "green"), Status.WARN: ("WARN", "yellow"), Status.FAIL: ("FAIL", "red"),

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual.app import App
+from textual.binding import Binding, BindingType
+
 from hwtui.app.tui.config import TuiConfig
 from hwtui.app.tui.defaults import engine_defaults
 from hwtui.app.tui.device_sampler import make_sampler
-from textual.app import App
-from textual.binding import Binding, BindingType
 
 STEPS = ("detect", "drivers", "environment", "engine", "run")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
 
 SCHEMA = "hwtui.tui-config/1"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from hwtui.app.errors import HwtuiError
+from hwtui.core.errors import HwtuiError
 
 
 def host_args(args: argparse.Namespace) -> list[str]:

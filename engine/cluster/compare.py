@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from hwtui.probes.finding import Finding, Status, fail, passed, warn
+from hwtui.core.finding import Finding, Status, fail, passed, warn
 
 # Differences in these are what the interface rule explains better than a bare "differs".
 _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.engine.events import Event, event
+from hwtui.core.events import Event, event
 
 
 @event("cluster.node")

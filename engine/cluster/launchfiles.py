@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
 from hwtui.engine.cluster.spec import ClusterSpec, Node
 
 MANIFEST = ".hwtui-generated.json"

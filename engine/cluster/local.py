@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from hwtui.probes.redact import redact
+from hwtui.core.redact import redact
 
 SCHEMA = "hwtui.cluster.rank/1"
 

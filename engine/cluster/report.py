@@ -13,22 +13,16 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
+from hwtui.core.events import ErrorEvent, Event
+from hwtui.core.redact import redact
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
-from hwtui.engine.events import ErrorEvent, Event
-from hwtui.probes.redact import redact
 
 BW_HEADER = f"{'op':>12} {'size(B)':>12} {'time(us)':>11} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"
 
 
 def bandwidth_row(op: str, size_bytes: int, seconds: float, algbw: float, busbw: float) -> str:
     return f"{op:>12} {size_bytes:>12} {seconds * 1e6:>11.1f} {algbw:>12.4f} {busbw:>12.4f}"
-
-
-def bandwidth_table(results: list[dict[str, Any]]) -> str:
-    lines = [BW_HEADER]
-    lines += [bandwidth_row(r["op"], r["size_bytes"], r["seconds"], r["algbw"], r["busbw"]) for r in results]
-    return "\n".join(lines)
 
 
 class LivePrinter:

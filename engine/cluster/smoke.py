@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from hwtui.core.events import Event
+from hwtui.core.finding import Finding, Status, fail, passed, skip
+from hwtui.core.net import free_loopback_port
+from hwtui.core.redact import redact
 from hwtui.engine.cluster import compare as cmp
 from hwtui.engine.cluster.bandwidth import OPS, BandwidthResult, Correctness, correctness, floor_failures, measure
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.cluster.spec import ClusterSpec
-from hwtui.engine.events import Event
-from hwtui.engine.netutil import free_loopback_port
-from hwtui.probes.finding import Finding, Status, fail, passed, skip
-from hwtui.probes.redact import redact
 
 REPORT_SCHEMA = "hwtui.cluster.report/1"
 POLL_S = 0.2
@@ -132,7 +132,6 @@ def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchCon
                                      env.get("SLURM_JOB_ID")])) or "run"
     return LaunchContext(launcher, rank, world, local, addr, int(port),
                          env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", run_key)
-
 
 
 def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpec | None) -> str:
@@ -296,6 +295,7 @@ def _wait_done(store, ctx: LaunchContext, timeout: float, ranks: list[int] | Non
 def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str] | None = None) -> SmokeResult:
     import torch
     import torch.distributed as dist
+
     from hwtui.engine.cluster.gather import GatherError, all_gather_json
     from hwtui.engine.cluster.local import rank_report, route_to
 

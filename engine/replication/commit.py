@@ -22,8 +22,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hwtui.app.errors import HwtuiError
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
+from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.weights import MappedFile, read_safetensors_header
 
 

@@ -2,15 +2,15 @@
 
 Workers emit them as JSON lines over a pipe (never pickled); the launcher aggregates world-level
 views (a bucket is ``done`` with ``rank=None`` when every rank has it) and fans everything out.
-The transport decision line is a shared :class:`~hwtui.engine.events.LogEvent` and failures are
-:class:`~hwtui.engine.events.ErrorEvent`.
+The transport decision line is a shared :class:`~hwtui.core.events.LogEvent` and failures are
+:class:`~hwtui.core.events.ErrorEvent`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hwtui.engine.events import ErrorEvent, Event, LogEvent, event
+from hwtui.core.events import ErrorEvent, Event, LogEvent, event
 
 BUCKET_STATES = ("staged", "inflight", "verifying", "done", "failed")
 COMMIT_PHASES = ("prepare", "commit", "abort")

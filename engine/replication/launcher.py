@@ -27,14 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwtui.app.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
-from hwtui.engine.events import ErrorEvent, Event, LogEvent, from_dict
-from hwtui.engine.netutil import free_loopback_port
-from hwtui.engine.replication.defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
+from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
+from hwtui.core.events import ErrorEvent, Event, LogEvent, from_dict
+from hwtui.core.net import free_loopback_port
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.transport import choose_transport, detect_facts
+from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
@@ -124,7 +124,6 @@ def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
         raise HwtuiError("joining a launcher's world needs MASTER_ADDR and MASTER_PORT in the environment")
     info["master_addr"], info["master_port"] = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     return info
-
 
 
 def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> Plan:

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
-from hwtui.app.errors import HwtuiError
-from hwtui.engine.atomic import atomic_write_text
+
+from hwtui.core.atomic import atomic_write_text
+from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.weights import (
     DTYPES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hwtui.probes.redact import redact, redact_env
+from hwtui.core.redact import redact, redact_env
 
 REPORT_SCHEMA = "hwtui.replication-report/1"
 _ENV_PREFIXES = ("HOTWEIGHTS_", "MASTER_", "NCCL_", "GLOO_", "TORCH_", "CCL_", "HCCL_", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hwtui.app.errors import HwtuiError
+from hwtui.core.errors import HwtuiError
 
 LINES = {
     "cuda-ipc": "Using SOTA CUDA-IPC Transport Layer.",

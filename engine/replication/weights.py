@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwtui.app.errors import HwtuiError
+from hwtui.core.errors import HwtuiError
 
 # safetensors dtype name -> (itemsize, torch dtype attribute)
 DTYPES: dict[str, tuple[int, str]] = {
@@ -209,9 +209,3 @@ class MappedArray:
         self.array = None
         _unmap(self._mm)
         self._mm = None
-
-
-def torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, DTYPES[name][1])

@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hwtui.app.errors import HwtuiError
-from hwtui.engine.events import ErrorEvent, Event
+from hwtui.core.errors import HwtuiError
+from hwtui.core.events import ErrorEvent, Event
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.commit import ServedDir
 from hwtui.engine.replication.events import ReplBucket, ReplWindow

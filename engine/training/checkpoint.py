@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text
 from hwtui.engine.training import knobs
 
 SCHEMA = "hwtui.train-checkpoint/1"

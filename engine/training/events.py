@@ -1,13 +1,13 @@
 """Training events: the contract between the engine, the CLI printer and the TUI.
 
-Errors use the shared :class:`hwtui.engine.events.ErrorEvent`.
+Errors use the shared :class:`hwtui.core.events.ErrorEvent`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hwtui.engine.events import Event, event
+from hwtui.core.events import Event, event
 
 
 @event("train.start")

@@ -29,7 +29,6 @@ their ``train.merge`` event carries no losses.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import selectors
 import signal
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from hwtui.engine.events import ErrorEvent, EventSink, LogEvent
+from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 from hwtui.engine.training import checkpoint
 from hwtui.engine.training.channel import LineReader, encode
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
@@ -619,7 +618,3 @@ def _loopback_ifname() -> str:
 def is_eval_round(round_no: int, last: bool, eval_every: int) -> bool:
     """Held-out evaluation on every ``eval_every``-th round and always on the last (the final loss)."""
     return last or round_no % max(1, eval_every) == 0
-
-
-def total_rounds(steps: int, merge_every: int) -> int:
-    return math.ceil(steps / max(1, merge_every))

@@ -35,8 +35,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-OPTIMIZER_POLICIES = ("average", "reset", "keep")
-
 
 def _is_float(t: torch.Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hwtui.engine.atomic import atomic_write_text
-from hwtui.probes.redact import redact
+from hwtui.core.atomic import atomic_write_text
+from hwtui.core.redact import redact
 
 SCHEMA = "hwtui.train-report/1"
 

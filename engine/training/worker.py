@@ -39,6 +39,7 @@ def _die_with_parent() -> None:
 class Worker:
     def __init__(self, cfg: dict[str, Any], chan: WorkerChannel):
         import torch
+
         from hwtui.engine.training.backend import TrainDevice
         from hwtui.engine.training.data import load_corpus
         from hwtui.engine.training.model import ModelConfig
@@ -69,6 +70,7 @@ class Worker:
 
     def build(self) -> None:
         import torch
+
         from hwtui.engine.training import checkpoint, merge
         from hwtui.engine.training.model import build_model
 
@@ -154,6 +156,7 @@ class Worker:
 
     def evaluate(self) -> float:
         import torch
+
         from hwtui.engine.training.data import heldout_batch
 
         self.model.eval()

@@ -21,7 +21,7 @@ from hwtui.probes.dist.launcher import job_shape
 from hwtui.probes.dist.nccl import best_interface, effective_env
 from hwtui.probes.dist.parsers import parse_host, parse_int, parse_nccl_debug, parse_nccl_list, parse_port
 from hwtui.probes.dist.vendor_ccl import ONEAPI_SETVARS, ONECCL_BINDINGS_SETVARS_PATH
-from hwtui.probes.finding import Finding, Status
+from hwtui.core.finding import Finding, Status
 from hwtui.probes.framework import Facts
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hwtui.probes.dist.launcher import job_shape
 from hwtui.probes.dist.parsers import Mount, parse_chrony_tracking, parse_key_values, parse_mounts
-from hwtui.probes.finding import Finding, fail, passed, skip, warn
+from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 

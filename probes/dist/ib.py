@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hwtui.probes.dist.parsers import NcclList, parse_int, parse_nccl_list
-from hwtui.probes.finding import Finding, fail, passed, skip, warn
+from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
 
@@ -89,11 +89,6 @@ def active_ports(ports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def selected_ports(ports: list[dict[str, Any]], spec: NcclList | None) -> list[dict[str, Any]]:
     return [p for p in ports if spec is None or spec.matches(p["hca"], p["port"])]
-
-
-def ib_disabled(env: Mapping[str, str]) -> bool:
-    raw = env.get("NCCL_IB_DISABLE")
-    return raw is not None and (parse_int(raw).value or 0) != 0
 
 
 def hca_findings(env: Mapping[str, str], ports: list[dict[str, Any]], multi_node: bool | None) -> Iterator[Finding]:

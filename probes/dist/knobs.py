@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hwtui.engine.replication.defaults import (
+from hwtui.probes.dist.replication_defaults import (
     DEFAULT_BUCKET_MB,
     DEFAULT_CHUNK_MB,
     DEFAULT_INFLIGHT,
@@ -20,7 +20,7 @@ from hwtui.engine.replication.defaults import (
 )
 from hwtui.probes.dist.ib import active_ports, selected_ports
 from hwtui.probes.dist.parsers import parse_int, parse_nccl_list, parse_positive_number, parse_ucx_devices
-from hwtui.probes.finding import Finding, fail, passed, skip, warn
+from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.inventory import devices_from_facts
 

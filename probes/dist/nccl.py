@@ -24,7 +24,7 @@ from hwtui.probes.dist.parsers import (
     parse_nccl_list,
     parse_switch,
 )
-from hwtui.probes.finding import Finding, fail, passed, warn
+from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from hwtui.probes.dist.launcher import JobShape, job_shape
 from hwtui.probes.dist.parsers import parse_host, parse_port
-from hwtui.probes.finding import Finding, fail, passed, skip, warn
+from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 

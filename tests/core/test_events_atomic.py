@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from hwtui.engine.atomic import atomic_open, atomic_write_text
-from hwtui.engine.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
+
+from hwtui.core.atomic import atomic_open, atomic_write_text
+from hwtui.core.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
 
 
 def test_roundtrip_and_unknown_kinds():
@@ -23,7 +24,7 @@ def test_roundtrip_and_unknown_kinds():
 @pytest.mark.parametrize("kind", ["repl.start", "train.start", "cluster.done"])
 def test_engine_events_resolve_without_importing_the_engine_first(kind):
     # A fresh interpreter that never imported an engine still decodes typed events, without torch.
-    code = ("import sys; from hwtui.engine.events import _lookup; "
+    code = ("import sys; from hwtui.core.events import _lookup; "
             f"cls = _lookup({kind!r}); print(cls is not None and cls.kind == {kind!r}, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

@@ -1,6 +1,7 @@
-from hwtui.probes.redact import MASK, redact, redact_env, redact_text
 from hypothesis import given
 from hypothesis import strategies as st
+
+from hwtui.core.redact import MASK, redact, redact_env, redact_text
 
 
 def test_secret_names_masked_whatever_the_value():

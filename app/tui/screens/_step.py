@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwtui.app.tui.messages import ChecksFinished
-from hwtui.widgets.finding_detail import FindingDetail
-from hwtui.widgets.findings_list import FindingsList
-from hwtui.widgets.step_bar import StepBar
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
+
+from hwtui.app.tui.messages import ChecksFinished
+from hwtui.widgets.finding_detail import FindingDetail
+from hwtui.widgets.findings_list import FindingsList
+from hwtui.widgets.step_bar import StepBar
 
 
 class WizardStep(Screen):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from hwtui.app.tui.messages import DevicesDetected
-from hwtui.app.tui.screens._step import WizardStep
-from hwtui.widgets.device_table import DeviceTable
 from textual import work
 from textual.app import ComposeResult
 from textual.widgets import Static
+
+from hwtui.app.tui.messages import DevicesDetected
+from hwtui.app.tui.screens._step import WizardStep
+from hwtui.widgets.device_table import DeviceTable
 
 
 class DetectScreen(WizardStep):

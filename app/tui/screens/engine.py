@@ -16,15 +16,16 @@ import subprocess
 import sys
 from typing import Any, ClassVar
 
-from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected
-from hwtui.app.tui.screens._step import WizardStep
-from hwtui.widgets.choice_toggle import ChoiceToggle
-from hwtui.widgets.launch_commands import LaunchCommands
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal
 from textual.widgets import Input, Label, Static
+
+from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected
+from hwtui.app.tui.screens._step import WizardStep
+from hwtui.widgets.choice_toggle import ChoiceToggle
+from hwtui.widgets.launch_commands import LaunchCommands
 
 # field id -> (label, config attribute, kind, defaults key)
 FIELDS: list[tuple[str, str, str, str, str | None]] = [

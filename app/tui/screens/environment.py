@@ -10,13 +10,14 @@ import subprocess
 import sys
 from typing import ClassVar
 
-from hwtui.app.tui.messages import ExportWritten
-from hwtui.app.tui.screens._step import ChecksStep
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.widgets import Input, Label, Static
+
+from hwtui.app.tui.messages import ExportWritten
+from hwtui.app.tui.screens._step import ChecksStep
 
 EXPORT_TIMEOUT_S = 120
 

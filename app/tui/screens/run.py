@@ -16,6 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from textual import events, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.timer import Timer
+from textual.widgets import ContentSwitcher, DataTable, Static
+
 from hwtui.app.tui.device_sampler import DeviceHistory
 from hwtui.app.tui.engine_process import EngineProcess, build_stages
 from hwtui.app.tui.messages import EngineError, EngineExited, EngineUpdated, SamplesReady
@@ -32,12 +39,6 @@ from hwtui.widgets.merge_rounds import MergeRounds
 from hwtui.widgets.progress_eta import ProgressEta
 from hwtui.widgets.throughput_chart import ThroughputChart
 from hwtui.widgets.worker_table import WorkerTable
-from textual import events, work
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.containers import Vertical
-from textual.timer import Timer
-from textual.widgets import ContentSwitcher, DataTable, Static
 
 MAX_FPS = 10
 
@@ -217,7 +218,7 @@ class RunScreen(WizardStep):
 
     @work(thread=True, exclusive=True, group="engine", exit_on_error=False)
     def _run_engine(self, stages: list[Any], state: RunState) -> None:
-        from hwtui.engine.events import parse_line
+        from hwtui.core.events import parse_line
 
         def on_stderr(line: str) -> None:
             state.add_log(line, "stderr")
@@ -306,7 +307,7 @@ class RunScreen(WizardStep):
 
     def _show_cluster_findings(self, state: RunState) -> None:
         """Mismatches as they arrive; every finding of the verdict once ``cluster.done`` came."""
-        from hwtui.probes.finding import Finding
+        from hwtui.core.finding import Finding
 
         raw = (state.cluster.done or {}).get("findings") if state.cluster.done else state.cluster.mismatches
         raw = [f for f in raw or [] if isinstance(f, dict)]

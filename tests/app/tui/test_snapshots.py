@@ -1,0 +1,119 @@
+"""SVG snapshots of the screens at fixed sizes (pytest-textual-snapshot).
+
+Determinism: the host is a replay built from tests.machines, the engine replays a recorded
+stream whose timestamps are fixed, the sampler returns constant figures and polls once (the
+interval is an hour), the ETA comes from event time, and the screenshot is taken only once the
+run has finished. Update with ``pytest tests/app/tui/test_snapshots.py --snapshot-update`` and look
+at the report before committing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hwtui.app.tui.app import HwtuiApp
+from hwtui.app.tui.config import TuiConfig, config_path
+from hwtui.probes.host import ReplayHost
+from tests.app.tui.conftest import RecordedEngine, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[3]
+
+
+class ConstantSampler:
+    def __init__(self, host, devices):
+        from hwtui.probes.sampling import DeviceSample as Sample
+
+        self.samples = [Sample(d.device, d.name, (10 + 5 * i) * 2**30, 80 * 2**30, 30.0 + 8 * i, 45.0 + i, 200.0 + 40 * i, 700.0)
+                        for i, d in enumerate(dd for dd in devices if dd.device)]
+        self.samples.append(Sample("cpu", "CPU", 16 * 2**30, 64 * 2**30, 12.0, None, None, None))
+
+    def sample(self):
+        return list(self.samples)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def make(snapshots, monkeypatch):
+    # Relative stream paths keep the command line in the log the same on every machine.
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr("tests.app.tui.conftest.DATA", Path("tests/app/tui/data"))
+
+    def build(machine="h100_x8", engine=None, **cfg):
+        config = TuiConfig(interval=3600.0, **cfg)
+        # A fixed origin: the temporary path would show in the status line and differ per run.
+        host = ReplayHost(json.loads(snapshots[machine].read_text()), origin=f"{machine}.json")
+        return HwtuiApp(host, config, config_file=config_path(), engine_stages=engine,
+                        sampler_factory=ConstantSampler)
+
+    return build
+
+
+def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
+    async def run_before(pilot):
+        app = pilot.app
+        await wait_for(pilot, lambda: app.devices)
+        await pilot.press("n", "n", "n")
+        app.screen.query_one("#mode").value = mode
+        for field, value in fill.items():
+            app.screen.query_one(f"#in-{field}").value = value
+        await pilot.press("ctrl+s")
+        run = app.screen
+        await wait_for(pilot, lambda: run.state.finished and run.history.latest)
+        await pilot.pause(0.3)
+        run._paint()
+        await pilot.pause(0.1)
+
+    return run_before
+
+
+def test_detect_80x24(snap_compare, make):
+    app = make()
+
+    async def detected(pilot):
+        await wait_for(pilot, lambda: pilot.app.devices)
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=detected)
+
+
+def test_replication_dashboard_80x24(snap_compare, make):
+    app = make(engine=RecordedEngine("replicate_ok.jsonl"))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=_run_to_end({"plan": "README.md", "device": "cpu"}))
+
+
+def test_replication_dashboard_120x40(snap_compare, make):
+    app = make(engine=RecordedEngine("replicate_ok.jsonl"))
+    assert snap_compare(app, terminal_size=(120, 40), run_before=_run_to_end({"plan": "README.md", "device": "cpu"}))
+
+
+def test_training_dashboard_100x30_no_color(snap_compare, make, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make(engine=RecordedEngine("train_ok.jsonl"))
+    assert app.no_color
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_run_to_end({"gpu_ids": "cpu:0,cpu:1"}, mode="train"))
+
+
+def test_engine_step_80x24(snap_compare, make):
+    app = make()
+
+    async def to_engine(pilot):
+        await wait_for(pilot, lambda: pilot.app.devices)
+        await pilot.press("n", "n", "n")
+        await pilot.pause(0.1)
+
+    assert os.environ.get("NO_COLOR") is None
+    assert snap_compare(app, terminal_size=(80, 24), run_before=to_engine)
+
+
+def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
+    # A recorded two-node smoke test: real bandwidth figures vary from run to run, a recording does not.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make("rtx4090_rx7800xt_arc_a750", engine=RecordedEngine("cluster_two_nodes.jsonl"))
+    assert snap_compare(app, terminal_size=(100, 30), run_before=_run_to_end({}, mode="cluster"))

@@ -1,0 +1,214 @@
+"""Real multi-host runs: three network namespaces on a bridge, torchrun in each, gloo between them.
+
+One 3-node world (started with the launch scripts `hwtui cluster init` wrote) is shared by the
+assertions on the report, the events and the bandwidth figures; the failure cases (a node that
+never starts, a port nobody answers, a port that refuses) are short runs of their own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hwtui.app.cli import main as cli_main
+from hwtui.core.events import iter_events
+from hwtui.engine.cluster import events as cluster_events  # noqa: F401 - registers the cluster.* kinds
+from tests.engine.cluster.netns import NetnsCluster, finish, unavailable_reason
+
+pytestmark = [pytest.mark.torch, pytest.mark.netns, pytest.mark.timeout(150)]
+
+_REASON = unavailable_reason()
+if _REASON:
+    pytest.skip(f"cannot create network namespaces: {_REASON}", allow_module_level=True)
+
+NODES = ("a", "b", "c")
+MAX_BYTES = 2 * 1024 * 1024
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "TORCHELASTIC",
+                                                                     "SLURM_", "OMPI_", "PMI", "HWTUI_CLUSTER"))}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    net = NetnsCluster(3).up()
+    try:
+        yield net
+    finally:
+        net.down()
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cluster") / "hwtui-cluster"
+    nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
+    rc = cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
+                   "--join-timeout", "30", "--timeout", "40", "-o", str(out)])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(cluster, setup_dir):
+    """Run the generated launch-<node>.sh in each namespace; rank 0 writes the report, and its
+    events go to stdout as JSON lines (`--events -`) with the human output on stderr."""
+    report = setup_dir / "report.json"
+    started = time.monotonic()
+    procs = [cluster.popen(i, ["sh", str(setup_dir / f"launch-{n}.sh"), "--min-bytes", "1K", "--max-bytes", str(MAX_BYTES),
+                               "--report", str(report), "--events", "-"], env=_env())
+             for i, n in enumerate(NODES)]
+    results = finish(procs, timeout=120)
+    return {"results": results, "elapsed": time.monotonic() - started, "report": report}
+
+
+def test_every_node_passes(world):
+    for node, (rc, out, err) in zip(NODES, world["results"], strict=True):
+        assert rc == 0, f"node {node} exited {rc}\nstdout:\n{out}\nstderr:\n{err[-3000:]}"
+
+
+def test_report_names_three_nodes_on_their_own_addresses(world):
+    report = json.loads(world["report"].read_text())
+    assert report["ok"] is True and report["world_size"] == 3 and report["backend"] == "gloo"
+    assert report["launcher"] == "torchrun"
+    assert sorted(n["node"] for n in report["nodes"]) == list(NODES)  # torchrun orders ranks itself
+    by_node = {r["node"]: r for r in report["ranks"]}
+    for i, node in enumerate(NODES):
+        route = by_node[node]["route"]
+        assert route["local_addr"] == f"10.77.0.{i + 1}" and route["interface"] == "eth0"
+        assert sorted(by_node[node]["interfaces"]) == ["eth0", "lo"]
+        assert by_node[node]["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
+    ids = {f["id"]: f["status"] for f in report["findings"]}
+    for node in NODES:
+        assert ids[f"cluster.join[{node}]"] == "pass"
+        assert ids[f"cluster.interface[{node}]"] == "pass"
+    assert ids["cluster.torch"] == "pass" and ids["cluster.correctness"] == "pass"
+    assert report["correctness"]["got"] == [6.0, 6.0, 6.0] and report["correctness"]["expected"] == 6.0
+
+
+def test_bandwidth_follows_nccl_tests_definitions(world):
+    report = json.loads(world["report"].read_text())
+    rows = report["bandwidth"]
+    sizes = [1024, 4096, 16384, 65536, 262144, 1048576, MAX_BYTES]
+    assert [(r["op"], r["size_bytes"]) for r in rows] == [(op, s) for op in ("broadcast", "all_reduce") for s in sizes]
+    for r in rows:
+        assert r["seconds"] > 0
+        assert r["algbw"] == pytest.approx(r["size_bytes"] / 1e9 / r["seconds"], rel=1e-9)
+        factor = 1.0 if r["op"] == "broadcast" else 2 * (3 - 1) / 3
+        assert r["busbw"] == pytest.approx(r["algbw"] * factor, rel=1e-9)
+    # The figures measured over the veth bridge, for the record (pytest -s shows them).
+    print("\nveth namespaces, gloo, 3 ranks:")
+    for r in rows:
+        print(f"  {r['op']:>10} {r['size_bytes']:>8} B  algbw {r['algbw']:.4f} GB/s  busbw {r['busbw']:.4f} GB/s")
+
+
+def test_events_stream_for_the_tui(world):
+    talking = [i for i, (_, out, _) in enumerate(world["results"]) if out.strip()]
+    assert len(talking) == 1, "only rank 0 writes events"
+    _, out, err = world["results"][talking[0]]
+    assert all(line.startswith('{"kind":"cluster.') for line in out.splitlines())  # stdout is pure JSON lines
+    evs = list(iter_events(io.StringIO(out)))
+    kinds = [e.kind for e in evs]
+    assert kinds.count("cluster.node") == 3
+    assert kinds.count("cluster.bandwidth") == 14
+    assert kinds.index("cluster.correctness") < kinds.index("cluster.bandwidth")
+    assert kinds[-1] == "cluster.done"
+    done = evs[-1]
+    assert done.ok is True and done.world_size == 3 and sorted(done.nodes) == list(NODES)
+    assert sorted(e.node for e in evs if e.kind == "cluster.node") == list(NODES)
+    bw = [e for e in evs if e.kind == "cluster.bandwidth"]
+    assert all(e.busbw == pytest.approx(e.algbw * (4 / 3 if e.op == "all_reduce" else 1)) for e in bw)
+    # The human side (nccl-tests style table, verdict) went to stderr.
+    assert "algbw(GB/s)" in err and "busbw(GB/s)" in err and "cluster test PASSED" in err
+
+
+def _direct(cluster, node: int, rank: int, world_size: int, port: int, spec: Path, extra: list[str]):
+    """A rank started the mpirun/srun/manual way: RANK, WORLD_SIZE and MASTER_* from the environment."""
+    env = _env(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="10.77.0.1", MASTER_PORT=str(port),
+               HWTUI_CLUSTER_NODE=NODES[node], GLOO_SOCKET_IFNAME="eth0")
+    return cluster.popen(node, [sys.executable, "-m", "hwtui.app", "cluster", "test", "--spec", str(spec), *extra], env=env)
+
+
+def test_node_that_never_starts_is_named_within_the_timeout(cluster, setup_dir, world):
+    report = setup_dir / "missing.json"
+    started = time.monotonic()
+    procs = [_direct(cluster, i, i, 3, 29600, setup_dir / "cluster.json",
+                     ["--join-timeout", "4", "--report", str(report), "--no-sweep"]) for i in (0, 1)]
+    (rc0, out0, err0), (rc1, out1, err1) = finish(procs, timeout=60)
+    elapsed = time.monotonic() - started
+    assert rc0 == 1, out0 + err0
+    assert "rank 2 (node c, 10.77.0.3) never joined within 4 s" in out0
+    assert rc1 == 1 and "rank 2 (node c, 10.77.0.3) never joined within 4 s" in err1
+    assert elapsed < 4 + 30  # the join timeout plus interpreter start-up, not gloo's 30 minutes
+    data = json.loads(report.read_text())
+    assert data["ok"] is False
+    [finding] = [f for f in data["findings"] if f["status"] == "fail"]
+    assert finding["id"] == "cluster.join[rank 2]" and finding["data"]["node"] == "c"
+    assert data["missing"] == [{"rank": 2, "node": "c", "address": "10.77.0.3"}]
+
+
+BLACKHOLE = textwrap.dedent("""
+    import socket, sys, time
+    # A listener whose accept queue is full: the kernel then drops new SYNs silently, exactly what
+    # a firewall DROP rule looks like from the other side.
+    srv = socket.socket(); srv.bind(("10.77.0.1", int(sys.argv[1]))); srv.listen(0)
+    fill = []
+    for _ in range(3):
+        c = socket.socket(); c.setblocking(False)
+        try:
+            c.connect(("10.77.0.1", int(sys.argv[1])))
+        except BlockingIOError:
+            pass
+        fill.append(c)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_blocked_and_refused_ports_are_told_apart(cluster, setup_dir, world):
+    hole = cluster.popen(0, [sys.executable, "-c", BLACKHOLE, "29700"])
+    try:
+        assert hole.stdout.readline().strip() == "ready"
+        procs = [_direct(cluster, 1, 1, 2, 29700, setup_dir / "cluster.json", ["--join-timeout", "3"]),
+                 _direct(cluster, 2, 1, 2, 29701, setup_dir / "cluster.json", ["--join-timeout", "3"])]
+        (rc_drop, _, err_drop), (rc_ref, _, err_ref) = finish(procs, timeout=60)
+    finally:
+        hole.kill()
+        hole.communicate(timeout=10)
+    assert rc_drop == 1 and rc_ref == 1
+    assert "rank 1 on node b cannot reach the rendezvous store at 10.77.0.1:29700 (node a) within 3 s" in err_drop
+    assert "no answer (packets dropped" in err_drop
+    assert "rank 1 on node c cannot reach the rendezvous store at 10.77.0.1:29701 (node a) within 3 s" in err_ref
+    assert "connection refused" in err_ref
+    assert "Traceback" not in err_drop + err_ref
+
+
+def test_torchrun_closes_the_rendezvous_and_names_the_absent_node(cluster, tmp_path, world):
+    """The generated torchrun scripts use --nnodes=1:N with last_call_timeout = join timeout: with c
+    never started, a and b run the test after the timeout and the report names c."""
+    out = tmp_path / "cl"
+    nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
+    assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
+                     "--join-timeout", "6", "--master-port", "29800", "-o", str(out)]) == 0
+    started = time.monotonic()
+    procs = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "16K", "--report", str(out / "r.json")],
+                           env=_env()) for i, n in enumerate(NODES[:2])]
+    results = finish(procs, timeout=90)
+    assert [rc for rc, _, _ in results] == [1, 1], results
+    assert time.monotonic() - started < 6 + 60
+    report = json.loads((out / "r.json").read_text())
+    assert report["world_size"] == 2 and sorted(n["node"] for n in report["nodes"]) == ["a", "b"]
+    failed = {f["id"]: f for f in report["findings"] if f["status"] == "fail"}
+    assert list(failed) == ["cluster.join[c]"]
+    assert failed["cluster.join[c]"]["title"] == "node c (10.77.0.3) never joined within 6 s"
+    assert report["correctness"]["ok"] is True  # the nodes that came were still tested
