@@ -330,13 +330,13 @@ class Group:
 
 
 def run_for_answer(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                   name: str = "") -> tuple[int, dict[str, Any] | None, str, bool]:
+                   name: str = "", cwd: str | None = None) -> tuple[int, dict[str, Any] | None, str, bool]:
     """Start a child with an answer pipe, wait at most ``timeout`` s for it to exit.
 
     Returns (exit code, the last message it sent or None, its stderr tail, timed_out). On a timeout
     the whole group is killed.
     """
-    child = Child(argv, name=name, env=env, answer_pipe=True, stdout="null", stderr="pipe").start()
+    child = Child(argv, name=name, env=env, answer_pipe=True, stdout="null", stderr="pipe", cwd=cwd).start()
     group = Group()
     group.add(child)
     last: dict[str, Any] | None = None
