@@ -109,6 +109,8 @@ def test_record_keeps_the_tuis_choices_and_interpreter_precedence(tmp_path):
     python.chmod(0o755)
     ve.record_environments({"hip": {"python": str(python), "tag": "rocm6.4"}}, env)
     assert TuiConfig.load(path).steps == 77
+    TuiConfig(steps=78).save(path)  # the wizard saving its choices keeps the environments
+    assert ve.load_environments(env)["hip"]["tag"] == "rocm6.4"
     assert ve.interpreter_for("hip", env, default="/default") == str(python)
     assert ve.interpreter_for("hip", {**env, "HWTUI_PYTHON_HIP": "/override"}, default="/d") == "/override"
     assert ve.interpreter_for("xpu", env, default="/default") == "/default"
