@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 
-from hwtui.core.errors import EXIT_OK, HwtuiError
+from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 
 HELP = "create one Python environment per GPU vendor with the matching torch wheel, and record it for `train`"
 
@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.step_timeout > 0:
         raise HwtuiError("--step-timeout must be positive")
     host = host_from_args(args)
+    if not host.is_live and not args.dry_run:
+        # Preparing environments for another machine's GPUs (an image built elsewhere) is allowed; say it.
+        print(f"hwtui setup: planning for {host.description}; the environments are created on this machine",
+              file=sys.stderr)
     base = os.path.abspath(args.dir) if args.dir else ve.envs_dir(os.environ)
     plans = ve.plan_environments(_facts(host), base, set(args.vendor or ()))
     if not plans:
@@ -76,10 +80,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"# then: link {root} into the environment ({plan.backend}.pth) and record {plan.python} in {config}")
         if args.dry_run:
             continue
-        for argv in steps:
-            _run_step(argv, args.step_timeout)
-        _link_hwtui(plan, root)
-        ve.record_environments({plan.backend: ve.record_entry(plan, tool)})
+        created = not os.path.exists(plan.path)
+        try:
+            for argv in steps:
+                _run_step(argv, args.step_timeout)
+            _link_hwtui(plan, root)
+        except HwtuiError:
+            if created:  # no half-built environment is left behind to be mistaken for a working one
+                shutil.rmtree(plan.path, ignore_errors=True)
+            raise
+        try:
+            ve.record_environments({plan.backend: ve.record_entry(plan, tool)})
+        except (OSError, ValueError) as exc:
+            raise HwtuiError(f"environment {plan.path} is ready but could not be recorded: {exc}") from None
         print(f"hwtui setup: {plan.vendor} environment ready: {plan.python}", file=sys.stderr)
     if args.dry_run:
         print(f"hwtui setup: dry run, nothing was run; without --dry-run the environments are recorded in {config}",
@@ -100,9 +113,10 @@ def _run_step(argv: list[str], timeout: float) -> None:
     except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: stop the whole step's group
         child.terminate()
         raise HwtuiError(f"`{' '.join(argv[:4])} ...` did not finish within {timeout:.0f} s (stopped); "
-                         "re-run with a larger --step-timeout") from None
+                         "re-run with a larger --step-timeout", EXIT_FAILED) from None
     if code != 0:
-        raise HwtuiError(f"`{' '.join(argv[:4])} ...` {exit_text(code)}; the output above says why")
+        raise HwtuiError(f"`{' '.join(argv[:4])} ...` {exit_text(code)}; the output above says why (nothing was recorded "
+                         "for this environment)", EXIT_FAILED)
 
 
 def _link_hwtui(plan, root: str) -> None:

@@ -158,3 +158,17 @@ def test_setup_installs_from_a_fake_index_and_records_the_interpreter(tmp_path):
     probe = subprocess.run([python, "-c", "import hwtui.probes.vendor_envs, torch.version as v; print(v.__version__)"],
                            env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "2.99.0+xpu", probe.stderr[-800:]
+
+
+def test_a_failed_install_step_is_one_line_exit_1_and_records_nothing(tmp_path):
+    (tmp_path / "whl" / "xpu").mkdir(parents=True)  # an index without torch
+    tree = tmp_path / "tree"
+    recorded.arc_a770(tree)
+    cfg = tmp_path / "cfg"
+    proc = subprocess.run([sys.executable, "-m", "hwtui", "setup", "--sysroot", str(tree), "--tool", "pip",
+                           "--dir", str(tmp_path / "envs"), "--index-url", (tmp_path / "whl").as_uri()],
+                          env={**os.environ, "XDG_CONFIG_HOME": str(cfg)}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("hwtui: error: `") and "exited with status" in last and "nothing was recorded" in last
+    assert not cfg.exists() and not (tmp_path / "envs" / "xpu").exists()
