@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hwtui-installed
 EXTRAS ?= engine,nvidia,amd,dev
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# Every GPU path on a machine that has one (issue 17): the check against NVML and torch.cuda,
+# snapshot/replay, replicate into GPU memory, mixed cuda+cpu training, the device panel against
+# nvidia-smi; then the GPU benchmark. Without a GPU the tests skip and say why.
+gpu-check: $(STAMP)
+	$(BIN)/python -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
+	$(BIN)/python benchmarks/bench_gpu.py --json gpu-bench.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -34,7 +34,9 @@ EXTENSION_MODULES: list[str] = ["hwtui.probes.nvidia", "hwtui.probes.amd", "hwtu
                                   "hwtui.probes.tpu", "hwtui.probes.torchwheel",
                                   "hwtui.probes.dist.netif", "hwtui.probes.dist.launcher", "hwtui.probes.dist.visibility",
                                   "hwtui.probes.dist.rendezvous", "hwtui.probes.dist.nccl", "hwtui.probes.dist.ib",
-                                  "hwtui.probes.dist.vendor_ccl", "hwtui.probes.dist.knobs", "hwtui.probes.dist.hygiene"]
+                                  "hwtui.probes.dist.vendor_ccl", "hwtui.probes.dist.knobs", "hwtui.probes.dist.hygiene",
+                                  "hwtui.probes.frameworks", "hwtui.probes.gds", "hwtui.probes.dist.nccl_plugin",
+                                  "hwtui.probes.vendor_envs"]
 
 
 def catalog() -> tuple[list[Collector], list[Rule]]:

@@ -76,4 +76,11 @@ class TuiConfig:
         return cfg
 
     def save(self, path: Path | None = None) -> None:
-        atomic_write_text(path or config_path(), json.dumps(self.to_dict(), indent=2) + "\n")
+        path = path or config_path()
+        # Other parts of hwtui keep their own keys here (`hwtui setup`: "environments"); keep them.
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raw = {}
+        kept = {k: v for k, v in raw.items() if k not in self.to_dict()} if isinstance(raw, dict) else {}
+        atomic_write_text(path, json.dumps({**kept, **self.to_dict()}, indent=2) + "\n")

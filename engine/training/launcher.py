@@ -46,6 +46,7 @@ from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge,
 from hwtui.engine.training.health import Liveness
 from hwtui.engine.training.model import ModelConfig
 from hwtui.engine.training.queue import ChunkQueue
+from hwtui.probes.vendor_envs import interpreter_for
 
 
 class TrainingError(RuntimeError):
@@ -212,7 +213,8 @@ class Coordinator:
             r_fd, w_fd = os.pipe()
             env = self._worker_env(ref)
             env["HWTUI_TRAIN_FD"] = str(w_fd)
-            python = os.environ.get(f"HWTUI_PYTHON_{ref.backend.upper()}", sys.executable)
+            # HWTUI_PYTHON_<BACKEND>, else the environment `hwtui setup` recorded for it, else ours.
+            python = interpreter_for(ref.backend)
             proc = subprocess.Popen(  # a fresh interpreter: the spawn start method, without pickling anything
                 [python, "-m", "hwtui.engine.training.worker"], stdin=subprocess.PIPE, stdout=_stderr_fd(),
                 pass_fds=(w_fd,), env=env, start_new_session=True, close_fds=True)

@@ -1,0 +1,266 @@
+"""One Python environment per GPU vendor: planned from the hardware, recorded in the config, checked.
+
+A torch build drives one vendor (a CUDA wheel cannot touch an AMD or Intel card), so a box with an
+RTX 4090, an RX 7800 XT and an Arc A750 needs three interpreters. ``hwtui setup`` creates them
+(one virtualenv per vendor with the wheel that matches its driver) and records them under
+``"environments"`` in ``$XDG_CONFIG_HOME/hwtui/config.json``; ``hwtui train`` starts each backend's
+workers with its interpreter (``HWTUI_PYTHON_<BACKEND>`` still wins, for one-off overrides); the
+check says, per device, which configured interpreter can drive it, or that none can.
+
+The config file is shared with the TUI's remembered choices (app/tui/config.py), so it is read and
+rewritten whole, keeping every key this module does not own. Reading goes through the host seam,
+so ``--sysroot`` / ``--replay`` reproduce the verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import shlex
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hwtui.core.finding import Finding, fail, passed, warn
+from hwtui.probes.devices import Device, build_devices
+from hwtui.probes.framework import Collector, Facts, Rule
+from hwtui.probes.host import Host
+from hwtui.probes.torchwheel import (
+    INDEX_URL,
+    ROCM_TAG,
+    describe_build,
+    nvidia_capabilities,
+    nvidia_driver_version,
+    parse_version_py,
+    pick_nvidia_tag,
+)
+
+CONFIG_SCHEMA = "hwtui.tui-config/1"  # the TUI's schema: one config file for the whole app
+# Vendors a pip wheel exists for -> (backend the engine uses, torch build variant that drives it).
+VENDORS = {"NVIDIA": ("cuda", "cuda"), "AMD": ("hip", "rocm"), "Intel": ("xpu", "xpu")}
+VARIANT_FOR_BACKEND = {backend: variant for backend, variant in VENDORS.values()}
+# What the engine imports besides torch (pyproject's engine extra, minus torch itself).
+ENGINE_DEPS = ("numpy>=1.26", "safetensors>=0.4", "xxhash>=3.4")
+
+
+# -- the config file --------------------------------------------------------------------------------
+
+def config_path(env: Mapping[str, str]) -> str:
+    base = env.get("XDG_CONFIG_HOME") or posixpath.join(env.get("HOME") or os.path.expanduser("~"), ".config")
+    return posixpath.join(base, "hwtui", "config.json")
+
+
+def envs_dir(env: Mapping[str, str]) -> str:
+    base = env.get("XDG_DATA_HOME") or posixpath.join(env.get("HOME") or os.path.expanduser("~"), ".local", "share")
+    return posixpath.join(base, "hwtui", "envs")
+
+
+def parse_environments(text: str | None) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The ``environments`` table of a config file's text, and a problem if it cannot be used."""
+    if text is None:
+        return {}, None
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        return {}, f"not valid JSON: {exc}"
+    if not isinstance(raw, dict):
+        return {}, "not a JSON object"
+    table = raw.get("environments") or {}
+    if not isinstance(table, dict):
+        return {}, "'environments' is not an object"
+    out = {str(k): dict(v) for k, v in table.items() if isinstance(v, dict) and isinstance(v.get("python"), str)}
+    return out, None
+
+
+def load_environments(env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Configured environments on this machine, by backend; {} when none or unreadable."""
+    try:
+        text = Path(config_path(os.environ if env is None else env)).read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    return parse_environments(text)[0]
+
+
+def record_environments(entries: Mapping[str, Mapping[str, Any]], env: Mapping[str, str] | None = None) -> str:
+    """Merge ``entries`` (by backend) into the config file atomically, keeping every other key."""
+    from hwtui.core.atomic import atomic_write_text
+
+    path = config_path(os.environ if env is None else env)
+    try:
+        current = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        current = {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} cannot be updated ({exc}); move it aside and run again") from None
+    if not isinstance(current, dict):
+        raise ValueError(f"{path} is not a JSON object; move it aside and run again")
+    current.setdefault("schema", CONFIG_SCHEMA)
+    table = dict(current.get("environments") or {})
+    table.update({k: dict(v) for k, v in entries.items()})
+    current["environments"] = table
+    atomic_write_text(path, json.dumps(current, indent=2) + "\n")
+    return path
+
+
+def interpreter_for(backend: str, env: Mapping[str, str] | None = None, default: str | None = None) -> str:
+    """The Python that runs ``backend``'s engine workers: HWTUI_PYTHON_<BACKEND>, the configured env, or ours."""
+    import sys
+
+    env = os.environ if env is None else env
+    override = env.get(f"HWTUI_PYTHON_{backend.upper()}")
+    if override:
+        return override
+    configured = load_environments(env).get(backend)
+    if configured and os.access(configured["python"], os.X_OK):
+        return str(configured["python"])
+    return default or sys.executable
+
+
+# -- planning `hwtui setup` -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EnvPlan:
+    vendor: str
+    backend: str
+    tag: str
+    path: str
+    devices: tuple[str, ...]
+    note: str = ""
+
+    @property
+    def python(self) -> str:
+        return posixpath.join(self.path, "bin", "python")
+
+
+def plan_environments(facts: Facts, base_dir: str, vendors: set[str] | None = None) -> list[EnvPlan]:
+    """One environment per vendor with usable GPUs here, with the wheel tag its driver takes."""
+    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    plans = []
+    for vendor, (backend, _variant) in VENDORS.items():
+        devs = [d for d in usable if d.vendor == vendor]
+        if not devs or (vendors and vendor not in vendors):
+            continue
+        note = ""
+        if vendor == "NVIDIA":
+            caps = [c for pci, c in nvidia_capabilities(facts).items() if any(d.pci == pci for d in devs)]
+            driver = nvidia_driver_version(facts)
+            tag, ok = pick_nvidia_tag(caps, driver)
+            if not ok:
+                note = f"driver {driver} is older than the {tag} wheel needs: upgrade the driver first"
+        elif vendor == "AMD":
+            tag = ROCM_TAG
+        else:
+            tag = "xpu"
+        plans.append(EnvPlan(vendor, backend, tag, posixpath.join(base_dir, backend),
+                             tuple(f"{d.device} {d.name}" for d in devs), note))
+    return plans
+
+
+def commands_for(plan: EnvPlan, base_python: str, tool: str, hwtui_root: str, index_url: str = INDEX_URL,
+                 deps_index_url: str | None = None) -> list[list[str]]:
+    """The exact argv lists that build ``plan``'s environment (uv when available, else venv + pip).
+
+    torch comes first from the vendor's index, so the engine's other packages never pull a
+    default (CUDA) torch from PyPI; hwtui itself is linked in with a ``.pth`` file (the step is
+    written by the caller) so the environment runs this very hwtui tree.
+    """
+    url = f"{index_url.rstrip('/')}/{plan.tag}"
+    deps_idx = ["--index-url", deps_index_url] if deps_index_url else []
+    if tool == "uv":
+        return [["uv", "venv", "--python", base_python, plan.path],
+                ["uv", "pip", "install", "--python", plan.python, "torch", "--index-url", url],
+                ["uv", "pip", "install", "--python", plan.python, *deps_idx, *ENGINE_DEPS]]
+    # The base interpreter's pip installs into the environment (pip >= 22.3 --python): no pip copy
+    # per environment, and creating one takes 0.3 s instead of ensurepip's 10.
+    return [[base_python, "-m", "venv", "--without-pip", plan.path],
+            [base_python, "-m", "pip", "--python", plan.python, "install", "torch", "--index-url", url],
+            [base_python, "-m", "pip", "--python", plan.python, "install", *deps_idx, *ENGINE_DEPS]]
+
+
+def shell_line(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def record_entry(plan: EnvPlan, tool: str) -> dict[str, Any]:
+    return {"python": plan.python, "vendor": plan.vendor, "tag": plan.tag, "tool": tool,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+# -- the check: can some configured interpreter drive each device? --------------------------------
+
+def _torch_build_under(host: Host, python: str) -> dict[str, Any] | None:
+    """The torch build installed in the environment that ``python`` belongs to (its version.py)."""
+    prefix = posixpath.dirname(posixpath.dirname(python))
+    for libdir in ("lib", "lib64"):
+        for pyver in host.listdir(posixpath.join(prefix, libdir)):
+            if not pyver.startswith("python"):
+                continue
+            text = host.read_text(posixpath.join(prefix, libdir, pyver, "site-packages", "torch", "version.py"))
+            if text is not None:
+                return describe_build(parse_version_py(text))
+    return None
+
+
+def collect_vendor_envs(host: Host) -> dict[str, Any]:
+    path = config_path(host.env)
+    table, problem = parse_environments(host.read_text(path))
+    configured = []
+    for backend, entry in sorted(table.items()):
+        python = entry["python"]
+        configured.append({"backend": backend, "python": python, "source": path, "exists": host.exists(python),
+                           "build": _torch_build_under(host, python), "tag": entry.get("tag")})
+    for key, value in sorted(host.env.items()):
+        if key.startswith("HWTUI_PYTHON_") and value:
+            configured.append({"backend": key[len("HWTUI_PYTHON_"):].lower(), "python": value, "source": key,
+                               "exists": host.exists(value), "build": _torch_build_under(host, value), "tag": None})
+    return {"config": path, "problem": problem, "configured": configured}
+
+
+def _drives(build: Mapping[str, Any] | None, vendor: str) -> bool:
+    return bool(build and build.get("installed") and build.get("variant") == VENDORS[vendor][1])
+
+
+def interpreter_findings(devices: list[Device], default_build: Mapping[str, Any] | None, default_python: str,
+                         envs: Mapping[str, Any]) -> Iterator[Finding]:
+    if envs.get("problem"):
+        yield fail("torch.environments", f"{envs['config']}: {envs['problem']}", "hwtui ignores its environments.",
+                   f"fix {envs['config']} or move it aside, then run: hwtui setup")
+    for entry in envs.get("configured", []):
+        if not entry["exists"]:
+            yield fail(f"torch.environments[{entry['backend']}]", f"configured interpreter {entry['python']} does not exist",
+                       f"from {entry['source']}", "hwtui setup  (recreates the environment)")
+    gpus = [d for d in devices if d.usable and d.vendor in VENDORS]
+    if len({d.vendor for d in gpus}) < 2 and not envs.get("configured"):
+        return  # one vendor: torch.wheel.variant already says whether this interpreter drives it
+    for dev in gpus:
+        drivers = []
+        if _drives(default_build, dev.vendor):
+            drivers.append(f"{default_python} (this interpreter)")
+        drivers += [f"{e['python']} ({e['source']})" for e in envs.get("configured", [])
+                    if e["exists"] and _drives(e.get("build"), dev.vendor)]
+        fid = f"torch.interpreter[{dev.device}]"
+        if drivers:
+            yield passed(fid, f"{dev.device} {dev.name}: driven by {drivers[0]}", "; ".join(drivers[1:]))
+        else:
+            backend, variant = VENDORS[dev.vendor]
+            yield warn(fid, f"{dev.device} {dev.name}: no configured interpreter has a {variant.upper()} torch",
+                       f"`hwtui train` cannot use it. This interpreter's torch is "
+                       f"{(default_build or {}).get('version') or 'not installed'}; one torch build drives one vendor.",
+                       f"hwtui setup --vendor {dev.vendor}  (or export HWTUI_PYTHON_{backend.upper()}=<python with a "
+                       f"{variant} torch>)")
+
+
+def vendor_env_rules(facts: Facts) -> Iterator[Finding]:
+    host = facts.get("host") or {}
+    devices = build_devices(facts.get("pci") or {})
+    build = facts.get("torch_build")
+    if build and build.get("not_recorded"):
+        build = None
+    yield from interpreter_findings(devices, build, host.get("python_executable") or "python3", facts["vendor_envs"])
+
+
+COLLECTORS = [Collector("vendor_envs", collect_vendor_envs, "gpu", timeout=5.0)]
+RULES = [Rule("vendor_envs", vendor_env_rules, "gpu", needs=("vendor_envs", "pci"))]
