@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--net-plugin", metavar="PATH", help="NCCL_NET_PLUGIN: absolute path of libnccl-net.so (its "
                                                            "directory is added to LD_LIBRARY_PATH)")
     init.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend")
-    init.add_argument("--python", default="python3", metavar="PATH", help="the Python (of the venv with hwtui) on the nodes")
+    init.add_argument("--python", default=None, metavar="PATH",
+                      help="the Python (of the venv with hwtui and torch) on the nodes (default: the interpreter "
+                           "running this `cluster init`, so a venv works as it is)")
     init.add_argument("--join-timeout", type=float, default=60.0, metavar="S", help="how long to wait for every node (default 60)")
     init.add_argument("--timeout", type=float, default=60.0, metavar="S", help="timeout of each collective (default 60)")
     init.add_argument("--min-busbw", type=float, metavar="GBPS", help="fail the test below this bus bandwidth (GB/s)")
@@ -79,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
     raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster test ... (see hwtui cluster --help)")
 
 
+def _shown(item: str) -> str:
+    """An argument echoed in an error: the name part only, since --env values are secrets."""
+    name = item.partition("=")[0]
+    return repr(name if len(name) <= 60 else name[:60] + "...") + ("=..." if "=" in item else "")
+
+
 # -- init ------------------------------------------------------------------------------------------
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -87,9 +95,11 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise HwtuiError(f"{what} {item!r} must look like NAME=VALUE")
-        out[key.strip()] = value.strip()
+        if not sep or not key.strip():
+            raise HwtuiError(f"{what} {_shown(item)} must look like NAME=VALUE")
+        # The value is kept exactly as given (spaces and newlines included): it is data, quoted
+        # wherever it is written, and a token with a trailing newline must not change silently.
+        out[key.strip()] = value
     return out
 
 
@@ -105,7 +115,7 @@ def build_spec(args: argparse.Namespace):
         node.interface = iface
     spec = ClusterSpec(nodes=nodes, devices_per_node=args.devices_per_node, launcher=args.launcher,
                        interface=args.interface, master_addr=args.master_addr, master_port=args.master_port,
-                       ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python,
+                       ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python or sys.executable,
                        join_timeout=args.join_timeout, timeout=args.timeout, min_busbw=args.min_busbw,
                        extra_env=_pairs(args.env, "--env"))
     try:
