@@ -141,7 +141,7 @@ def _init(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise HwtuiError(f"cannot write {out}: {exc.strerror or exc}") from None
     if args.json:
-        json.dump({"spec": spec.to_dict(), "out": str(out.resolve()), "files": sorted(plan.files) + [launchfiles.SPEC_FILE],
+        json.dump({"spec": spec.public_dict(), "out": str(out.resolve()), "files": sorted(plan.files) + [launchfiles.SPEC_FILE],
                    "commands": plan.commands}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0

@@ -231,7 +231,8 @@ def write(spec: ClusterSpec, out_dir: str | Path) -> LaunchPlan:
         perms = 0o600 if rel.endswith(".env") else 0o755 if rel in launch.executable else None
         atomic_write_text(out / rel, text, perms=perms)
     atomic_write_text(out / MANIFEST, json.dumps(sorted([*launch.files, SPEC_FILE]), indent=1) + "\n")
-    atomic_write_text(out / SPEC_FILE, spec.to_json())
+    # cluster.json holds the --env values too (cluster test masks them by value): owner-only then.
+    atomic_write_text(out / SPEC_FILE, spec.to_json(), perms=0o600 if spec.extra_env else None)
     # Files an earlier `init` generated for nodes no longer in the cluster would mislead.
     for rel in sorted(old - set(launch.files) - {SPEC_FILE}):
         stale = out / rel

@@ -188,8 +188,13 @@ def _hwtui_version() -> str:
 
 
 def rank_report(*, rank: int, local_rank: int, world_size: int, node: str, master: str, master_port: int,
-                env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                env: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """This rank's report, capped (`peer.cap`) before redaction so a huge value costs little, with
+    the ``secrets`` (cluster.json's --env variables) masked by name and by value."""
+    from hwtui.engine.cluster.peer import cap, mask_env, mask_values
+
     env = os.environ if env is None else env
+    secrets = secrets or {}
     check = local_check()
     report = {
         "schema": SCHEMA,
@@ -205,8 +210,8 @@ def rank_report(*, rank: int, local_rank: int, world_size: int, node: str, maste
         "drivers": check.pop("drivers"),
         "interfaces": interfaces(),
         "route": route_to(master, master_port),
-        "env": env_of_interest(env),
+        "env": mask_env(env_of_interest(env), secrets),
         "plugin": plugin_facts(env),
         "check": check,
     }
-    return redact(report)
+    return redact(mask_values(cap(report), secrets.values()))

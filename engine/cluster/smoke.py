@@ -297,11 +297,14 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     import torch.distributed as dist
 
     from hwtui.engine.cluster.gather import GatherError, all_gather_json
+    from hwtui.engine.cluster.local import SCHEMA as RANK_SCHEMA
     from hwtui.engine.cluster.local import rank_report, route_to
+    from hwtui.engine.cluster.peer import cap, checked_report
 
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
     spec = opts.spec
+    secrets = dict(spec.extra_env) if spec else {}
     ctx = detect_launch(env, spec)
     node = identify_node(env, opts.node, spec)
     master_node = spec.master_node().name if spec and spec.master_node() else None
@@ -324,8 +327,9 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
             for f in findings:
                 say(MismatchEvent(finding=f.to_dict()))
             say(DoneEvent(ok=False, world_size=ctx.world_size, nodes=nodes, findings=[f.to_dict() for f in findings]))
-            report = redact({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings],
-                             "missing": verdict["missing"], "duration_s": round(time.monotonic() - started, 2)})
+            report = _public({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings],
+                             "missing": verdict["missing"], "duration_s": round(time.monotonic() - started, 2)},
+                             secrets)
         _wait_done(store, ctx, 5.0, [int(r) for r in verdict["joined"]])
         return SmokeResult(ctx.rank, 1, msg, report)
 
@@ -356,10 +360,13 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     stage = "gathering the node reports"
     try:
         mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=node,
-                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ})
+                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ},
+                           secrets=secrets)
         if auto_iface:
             mine["gloo_socket_ifname_auto"] = auto_iface
-        reports = all_gather_json(mine, device=device)
+        # Peers' reports are capped and shape-checked before anything reads them (peer.py).
+        reports = [checked_report(cap(rep), slot, RANK_SCHEMA)
+                   for slot, rep in enumerate(all_gather_json(mine, device=device))]
         for rep in reports:
             say(NodeEvent(rank=rep["rank"], node=rep["node"], ok=rep["check"]["worst"] not in ("fail", "error"),
                           summary=_summary(rep)))
@@ -405,16 +412,23 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     if ctx.rank == 0:
         node_list = list(cmp.by_node(reports))
         say(DoneEvent(ok=ok, world_size=ctx.world_size, nodes=node_list, findings=[f.to_dict() for f in findings]))
-        report = redact({
+        report = _public({
             **base, "ok": ok, "nodes": [{"node": n, "ranks": [r["rank"] for r in reports if r["node"] == n],
                                          "summary": _summary(rep)} for n, rep in cmp.by_node(reports).items()],
             "findings": [f.to_dict() for f in findings], "correctness": check.to_dict(),
             "bandwidth": [r.to_dict() for r in results], "min_busbw": opts.min_busbw,
             "sizes": opts.sizes, "iters": opts.iters, "warmup": opts.warmup,
-            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)})
+            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)}, secrets)
     _wait_done(store, ctx, 10.0)
     bad = [f.title for f in findings if f.status in (Status.FAIL, Status.ERROR)]
     return SmokeResult(ctx.rank, 0 if ok else 1, "; ".join(bad) or "cluster test passed", report)
+
+
+def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> dict[str, Any]:
+    """The report as it may leave rank 0: --env values masked wherever they appear, then redacted."""
+    from hwtui.engine.cluster.peer import mask_values
+
+    return redact(mask_values(report, secrets.values()))
 
 
 def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:

@@ -209,6 +209,12 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
+    def public_dict(self) -> dict[str, Any]:
+        """``to_dict`` for printing: --env values are secrets (tokens), so only their names show."""
+        from hwtui.core.redact import MASK
+
+        return {**self.to_dict(), "extra_env": {k: MASK for k in self.extra_env}}
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 

@@ -243,3 +243,29 @@ def test_node_objects_with_a_wrong_shape_name_the_node():
     with pytest.raises(SpecError, match="must be an object with name"):
         ClusterSpec.from_dict({"schema": specmod.SCHEMA, "nodes": [{"address": "10.0.0.1"}]})
     assert ClusterSpec.from_dict({"schema": specmod.SCHEMA, "nodes": [Node("a", "10.0.0.1").__dict__]}).nodes[0].addr == "10.0.0.1"
+
+
+# -- --env values are secrets ---------------------------------------------------------------------
+
+def test_env_values_are_owner_only_and_never_printed(tmp_path, capsys):
+    token = "hf_" + "Zq9" * 12
+    other = "s3cr3t/with@odd:chars"
+    out = tmp_path / "cl"
+    for extra in ([], ["--json"]):
+        assert main(["cluster", "init", "--nodes", "a,b", "--env", f"HF_TOKEN={token}", "--env", f"MY_VAR={other}",
+                     "-o", str(out), "--force", *extra]) == 0
+        printed = capsys.readouterr()
+        assert token not in printed.out + printed.err and other not in printed.out + printed.err
+    assert json.loads(printed.out)["spec"]["extra_env"] == {"HF_TOKEN": "***REDACTED***", "MY_VAR": "***REDACTED***"}
+    holders = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() and token in p.read_text())
+    assert holders == ["cluster.json", "env/a.env", "env/b.env"]
+    for rel in holders:
+        assert (out / rel).stat().st_mode & 0o777 == 0o600, rel
+        assert other in (out / rel).read_text()
+
+
+def test_a_malformed_env_argument_does_not_echo_its_value(tmp_path, capsys):
+    assert main(["cluster", "init", "--nodes", "a", "--env", "=hunter2-value", "-o", str(tmp_path / "x")]) == 2
+    assert main(["cluster", "init", "--nodes", "a", "--env", "1BAD=hunter2-value", "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and err.count("\n") == 2
