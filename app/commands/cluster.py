@@ -47,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--force", action="store_true", help="overwrite an existing cluster.json in --out")
     init.add_argument("--json", action="store_true", help="print the description and the launch commands as JSON")
 
+    pre = subs.add_parser("preflight", help="this node's local check before it joins (the launch files run it)",
+                          description="Run the checks that would stop this node from joining (NCCL/gloo interface, "
+                                      "NCCL net plugin, MASTER_PORT on the store's host, torch in this interpreter). "
+                                      "On a failure print each finding with its fix, leave it in the rendezvous store "
+                                      "for rank 0 to quote, and exit 1.")
+    pre.add_argument("--spec", required=True, metavar="FILE", help="cluster.json from `hwtui cluster init`")
+    pre.add_argument("--node", metavar="NAME", help="this node's name (default HWTUI_CLUSTER_NODE, else the host name)")
+    pre.add_argument("--hosts-store", action="store_true", help="this node will host the rendezvous store: check the port")
+
     test = subs.add_parser("test", help="run on every rank under the launcher: compare nodes, all-reduce, bandwidth",
                            description="Run under torchrun, srun or mpirun on every node (or alone for a one-rank "
                                        "check). Rank 0 prints the comparison, the correctness test and the sweep.")
@@ -78,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return _init(args)
     if action == "test":
         return _test(args)
+    if action == "preflight":
+        return _preflight(args)
     raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster test ... (see hwtui cluster --help)")
 
 
@@ -152,6 +163,31 @@ def _init(args: argparse.Namespace) -> int:
         print(f"  {where}: {command}")
     print(f"Every node must reach {spec.master}:{spec.master_port} (tcp) and the others on the cluster interface.")
     return 0
+
+
+# -- preflight -------------------------------------------------------------------------------------
+
+def _preflight(args: argparse.Namespace) -> int:
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.cluster import preflight
+    from hwtui.engine.cluster import spec as specmod
+    from hwtui.engine.cluster.smoke import identify_node, preflight_key
+
+    try:
+        spec = specmod.load(args.spec)
+    except specmod.SpecError as exc:
+        raise HwtuiError(str(exc)) from None
+    node = identify_node(os.environ, args.node, spec)
+    found = preflight.interpreter_findings() + preflight.blockers(os.environ, hosts_store=args.hosts_store)
+    if not found:
+        return 0
+    for finding in found:
+        print(f"hwtui: node {node} cannot join: {preflight.one_line(finding)}", file=sys.stderr)
+    if not args.hosts_store and not any(f.id == "cluster.python" for f in found):
+        # Rank 0 names absent nodes; with this it can also say why (bounded: the store may never come).
+        preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]),
+                       min(spec.join_timeout, 20.0))
+    return 1
 
 
 # -- test ------------------------------------------------------------------------------------------

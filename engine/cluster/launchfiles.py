@@ -155,6 +155,23 @@ def _quoted_with_here(argv: list[str], spec_marker: str) -> str:
 _MARK = "\0SPEC\0"
 
 
+def _checks_first(spec: ClusterSpec, hosts_store: str) -> list[str]:
+    """Shell lines that stop the node with the local check's finding before it joins.
+
+    First: can the interpreter cluster.json names import hwtui at all (from a venv, a bare
+    python3 cannot). Then `hwtui cluster preflight`: interface, plugin, the store's port and torch;
+    it prints each finding with its fix and leaves the first in the rendezvous store, so the
+    other nodes' report names this node *and* why. ``hosts_store`` is "" or the shell text that
+    expands to --hosts-store on the node that will listen on MASTER_PORT."""
+    py = shlex.quote(spec.python)
+    missing = shlex.quote(f"hwtui: {spec.python} cannot import hwtui on this node: install it there "
+                          "(pip install 'hwtui[engine]') or regenerate the files with cluster init --python PATH")
+    return [
+        f"{py} -c 'import hwtui' 2>/dev/null || {{ echo {missing} >&2; exit 2; }}",
+        f'{py} -m hwtui.app cluster preflight --spec "$HERE/cluster.json"{hosts_store} || exit $?',
+    ]
+
+
 @dataclass
 class LaunchPlan:
     files: dict[str, str]  # relative path -> content
@@ -171,14 +188,17 @@ def plan(spec: ClusterSpec, out_dir: Path) -> LaunchPlan:
         files[env_rel] = env_file_text(spec, node)
         argv = torchrun_argv(spec, node, _MARK)
         script = f"launch-{safe_name(node.name)}.sh"
+        hosts = " --hosts-store" if spec.master_node() is node else ""
         files[script] = _script(f"torchrun on node {shlex.quote(node.name)} ({shlex.quote(node.addr)}); run it on that node.",
-                                [f'. "$HERE/{env_rel}"', "exec " + _quoted_with_here(argv, _MARK)])
+                                [f'. "$HERE/{env_rel}"', *_checks_first(spec, hosts),
+                                 "exec " + _quoted_with_here(argv, _MARK)])
         if spec.launcher == "torchrun":
             commands[node.name] = f"sh {shlex.quote(os.path.join(out_abs, script))}"
 
     files["launch-mpirun.sh"] = _script(
         "mpirun (Open MPI) for the whole cluster; run it once, on the first node.",
-        [f'. "$HERE/env/{safe_name(spec.nodes[0].name)}.env"', "exec " + _quoted_with_here(mpirun_argv(spec, _MARK), _MARK)])
+        [f'. "$HERE/env/{safe_name(spec.nodes[0].name)}.env"', *_checks_first(spec, " --hosts-store"),
+         "exec " + _quoted_with_here(mpirun_argv(spec, _MARK), _MARK)])
     if spec.launcher == "mpirun":
         commands["mpirun"] = f"sh {shlex.quote(os.path.join(out_abs, 'launch-mpirun.sh'))}"
 
@@ -192,6 +212,9 @@ def plan(spec: ClusterSpec, out_dir: Path) -> LaunchPlan:
         f'[ -r "$ENV_FILE" ] || {{ echo "hwtui: no env file for SLURM node $SLURMD_NODENAME (cluster.json has: "'
         f'{shlex.quote(names)}")" >&2; exit 2; }}',
         '. "$ENV_FILE"',
+        # Task 0 hosts the rendezvous store, so only it checks that MASTER_PORT is free.
+        'HOSTS_STORE=""; [ "${SLURM_PROCID:-}" != 0 ] || HOSTS_STORE="--hosts-store"',
+        *_checks_first(spec, " $HOSTS_STORE"),
         "exec " + _quoted_with_here([spec.python, "-m", "hwtui.app", "cluster", "test", "--spec", _MARK], _MARK),
     ]) + "\n"
     sbatch = [
