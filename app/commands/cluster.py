@@ -184,9 +184,10 @@ def _preflight(args: argparse.Namespace) -> int:
     for finding in found:
         print(f"hwtui: node {node} cannot join: {preflight.one_line(finding)}", file=sys.stderr)
     if not args.hosts_store and not any(f.id == "cluster.python" for f in found):
-        # Rank 0 names absent nodes; with this it can also say why (bounded: the store may never come).
+        # Rank 0 names absent nodes; with this it can also say why. Bounded: the store may come late
+        # (the master started after this node) or never; the others wait about as long anyway.
         preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]),
-                       min(spec.join_timeout, 20.0))
+                       min(max(spec.join_timeout, 15.0), 60.0))
     return 1
 
 

@@ -76,20 +76,24 @@ def post(master: str, port: int, key: str, text: str, timeout: float) -> bool:
     """Leave ``text`` in the rendezvous store under ``key`` so rank 0 can quote it; best effort,
     bounded by ``timeout`` (the store may not be up yet, or never come, or be something else)."""
     import os
+    import time
     from datetime import timedelta
 
     from hwtui.engine.cluster.smoke import probe_port
 
     # A plain connect first: TCPStore's client retries noisily (C++ warnings on stderr) for its
     # whole timeout against anything that is not a store.
-    if not probe_port(master, port, timeout)[0]:
-        return False
+    deadline = time.monotonic() + timeout
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # this process only: it exits right after
-    try:
-        from torch.distributed import TCPStore
+    while time.monotonic() < deadline:
+        if not probe_port(master, port, deadline - time.monotonic())[0]:
+            return False
+        try:
+            from torch.distributed import TCPStore
 
-        store = TCPStore(master, port, None, False, timedelta(seconds=min(timeout, 5.0)))
-        store.set(key, text[:500])
-    except Exception:  # noqa: BLE001 - no store, no torch: the node's own stderr still says it
-        return False
-    return True
+            store = TCPStore(master, port, None, False, timedelta(seconds=max(1.0, min(deadline - time.monotonic(), 5.0))))
+            store.set(key, text[:500])
+            return True
+        except Exception:  # noqa: BLE001 - listening but not serving yet (or no torch): try again
+            time.sleep(0.5)
+    return False

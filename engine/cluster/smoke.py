@@ -302,15 +302,25 @@ def preflight_key(node: str) -> str:
     return f"hwtui-cluster-preflight/{node}"
 
 
-def _absent_said(store: Any, spec: ClusterSpec | None) -> dict[str, str]:
-    raw = getattr(store, "underlying_store", store)
+def _absent_said(spec: ClusterSpec | None, present: set[str]) -> dict[str, str]:
+    """What the launch scripts of nodes with no rank left in the rendezvous store before stopping.
+
+    They post to the endpoint cluster.json names (`hwtui cluster preflight`): under torchrun
+    that is the c10d rendezvous store, not the agent store the workers use, so a client is
+    opened there, and only when some node is absent (a healthy run never pays for it)."""
+    absent = [n.name for n in spec.nodes if n.name not in present] if spec else []
+    if not spec or not absent or not probe_port(spec.master, spec.master_port, 1.0)[0]:
+        return {}
     said = {}
-    for n in spec.nodes if spec else []:
-        try:
-            if raw.check([preflight_key(n.name)]):
-                said[n.name] = raw.get(preflight_key(n.name)).decode("utf-8", "replace")[:500]
-        except Exception:  # noqa: BLE001 - a failing store must not hide the finding we already have
-            continue
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(spec.master, spec.master_port, None, False, timedelta(seconds=5))
+        for name in absent:
+            if store.check([preflight_key(name)]):
+                said[name] = store.get(preflight_key(name)).decode("utf-8", "replace")[:500]
+    except Exception:  # noqa: BLE001 - a failing store must not hide the finding we already have
+        return said
     return said
 
 
@@ -387,7 +397,8 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         return SmokeResult(ctx.rank, 1, msg, report)
 
     if not verdict["ok"]:
-        absent = missing_findings(verdict, spec, _absent_said(store, spec)) + blocked_findings(verdict)
+        came = {j["node"] for j in verdict["joined"].values()}
+        absent = missing_findings(verdict, spec, _absent_said(spec, came)) + blocked_findings(verdict)
         return stop(absent, {"missing": verdict["missing"]}, [int(r) for r in verdict["joined"]])
 
     nodes_by_rank = {int(r): j["node"] for r, j in verdict["joined"].items()}
@@ -448,7 +459,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         if spec:
             registered = [rep["node"] for rep in reports]
             findings += cmp.expected_nodes(registered, [n.name for n in spec.nodes], opts.join_timeout,
-                                           {n.name: n.addr for n in spec.nodes}, _absent_said(store, spec))
+                                           {n.name: n.addr for n in spec.nodes}, _absent_said(spec, set(registered)))
         findings += cmp.compare(reports)
         for f in findings:
             if f.status not in (Status.PASS, Status.SKIP):
