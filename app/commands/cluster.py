@@ -2,8 +2,10 @@
 
 ``hwtui cluster init --nodes a=10.0.0.1,b=10.0.0.2 --interface eth0`` writes cluster.json, an env
 file per node, per-node torchrun scripts, an mpirun script and a SLURM batch script.
-``hwtui cluster test`` runs under the launcher on every rank: roll call, local checks compared
-across nodes, a correctness all-reduce and a broadcast/all-reduce bandwidth sweep.
+``hwtui cluster preflight`` is what the launch scripts run on each node before joining: the local
+checks that would stop it (interface, plugin, store port, torch), each printed with its fix.
+``hwtui cluster test`` runs under the launcher on every rank: local check, roll call, all-pairs
+reach test, local checks compared across nodes, a correctness all-reduce and a bandwidth sweep.
 Exit codes: 0 passed, 1 the cluster failed the test, 2 bad input.
 """
 
@@ -14,7 +16,7 @@ import json
 import os
 import sys
 
-HELP = "set up a multi-node cluster (init) and smoke-test it under torchrun/srun/mpirun (test)"
+HELP = "set up a multi-node cluster (init), check a node (preflight), smoke-test it under torchrun/srun/mpirun (test)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         return _test(args)
     if action == "preflight":
         return _preflight(args)
-    raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster test ... (see hwtui cluster --help)")
+    raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster preflight ... | hwtui cluster test ... "
+                     "(see hwtui cluster --help)")
 
 
 def _shown(item: str) -> str:

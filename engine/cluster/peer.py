@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwtui.core.redact import MASK
-from hwtui.engine.cluster.gather import GatherError
 
 MAX_STRING = 4096  # an interface list or LD_LIBRARY_PATH fits; a 1 MB value is cut
 MAX_ITEMS = 256  # findings, interfaces, variables
@@ -21,7 +20,7 @@ MAX_DEPTH = 8
 MIN_SECRET_LEN = 4  # shorter --env values ("1", "WARN") would mask ordinary words everywhere
 
 
-class PeerReportError(GatherError):
+class PeerReportError(ValueError):
     """A peer's report has the wrong shape; the message names the rank and the field."""
 
 

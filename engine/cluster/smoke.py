@@ -2,15 +2,22 @@
 
 The order is chosen so that each failure is explained where it happens:
 
+0. **Local check** (`preflight`): the interface, plugin and port findings that would make joining
+   pointless. A blocked rank still registers, with its finding, so rank 0 names it at once.
 1. **Reach the store** (rank 0 hosts it unless torchrun's agent does). Before handing the address
    to TCPStore a plain TCP connect probe runs, because only it can tell "connection refused"
    (nothing listening yet, or a firewall REJECT) from "no answer" (a firewall DROP / blocked port).
 2. **Roll call**: each rank registers its node name in the store; rank 0 waits at most the join
    timeout and publishes a verdict naming the ranks and nodes that never came. Only then is a
    process group formed, so a missing node costs ``join_timeout`` seconds, not gloo's 30 minutes.
+2b. **Reach test** (`reach`): every rank connects to every other over TCP, so a firewalled node is
+   named in seconds instead of the process group timing out with no names.
 3. **Process group** on a prefix of the same store, with ``timeout=`` so no collective waits forever.
 4. **Local check** on every rank, reports gathered as JSON (``gather``), nodes compared (``compare``).
 5. **Correctness** all-reduce of known values, then the **bandwidth** sweep.
+
+Each rank keeps what it is doing under ``said/<rank>`` in the store, so a failure can name the
+ranks that did not get as far and what they last said.
 
 Every rank computes the same verdict (the reports are all-gathered, the timings all-reduced), so
 every rank exits with the same code and the launcher's summary agrees with rank 0's report.
@@ -90,10 +97,10 @@ def _int_env(env: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = env.get(name)
         if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ClusterFailure(f"{name}={value!r} is not a number") from None
+            shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
+            if not value.isascii() or not value.strip().isdigit() or len(value) > 12:
+                raise ClusterFailure(f"{name}={shown} is not a number")
+            return int(value)
     return None
 
 
@@ -128,6 +135,8 @@ def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchCon
     if not addr or not port:
         raise ClusterFailure("no rendezvous address: set MASTER_ADDR and MASTER_PORT (the env files from "
                              "`hwtui cluster init` do) or pass --spec cluster.json")
+    if not 1 <= int(port) <= 65535:
+        raise ClusterFailure(f"MASTER_PORT={port} is not a TCP port (1-65535)")
     run_key = "-".join(filter(None, [env.get("TORCHELASTIC_RUN_ID"), env.get("TORCHELASTIC_RESTART_COUNT"),
                                      env.get("SLURM_JOB_ID")])) or "run"
     return LaunchContext(launcher, rank, world, local, addr, int(port),
@@ -351,7 +360,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     from hwtui.engine.cluster.gather import GatherError, all_gather_json
     from hwtui.engine.cluster.local import SCHEMA as RANK_SCHEMA
     from hwtui.engine.cluster.local import rank_report, route_to
-    from hwtui.engine.cluster.peer import cap, checked_report
+    from hwtui.engine.cluster.peer import PeerReportError, cap, checked_report
     from hwtui.engine.cluster.reach import check_peers
 
     env = dict(os.environ if env is None else env)
@@ -484,7 +493,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         elif opts.sweep:
             reason = "a world of one rank has no link to measure" if ctx.world_size == 1 else "the correctness test failed"
             findings.append(skip("cluster.bandwidth", f"bandwidth sweep skipped: {reason}"))
-    except (RuntimeError, GatherError) as exc:  # DistBackendError & co. derive from RuntimeError
+    except (RuntimeError, GatherError, PeerReportError) as exc:  # DistBackendError & co. derive from RuntimeError
         # A peer that dies or a link that drops mid-test surfaces here after `timeout` at most.
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ClusterFailure(f"rank {ctx.rank} on {node}: {stage} failed after at most {opts.timeout:g} s: {first[:300]}. "
