@@ -161,7 +161,7 @@ class ClusterSpec:
             for what, value in (("node name", node.name), ("address", node.addr)):
                 if not valid_host(value):
                     raise SpecError(f"{what} {_shown(value)} is neither a host name nor an IP address "
-                                    "(letters, digits, '-' and '.'; IPv4; or IPv6 with an optional %interface)")
+                                    "(letters, digits, '-' and '.'; IPv4; or IPv6 with an optional %scope)")
             if node.name in seen:
                 raise SpecError(f"node {node.name!r} is listed twice")
             seen[node.name] = node.addr
