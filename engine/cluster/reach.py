@@ -24,6 +24,7 @@ from typing import Any
 from hwtui.core.finding import Finding, fail
 
 POLL_S = 0.1
+SILENT = "silent"  # the peer never published its address
 
 
 def listen(address: str) -> socket.socket:
@@ -63,12 +64,16 @@ def check_peers(store: Any, rank: int, world: int, address: str, nodes: Mapping[
         port = sock.getsockname()[1]
         store.set(f"reach/addr/{rank}", json.dumps([address, port]))
         keys = [f"reach/addr/{r}" for r in range(world)]
-        outcomes: dict[str, str] = {}
-        if _wait_keys(store, keys, timeout):
-            peers = {r: json.loads(store.get(f"reach/addr/{r}")) for r in range(world) if r != rank}
-            with ThreadPoolExecutor(max_workers=min(16, max(len(peers), 1))) as pool:
-                futures = {r: pool.submit(attempt, a, p, connect_timeout) for r, (a, p) in peers.items()}
-                outcomes = {str(r): f.result() for r, f in futures.items()}
+        _wait_keys(store, keys, timeout)
+        # A peer that never published its address is "silent", never silently left out: an empty
+        # row would read as "reached everyone".
+        outcomes: dict[str, str] = {str(r): SILENT for r in range(world)
+                                    if r != rank and not store.check([f"reach/addr/{r}"])}
+        peers = {r: json.loads(store.get(f"reach/addr/{r}")) for r in range(world)
+                 if r != rank and str(r) not in outcomes}
+        with ThreadPoolExecutor(max_workers=min(16, max(len(peers), 1))) as pool:
+            futures = {r: pool.submit(attempt, a, p, connect_timeout) for r, (a, p) in peers.items()}
+            outcomes.update({str(r): f.result() for r, f in futures.items()})
         store.set(f"reach/result/{rank}", json.dumps(outcomes))
         if rank == 0:
             results: dict[int, dict[str, str]] = {}
@@ -96,8 +101,9 @@ def judge(results: Mapping[int, Mapping[str, str]], world: int, nodes: Mapping[i
         return nodes.get(r) or f"rank {r}"
 
     findings = []
+    silent = {int(t) for row in results.values() for t, o in row.items() if o == SILENT}
     for r in range(world):
-        if r not in results:
+        if r not in results or r in silent:
             said = last_said(r)
             findings.append(fail(f"cluster.reach[rank {r}]", f"rank {r} ({name(r)}) did not answer the connection test",
                                  f"it last said: {said!r}" if said else "it said nothing after joining",
@@ -106,7 +112,7 @@ def judge(results: Mapping[int, Mapping[str, str]], world: int, nodes: Mapping[i
     by_node: dict[str, list[tuple[str, str]]] = {}
     for src, row in results.items():
         for target, outcome in row.items():
-            if outcome != "ok":
+            if outcome not in ("ok", SILENT):
                 by_node.setdefault(name(int(target)), []).append((name(src), outcome))
     for node, failed in sorted(by_node.items()):
         pairs = sorted(set(failed))

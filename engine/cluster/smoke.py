@@ -415,7 +415,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         _say(store, ctx.rank, "testing connections to its peers")
         address = route_to(ctx.master_addr, ctx.master_port).get("local_addr") or "0.0.0.0"  # noqa: S104
         reach = check_peers(store, ctx.rank, ctx.world_size, address, nodes_by_rank,
-                            connect_timeout=min(3.0, opts.timeout), timeout=opts.timeout,
+                            connect_timeout=min(3.0, opts.timeout), timeout=opts.join_timeout,
                             last_said=lambda r: _heard(store, r))
         if not reach["ok"]:
             unreachable = [Finding.from_dict(f) for f in reach["findings"]]

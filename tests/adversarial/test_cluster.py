@@ -229,7 +229,7 @@ def test_loader_never_raises_anything_but_a_spec_error(body, nodes):
     b'{"schema": "hwtui.cluster/1", "nodes": ["a"], "python": 3}',
     b"\xff\xfe{}",
     b" " * (specmod.MAX_SPEC_BYTES + 1),
-])
+], ids=["deep", "inf", "bool", "5000-digits", "list-name", "env-list", "python-int", "not-utf8", "over-1MiB"])
 def test_hostile_description_files_are_exit_2_in_one_line(tmp_path, capsys, content):
     path = tmp_path / "cluster.json"
     path.write_bytes(content)

@@ -43,3 +43,9 @@ def test_every_rank_gets_rank_0s_verdict_over_a_real_store():
     for t in threads:
         t.join(60)
     assert verdicts == {r: {"ok": True, "findings": []} for r in range(3)}
+
+
+def test_a_peer_that_never_published_its_address_is_named_not_skipped():
+    results = {0: {"1": "ok", "2": "silent"}, 1: {"0": "ok", "2": "silent"}}
+    [f] = judge(results, 3, NODES, lambda r: "registered")
+    assert f.id == "cluster.reach[rank 2]" and f.detail == "it last said: 'registered'"
