@@ -2,8 +2,10 @@
 
 ``hwtui cluster init --nodes a=10.0.0.1,b=10.0.0.2 --interface eth0`` writes cluster.json, an env
 file per node, per-node torchrun scripts, an mpirun script and a SLURM batch script.
-``hwtui cluster test`` runs under the launcher on every rank: roll call, local checks compared
-across nodes, a correctness all-reduce and a broadcast/all-reduce bandwidth sweep.
+``hwtui cluster preflight`` is what the launch scripts run on each node before joining: the local
+checks that would stop it (interface, plugin, store port, torch), each printed with its fix.
+``hwtui cluster test`` runs under the launcher on every rank: local check, roll call, all-pairs
+reach test, local checks compared across nodes, a correctness all-reduce and a bandwidth sweep.
 Exit codes: 0 passed, 1 the cluster failed the test, 2 bad input.
 """
 
@@ -14,7 +16,7 @@ import json
 import os
 import sys
 
-HELP = "set up a multi-node cluster (init) and smoke-test it under torchrun/srun/mpirun (test)"
+HELP = "set up a multi-node cluster (init), check a node (preflight), smoke-test it under torchrun/srun/mpirun (test)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--net-plugin", metavar="PATH", help="NCCL_NET_PLUGIN: absolute path of libnccl-net.so (its "
                                                            "directory is added to LD_LIBRARY_PATH)")
     init.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend")
-    init.add_argument("--python", default="python3", metavar="PATH", help="the Python (of the venv with hwtui) on the nodes")
+    init.add_argument("--python", default=None, metavar="PATH",
+                      help="the Python (of the venv with hwtui and torch) on the nodes (default: the interpreter "
+                           "running this `cluster init`, so a venv works as it is)")
     init.add_argument("--join-timeout", type=float, default=60.0, metavar="S", help="how long to wait for every node (default 60)")
     init.add_argument("--timeout", type=float, default=60.0, metavar="S", help="timeout of each collective (default 60)")
     init.add_argument("--min-busbw", type=float, metavar="GBPS", help="fail the test below this bus bandwidth (GB/s)")
@@ -44,6 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("-o", "--out", default="hwtui-cluster", metavar="DIR", help="output directory (default ./hwtui-cluster)")
     init.add_argument("--force", action="store_true", help="overwrite an existing cluster.json in --out")
     init.add_argument("--json", action="store_true", help="print the description and the launch commands as JSON")
+
+    pre = subs.add_parser("preflight", help="this node's local check before it joins (the launch files run it)",
+                          description="Run the checks that would stop this node from joining (NCCL/gloo interface, "
+                                      "NCCL net plugin, MASTER_PORT on the store's host, torch in this interpreter). "
+                                      "On a failure print each finding with its fix, leave it in the rendezvous store "
+                                      "for rank 0 to quote, and exit 1.")
+    pre.add_argument("--spec", required=True, metavar="FILE", help="cluster.json from `hwtui cluster init`")
+    pre.add_argument("--node", metavar="NAME", help="this node's name (default HWTUI_CLUSTER_NODE, else the host name)")
+    pre.add_argument("--hosts-store", action="store_true", help="this node will host the rendezvous store: check the port")
 
     test = subs.add_parser("test", help="run on every rank under the launcher: compare nodes, all-reduce, bandwidth",
                            description="Run under torchrun, srun or mpirun on every node (or alone for a one-rank "
@@ -76,7 +89,16 @@ def run(args: argparse.Namespace) -> int:
         return _init(args)
     if action == "test":
         return _test(args)
-    raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster test ... (see hwtui cluster --help)")
+    if action == "preflight":
+        return _preflight(args)
+    raise HwtuiError("choose an action: hwtui cluster init ... | hwtui cluster preflight ... | hwtui cluster test ... "
+                     "(see hwtui cluster --help)")
+
+
+def _shown(item: str) -> str:
+    """An argument echoed in an error: the name part only, since --env values are secrets."""
+    name = item.partition("=")[0]
+    return repr(name if len(name) <= 60 else name[:60] + "...") + ("=..." if "=" in item else "")
 
 
 # -- init ------------------------------------------------------------------------------------------
@@ -87,9 +109,11 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise HwtuiError(f"{what} {item!r} must look like NAME=VALUE")
-        out[key.strip()] = value.strip()
+        if not sep or not key.strip():
+            raise HwtuiError(f"{what} {_shown(item)} must look like NAME=VALUE")
+        # The value is kept exactly as given (spaces and newlines included): it is data, quoted
+        # wherever it is written, and a token with a trailing newline must not change silently.
+        out[key.strip()] = value
     return out
 
 
@@ -105,7 +129,7 @@ def build_spec(args: argparse.Namespace):
         node.interface = iface
     spec = ClusterSpec(nodes=nodes, devices_per_node=args.devices_per_node, launcher=args.launcher,
                        interface=args.interface, master_addr=args.master_addr, master_port=args.master_port,
-                       ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python,
+                       ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python or sys.executable,
                        join_timeout=args.join_timeout, timeout=args.timeout, min_busbw=args.min_busbw,
                        extra_env=_pairs(args.env, "--env"))
     try:
@@ -131,7 +155,7 @@ def _init(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise HwtuiError(f"cannot write {out}: {exc.strerror or exc}") from None
     if args.json:
-        json.dump({"spec": spec.to_dict(), "out": str(out.resolve()), "files": sorted(plan.files) + [launchfiles.SPEC_FILE],
+        json.dump({"spec": spec.public_dict(), "out": str(out.resolve()), "files": sorted(plan.files) + [launchfiles.SPEC_FILE],
                    "commands": plan.commands}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
@@ -142,6 +166,32 @@ def _init(args: argparse.Namespace) -> int:
         print(f"  {where}: {command}")
     print(f"Every node must reach {spec.master}:{spec.master_port} (tcp) and the others on the cluster interface.")
     return 0
+
+
+# -- preflight -------------------------------------------------------------------------------------
+
+def _preflight(args: argparse.Namespace) -> int:
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.cluster import preflight
+    from hwtui.engine.cluster import spec as specmod
+    from hwtui.engine.cluster.smoke import identify_node, preflight_key
+
+    try:
+        spec = specmod.load(args.spec)
+    except specmod.SpecError as exc:
+        raise HwtuiError(str(exc)) from None
+    node = identify_node(os.environ, args.node, spec)
+    found = preflight.interpreter_findings() + preflight.blockers(os.environ, hosts_store=args.hosts_store)
+    if not found:
+        return 0
+    for finding in found:
+        print(f"hwtui: node {node} cannot join: {preflight.one_line(finding)}", file=sys.stderr)
+    if not args.hosts_store and not any(f.id == "cluster.python" for f in found):
+        # Rank 0 names absent nodes; with this it can also say why. Bounded: the store may come late
+        # (the master started after this node) or never; the others wait about as long anyway.
+        preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]),
+                       min(max(spec.join_timeout, 15.0), 60.0))
+    return 1
 
 
 # -- test ------------------------------------------------------------------------------------------

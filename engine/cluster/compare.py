@@ -294,9 +294,13 @@ def compare(reports: Sequence[Mapping[str, Any]]) -> list[Finding]:
 
 
 def expected_nodes(registered: Sequence[str], expected: Sequence[str], join_timeout: float,
-                   addresses: Mapping[str, str] | None = None) -> list[Finding]:
-    """Nodes in cluster.json that no rank came from, and ranks from nodes cluster.json lacks."""
+                   addresses: Mapping[str, str] | None = None, said: Mapping[str, str] | None = None) -> list[Finding]:
+    """Nodes in cluster.json that no rank came from, and ranks from nodes cluster.json lacks.
+
+    ``said``: what an absent node's launch script reported before it stopped (its local check's
+    finding, posted to the store by `hwtui cluster preflight`)."""
     addresses = addresses or {}
+    said = said or {}
     findings = []
     present = set(registered)
     for node in expected:
@@ -305,6 +309,12 @@ def expected_nodes(registered: Sequence[str], expected: Sequence[str], join_time
             findings.append(passed(fid, f"node {node} joined"))
         else:
             where = f" ({addresses[node]})" if addresses.get(node) and addresses[node] != node else ""
+            if said.get(node):
+                findings.append(fail(fid, f"node {node}{where} never joined: it said: {said[node]}",
+                                     "Its launch script ran the local check and stopped before joining.",
+                                     f"fix it on {node} (the fix is in its message), then start launch-{node}.sh again",
+                                     node=node, said=said[node]))
+                continue
             findings.append(fail(fid, f"node {node}{where} never joined within {join_timeout:g} s",
                                  "No rank registered from this node before the rendezvous closed.",
                                  f"start the launch command on {node} (launch-{node}.sh), and check it can reach the "

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hwtui.core.redact import redact
+from hwtui.probes.host import Host
 
 SCHEMA = "hwtui.cluster.rank/1"
 
@@ -30,85 +31,49 @@ def env_of_interest(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
 
 
-def interfaces() -> dict[str, dict[str, Any]]:
-    """Network interfaces from /sys/class/net with state, MTU and addresses.
+def interfaces(host: Host | None = None) -> dict[str, dict[str, Any]]:
+    """Network interfaces with state and addresses, read by the probes' netif collector through a
+    Host (so a recorded or sysroot host works too, and there is one reader of /sys/class/net).
 
     Loopback stays in: a single-machine test pins gloo to ``lo``, and the interface rule must find it."""
-    try:
-        import psutil
+    from hwtui.probes.dist.netif import collect_interfaces
 
-        addrs = psutil.net_if_addrs()
-    except Exception:  # noqa: BLE001 - addresses are a nicety; names come from sysfs
-        addrs = {}
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        names = sorted(os.listdir("/sys/class/net"))
-    except OSError:
-        names = sorted(addrs)
-    for name in names:
-        base = f"/sys/class/net/{name}"
-        out[name] = {
-            "operstate": _read(f"{base}/operstate"),
-            "mtu": _int(_read(f"{base}/mtu")),
-            "addresses": [a.address.split("%")[0] for a in addrs.get(name, ())
-                          if a.family in (socket.AF_INET, socket.AF_INET6)],
-        }
-    return out
+    netif = collect_interfaces(host or _live_host())
+    addresses = netif.get("addresses") or {}
+    return {i["name"]: {"operstate": i.get("operstate"), "up": i.get("up"), "type": i.get("type"),
+                        "addresses": list(addresses.get(i["name"], []))}
+            for i in sorted(netif.get("interfaces", []), key=lambda i: i["name"])}
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
+def _live_host() -> Host:
+    from hwtui.probes.host import FsHost
+
+    return FsHost("/")
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
+def route_to(host: str, port: int, ifaces: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The local address and interface the kernel picks to reach ``host`` (rendezvous probe's
+    route_to: a connected UDP socket sends nothing, connect() only consults the routing table)."""
+    from hwtui.probes.dist.rendezvous import route_to as probe_route
 
-
-def route_to(host: str, port: int) -> dict[str, Any]:
-    """The local address and interface the kernel picks to reach ``host``.
-
-    A connected UDP socket sends nothing; connect() only consults the routing table.
-    """
     out: dict[str, Any] = {"master": host, "local_addr": None, "interface": None}
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:
         out["error"] = f"cannot resolve {host}: {exc}"
         return out
-    family, _, _, _, sockaddr = infos[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(sockaddr)
-            local = s.getsockname()[0]
-        except OSError as exc:
-            out["error"] = f"no route to {host}: {exc}"
-            return out
-    out["local_addr"] = local
-    out["interface"] = interface_of_address(local)
+    ip = str(infos[0][4][0])
+    ifaces = interfaces() if ifaces is None else ifaces
+    found = probe_route(ip, port, {name: info["addresses"] for name, info in ifaces.items()})
+    if "error" in found:
+        out["error"] = f"no route to {host}: {found['error']}"
+        return out
+    out["local_addr"], out["interface"] = found["source"], found["interface"]
     return out
 
 
-def interface_of_address(address: str) -> str | None:
-    try:
-        import psutil
-
-        for name, addrs in psutil.net_if_addrs().items():
-            if any(a.address.split("%")[0] == address for a in addrs):
-                return name
-    except Exception:  # noqa: BLE001
-        return None
-    return None
-
-
 def local_addresses() -> set[str]:
-    found = set()
+    found: set[str] = set()
     for info in interfaces().values():
         found.update(info["addresses"])
     return found
@@ -156,14 +121,29 @@ def plugin_facts(env: Mapping[str, str]) -> dict[str, Any] | None:
     return {"value": value, "path": None, "searched": "LD_LIBRARY_PATH"}
 
 
-def local_check() -> dict[str, Any]:
-    """hwtui's own check of this node, as findings plus the facts the comparison uses."""
+# Findings the local check cannot judge while this test runs: rank 0 (under srun, mpirun or a
+# manual launch) already listens on MASTER_PORT with the test's own store, so a bind test there
+# reports "already in use" on a healthy cluster. The store answering is the proof instead.
+_OWN_STORE_IDS = ("rendezvous.port", "rendezvous.reachable")
+
+
+def local_check(master_port: int | None = None) -> dict[str, Any]:
+    """hwtui's own check of this node, as findings plus the facts the comparison uses.
+
+    With ``master_port`` (the rendezvous store this test already reached), the rendezvous port
+    findings are replaced by one that says so."""
+    from hwtui.core.finding import passed
     from hwtui.probes.catalog import catalog
     from hwtui.probes.framework import run_checks
     from hwtui.probes.host import FsHost
 
     collectors, rules = catalog()
     result = run_checks(FsHost("/"), collectors, rules)
+    if master_port is not None:
+        kept = [f for f in result.findings if f.id not in _OWN_STORE_IDS]
+        kept.append(passed("rendezvous.port", f"MASTER_PORT={master_port} serves this test's rendezvous store",
+                           "Every rank reached the store before this check ran."))
+        result.findings[:] = kept
     modules = (result.facts.get("modules") or {}).get("modules", {})
     drivers = {name: info.get("version") for name, info in modules.items()
                if name in ("nvidia", "amdgpu", "xe", "i915", "habanalabs") and info.get("version")}
@@ -188,9 +168,15 @@ def _hwtui_version() -> str:
 
 
 def rank_report(*, rank: int, local_rank: int, world_size: int, node: str, master: str, master_port: int,
-                env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                env: Mapping[str, str] | None = None, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """This rank's report, capped (`peer.cap`) before redaction so a huge value costs little, with
+    the ``secrets`` (cluster.json's --env variables) masked by name and by value."""
+    from hwtui.engine.cluster.peer import cap, mask_env, mask_values
+
     env = os.environ if env is None else env
-    check = local_check()
+    secrets = secrets or {}
+    check = local_check(master_port)
+    ifaces = interfaces()
     report = {
         "schema": SCHEMA,
         "rank": rank,
@@ -203,10 +189,10 @@ def rank_report(*, rank: int, local_rank: int, world_size: int, node: str, maste
         "platform": {"machine": platform.machine(), "kernel": check.pop("kernel"), "os": check.pop("os")},
         "torch": torch_facts(),
         "drivers": check.pop("drivers"),
-        "interfaces": interfaces(),
-        "route": route_to(master, master_port),
-        "env": env_of_interest(env),
+        "interfaces": ifaces,
+        "route": route_to(master, master_port, ifaces),
+        "env": mask_env(env_of_interest(env), secrets),
         "plugin": plugin_facts(env),
         "check": check,
     }
-    return redact(report)
+    return redact(mask_values(cap(report), secrets.values()))

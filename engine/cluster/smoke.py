@@ -2,15 +2,22 @@
 
 The order is chosen so that each failure is explained where it happens:
 
+0. **Local check** (`preflight`): the interface, plugin and port findings that would make joining
+   pointless. A blocked rank still registers, with its finding, so rank 0 names it at once.
 1. **Reach the store** (rank 0 hosts it unless torchrun's agent does). Before handing the address
    to TCPStore a plain TCP connect probe runs, because only it can tell "connection refused"
    (nothing listening yet, or a firewall REJECT) from "no answer" (a firewall DROP / blocked port).
 2. **Roll call**: each rank registers its node name in the store; rank 0 waits at most the join
    timeout and publishes a verdict naming the ranks and nodes that never came. Only then is a
    process group formed, so a missing node costs ``join_timeout`` seconds, not gloo's 30 minutes.
+2b. **Reach test** (`reach`): every rank connects to every other over TCP, so a firewalled node is
+   named in seconds instead of the process group timing out with no names.
 3. **Process group** on a prefix of the same store, with ``timeout=`` so no collective waits forever.
 4. **Local check** on every rank, reports gathered as JSON (``gather``), nodes compared (``compare``).
 5. **Correctness** all-reduce of known values, then the **bandwidth** sweep.
+
+Each rank keeps what it is doing under ``said/<rank>`` in the store, so a failure can name the
+ranks that did not get as far and what they last said.
 
 Every rank computes the same verdict (the reports are all-gathered, the timings all-reduced), so
 every rank exits with the same code and the launcher's summary agrees with rank 0's report.
@@ -90,10 +97,10 @@ def _int_env(env: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = env.get(name)
         if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ClusterFailure(f"{name}={value!r} is not a number") from None
+            shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
+            if not value.isascii() or not value.strip().isdigit() or len(value) > 12:
+                raise ClusterFailure(f"{name}={shown} is not a number")
+            return int(value)
     return None
 
 
@@ -128,6 +135,8 @@ def detect_launch(env: Mapping[str, str], spec: ClusterSpec | None) -> LaunchCon
     if not addr or not port:
         raise ClusterFailure("no rendezvous address: set MASTER_ADDR and MASTER_PORT (the env files from "
                              "`hwtui cluster init` do) or pass --spec cluster.json")
+    if not 1 <= int(port) <= 65535:
+        raise ClusterFailure(f"MASTER_PORT={port} is not a TCP port (1-65535)")
     run_key = "-".join(filter(None, [env.get("TORCHELASTIC_RUN_ID"), env.get("TORCHELASTIC_RESTART_COUNT"),
                                      env.get("SLURM_JOB_ID")])) or "run"
     return LaunchContext(launcher, rank, world, local, addr, int(port),
@@ -242,13 +251,19 @@ def roll_call(store, ctx: LaunchContext, me: dict[str, Any], join_timeout: float
     missing = [_missing_label(r, ctx, spec) for r in range(ctx.world_size) if r not in joined]
     if backend == "auto":
         backend = "nccl" if joined and all(j.get("cuda") for j in joined.values()) and not missing else "gloo"
-    verdict = {"ok": not missing, "missing": missing, "joined": {str(r): j for r, j in joined.items()},
+    blocked = {str(r): j["blocked"] for r, j in joined.items() if j.get("blocked")}
+    verdict = {"ok": not missing and not blocked, "missing": missing, "blocked": blocked,
+               "joined": {str(r): j for r, j in joined.items()},
                "waited_s": round(time.monotonic() - started, 2), "join_timeout": join_timeout, "backend": backend}
     store.set("verdict", json.dumps(verdict))
     return verdict
 
 
-def missing_findings(verdict: dict[str, Any], spec: ClusterSpec | None = None) -> list[Finding]:
+def missing_findings(verdict: dict[str, Any], spec: ClusterSpec | None = None,
+                     said: Mapping[str, str] | None = None) -> list[Finding]:
+    """One finding per rank that never registered; ``said`` holds what an absent node's launch
+    script reported before it gave up (`hwtui cluster preflight` posts its finding to the store)."""
+    said = said or {}
     out = []
     came = {j.get("node") for j in verdict["joined"].values()}
     absent = [n.name for n in spec.nodes if n.name not in came] if spec else []
@@ -261,20 +276,66 @@ def missing_findings(verdict: dict[str, Any], spec: ClusterSpec | None = None) -
         else:
             where = ""
         suspects = [m["node"]] if m.get("node") else absent
+        heard = [f"{n} said: {said[n]}" for n in suspects if said.get(n)]
         remedy = (f"start the launch command on {', '.join(suspects)}; if it runs, its own error line says why it could "
                   f"not register (from there: nc -zv MASTER_ADDR MASTER_PORT)" if suspects
                   else "start every rank; check each node reaches MASTER_ADDR:MASTER_PORT")
         out.append(fail(f"cluster.join[rank {m['rank']}]",
-                        f"rank {m['rank']}{where} never joined within {verdict['join_timeout']:g} s",
+                        f"rank {m['rank']}{where} never joined within {verdict['join_timeout']:g} s"
+                        + (f"; {'; '.join(heard)}" if heard else ""),
                         f"{len(verdict['joined'])} of {len(verdict['joined']) + len(verdict['missing'])} ranks registered "
                         f"in the rendezvous store; the test stops before forming a process group.",
-                        remedy, rank=m["rank"], node=m.get("node"), candidates=absent))
+                        remedy, rank=m["rank"], node=m.get("node"), candidates=absent, said={n: said[n] for n in suspects
+                                                                                               if n in said}))
     return out
+
+
+def blocked_findings(verdict: dict[str, Any]) -> list[Finding]:
+    """One finding per node whose local check stopped it before joining, with that check's fix."""
+    out: dict[str, Finding] = {}
+    for r, found in sorted(verdict.get("blocked", {}).items(), key=lambda kv: int(kv[0])):
+        node = verdict["joined"][r]["node"]
+        if node in out:
+            continue
+        first = Finding.from_dict(found[0])
+        out[node] = fail(f"cluster.preflight[{node}]", f"node {node} stopped before joining: {first.title}",
+                         first.detail + (f" ({len(found) - 1} more)" if len(found) > 1 else ""),
+                         f"on {node}: {first.remedy}" if first.remedy else f"on {node}: hwtui --check --only env",
+                         node=node, rank=int(r), ids=[f.get("id") for f in found])
+    return list(out.values())
+
+
+def preflight_key(node: str) -> str:
+    """Where a node's launch script leaves the finding that stopped it (the store's raw key space:
+    the script runs before any launcher has assigned a rank or run id)."""
+    return f"hwtui-cluster-preflight/{node}"
+
+
+def _absent_said(spec: ClusterSpec | None, present: set[str]) -> dict[str, str]:
+    """What the launch scripts of nodes with no rank left in the rendezvous store before stopping.
+
+    They post to the endpoint cluster.json names (`hwtui cluster preflight`): under torchrun
+    that is the c10d rendezvous store, not the agent store the workers use, so a client is
+    opened there, and only when some node is absent (a healthy run never pays for it)."""
+    absent = [n.name for n in spec.nodes if n.name not in present] if spec else []
+    if not spec or not absent or not probe_port(spec.master, spec.master_port, 1.0)[0]:
+        return {}
+    said = {}
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(spec.master, spec.master_port, None, False, timedelta(seconds=5))
+        for name in absent:
+            if store.check([preflight_key(name)]):
+                said[name] = store.get(preflight_key(name)).decode("utf-8", "replace")[:500]
+    except Exception:  # noqa: BLE001 - a failing store must not hide the finding we already have
+        return said
+    return said
 
 
 # -- the run -------------------------------------------------------------------------------------
 
-def _summary(rep: dict[str, Any]) -> str:
+def _summary(rep: Mapping[str, Any]) -> str:
     t = rep.get("torch", {})
     build = "cuda " + t["cuda"] if t.get("cuda") else ("rocm " + t["hip"] if t.get("hip") else "cpu")
     route = rep.get("route") or {}
@@ -297,37 +358,70 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     import torch.distributed as dist
 
     from hwtui.engine.cluster.gather import GatherError, all_gather_json
+    from hwtui.engine.cluster.local import SCHEMA as RANK_SCHEMA
     from hwtui.engine.cluster.local import rank_report, route_to
+    from hwtui.engine.cluster.peer import PeerReportError, cap, checked_report
+    from hwtui.engine.cluster.reach import check_peers
 
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
     spec = opts.spec
+    secrets = dict(spec.extra_env) if spec else {}
     ctx = detect_launch(env, spec)
     node = identify_node(env, opts.node, spec)
-    master_node = spec.master_node().name if spec and spec.master_node() else None
+    host_node = spec.master_node() if spec else None
+    master_node = host_node.name if host_node else None
     say = emit if ctx.rank == 0 else (lambda ev: None)
 
+    # The local check first: a node that cannot work (interface, plugin) says so before it joins,
+    # and registers with its finding so rank 0 names it at once instead of after the timeout.
+    from hwtui.engine.cluster.preflight import blockers, one_line
+
+    blocked = blockers(env)
     store = connect_store(ctx, node, opts.join_timeout, master_node)
     cuda = bool(torch.cuda.is_available())
-    me = {"node": node, "hostname": socket.gethostname(), "local_rank": ctx.local_rank, "pid": os.getpid(), "cuda": cuda}
+    me = {"node": node, "hostname": socket.gethostname(), "local_rank": ctx.local_rank, "pid": os.getpid(), "cuda": cuda,
+          "blocked": [f.to_dict() for f in blocked]}
+    _say(store, ctx.rank, "registered" if not blocked else f"stopped by its local check: {one_line(blocked[0])}")
     verdict = roll_call(store, ctx, me, opts.join_timeout, spec, opts.backend)
     backend = verdict["backend"]
 
     base = {"schema": REPORT_SCHEMA, "launcher": ctx.launcher, "world_size": ctx.world_size, "backend": backend,
             "master": f"{ctx.master_addr}:{ctx.master_port}", "join_timeout": opts.join_timeout, "timeout": opts.timeout}
-    if not verdict["ok"]:
-        findings = missing_findings(verdict, spec)
-        msg = "; ".join(f.title for f in findings)
+
+    def stop(findings: list[Finding], extra: dict[str, Any], ranks: list[int] | None) -> SmokeResult:
+        """End the test before the process group: rank 0 reports the findings, every rank exits 1."""
+        mine = [f for f in findings if f.data.get("rank") == ctx.rank or f.data.get("node") == node]
+        own = f"local check on node {node} failed before joining: {one_line(blocked[0])}" if blocked else None
+        msg = own or "; ".join(f.title for f in (mine or findings))
         report = None
         if ctx.rank == 0:
             nodes = sorted({j["node"] for j in verdict["joined"].values()})
             for f in findings:
                 say(MismatchEvent(finding=f.to_dict()))
             say(DoneEvent(ok=False, world_size=ctx.world_size, nodes=nodes, findings=[f.to_dict() for f in findings]))
-            report = redact({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings],
-                             "missing": verdict["missing"], "duration_s": round(time.monotonic() - started, 2)})
-        _wait_done(store, ctx, 5.0, [int(r) for r in verdict["joined"]])
+            report = _public({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings], **extra,
+                              "duration_s": round(time.monotonic() - started, 2)}, secrets)
+        _wait_done(store, ctx, 5.0, ranks)
         return SmokeResult(ctx.rank, 1, msg, report)
+
+    if not verdict["ok"]:
+        came = {j["node"] for j in verdict["joined"].values()}
+        absent = missing_findings(verdict, spec, _absent_said(spec, came)) + blocked_findings(verdict)
+        return stop(absent, {"missing": verdict["missing"]}, [int(r) for r in verdict["joined"]])
+
+    nodes_by_rank = {int(r): j["node"] for r, j in verdict["joined"].items()}
+    if ctx.world_size > 1:
+        _say(store, ctx.rank, "testing connections to its peers")
+        address = route_to(ctx.master_addr, ctx.master_port).get("local_addr") or "0.0.0.0"  # noqa: S104
+        reach = check_peers(store, ctx.rank, ctx.world_size, address, nodes_by_rank,
+                            connect_timeout=min(3.0, opts.timeout), timeout=opts.join_timeout,
+                            last_said=lambda r: _heard(store, r))
+        if not reach["ok"]:
+            unreachable = [Finding.from_dict(f) for f in reach["findings"]]
+            if not unreachable:
+                raise ClusterFailure(f"rank {ctx.rank} on {node}: {reach.get('error', 'the connection test failed')}")
+            return stop(unreachable, {}, None)
 
     # Gloo binds to the address the host name resolves to unless told otherwise; on a machine whose
     # host name points at another network (or at nothing, in a container) that fails obscurely.
@@ -344,22 +438,28 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     if backend == "nccl":
         device = torch.device("cuda", ctx.local_rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
+    _say(store, ctx.rank, f"forming the {backend} process group")
     try:
         dist.init_process_group(backend, store=PrefixStore("pg", store), rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timedelta(seconds=opts.timeout))
     except Exception as exc:  # noqa: BLE001
+        behind = _behind(store, ctx, nodes_by_rank, f"forming the {backend} process group")
         raise ClusterFailure(
             f"rank {ctx.rank} on {node}: the {backend} process group did not form within {opts.timeout:g} s: "
-            f"{str(exc).splitlines()[0] if str(exc) else exc!r}. The store works, so the peer-to-peer ports are the "
-            f"suspect: allow TCP between the nodes on the cluster interface (NCCL/gloo use ephemeral ports) and set "
-            f"GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to it") from None
+            f"{str(exc).splitlines()[0][:300] if str(exc) else exc!r}. Every rank reached every other over TCP just "
+            f"before, so suspect the transport settings (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, NCCL_NET_PLUGIN)"
+            + (f"; last heard: {behind}" if behind else "")) from None
+    _say(store, ctx.rank, "process group formed; gathering node reports")
     stage = "gathering the node reports"
     try:
         mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=node,
-                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ})
+                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ},
+                           secrets=secrets)
         if auto_iface:
             mine["gloo_socket_ifname_auto"] = auto_iface
-        reports = all_gather_json(mine, device=device)
+        # Peers' reports are capped and shape-checked before anything reads them (peer.py).
+        reports = [checked_report(cap(rep), slot, RANK_SCHEMA)
+                   for slot, rep in enumerate(all_gather_json(mine, device=device))]
         for rep in reports:
             say(NodeEvent(rank=rep["rank"], node=rep["node"], ok=rep["check"]["worst"] not in ("fail", "error"),
                           summary=_summary(rep)))
@@ -368,18 +468,20 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         if spec:
             registered = [rep["node"] for rep in reports]
             findings += cmp.expected_nodes(registered, [n.name for n in spec.nodes], opts.join_timeout,
-                                           {n.name: n.addr for n in spec.nodes})
+                                           {n.name: n.addr for n in spec.nodes}, _absent_said(spec, set(registered)))
         findings += cmp.compare(reports)
         for f in findings:
             if f.status not in (Status.PASS, Status.SKIP):
                 say(MismatchEvent(finding=f.to_dict()))
 
         stage = "the correctness all-reduce"
+        _say(store, ctx.rank, "running the correctness all-reduce")
         check = correctness(ctx.rank, ctx.world_size, device)
         say(CorrectnessEvent(ok=check.ok, expected=check.expected, got=check.got))
         findings.append(_correctness_finding(check, reports))
 
         stage = "the bandwidth sweep"
+        _say(store, ctx.rank, "running the bandwidth sweep")
         results: list[BandwidthResult] = []
         if opts.sweep and ctx.world_size > 1 and check.ok:
             for op in opts.ops:
@@ -391,7 +493,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
         elif opts.sweep:
             reason = "a world of one rank has no link to measure" if ctx.world_size == 1 else "the correctness test failed"
             findings.append(skip("cluster.bandwidth", f"bandwidth sweep skipped: {reason}"))
-    except (RuntimeError, GatherError) as exc:  # DistBackendError & co. derive from RuntimeError
+    except (RuntimeError, GatherError, PeerReportError) as exc:  # DistBackendError & co. derive from RuntimeError
         # A peer that dies or a link that drops mid-test surfaces here after `timeout` at most.
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ClusterFailure(f"rank {ctx.rank} on {node}: {stage} failed after at most {opts.timeout:g} s: {first[:300]}. "
@@ -405,16 +507,48 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     if ctx.rank == 0:
         node_list = list(cmp.by_node(reports))
         say(DoneEvent(ok=ok, world_size=ctx.world_size, nodes=node_list, findings=[f.to_dict() for f in findings]))
-        report = redact({
+        report = _public({
             **base, "ok": ok, "nodes": [{"node": n, "ranks": [r["rank"] for r in reports if r["node"] == n],
                                          "summary": _summary(rep)} for n, rep in cmp.by_node(reports).items()],
             "findings": [f.to_dict() for f in findings], "correctness": check.to_dict(),
             "bandwidth": [r.to_dict() for r in results], "min_busbw": opts.min_busbw,
             "sizes": opts.sizes, "iters": opts.iters, "warmup": opts.warmup,
-            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)})
+            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)}, secrets)
+    _say(store, ctx.rank, "finished")
     _wait_done(store, ctx, 10.0)
     bad = [f.title for f in findings if f.status in (Status.FAIL, Status.ERROR)]
     return SmokeResult(ctx.rank, 0 if ok else 1, "; ".join(bad) or "cluster test passed", report)
+
+
+def _say(store: Any, rank: int, text: str) -> None:
+    """What this rank is doing now, kept in the store so a failure elsewhere can quote it."""
+    with contextlib.suppress(Exception):
+        store.set(f"said/{rank}", text[:500])
+
+
+def _heard(store: Any, rank: int) -> str | None:
+    """The last thing ``rank`` said (non-blocking: check first, the store may be failing)."""
+    try:
+        return store.get(f"said/{rank}").decode("utf-8", "replace") if store.check([f"said/{rank}"]) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _behind(store: Any, ctx: LaunchContext, nodes: Mapping[int, str], stage: str) -> str:
+    """The other ranks whose last word is not ``stage``: the ones the failure is waiting for."""
+    out = []
+    for r in range(ctx.world_size):
+        said = _heard(store, r)
+        if r != ctx.rank and said != stage:
+            out.append(f"rank {r} ({nodes.get(r, '?')}) said {said!r}" if said else f"rank {r} ({nodes.get(r, '?')}) said nothing")
+    return "; ".join(out[:8])
+
+
+def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> dict[str, Any]:
+    """The report as it may leave rank 0: --env values masked wherever they appear, then redacted."""
+    from hwtui.engine.cluster.peer import mask_values
+
+    return redact(mask_values(report, secrets.values()))
 
 
 def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:

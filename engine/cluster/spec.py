@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,33 +24,79 @@ LAUNCHERS = ("torchrun", "slurm", "mpirun")
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_PORT = 29500
 
-# RFC 1123 host name (labels of letters, digits and hyphens); IP addresses are checked separately.
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-# Linux interface names are at most 15 bytes; NCCL_SOCKET_IFNAME also takes comma lists and the
-# ^ (exclude) and = (exact match) prefixes, so those characters are allowed around names.
-_IFNAME_LIST = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HCA = re.compile(r"^[\^=]?[A-Za-z0-9_.:,-]+$")
+# The grammar below is the only gate between a user's --nodes and the shell: every accepted host
+# or address is made of characters that need no quoting at all (shlex.quote leaves it unchanged),
+# and none of them can end a comment or a line. Patterns are matched with fullmatch, never with
+# ``$`` (which also matches before a trailing newline).
+#
+# DNS labels (RFC 1123): letters, digits and inner hyphens, 1-63 each, 253 in all.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*")
+_IPV4 = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
+# IPv6: hex digits and colons (an embedded IPv4 tail may add dots), optionally ``%scope`` where
+# the scope is an interface name (Linux: at most 15 bytes) or an interface index.
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14})?")
+_IFNAME = r"[A-Za-z0-9_.:@-]{1,15}"
+# NCCL_SOCKET_IFNAME also takes comma lists and the ^ (exclude) and = (exact match) prefixes.
+_IFNAME_LIST = re.compile(rf"[\^=]?{_IFNAME}(?:,{_IFNAME})*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HCA = re.compile(r"[\^=]?[A-Za-z0-9_.:,-]{1,256}")
 
 
 class SpecError(ValueError):
     """The cluster description is invalid; the message says which field and how to fix it."""
 
 
-def is_address(text: str) -> bool:
+def is_address(text: object) -> bool:
+    """An IPv4 address, or an IPv6 address with an optional interface-name scope (``fe80::1%eth0``)."""
+    if not isinstance(text, str):
+        return False
+    if _IPV4.fullmatch(text):
+        return _parses(ipaddress.IPv4Address, text)
+    if ":" in text and _IPV6.fullmatch(text):
+        return _parses(ipaddress.IPv6Address, text)
+    return False
+
+
+def _parses(kind: type, text: str) -> bool:
     try:
-        ipaddress.ip_address(text)
+        kind(text)
     except ValueError:
         return False
     return True
 
 
-def valid_host(text: str) -> bool:
+def valid_host(text: object) -> bool:
+    """An address (see `is_address`) or a DNS name; nothing else, whatever Python's parsers allow."""
+    if not isinstance(text, str):
+        return False
     # All digits and dots is meant as an IPv4 address: "10.0.0.256" is a typo, not a host name
     # (RFC 1123 forbids an all-numeric top-level label for exactly this reason).
     if re.fullmatch(r"[0-9.]+", text):
         return is_address(text)
-    return is_address(text) or bool(_HOSTNAME.match(text))
+    return is_address(text) or bool(_HOSTNAME.fullmatch(text))
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def _matches(pattern: re.Pattern[str], value: object) -> bool:
+    return isinstance(value, str) and pattern.fullmatch(value) is not None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """A value in an error message: repr (so control characters show as escapes), cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 @dataclass
@@ -106,55 +153,67 @@ class ClusterSpec:
 
     # -- validation and (de)serialisation ----------------------------------------------------
     def validate(self) -> ClusterSpec:
-        if not self.nodes:
+        """Check every field's type and grammar; the message names the field and the fix."""
+        if not isinstance(self.nodes, list) or not self.nodes:
             raise SpecError("no nodes given: pass --nodes host1,host2,... (name or name=address)")
         seen: dict[str, str] = {}
         for node in self.nodes:
             for what, value in (("node name", node.name), ("address", node.addr)):
                 if not valid_host(value):
-                    raise SpecError(f"{what} {value!r} is neither a host name nor an IP address")
+                    raise SpecError(f"{what} {_shown(value)} is neither a host name nor an IP address "
+                                    "(letters, digits, '-' and '.'; IPv4; or IPv6 with an optional %scope)")
             if node.name in seen:
                 raise SpecError(f"node {node.name!r} is listed twice")
             seen[node.name] = node.addr
-            if node.interface is not None and not _IFNAME_LIST.match(node.interface):
-                raise SpecError(f"interface {node.interface!r} for node {node.name!r} is not an interface name")
-        addrs = [n.addr for n in self.nodes]
-        dup = next((a for a in addrs if addrs.count(a) > 1), None)
+            if node.interface is not None and not _matches(_IFNAME_LIST, node.interface):
+                raise SpecError(f"interface {_shown(node.interface)} for node {node.name!r} is not an interface name")
+        counts = Counter(n.addr for n in self.nodes)
+        dup = next((a for a, k in counts.items() if k > 1), None)
         if dup is not None:
             raise SpecError(f"address {dup!r} is given to more than one node")
-        if not isinstance(self.devices_per_node, int) or not 1 <= self.devices_per_node <= 1024:
-            raise SpecError(f"devices per node must be a whole number from 1 to 1024, not {self.devices_per_node!r}")
+        if not _whole(self.devices_per_node) or not 1 <= self.devices_per_node <= 1024:
+            raise SpecError(f"devices per node must be a whole number from 1 to 1024, not {_shown(self.devices_per_node)}")
         if self.launcher not in LAUNCHERS:
-            raise SpecError(f"launcher {self.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+            raise SpecError(f"launcher {_shown(self.launcher)} is not one of {', '.join(LAUNCHERS)}")
         if self.backend not in BACKENDS:
-            raise SpecError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
-        if not isinstance(self.master_port, int) or not 1 <= self.master_port <= 65535:
-            raise SpecError(f"master port {self.master_port!r} is not a TCP port (1-65535)")
-        if not valid_host(self.master):
-            raise SpecError(f"master address {self.master!r} is neither a host name nor an IP address")
-        if self.interface is not None and not _IFNAME_LIST.match(self.interface):
-            raise SpecError(f"interface {self.interface!r} is not an interface name (e.g. eth0, ib0, or a list eth0,eth1)")
-        if self.ib_hca is not None and not _HCA.match(self.ib_hca):
-            raise SpecError(f"NCCL_IB_HCA value {self.ib_hca!r} is not a list of HCA names (e.g. mlx5_0,mlx5_1 or =mlx5_0:1)")
+            raise SpecError(f"backend {_shown(self.backend)} is not one of {', '.join(BACKENDS)}")
+        if not _whole(self.master_port) or not 1 <= self.master_port <= 65535:
+            raise SpecError(f"master port {_shown(self.master_port)} is not a TCP port (1-65535)")
+        if self.master_addr is not None and not valid_host(self.master_addr):
+            raise SpecError(f"master address {_shown(self.master_addr)} is neither a host name nor an IP address")
+        if self.interface is not None and not _matches(_IFNAME_LIST, self.interface):
+            raise SpecError(f"interface {_shown(self.interface)} is not an interface name (e.g. eth0, ib0, or a list eth0,eth1)")
+        if self.ib_hca is not None and not _matches(_HCA, self.ib_hca):
+            raise SpecError(f"NCCL_IB_HCA value {_shown(self.ib_hca)} is not a list of HCA names (e.g. mlx5_0,mlx5_1 or =mlx5_0:1)")
         if self.net_plugin is not None:
-            if not self.net_plugin.strip() or any(c in self.net_plugin for c in "\n\0"):
-                raise SpecError("the NCCL net plugin must be a path or a plugin name")
+            if not isinstance(self.net_plugin, str) or not self.net_plugin.strip() or _has_control(self.net_plugin):
+                raise SpecError("the NCCL net plugin must be a path or a plugin name (no control characters)")
             if "/" in self.net_plugin and not self.net_plugin.startswith("/"):
-                raise SpecError(f"the NCCL net plugin path {self.net_plugin!r} must be absolute: every node resolves it on its own")
-        for what, value in (("join timeout", self.join_timeout), ("timeout", self.timeout)):
-            if not isinstance(value, (int, float)) or not 0 < value <= 86400:
-                raise SpecError(f"{what} must be a number of seconds above 0, not {value!r}")
-        if self.min_busbw is not None and (not isinstance(self.min_busbw, (int, float)) or self.min_busbw < 0):
-            raise SpecError(f"--min-busbw must be a number of GB/s >= 0, not {self.min_busbw!r}")
-        if not self.python.strip() or "\n" in self.python:
-            raise SpecError("--python must name an interpreter")
-        for name in self.extra_env:
-            if not _ENV_NAME.match(name):
-                raise SpecError(f"{name!r} is not an environment variable name")
+                raise SpecError(f"the NCCL net plugin path {_shown(self.net_plugin)} must be absolute: every node resolves it on its own")
+        for what, seconds in (("join timeout", self.join_timeout), ("timeout", self.timeout)):
+            if not _number(seconds) or not 0 < seconds <= 86400:
+                raise SpecError(f"{what} must be a number of seconds above 0 (at most 86400), not {_shown(seconds)}")
+        if self.min_busbw is not None and (not _number(self.min_busbw) or not 0 <= self.min_busbw < 1e9):
+            raise SpecError(f"--min-busbw must be a number of GB/s >= 0, not {_shown(self.min_busbw)}")
+        if not isinstance(self.python, str) or not self.python.strip() or _has_control(self.python) or len(self.python) > 4096:
+            raise SpecError("--python must name an interpreter (a path without control characters)")
+        if not isinstance(self.extra_env, dict):
+            raise SpecError("extra_env must be an object of NAME: VALUE strings")
+        for name, value in self.extra_env.items():
+            if not _matches(_ENV_NAME, name):
+                raise SpecError(f"{_shown(name)} is not an environment variable name")
+            if not isinstance(value, str) or "\0" in value:
+                raise SpecError(f"the value of {name} must be a string without NUL bytes")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
+
+    def public_dict(self) -> dict[str, Any]:
+        """``to_dict`` for printing: --env values are secrets (tokens), so only their names show."""
+        from hwtui.core.redact import MASK
+
+        return {**self.to_dict(), "extra_env": {k: MASK for k in self.extra_env}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
@@ -164,38 +223,74 @@ class ClusterSpec:
         if not isinstance(raw, dict):
             raise SpecError("a cluster description is a JSON object")
         if raw.get("schema") != SCHEMA:
-            raise SpecError(f"not a cluster description (schema {raw.get('schema')!r}, expected {SCHEMA!r})")
+            raise SpecError(f"not a cluster description (schema {_shown(raw.get('schema'))}, expected {SCHEMA!r})")
         body = {k: v for k, v in raw.items() if k != "schema"}
-        try:
-            nodes = [Node(**n) if isinstance(n, dict) else Node(str(n)) for n in body.pop("nodes", [])]
-            known = set(cls.__dataclass_fields__)
-            unknown = sorted(set(body) - known)
-            if unknown:
-                raise SpecError(f"unknown field(s) in the cluster description: {', '.join(unknown)}")
-            spec = cls(nodes=nodes, **body)
-        except TypeError as exc:
-            raise SpecError(f"malformed cluster description: {exc}") from None
-        return spec.validate()
+        unknown = sorted(set(body) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise SpecError(f"unknown field(s) in the cluster description: {_shown(', '.join(unknown))}")
+        raw_nodes = body.pop("nodes", [])
+        if not isinstance(raw_nodes, list):
+            raise SpecError("nodes must be a list of {name, address, interface} objects")
+        nodes = []
+        for item in raw_nodes:
+            if isinstance(item, str):
+                nodes.append(Node(item))
+                continue
+            if not isinstance(item, dict) or not set(item) <= {"name", "address", "interface"} or "name" not in item:
+                raise SpecError(f"node {_shown(item)} must be an object with name, address and interface")
+            node = Node(item["name"], item.get("address", ""), item.get("interface"))
+            if not isinstance(node.address, str):
+                raise SpecError(f"the address of node {_shown(node.name)} must be a string")
+            nodes.append(node)
+        return cls(nodes=nodes, **body).validate()
 
 
 def parse_nodes(text: str) -> list[Node]:
-    """``a,b,c`` or ``a=10.0.0.1,b=10.0.0.2``: names, optionally with the address peers use."""
+    """``a,b,c`` or ``a=10.0.0.1,b=10.0.0.2``: names, optionally with the address peers use.
+
+    Only spaces and tabs around items are forgiven; any other character is left for the grammar
+    to refuse (a newline in a host name is an attack or a paste accident, never a name)."""
     nodes = []
-    for item in (part.strip() for part in text.split(",")):
+    for item in (part.strip(" \t") for part in text.split(",")):
         if not item:
             continue
         name, _, address = item.partition("=")
-        nodes.append(Node(name.strip(), address.strip()))
+        nodes.append(Node(name.strip(" \t"), address.strip(" \t")))
     return nodes
 
 
+MAX_SPEC_BYTES = 1 << 20  # a description of 1,000 nodes is ~100 KiB
+
+
 def load(path: str | Path) -> ClusterSpec:
+    """Read and validate a description; every problem is one SpecError line, nothing blocks."""
+    import os
+    import stat
+
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        # O_NONBLOCK: a FIFO named as --spec must be refused, not wait forever for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file (create it with `hwtui cluster init`)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(f"{path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; not a cluster description")
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text: {exc.reason}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: not JSON: nested too deeply") from None
     except ValueError as exc:
         raise SpecError(f"{path}: not JSON: {exc}") from None
     try:

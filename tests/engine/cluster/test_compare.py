@@ -125,6 +125,9 @@ def test_expected_nodes_missing_and_unknown():
     assert findings["cluster.join[b]"].status == Status.FAIL
     assert findings["cluster.join[b]"].title == "node b (10.0.0.2) never joined within 20 s"
     assert findings["cluster.join[vm]"].status == Status.WARN
+    # An absent node whose launch script left its reason in the store is named with it.
+    said = _by_id(expected_nodes(["a"], ["a", "b"], 20, {"b": "10.0.0.2"}, {"b": "no GPU; fix: reboot"}))
+    assert said["cluster.join[b]"].title == "node b (10.0.0.2) never joined: it said: no GPU; fix: reboot"
 
 
 @pytest.mark.parametrize("layout_node,title", [

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 import time
@@ -193,22 +195,64 @@ def test_blocked_and_refused_ports_are_told_apart(cluster, setup_dir, world):
     assert "Traceback" not in err_drop + err_ref
 
 
-def test_torchrun_closes_the_rendezvous_and_names_the_absent_node(cluster, tmp_path, world):
-    """The generated torchrun scripts use --nnodes=1:N with last_call_timeout = join timeout: with c
-    never started, a and b run the test after the timeout and the report names c."""
+def test_torchrun_closes_the_rendezvous_and_names_the_absent_node_with_its_reason(cluster, tmp_path, world):
+    """The generated torchrun scripts use --nnodes=1:N with last_call_timeout = join timeout. Node c's
+    NCCL_SOCKET_IFNAME names ens5, which it lacks: its launch script's preflight stops it with the
+    fix and leaves that line in the rendezvous store; a and b run the test after the timeout and
+    the report names c *and* why."""
     out = tmp_path / "cl"
     nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
-    assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
-                     "--join-timeout", "6", "--master-port", "29800", "-o", str(out)]) == 0
+    assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--node-interface", "c=ens5",
+                     "--python", sys.executable, "--join-timeout", "6", "--master-port", "29800", "-o", str(out)]) == 0
     started = time.monotonic()
     procs = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "16K", "--report", str(out / "r.json")],
-                           env=_env()) for i, n in enumerate(NODES[:2])]
+                           env=_env()) for i, n in enumerate(NODES)]
     results = finish(procs, timeout=90)
-    assert [rc for rc, _, _ in results] == [1, 1], results
+    assert [rc for rc, _, _ in results] == [1, 1, 1], results
     assert time.monotonic() - started < 6 + 60
+    fix = "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=eth0"
+    _, out_c, err_c = results[2]
+    assert out_c == "" and err_c.splitlines() == [f"hwtui: node c cannot join: {fix}",
+                                                  f"hwtui: node c cannot join: {fix.replace('NCCL', 'GLOO')}"]
     report = json.loads((out / "r.json").read_text())
     assert report["world_size"] == 2 and sorted(n["node"] for n in report["nodes"]) == ["a", "b"]
     failed = {f["id"]: f for f in report["findings"] if f["status"] == "fail"}
     assert list(failed) == ["cluster.join[c]"]
-    assert failed["cluster.join[c]"]["title"] == "node c (10.77.0.3) never joined within 6 s"
+    assert failed["cluster.join[c]"]["title"] == f"node c (10.77.0.3) never joined: it said: {fix}"
     assert report["correctness"]["ok"] is True  # the nodes that came were still tested
+
+
+FIREWALL = """
+table inet hwtui_test {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    iifname "eth0" ct state new drop
+  }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nft") is None, reason="nft (nftables) is not installed")
+def test_a_firewalled_worker_is_named_before_the_process_group_hangs(cluster, setup_dir):
+    """Node c drops every new inbound connection (its own to the store still work): the reach test
+    names c and how each attempt failed (each within min(3 s, --timeout)) before any process group."""
+    rule = subprocess.run(["ip", "netns", "exec", cluster.node_ns[2], "nft", "-f", "-"], input=FIREWALL, text=True,
+                          capture_output=True, timeout=15)
+    assert rule.returncode == 0, rule.stderr
+    try:
+        report = setup_dir / "firewalled.json"
+        procs = [_direct(cluster, node, rank, 2, 29820, setup_dir / "cluster.json",
+                         ["--no-sweep", "--timeout", "1", "--report", str(report)])
+                 for rank, node in enumerate((0, 2))]
+        (rc0, out0, err0), (rc1, out1, err1) = finish(procs, timeout=90)
+    finally:
+        subprocess.run(["ip", "netns", "exec", cluster.node_ns[2], "nft", "delete", "table", "inet", "hwtui_test"],
+                       capture_output=True, timeout=15)
+    assert (rc0, rc1) == (1, 1), out0 + err0 + err1
+    data = json.loads(report.read_text())
+    [finding] = [f for f in data["findings"] if f["status"] == "fail"]
+    assert finding["id"] == "cluster.reach[c]"
+    assert finding["title"] == "node c accepts no connections from a (dropped: a firewall?)"
+    assert finding["detail"].startswith("a -> c: no answer.")
+    assert "on c: allow incoming TCP" in finding["remedy"]
+    assert "node c accepts no connections from a" in err1 and "Traceback" not in err0 + err1

@@ -117,14 +117,20 @@ GATHER = textwrap.dedent("""
     import json, os, sys
     from datetime import timedelta
     import torch.distributed as dist
-    from hwtui.engine.cluster.gather import all_gather_json
+    from hwtui.engine.cluster.gather import GatherError, all_gather_json
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=30))
     payloads = [{"r": 0, "text": "x" * 5000}, {"r": 1, "text": "ünïcødé ✓", "nested": [1, 2.5, None, True], "e": {}}]
     got = all_gather_json(payloads[rank])
+    # Rank 1's next document is over the limit: both ranks fail at once, naming rank 1.
+    try:
+        all_gather_json({"big": "y" * (20000 if rank == 1 else 10)}, max_bytes=10000)
+        too_big = None
+    except GatherError as exc:
+        too_big = str(exc)
     dist.destroy_process_group()
     with open(sys.argv[1], "w") as fh:
-        json.dump({"got": got, "ok": got == payloads}, fh)
+        json.dump({"got": got, "ok": got == payloads, "too_big": too_big}, fh)
 """)
 
 
@@ -146,6 +152,7 @@ def test_all_gather_json_every_rank_every_byte(tmp_path):
     for rank in range(2):
         result = json.loads((tmp_path / f"r{rank}.json").read_text())
         assert result["ok"] is True, result["got"]
+        assert result["too_big"] == "rank 1: its report of 20010 bytes exceeds the 10000-byte limit"
 
 
 @pytest.mark.torch

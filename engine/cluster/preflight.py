@@ -1,0 +1,99 @@
+"""The local check a node runs before it joins: the few findings that make joining pointless.
+
+A node whose NCCL_SOCKET_IFNAME names an interface it lacks, whose net plugin is missing, or
+(the store's host) whose MASTER_PORT is taken would otherwise make every other node wait for the
+join timeout and then blame "the peer-to-peer ports". `hwtui --check` already knows each of these
+with its exact fix, so the same probes run here (netif, nccl, rendezvous) through a Host, and only
+their blocking failures are kept.
+
+Used twice: by `hwtui cluster preflight`, which every generated launch script runs before
+torchrun/srun starts anything, and by `hwtui cluster test` itself before the roll call, so a
+blocked rank registers *with its finding* and rank 0 names it at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hwtui.core.finding import Finding, Status
+from hwtui.probes.host import Host
+
+# Finding ids that stop a node from joining (interface, plugin, port), from probes/dist.
+BLOCKING = ("nccl.socket_ifname", "gloo.socket_ifname", "nccl.net_plugin", "rendezvous.port")
+_LAUNCHER_VARS = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                  "PMI_RANK", "PMIX_RANK", "LOCAL_RANK")
+
+
+def blockers(env: Mapping[str, str], *, hosts_store: bool = False, host: Host | None = None) -> list[Finding]:
+    """The blocking failures on this node, empty when it may join.
+
+    ``hosts_store``: this node will listen on MASTER_PORT (the first node under srun/mpirun, the
+    rendezvous host under torchrun), so the port must be free; other nodes skip the port test,
+    since the store may simply not be up yet."""
+    from hwtui.probes.catalog import catalog
+    from hwtui.probes.framework import run_checks
+    from hwtui.probes.host import FsHost
+
+    check_env = dict(env)
+    collectors_wanted, rules_wanted = {"netif", "nccl"}, {"nccl", "nccl_socket"}
+    if hosts_store:
+        # The rendezvous probe bind-tests the port only for the process that will host the store.
+        for name in _LAUNCHER_VARS:
+            check_env.pop(name, None)
+        check_env["RANK"] = "0"
+        collectors_wanted.add("rendezvous")
+        rules_wanted.add("rendezvous")
+    collectors, rules = catalog()
+    result = run_checks(host or FsHost("/", env=check_env), [c for c in collectors if c.name in collectors_wanted],
+                        [r for r in rules if r.name in rules_wanted])
+    return [f for f in result.findings if f.id in BLOCKING and f.status in (Status.FAIL, Status.ERROR)]
+
+
+def one_line(finding: Finding) -> str:
+    """A finding as one line: what is wrong, then the fix."""
+    text = finding.title
+    if finding.remedy:
+        text += f"; fix: {finding.remedy}"
+    return " ".join(text.split())
+
+
+def interpreter_findings() -> list[Finding]:
+    """The interpreter the launch files run must have torch (the test imports it on every rank)."""
+    import importlib.util
+    import sys
+
+    from hwtui.core.finding import fail
+
+    if importlib.util.find_spec("torch") is None:
+        return [fail("cluster.python", f"{sys.executable} cannot import torch",
+                     "The launch files run the interpreter cluster.json names; every rank imports torch.",
+                     f"{sys.executable} -m pip install 'hwtui[engine]' on this node, or regenerate the files with "
+                     "hwtui cluster init --python /path/to/venv/bin/python")]
+    return []
+
+
+def post(master: str, port: int, key: str, text: str, timeout: float) -> bool:
+    """Leave ``text`` in the rendezvous store under ``key`` so rank 0 can quote it; best effort,
+    bounded by ``timeout`` (the store may not be up yet, or never come, or be something else)."""
+    import os
+    import time
+    from datetime import timedelta
+
+    from hwtui.engine.cluster.smoke import probe_port
+
+    # A plain connect first: TCPStore's client retries noisily (C++ warnings on stderr) for its
+    # whole timeout against anything that is not a store.
+    deadline = time.monotonic() + timeout
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # this process only: it exits right after
+    while time.monotonic() < deadline:
+        if not probe_port(master, port, deadline - time.monotonic())[0]:
+            return False
+        try:
+            from torch.distributed import TCPStore
+
+            store = TCPStore(master, port, None, False, timedelta(seconds=max(1.0, min(deadline - time.monotonic(), 5.0))))
+            store.set(key, text[:500])
+            return True
+        except Exception:  # noqa: BLE001 - listening but not serving yet (or no torch): try again
+            time.sleep(0.5)
+    return False

@@ -1,0 +1,101 @@
+"""The launch flow over loopback, with real ranks: srun and mpirun see no false FAIL, only rank 0
+talks, --env values stay hidden, and a rank whose local check fails stops every rank at once,
+named with its finding (network-namespace cases live in test_netns_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hwtui.app.cli import main as cli_main
+from hwtui.core.net import free_loopback_port
+from hwtui.core.redact import MASK
+from tests.engine.cluster.netns import finish
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+
+TOKEN = "hf_" + "Qx7" * 12
+PLAIN_SECRET = "opensesame-4711"  # not secret by its name: hidden only because it came with --env
+_LAUNCH_VARS = ("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC", "SLURM_", "OMPI_", "PMI", "HWTUI_CLUSTER",
+                "NCCL_", "GLOO_")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARS)}
+    env.update(extra)
+    return env
+
+
+def _rank(argv_tail: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hwtui.app", "cluster", "test", *argv_tail], env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _init(out: Path, nodes: str, *extra: str) -> Path:
+    assert cli_main(["cluster", "init", "--nodes", nodes, "-o", str(out), "--env", f"HF_TOKEN={TOKEN}",
+                     "--env", f"NCCL_EXTRA_OPTION={PLAIN_SECRET}", *extra]) == 0
+    return out / "cluster.json"
+
+
+def test_srun_and_mpirun_pass_quietly_and_keep_env_values_hidden(tmp_path, capsys):
+    """rank 0 hosts the store under srun and mpirun: its own local check must not call that port 'in use'."""
+    spec2 = _init(tmp_path / "two", "n0=127.0.0.1,n1=127.0.0.2", "--launcher", "slurm")
+    spec1 = _init(tmp_path / "one", "n0=127.0.0.1", "--launcher", "mpirun")
+    capsys.readouterr()
+    secrets = {"HF_TOKEN": TOKEN, "NCCL_EXTRA_OPTION": PLAIN_SECRET, "LD_LIBRARY_PATH": f"/opt/{PLAIN_SECRET}/lib"}
+    slurm_port, mpi_port = free_loopback_port(), free_loopback_port()
+    common = ["--no-sweep", "--join-timeout", "60", "--timeout", "60"]
+    procs = [_rank(["--spec", str(spec2), "--report", str(tmp_path / "slurm.json"), "--events", str(tmp_path / "ev.jsonl"),
+                    *common], SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="4242",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(slurm_port), HWTUI_CLUSTER_NODE=f"n{r}", **secrets)
+             for r in range(2)]
+    procs.append(_rank(["--spec", str(spec1), "--json", *common], OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1",
+                       OMPI_COMM_WORLD_LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(mpi_port),
+                       HWTUI_CLUSTER_NODE="n0", **secrets))
+    results = finish(procs, timeout=100)
+    assert [rc for rc, _, _ in results] == [0, 0, 0], results
+    slurm = json.loads((tmp_path / "slurm.json").read_text())
+    mpi = json.loads(results[2][1])
+    for report, launcher in ((slurm, "slurm"), (mpi, "mpirun")):
+        assert report["ok"] is True and report["launcher"] == launcher
+        status = {f["id"]: f["status"] for f in report["findings"]}
+        assert all(status[f"cluster.node_check[{n['node']}]"] == "pass" for n in report["nodes"])
+        for rank in report["ranks"]:
+            port = next(f for f in rank["check"]["findings"] if f["id"] == "rendezvous.port")
+            assert port["status"] == "pass" and "serves this test's rendezvous store" in port["title"]
+            assert rank["env"]["NCCL_EXTRA_OPTION"] == MASK and rank["env"]["LD_LIBRARY_PATH"] == f"/opt/{MASK}/lib"
+    # Only rank 0 speaks under a launcher; nothing anywhere holds an --env value.
+    assert results[1][1] == "" and results[1][2] == ""
+    everything = "".join(out + err for _, out, err in results) + (tmp_path / "slurm.json").read_text() \
+        + (tmp_path / "ev.jsonl").read_text()
+    assert TOKEN not in everything and PLAIN_SECRET not in everything
+    assert "cluster test PASSED: 2 rank(s) on 2 node(s) (n0, n1)" in results[0][1]
+
+
+def test_a_rank_whose_local_check_fails_stops_every_rank_at_once(tmp_path):
+    """Rank 1's NCCL_SOCKET_IFNAME names an interface this host lacks: it registers with that
+    finding, so nobody waits for the (long) join timeout and rank 0 names it with the fix."""
+    spec = _init(tmp_path / "cl", "n0=127.0.0.1,n1=127.0.0.2", "--launcher", "slurm")
+    port = free_loopback_port()
+    started = time.monotonic()
+    procs = [_rank(["--spec", str(spec), "--join-timeout", "600", "--report", str(tmp_path / "r.json")],
+                   RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HWTUI_CLUSTER_NODE=f"n{r}",
+                   **({"NCCL_SOCKET_IFNAME": "ens5"} if r == 1 else {})) for r in range(2)]
+    (rc0, out0, err0), (rc1, out1, err1) = finish(procs, timeout=90)
+    assert (rc0, rc1) == (1, 1), (out0, err0, err1)
+    assert time.monotonic() - started < 600  # the join timeout was never waited out
+    report = json.loads((tmp_path / "r.json").read_text())
+    [blocked] = [f for f in report["findings"] if f["status"] == "fail"]
+    assert blocked["id"] == "cluster.preflight[n1]"
+    assert blocked["title"] == "node n1 stopped before joining: NCCL_SOCKET_IFNAME=ens5 matches no interface that is up"
+    assert blocked["remedy"].startswith("on n1: export NCCL_SOCKET_IFNAME=")
+    assert "[FAIL] node n1 stopped before joining" in out0
+    assert err1.startswith("hwtui: rank 1: cluster test failed: local check on node n1 failed before joining: "
+                           "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=")
+    assert out1 == "" and "Traceback" not in err0 + err1
