@@ -108,6 +108,11 @@ class Printer:
                 self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
                         f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
                         + ("; committed" if r.get("committed") else ""))
+            serving = (ev.report or {}).get("serving") or {}
+            if serving:
+                # The per-rank truth read from disk after the run, success or not: the final line
+                # and the report always agree on what every rank serves.
+                self._p("serving: " + ", ".join(f"rank {r} {v or 'nothing'}" for r, v in serving.items()))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -106,14 +106,14 @@ class Staging:
         elif self.device != "cpu":
             with open(self.file, "wb") as fh:
                 fh.write(self.header)
-                fh.write(memoryview(self.data.cpu().numpy()))
+                fh.write(self.data.cpu().numpy().tobytes())
         elif not self.file.exists():  # an empty model: header only
             self.file.write_bytes(self.header)
         with open(self.file, "rb+") as fh:
             os.fsync(fh.fileno())
 
     def close(self) -> None:
-        self.data = None
+        self.data = None  # type: ignore[assignment]  # drop the view before unmapping
         if self._mm is not None:
             try:
                 self._mm.close()

@@ -17,8 +17,8 @@ messages (ready, transfer times, votes, results) let the launcher build the worl
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import json
 import os
 import resource
 import signal
@@ -30,13 +30,15 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent, Event
+from hwtui.core.supervisor import encode_message
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
-from hwtui.engine.replication.commit import ServedDir
+from hwtui.engine.replication.commit import ServedDir, write_decision
+from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
-from hwtui.engine.replication.transport import TransportChoice, prepare_backend
+from hwtui.engine.replication.transport import prepare_backend
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 from hwtui.engine.replication.window import Window
 
@@ -60,13 +62,16 @@ def _now() -> float:
 
 
 class Worker:
-    def __init__(self, cfg: dict[str, Any], emit: Emit):
+    def __init__(self, cfg: WorkerConfig, emit: Emit):
         self.cfg = cfg
-        self.rank: int = cfg["rank"]
-        self.world: int = cfg["world_size"]
+        self.rank = cfg.rank
+        self.world = cfg.world_size
         self._emit = emit
-        self.choice = TransportChoice(**cfg["transport"])
-        self.faults = Injector(self.rank, cfg.get("fault"))
+        self.choice = cfg.transport
+        self.faults = Injector(self.rank, cfg.fault)
+        self.plan_version: str | None = None  # known once the plan is loaded
+        self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
+        self.switched = False
         self.phases: dict[str, float] = {}
         self.failures: list[str] = []
         self.bad_input = False
@@ -81,6 +86,14 @@ class Worker:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _pooled(self) -> BufferPool:
+        assert self.pool is not None, "setup() allocates the pool whenever a bucket needs it"
+        return self.pool
+
+    def _host_pooled(self) -> BufferPool:
+        assert self.host_pool is not None, "setup() allocates the host pool for device-side verification"
+        return self.host_pool
+
     def emit(self, ev: Event) -> None:
         self._emit(ev.to_dict())
 
@@ -91,7 +104,7 @@ class Worker:
         self.emit(ReplBucket(bucket_id=b, state=state, nbytes=nbytes, seconds=round(seconds, 6), rank=self.rank))
 
     def _timeout(self, key: str) -> datetime.timedelta:
-        return datetime.timedelta(seconds=float(self.cfg["timeouts"][key]))
+        return datetime.timedelta(seconds=float(getattr(self.cfg.timeouts, key)))
 
     def _wait(self, work: Any, key: str, what: str) -> None:
         try:
@@ -100,24 +113,30 @@ class Worker:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             kind = "timed out" if "timed out" in msg.lower() or "timeout" in msg.lower() else "failed"
             raise TransportFailure(f"rank {self.rank}: {what} {kind} after waiting up to "
-                                   f"{self.cfg['timeouts'][key]:g} s ({msg})") from None
+                                   f"{getattr(self.cfg.timeouts, key):g} s ({msg})") from None
 
     # ------------------------------------------------------------------ phases
 
     def load(self) -> Plan:
         t = _now()
-        plan = load_plan(self.cfg["plan"])
+        self.faults.at_phase("load")
+        plan = load_plan(self.cfg.plan)
         if self.rank == SRC:
             preflight_sources(plan)
-        elif self.cfg.get("out") and self.cfg.get("commit"):
-            self.served = ServedDir(self.cfg["out"], self.rank)
+        elif self.cfg.out and self.cfg.commit:
+            self.served = ServedDir(self.cfg.out, self.rank)
             have = self.served.current_version()
             if plan["prev_version"] is not None and have != plan["prev_version"]:
                 raise HwtuiError(f"rank {self.rank} serves version {have!r} but the plan is a delta from "
                                  f"{plan['prev_version']!r}; replan against {have!r} or push in full")
-            self.served.begin(plan["version"])
+            try:
+                self.served.begin(plan["version"])
+            except OSError as exc:
+                raise HwtuiError(f"rank {self.rank} cannot stage {plan['version']!r} under {self.served.root}: "
+                                 f"{exc.strerror or exc}") from None
         elif plan["prev_version"] is not None:
             raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
+        self.plan_version = plan["version"]
         self.phases["load"] = _now() - t
         return plan
 
@@ -126,8 +145,8 @@ class Worker:
         import torch.distributed as dist
 
         t = _now()
-        prepare_backend(self.choice, self.cfg.get("local_rank", self.rank))
-        init_method = self.cfg.get("init_method") or f"tcp://{self.cfg['master_addr']}:{self.cfg['master_port']}"
+        prepare_backend(self.choice, self.cfg.local_rank)
+        init_method = f"tcp://{self.cfg.master_addr}:{self.cfg.master_port}"
         dist.init_process_group(self.choice.backend, init_method=init_method, rank=self.rank, world_size=self.world,
                                 timeout=self._timeout("init"))
         self.internal("init", seconds=_now() - t)
@@ -150,8 +169,8 @@ class Worker:
         self.rss_base = _rss()
         n = len(plan.buckets)
         largest = max((b["size"] for b in plan.buckets), default=1)
-        k = self.cfg["inflight"]
-        device, comm = self.cfg["device"], self.comm_device()
+        k = self.cfg.inflight
+        device, comm = self.cfg.device, self.comm_device()
         if self.rank == SRC:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
@@ -168,7 +187,7 @@ class Worker:
                     if region is not None:
                         self.direct[b] = region
             needs_pool = len(self.direct) < n
-            if comm != "cpu" and self.cfg["verify"]:
+            if comm != "cpu" and self.cfg.verify:
                 self.host_pool = BufferPool(k, largest, "cpu", pin=True)
                 self.host_pool.warm(min(k, n))
         if needs_pool:
@@ -186,7 +205,7 @@ class Worker:
     # ------------------------------------------------------------------ transfer
 
     def _chunks(self, buf: Any) -> list[Any]:
-        step = max(1, int(self.cfg["chunk_bytes"]) or buf.numel())
+        step = max(1, int(self.cfg.chunk_bytes) or buf.numel())
         chunks = [buf[i:i + step] for i in range(0, buf.numel(), step)]
         self.collectives += len(chunks)
         return chunks
@@ -202,22 +221,23 @@ class Worker:
         self.internal("transfer_end", seconds=self.phases["transfer"])
 
     def _window(self) -> Window:
-        return Window(self.cfg["inflight"], max_bytes=self.cfg.get("max_inflight_bytes"),
-                      adaptive=bool(self.cfg.get("adaptive")) and self.rank == SRC,
-                      target_s=self.cfg.get("target_bucket_s"), max_limit=self.cfg["inflight"])
+        return Window(self.cfg.inflight, max_bytes=self.cfg.max_inflight_bytes,
+                      adaptive=self.cfg.adaptive and self.rank == SRC,
+                      target_s=self.cfg.target_bucket_s, max_limit=self.cfg.inflight)
 
     def _groups(self, plan: Plan) -> list[list[int]]:
         # Only on host memory: the source sends zero-copy from the mapping and every receiver
         # receives straight into its staging copy, so a group needs no pooled buffer at all and the
         # pool bound (window x bucket) is untouched. Every rank derives the same groups from the plan.
-        cpu = self.cfg["device"] == "cpu" and self.comm_device() == "cpu"
-        return collective_groups(plan, chunk_bytes=int(self.cfg["chunk_bytes"]),
-                                 max_group=max(1, int(self.cfg["inflight"]) // 2), enabled=cpu)
+        cpu = self.cfg.device == "cpu" and self.comm_device() == "cpu"
+        return collective_groups(plan, chunk_bytes=int(self.cfg.chunk_bytes),
+                                 max_group=max(1, self.cfg.inflight // 2), enabled=cpu)
 
     def _send(self, plan: Plan) -> None:
         import torch.distributed as dist
 
-        win, inflight, b = self._window(), deque(), 0
+        win, b = self._window(), 0
+        inflight: deque[Any] = deque()
         groups = self._groups(plan)
         sizes = [bk["size"] for bk in plan.buckets]
         while b < len(groups) or inflight:
@@ -250,7 +270,7 @@ class Worker:
                            else f"broadcast of buckets {group[0]}-{group[-1]}")
             dt = _now() - t0
             if pooled:
-                self.pool.release(buf)
+                self._pooled().release(buf)
             for x in group:
                 win.retire(sizes[x], dt)
                 self.bucket(x, "done", sizes[x], dt)
@@ -261,10 +281,11 @@ class Worker:
     def _receive(self, plan: Plan) -> None:
         import torch.distributed as dist
 
-        win, inflight, b = self._window(), deque(), 0
+        win, b = self._window(), 0
+        inflight: deque[Any] = deque()
         groups = self._groups(plan)
         sizes = [bk["size"] for bk in plan.buckets]
-        verify = self.cfg["verify"]
+        verify = self.cfg.verify
         while b < len(groups) or inflight:
             while b < len(groups) and win.can_admit(sum(sizes[x] for x in groups[b]), count=len(groups[b])):
                 group = groups[b]
@@ -274,7 +295,7 @@ class Worker:
                 if len(group) == 1:
                     buf = self.direct.get(group[0])
                     if buf is None:
-                        buf = self.pool.acquire(total)
+                        buf = self._pooled().acquire(total)
                 else:
                     buf = self._group_region(group, total)
                 works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:total])]
@@ -305,7 +326,7 @@ class Worker:
                         self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
                 self.bucket(ob, "done" if ok else "failed", size, _now() - t1)
             if len(group) == 1 and group[0] not in self.direct:
-                self.pool.release(buf)
+                self._pooled().release(buf)
         self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
                              "final_limit": win.limit, "changes": win.changes}
 
@@ -330,10 +351,10 @@ class Worker:
         if data.device.type == "cpu":
             got = xxh3_hex(data.numpy())
         else:  # the bytes must reach the host to be hashed; a pinned, pooled buffer
-            hbuf = self.host_pool.acquire(size)
+            hbuf = self._host_pooled().acquire(size)
             hbuf[:size].copy_(data)
             got = xxh3_hex(hbuf[:size].numpy())
-            self.host_pool.release(hbuf)
+            self._host_pooled().release(hbuf)
         if got == plan.buckets[ob]["checksum"]:
             return True
         self.failures.append(f"bucket {ob} failed verification on rank {self.rank} "
@@ -345,13 +366,13 @@ class Worker:
 
     def prepare(self, plan: Plan) -> bool:
         t = _now()
-        if self.rank == SRC and self.cfg["verify"]:
+        if self.rank == SRC and self.cfg.verify:
             self._check_sources(plan)
         if self.rank != SRC and not self.failures:
             kept = [tt["name"] for tt in plan["tensors"] if not tt["send"]]
             if kept:
                 self._copy_kept(kept)
-            if self.cfg["verify"]:
+            if self.cfg.verify:
                 # Bytes received straight into the staging copy were verified there, bucket by
                 # bucket; what was copied (unpacked from the pool, kept from the served version)
                 # is checked again per tensor against the plan.
@@ -363,7 +384,13 @@ class Worker:
                     self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
             if self.served and not self.failures:
                 self.staging.flush()
-                self.served.prepare(plan["version"], manifest_of(plan.raw))
+                try:
+                    self.served.prepare(plan["version"], manifest_of(plan.raw))
+                except (OSError, HwtuiError) as exc:
+                    # Caught before the vote, a rank that cannot switch makes every rank abort.
+                    self.failures.append(f"rank {self.rank} cannot switch to {plan['version']!r} under "
+                                         f"{self.served.root}: {getattr(exc, 'strerror', None) or exc}")
+                    self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="commit"))
         self.phases["prepare"] = _now() - t
         ok = not self.failures
         self.internal("prepared", ok=ok, detail="; ".join(self.failures)[:500])
@@ -386,6 +413,7 @@ class Worker:
                 return
 
     def _copy_kept(self, names: list[str]) -> None:
+        assert self.served is not None  # kept tensors exist only in delta plans, which need --out
         mapped, offsets = self.served.open_current()
         try:
             for name in names:
@@ -397,34 +425,78 @@ class Worker:
             mapped.close()
 
     def vote_and_commit(self, plan: Plan, ok: bool) -> bool:
+        """Vote; on a unanimous yes the coordinator records the decision durably, then every rank switches.
+
+        From its yes vote until its switch is done a receiver blocks SIGTERM/SIGINT (every wait in
+        between is bounded by the commit timeout), and it keeps its prepared copy whatever happens:
+        once the decision record may exist, deleting that copy could leave this rank unable to
+        finish a commit its peers have made. A rank SIGKILLed here finishes on a re-run.
+        """
         import torch
         import torch.distributed as dist
 
         t = _now()
-        vote = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.comm_device())
-        self._wait(dist.all_reduce(vote, op=dist.ReduceOp.MIN, async_op=True), "commit", "commit vote")
-        unanimous = int(vote.item()) == 1
-        committed = False
-        if unanimous and self.cfg.get("commit"):
-            if self.served is not None:
-                # The switch itself must not be cut in half by a signal: block them for the two renames.
-                old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-                try:
-                    self.served.commit(plan["version"], plan.digest)
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            committed = True
-        elif self.served is not None:
-            self.served.abort(plan["version"])
+        guard = self.served is not None and ok and self.cfg.commit
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}) if guard else None
+        try:
+            if guard:
+                self.keep_staging = True
+            vote = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.comm_device())
+            self._wait(dist.all_reduce(vote, op=dist.ReduceOp.MIN, async_op=True), "commit", "commit vote")
+            unanimous = int(vote.item()) == 1
+            decided = False
+            if unanimous and self.cfg.commit:
+                decided = self._decide(plan)
+            self.internal("decided", unanimous=unanimous, decision="commit" if decided else "abort")
+            if decided:
+                self.faults.at_phase("commit")  # between the decision and this rank's switch
+                if self.served is not None:
+                    try:
+                        self.served.commit(plan["version"], plan.digest)
+                        self.switched = True
+                    except OSError as exc:
+                        self.failures.append(f"rank {self.rank} could not switch to {plan['version']!r} under "
+                                             f"{self.served.root}: {exc.strerror or exc}; its verified copy is kept: "
+                                             "re-run the same command to finish the commit")
+                        self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="commit"))
+            elif self.served is not None:
+                self.keep_staging = False
+                self.served.abort(plan["version"])
+        finally:
+            if old_mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         self.phases["commit"] = _now() - t
-        self.internal("decided", unanimous=unanimous, committed=committed)
-        return unanimous
+        return unanimous and (decided or not self.cfg.commit) and not self.failures
+
+    def _decide(self, plan: Plan) -> bool:
+        """Rank 0 writes the decision record, then tells every rank whether it exists (one broadcast)."""
+        import torch
+        import torch.distributed as dist
+
+        go = 1
+        if self.rank == SRC:
+            assert self.cfg.out is not None, "--commit needs --out (checked by the launcher)"
+            try:
+                self.faults.at_phase("decide")
+                write_decision(self.cfg.out, plan["version"], plan.digest, list(range(1, self.world)))
+            except OSError as exc:
+                go = 0
+                self.failures.append(f"the decision record for {plan['version']!r} could not be written under "
+                                     f"{self.cfg.out}: {exc.strerror or exc}; nothing was committed")
+                self.emit(ErrorEvent(message=f"rank {self.rank}: {self.failures[-1]}", rank=self.rank, where="commit"))
+        flag = torch.tensor([go], dtype=torch.int32, device=self.comm_device())
+        self._wait(dist.broadcast(flag, SRC, async_op=True), "commit", "commit decision")
+        return int(flag.item()) == 1
 
     # ------------------------------------------------------------------ results
 
     def result(self, ok: bool, clean: bool) -> None:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        self.internal("result", ok=ok, clean=clean, phases={k: round(v, 6) for k, v in self.phases.items()},
+        serves = None
+        if self.served is not None:
+            with contextlib.suppress(HwtuiError):
+                serves = self.served.current_version()
+        self.internal("result", ok=ok, clean=clean, serves=serves, switched=self.switched, phases={k: round(v, 6) for k, v in self.phases.items()},
                       failures=self.failures, bad_input=self.bad_input,
                       memory={"peak_rss_bytes": peak, "rss_before_setup_bytes": self.rss_base,
                               "pool": self.pool.stats() if self.pool else None,
@@ -436,8 +508,8 @@ class Worker:
     def cleanup_staging(self) -> None:
         if self.staging is not None:
             self.staging.close()
-        if self.served is not None and self.cfg.get("plan_version"):
-            self.served.abort(self.cfg["plan_version"])
+        if self.served is not None and self.plan_version is not None and not self.keep_staging:
+            self.served.abort(self.plan_version)
 
 
 def _in_place_tensors(plan: Plan, direct: set[int]) -> set[str]:
@@ -562,6 +634,7 @@ class _SourceReader:
             buf = pool.acquire(size)
             buf[:size].copy_(view)  # one host-to-device copy per bucket
             return buf, True
+        assert pool is not None, "setup() allocates the pool when a bucket must be packed"
         buf = pool.acquire(size)
         pos = 0
         for it in plan.bucket_items[b]:
@@ -584,14 +657,13 @@ class _SourceReader:
         return h.hexdigest()
 
 
-def run_worker(cfg: dict[str, Any], emit: Emit) -> int:
+def run_worker(cfg: WorkerConfig, emit: Emit) -> int:
     """Run one rank to completion; returns its exit code (see EXIT_*)."""
     w = Worker(cfg, emit)
     plan: Plan | None = None
     joined = False
     try:
         plan = w.load()
-        cfg["plan_version"] = plan["version"]
         w.init(plan)
         joined = True
         w.setup(plan)
@@ -648,29 +720,45 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    fd, cfg = int(argv[0]), json.loads(argv[1])
+    """``python -m hwtui.engine.replication.worker ANSWER_FD CONFIG_JSON`` (started by the launcher)."""
+    fd = int(argv[0])
     _die_with_parent()
-    if os.getppid() != cfg.get("parent_pid", os.getppid()):
-        return EXIT_BROKEN  # the launcher died before we could arm the death signal
 
     def emit(raw: dict[str, Any]) -> None:
-        data = (json.dumps(raw, separators=(",", ":"), default=str) + "\n").encode()
-        view = memoryview(data)
+        view = memoryview(encode_message(raw))
         while view:
             n = os.write(fd, view)
             view = view[n:]
 
+    stopping: list[int] = []
+
     def on_signal(signum: int, _frame: Any) -> None:
+        # Only the first signal interrupts; a second one while the rank cleans up and reports
+        # must not cut that short (nor print a traceback): it is ignored.
+        if stopping:
+            return
+        stopping.append(signum)
         raise Interrupted(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    code = EXIT_BROKEN
     try:
+        try:
+            cfg = WorkerConfig.from_json(argv[1])
+        except HwtuiError as exc:
+            emit(ErrorEvent(message=f"worker: {exc}", where="input").to_dict())
+            os._exit(EXIT_BAD_INPUT)
+        if cfg.parent_pid is not None and os.getppid() != cfg.parent_pid:
+            os._exit(EXIT_BROKEN)  # the launcher died before we could arm the death signal
         code = run_worker(cfg, emit)
-    except BrokenPipeError:
+    except (BrokenPipeError, Interrupted):
+        code = EXIT_INTERRUPTED if stopping else EXIT_BROKEN
+    except BaseException:  # noqa: BLE001 - a rank never prints a traceback; the launcher names its exit
         code = EXIT_BROKEN
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
     # os._exit: a rank whose peer died can block forever in gloo's destructors on a normal exit.
     os._exit(code)
 
