@@ -574,8 +574,10 @@ def _run_joined(cfg_base: WorkerConfig, joined: dict[str, Any], coord: Coordinat
 
     # In-process, a signal must interrupt the worker rather than only set a flag.
     def on_signal(signum: int, _frame: Any) -> None:
+        if stopper.signum is not None:
+            return  # a second signal must not cut the first one's clean-up short
         stopper.signum = signum
-        raise worker.Interrupted(f"stopped by {signal.Signals(signum).name}")
+        worker.GATE.deliver(signum)
 
     old = {}
     if threading.current_thread() is threading.main_thread():

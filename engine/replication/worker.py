@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
@@ -55,6 +55,43 @@ class Interrupted(Exception):
 
 class TransportFailure(Exception):
     pass
+
+
+class SignalGate:
+    """Defers SIGTERM/SIGINT over a section that must not be cut in half (the vote and the switch).
+
+    pthread_sigmask cannot do this: it blocks the signal for one thread only, and the kernel
+    hands a process-directed signal to any of gloo's threads instead. Python runs handlers in the
+    main thread, so the handler asks the gate: inside a held section it records the signal, and
+    the section raises :class:`Interrupted` when it ends.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+
+    def deliver(self, signum: int) -> None:
+        if self.depth:
+            self.pending = self.pending or signum
+            return
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+    @contextlib.contextmanager
+    def held(self, hold: bool = True) -> Iterator[None]:
+        if not hold:
+            yield
+            return
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if self.depth == 0 and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} (after this rank's commit step)")
+
+
+GATE = SignalGate()
 
 
 def _now() -> float:
@@ -119,7 +156,6 @@ class Worker:
 
     def load(self) -> Plan:
         t = _now()
-        self.faults.at_phase("load")
         plan = load_plan(self.cfg.plan)
         if self.rank == SRC:
             preflight_sources(plan)
@@ -130,6 +166,7 @@ class Worker:
                 raise HwtuiError(f"rank {self.rank} serves version {have!r} but the plan is a delta from "
                                  f"{plan['prev_version']!r}; replan against {have!r} or push in full")
             try:
+                self.faults.at_phase("load")
                 self.served.begin(plan["version"])
             except OSError as exc:
                 raise HwtuiError(f"rank {self.rank} cannot stage {plan['version']!r} under {self.served.root}: "
@@ -427,7 +464,7 @@ class Worker:
     def vote_and_commit(self, plan: Plan, ok: bool) -> bool:
         """Vote; on a unanimous yes the coordinator records the decision durably, then every rank switches.
 
-        From its yes vote until its switch is done a receiver blocks SIGTERM/SIGINT (every wait in
+        From its yes vote until its switch is done a receiver defers SIGTERM/SIGINT (every wait in
         between is bounded by the commit timeout), and it keeps its prepared copy whatever happens:
         once the decision record may exist, deleting that copy could leave this rank unable to
         finish a commit its peers have made. A rank SIGKILLed here finishes on a re-run.
@@ -437,8 +474,7 @@ class Worker:
 
         t = _now()
         guard = self.served is not None and ok and self.cfg.commit
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT}) if guard else None
-        try:
+        with GATE.held(guard):
             if guard:
                 self.keep_staging = True
             vote = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.comm_device())
@@ -462,9 +498,6 @@ class Worker:
             elif self.served is not None:
                 self.keep_staging = False
                 self.served.abort(plan["version"])
-        finally:
-            if old_mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         self.phases["commit"] = _now() - t
         return unanimous and (decided or not self.cfg.commit) and not self.failures
 
@@ -738,7 +771,7 @@ def main(argv: list[str]) -> int:
         if stopping:
             return
         stopping.append(signum)
-        raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+        GATE.deliver(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
