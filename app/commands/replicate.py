@@ -17,7 +17,8 @@ HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, w
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, metavar="FILE", help="plan written by `hwtui plan`")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "xpu", "hpu"), help="where the weights live")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "hip", "xpu", "hpu"),
+                        help="where the weights live (hip: an AMD GPU under a ROCm build of torch; checked before anything starts)")
     parser.add_argument("--nproc", type=int, metavar="N",
                         help="start N local ranks (default: join the world of torchrun/SLURM if present, else 2)")
     parser.add_argument("--inflight", type=int, metavar="K",

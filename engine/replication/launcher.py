@@ -32,7 +32,7 @@ from hwtui.engine.replication.config import Timeouts, WorkerConfig
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
-from hwtui.engine.replication.transport import choose_transport, detect_facts
+from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MB = 1 << 20
@@ -315,6 +315,9 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     sink = on_event or (lambda ev: None)
     t_wall = time.perf_counter()
     settings = resolve_settings(opts)
+    # The device first: a torch that cannot drive it is bad input before any transport line.
+    opts.device = validate_device(opts.device)
+    settings["device"] = opts.device
     joined = joined_world(opts.env) if opts.nproc is None else None
     world = joined["world_size"] if joined else (opts.nproc or 2)
     if world < 2:
