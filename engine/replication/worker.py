@@ -31,6 +31,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent, Event
 from hwtui.core.supervisor import encode_message
+from hwtui.engine.replication.agree import decode_slot, encode_slot, first_difference, hwtui_version, settings_record
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.commit import ServedDir, write_decision
 from hwtui.engine.replication.config import WorkerConfig
@@ -38,6 +39,7 @@ from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.staging import check_header_matches, faithful_eligible, header_layout, source_header
 from hwtui.engine.replication.transport import prepare_backend
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 from hwtui.engine.replication.window import Window
@@ -107,6 +109,7 @@ class Worker:
         self.choice = cfg.transport
         self.faults = Injector(self.rank, cfg.fault)
         self.plan_version: str | None = None  # known once the plan is loaded
+        self.source_header: bytes | None = None
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
         self.switched = False
         self.phases: dict[str, float] = {}
@@ -178,7 +181,6 @@ class Worker:
         return plan
 
     def init(self, plan: Plan) -> None:
-        import torch
         import torch.distributed as dist
 
         t = _now()
@@ -187,14 +189,53 @@ class Worker:
         dist.init_process_group(self.choice.backend, init_method=init_method, rank=self.rank, world_size=self.world,
                                 timeout=self._timeout("init"))
         self.internal("init", seconds=_now() - t)
-        # Every rank must hold the same plan: compare digests before any byte moves.
-        mine = torch.tensor(list(plan.digest.encode()), dtype=torch.uint8, device=self.comm_device())
-        theirs = mine.clone()
-        self._wait(dist.broadcast(theirs, SRC, async_op=True), "init", "plan digest exchange")
-        if not torch.equal(mine.cpu(), theirs.cpu()):
-            raise HwtuiError(f"rank {self.rank} holds a different plan than rank {SRC} (digest "
-                             f"{plan.digest[:12]} vs {bytes(theirs.cpu().tolist()).decode(errors='replace')[:12]})")
+        self._agree(plan)
+        self.source_header = self._exchange_header(plan)
         self.phases["init"] = _now() - t
+
+    def _agree(self, plan: Plan) -> None:
+        """Every rank's effective settings against rank 0's, before any byte moves (see agree.py)."""
+        import torch
+        import torch.distributed as dist
+
+        record = settings_record(hwtui=hwtui_version(), torch=torch.__version__.split("+")[0], plan_digest=plan.digest,
+                                 bucket_bytes=plan["bucket_bytes"], window=self.cfg.inflight,
+                                 chunk_bytes=self.cfg.chunk_bytes, max_inflight_bytes=self.cfg.max_inflight_bytes,
+                                 verify=self.cfg.verify, commit=self.cfg.commit, transport=self.choice.name)
+        mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
+        slots = [torch.empty_like(mine) for _ in range(self.world)]
+        self._wait(dist.all_gather(slots, mine, async_op=True), "init", "settings exchange")
+        records = [decode_slot(slot.cpu().numpy().tobytes(), r) for r, slot in enumerate(slots)]
+        diff = first_difference(records)
+        if diff is not None:
+            raise HwtuiError(diff)
+
+    def _exchange_header(self, plan: Plan) -> bytes | None:
+        """The source file's own safetensors header (length prefix included), so a replica is byte-identical.
+
+        Only when the version is exactly one safetensors file; rank 0 reads it, every receiver
+        checks that it describes the plan's tensors (the data bytes are verified by checksum).
+        """
+        import torch
+        import torch.distributed as dist
+
+        if not faithful_eligible(plan):
+            return None
+        raw = b""
+        if self.rank == SRC:
+            raw = source_header(plan)
+        size = torch.tensor([len(raw)], dtype=torch.int64, device=self.comm_device())
+        self._wait(dist.broadcast(size, SRC, async_op=True), "init", "header size exchange")
+        n = int(size.item())
+        if n == 0:
+            return None
+        buf = (torch.frombuffer(bytearray(raw), dtype=torch.uint8) if self.rank == SRC
+               else torch.empty(n, dtype=torch.uint8)).to(self.comm_device())
+        self._wait(dist.broadcast(buf, SRC, async_op=True), "init", "header exchange")
+        header = buf.cpu().numpy().tobytes()
+        if self.rank != SRC:
+            check_header_matches(header, plan)
+        return header
 
     def comm_device(self) -> str:
         return self.choice.comm_device
@@ -212,9 +253,12 @@ class Worker:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
         else:
-            meta = {"model": plan["model"], "version": plan["version"], "plan_digest": plan.digest}
             file = self.served.staging_file(plan["version"]) if self.served else None
-            self.staging = Staging(plan["tensors"], meta, device=device, file=file, first=stream_order(plan))
+            # hwtui's own facts (model, version, plan digest) live beside the replica in its
+            # manifest.json, never inside it: the file is the source's, byte for byte, when the
+            # version is one safetensors file, else a plain safetensors file of the same tensors.
+            self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file, first=stream_order(plan),
+                                   header=self.source_header)
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
@@ -267,8 +311,9 @@ class Worker:
         # receives straight into its staging copy, so a group needs no pooled buffer at all and the
         # pool bound (window x bucket) is untouched. Every rank derives the same groups from the plan.
         cpu = self.cfg.device == "cpu" and self.comm_device() == "cpu"
+        layout = header_layout(self.source_header) if self.source_header else None
         return collective_groups(plan, chunk_bytes=int(self.cfg.chunk_bytes),
-                                 max_group=max(1, self.cfg.inflight // 2), enabled=cpu)
+                                 max_group=max(1, self.cfg.inflight // 2), enabled=cpu, layout=layout)
 
     def _send(self, plan: Plan) -> None:
         import torch.distributed as dist
@@ -563,7 +608,8 @@ def stream_order(plan: Plan) -> list[str]:
     return list(seen)
 
 
-def collective_groups(plan: Plan, *, chunk_bytes: int, max_group: int, enabled: bool) -> list[list[int]]:
+def collective_groups(plan: Plan, *, chunk_bytes: int, max_group: int, enabled: bool,
+                      layout: dict[str, tuple[int, int]] | None = None) -> list[list[int]]:
     """Buckets sent together as one collective (the same answer on every rank: it reads only the plan).
 
     A run of consecutive buckets that are one contiguous byte range of one safetensors file on the
@@ -579,10 +625,13 @@ def collective_groups(plan: Plan, *, chunk_bytes: int, max_group: int, enabled: 
         return [[b] for b in range(n)]
     sizes = {t["name"]: t["nbytes"] for t in plan["tensors"]}
     stream_off: dict[str, int] = {}
-    pos = 0
-    for name in stream_order(plan):
-        stream_off[name] = pos
-        pos += sizes[name]
+    if layout is not None:  # the staging copy has the source's own layout (see staging.Staging)
+        stream_off = {name: off for name, (off, _) in layout.items()}
+    else:
+        pos = 0
+        for name in stream_order(plan):
+            stream_off[name] = pos
+            pos += sizes[name]
     files = plan["files"]
 
     def bases(b: int) -> tuple[int, int, int] | None:
