@@ -23,9 +23,11 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
@@ -110,6 +112,11 @@ class Worker:
         self.faults = Injector(self.rank, cfg.fault)
         self.plan_version: str | None = None  # known once the plan is loaded
         self.source_header: bytes | None = None
+        self.source_digests: dict[int, Future[str]] = {}
+        self._hash_pool: ThreadPoolExecutor | None = None
+        self._world_thread: threading.Thread | None = None
+        self._world_error: BaseException | None = None
+        self._world_seconds = 0.0
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
         self.switched = False
         self.phases: dict[str, float] = {}
@@ -125,6 +132,11 @@ class Worker:
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
 
     # ------------------------------------------------------------------ plumbing
+
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._hash_pool is None:
+            self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="source-hash")
+        return self._hash_pool
 
     def _pooled(self) -> BufferPool:
         assert self.pool is not None, "setup() allocates the pool whenever a bucket needs it"
@@ -180,15 +192,46 @@ class Worker:
         self.phases["load"] = _now() - t
         return plan
 
-    def init(self, plan: Plan) -> None:
-        import torch.distributed as dist
+    def start_world(self) -> None:
+        """Import torch and form the process group in a thread, while the main thread loads the plan.
 
+        Neither needs the other: the world needs only rank, size and address, and most of its time
+        is spent waiting for the slowest peer's interpreter. The thread is a daemon so a rank that
+        fails on its plan exits without waiting for the rendezvous.
+        """
+        def form() -> None:
+            t = _now()
+            try:
+                import torch.distributed as dist
+
+                prepare_backend(self.choice, self.cfg.local_rank)
+                init_method = f"tcp://{self.cfg.master_addr}:{self.cfg.master_port}"
+                dist.init_process_group(self.choice.backend, init_method=init_method, rank=self.rank,
+                                        world_size=self.world, timeout=self._timeout("init"))
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread by init()
+                self._world_error = exc
+            self._world_seconds = _now() - t
+
+        self._world_thread = threading.Thread(target=form, name="form-world", daemon=True)
+        self._world_thread.start()
+
+    def init(self, plan: Plan) -> None:
         t = _now()
-        prepare_backend(self.choice, self.cfg.local_rank)
-        init_method = f"tcp://{self.cfg.master_addr}:{self.cfg.master_port}"
-        dist.init_process_group(self.choice.backend, init_method=init_method, rank=self.rank, world_size=self.world,
-                                timeout=self._timeout("init"))
-        self.internal("init", seconds=_now() - t)
+        if self._world_thread is None:
+            self.start_world()
+        assert self._world_thread is not None
+        # Bounded: init_process_group itself gives up after the init timeout.
+        self._world_thread.join(float(self.cfg.timeouts.init) + 60.0)
+        if self._world_thread.is_alive():
+            raise TransportFailure(f"rank {self.rank}: forming the world did not finish within "
+                                   f"{self.cfg.timeouts.init:g} s")
+        if self._world_error is not None:
+            exc = self._world_error
+            if isinstance(exc, (HwtuiError, Interrupted)):
+                raise exc
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TransportFailure(f"rank {self.rank}: forming the world failed ({msg})")
+        self.internal("init", seconds=self._world_seconds)
         self._agree(plan)
         self.source_header = self._exchange_header(plan)
         self.phases["init"] = _now() - t
@@ -340,6 +383,11 @@ class Worker:
                     self.bucket(x, "staged", sizes[x], staged)
                 works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:total])]
                 t_post = _now()
+                if self.cfg.verify:
+                    # The source's check of what it sends runs beside the send, on the host copy
+                    # (xxhash releases the GIL), instead of a second pass over the model afterwards.
+                    for x in group:
+                        self.source_digests[x] = self._hasher().submit(self._sources.bucket_digest, plan, x)
                 for x in group:
                     win.admit(sizes[x])
                     self.bucket(x, "inflight", sizes[x])
@@ -480,13 +528,14 @@ class Worker:
         return ok
 
     def _check_sources(self, plan: Plan) -> None:
-        """The source's own check that it sent what was planned, off the transfer's critical path.
+        """The source's own check that it sent what was planned, hashed beside the send (see _send).
 
         A file changed since planning makes every receiver fail verification; this names the cause
         (the file, not the wire) and makes it bad input (exit 2). Nothing commits either way.
         """
         for b in range(len(plan.buckets)):
-            digest = self._sources.bucket_digest(plan, b)
+            future = self.source_digests.get(b)
+            digest = future.result() if future is not None else self._sources.bucket_digest(plan, b)
             if digest != plan.buckets[b]["checksum"]:
                 self.bad_input = True
                 self.failures.append(f"the weight files changed since planning: bucket {b} hashes to {digest}, "
@@ -745,6 +794,7 @@ def run_worker(cfg: WorkerConfig, emit: Emit) -> int:
     plan: Plan | None = None
     joined = False
     try:
+        w.start_world()
         plan = w.load()
         w.init(plan)
         joined = True
@@ -777,6 +827,8 @@ def run_worker(cfg: WorkerConfig, emit: Emit) -> int:
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         code = EXIT_BROKEN
+    if w._hash_pool is not None:
+        w._hash_pool.shutdown(wait=False, cancel_futures=True)
     if joined and code in (EXIT_OK, EXIT_ABORTED, EXIT_BAD_INPUT):
         import torch.distributed as dist
 
