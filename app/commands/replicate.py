@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the transport: gloo, cuda-ipc, nccl, rccl, xccl, ccl, hccl")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check every bucket's xxh3 on every receiver (default: on)")
+    parser.add_argument("--same-host", action=argparse.BooleanOptionalAction, default=True,
+                        help="receivers on the source's host copy buckets from its page cache instead of the network "
+                             "(default: on; each rank's path and why is printed at start)")
     parser.add_argument("--commit", action="store_true",
                         help="switch every receiver to the new version once all ranks verified it (needs --out)")
     parser.add_argument("--out", metavar="DIR", help="per-rank served versions: DIR/rank<R>/CURRENT, versions/, staging/")
@@ -136,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
-                              verify=args.verify, commit=args.commit, out=args.out, timeout=args.timeout,
+                              verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out, timeout=args.timeout,
                               init_timeout=args.init_timeout)
     try:
         result = run_replication(opts, on_event=sink)

@@ -63,3 +63,47 @@ def first_difference(records: list[dict[str, Any]]) -> str | None:
                 return (f"rank {rank} runs with {key}={rec.get(key)!r} but rank 0 with {key}={ref.get(key)!r}; "
                         "every rank must agree on its settings before any byte moves")
     return None
+
+
+# ---------------------------------------------------------------- where each rank takes its bytes from
+
+
+def host_facts(paths: list[str]) -> dict[str, Any]:
+    """This rank's host identity and its view of the source files (never compared as settings).
+
+    A host is its boot id plus its network namespace: ranks in different network namespaces are
+    treated as different hosts even on one kernel (containers, and the tests' simulated hosts).
+    A file is (device, inode, size, mtime): the same path on another machine is another file.
+    """
+    import os
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path, encoding="ascii") as fh:
+                return fh.read(64).strip()
+        except OSError:
+            return None
+
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = None
+    files: list[list[int] | None] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            files.append([st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+        except OSError:
+            files.append(None)
+    return {"boot_id": read("/proc/sys/kernel/random/boot_id"), "netns": netns, "files": files}
+
+
+def same_host_reason(mine: dict[str, Any], source: dict[str, Any]) -> tuple[bool, str]:
+    """(uses the source's page cache, why) for a receiver with facts ``mine`` against the source's."""
+    if not mine.get("boot_id") or mine.get("boot_id") != source.get("boot_id"):
+        return False, "another host (boot id differs)"
+    if mine.get("netns") != source.get("netns"):
+        return False, "another network namespace (treated as another host)"
+    if None in mine.get("files", [None]) or mine.get("files") != source.get("files"):
+        return False, "same host, but the source file is not the same file here (device/inode/size/mtime)"
+    return True, "same boot id and the same source file (device/inode/size/mtime)"

@@ -42,6 +42,7 @@ class WorkerConfig:
     target_bucket_s: float = 0.05
     chunk_bytes: int = 64 << 20
     verify: bool = True
+    same_host: bool = True  # receivers on the source's host copy from its page cache (see worker._copy_local)
     commit: bool = False
     out: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)

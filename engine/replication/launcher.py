@@ -57,6 +57,7 @@ class ReplicationOptions:
     chunk_mb: float | None = None  # None: HOTWEIGHTS_BCAST_CHUNK_MB, else DEFAULT_CHUNK_MB
     transport: str | None = None
     verify: bool = True
+    same_host: bool = True
     commit: bool = False
     out: str | None = None
     timeout: float = 20.0  # per bucket wait
@@ -126,28 +127,32 @@ def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
     return info
 
 
-def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> tuple[Plan, bool]:
-    """Everything that makes the input bad, checked before any process starts or any byte is written.
-
-    Returns (plan, recover): ``recover`` is True when this very version was already decided
-    (``decisions/<v>.json`` under ``--out``): the run then only finishes the switch where a rank
-    did not make it, and moves no byte.
-    """
+def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> Plan:
+    """Everything in the input that makes it bad, checked before anything is written (not even --out)."""
     plan = load_plan(opts.plan)
     if 0 in world_ranks:
         preflight_sources(plan)
     if plan["prev_version"] is not None and not (opts.commit and opts.out):
         raise HwtuiError(f"plan {opts.plan} is a delta from {plan['prev_version']!r}: it needs --commit --out DIR "
                          "where every receiver serves that version")
+    return plan
+
+
+def preflight_out(opts: ReplicationOptions, world_ranks: list[int], plan: Plan) -> bool:
+    """What ``--out`` holds, checked under its lock before any process starts.
+
+    Returns ``recover``: True when this very version was already decided (``decisions/<v>.json``):
+    the run then only finishes the switch where a rank did not make it, and moves no byte.
+    """
     if not (opts.out and opts.commit):
-        return plan, False
+        return False
     decision = read_decision(opts.out, plan["version"])
     if decision is not None:
         if decision.get("plan_digest") != plan.digest:
             raise HwtuiError(f"version {plan['version']!r} was already committed under {opts.out} from another plan "
                              f"(digest {str(decision.get('plan_digest'))[:16]}, this plan {plan.digest[:16]}); "
                              "plan a new version")
-        return plan, True
+        return True
     for r in world_ranks:
         if r == 0:
             continue
@@ -165,7 +170,7 @@ def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> tuple[Plan, b
                              f"{plan['prev_version']!r}")
         if (served.root / "versions" / plan["version"]).exists():
             raise HwtuiError(f"rank {r} already holds version {plan['version']!r} under {served.root}")
-    return plan, False
+    return False
 
 
 def serving_text(serving: dict[int, str | None]) -> str:
@@ -323,9 +328,10 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     if world < 2:
         raise HwtuiError("replication needs at least 2 ranks (a source and a receiver): --nproc 2 or more")
     ranks = [joined["rank"]] if joined else list(range(world))
+    plan = preflight(opts, ranks)
     lock = OutLock(opts.out, ranks).acquire() if opts.out else None
     try:
-        plan, recover = preflight(opts, ranks)
+        recover = preflight_out(opts, ranks, plan)
         if recover:
             assert opts.out is not None
             return _finish_decided(opts.out, plan, ranks, settings, world, "join" if joined else "local", sink, t_wall)
@@ -353,7 +359,7 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
         plan=os.path.abspath(opts.plan), device=opts.device, transport=choice, world_size=world, rank=0,
         inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
         target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
-        commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
+        same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
         timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
         fault=opts.env.get("HWTUI_TEST_FAULT"))
     launcher_phases: dict[str, float] = {}

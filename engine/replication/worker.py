@@ -31,9 +31,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
-from hwtui.core.events import ErrorEvent, Event
+from hwtui.core.events import ErrorEvent, Event, LogEvent
 from hwtui.core.supervisor import encode_message
-from hwtui.engine.replication.agree import decode_slot, encode_slot, first_difference, hwtui_version, settings_record
+from hwtui.engine.replication.agree import (
+    decode_slot,
+    encode_slot,
+    first_difference,
+    host_facts,
+    hwtui_version,
+    same_host_reason,
+    settings_record,
+)
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.commit import ServedDir, write_decision
 from hwtui.engine.replication.config import WorkerConfig
@@ -115,6 +123,9 @@ class Worker:
         self.source_digests: dict[int, Future[str]] = {}
         self._hash_pool: ThreadPoolExecutor | None = None
         self._world_thread: threading.Thread | None = None
+        self.paths: dict[int, tuple[str, str]] = {}  # rank -> (source | same-host | network, why)
+        self.net_ranks: list[int] = list(range(cfg.world_size))
+        self.net_group: Any = None  # None: the whole world
         self._world_error: BaseException | None = None
         self._world_seconds = 0.0
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
@@ -245,6 +256,7 @@ class Worker:
                                  bucket_bytes=plan["bucket_bytes"], window=self.cfg.inflight,
                                  chunk_bytes=self.cfg.chunk_bytes, max_inflight_bytes=self.cfg.max_inflight_bytes,
                                  verify=self.cfg.verify, commit=self.cfg.commit, transport=self.choice.name)
+        record["host"] = host_facts([f["path"] for f in plan["files"]])
         mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
         slots = [torch.empty_like(mine) for _ in range(self.world)]
         self._wait(dist.all_gather(slots, mine, async_op=True), "init", "settings exchange")
@@ -252,6 +264,45 @@ class Worker:
         diff = first_difference(records)
         if diff is not None:
             raise HwtuiError(diff)
+        self._choose_paths(plan, records)
+
+    def _choose_paths(self, plan: Plan, records: list[dict[str, Any]]) -> None:
+        """Which receivers copy from the source's page cache and which need the network (same answer on every rank).
+
+        The same-host path needs host memory on both sides and the version in safetensors files
+        (a file the receiver can map); torch pickles (.pt) have no byte range to map.
+        """
+        import torch.distributed as dist
+
+        why_not = None
+        if not self.cfg.same_host:
+            why_not = "same-host path turned off (--no-same-host)"
+        elif self.cfg.device != "cpu" or self.comm_device() != "cpu":
+            why_not = f"device {self.cfg.device}: buckets travel device to device"
+        elif any(f.get("format") != "safetensors" for f in plan["files"]):
+            why_not = "a source file is not safetensors (only safetensors files can be mapped)"
+        self.paths = {SRC: ("source", "holds the files")}
+        for r in range(1, self.world):
+            if why_not is not None:
+                self.paths[r] = ("network", why_not)
+            else:
+                local, why = same_host_reason(records[r].get("host") or {}, records[SRC].get("host") or {})
+                self.paths[r] = ("same-host" if local else "network", why)
+        self.net_ranks = [r for r, (path, _) in sorted(self.paths.items()) if path != "same-host"]
+        # new_group is collective over the whole world: every rank calls it, in the same order.
+        self.net_group = None
+        if 1 < len(self.net_ranks) < self.world:
+            self.net_group = dist.new_group(self.net_ranks)
+        if self.rank == SRC:
+            parts = []
+            for kind in ("same-host", "network"):
+                rs = [r for r, (path, _) in sorted(self.paths.items()) if path == kind]
+                if rs:
+                    whys = sorted({self.paths[r][1] for r in rs})
+                    what = ("copy each bucket from the source's page cache (memory map of the same file) and verify it"
+                            if kind == "same-host" else f"receive each bucket by {self.choice.backend} broadcast")
+                    parts.append(f"{kind} path: rank(s) {', '.join(map(str, rs))} {what} ({'; '.join(whys)})")
+            self.emit(LogEvent(message="Replication paths: " + "; ".join(parts), source="replication.transport"))
 
     def _exchange_header(self, plan: Plan) -> bytes | None:
         """The source file's own safetensors header (length prefix included), so a replica is byte-identical.
@@ -337,8 +388,14 @@ class Worker:
     def transfer(self, plan: Plan) -> None:
         t = _now()
         self.internal("transfer_start")
+        path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
-            self._send(plan)
+            if len(self.net_ranks) > 1:
+                self._send(plan)
+            else:
+                self._serve_local(plan)
+        elif path == "same-host":
+            self._copy_local(plan)
         else:
             self._receive(plan)
         self.phases["transfer"] = _now() - t
@@ -381,7 +438,7 @@ class Worker:
                 staged = _now() - t0
                 for x in group:
                     self.bucket(x, "staged", sizes[x], staged)
-                works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:total])]
+                works = [dist.broadcast(c, SRC, group=self.net_group, async_op=True) for c in self._chunks(buf[:total])]
                 t_post = _now()
                 if self.cfg.verify:
                     # The source's check of what it sends runs beside the send, on the host copy
@@ -428,7 +485,7 @@ class Worker:
                         buf = self._pooled().acquire(total)
                 else:
                     buf = self._group_region(group, total)
-                works = [dist.broadcast(c, SRC, async_op=True) for c in self._chunks(buf[:total])]
+                works = [dist.broadcast(c, SRC, group=self.net_group, async_op=True) for c in self._chunks(buf[:total])]
                 t_post = _now()
                 for x in group:
                     win.admit(sizes[x])
@@ -459,6 +516,49 @@ class Worker:
                 self._pooled().release(buf)
         self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
                              "final_limit": win.limit, "changes": win.changes}
+
+    def _serve_local(self, plan: Plan) -> None:
+        """The source when every receiver copies from its page cache: nothing to send; it checks its files."""
+        sizes = [bk["size"] for bk in plan.buckets]
+        for b, size in enumerate(sizes):
+            self.faults.at_bucket(b)
+            self.bucket(b, "staged", size)
+            self.bucket(b, "inflight", size)
+            if self.cfg.verify:
+                self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+            self.bucket(b, "done", size)
+
+    def _copy_local(self, plan: Plan) -> None:
+        """Same host as the source: copy each bucket from the source file's pages, verify it on this copy.
+
+        The bytes never touch a socket: the receiver maps the very file the source holds (the
+        agreement step proved it is the same file: device, inode, size, mtime), copies a bucket
+        into its own staging copy and hashes *that* copy, so what it serves is what it verified.
+        """
+        reader = _SourceReader(plan)
+        try:
+            for b, bk in enumerate(plan.buckets):
+                size = bk["size"]
+                self.faults.at_bucket(b)
+                self.bucket(b, "inflight", size)
+                t0 = _now()
+                region = self.direct.get(b)
+                buf = region if region is not None else self._pooled().acquire(size)
+                data = buf[:size]
+                reader.copy_into(plan, b, data)
+                self.bucket(b, "verifying", size, _now() - t0)
+                t1 = _now()
+                if self.faults.corrupts(b):
+                    data[size // 2] ^= 0xFF
+                ok = not self.cfg.verify or self._verify_bucket(plan, b, data)
+                if ok and region is None:
+                    for it in plan.bucket_items[b]:
+                        self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
+                if region is None:
+                    self._pooled().release(buf)
+                self.bucket(b, "done" if ok else "failed", size, _now() - t1)
+        finally:
+            reader.close()
 
     def _group_region(self, group: list[int], total: int) -> Any:
         """The staging bytes a group of buckets lands in: their direct regions, back to back."""
@@ -630,7 +730,8 @@ class Worker:
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0},
                       window=self.window_stats, collectives=self.collectives,
-                      direct_buckets=len(self.direct) if self.rank != SRC else None)
+                      direct_buckets=len(self.direct) if self.rank != SRC else None,
+                      path=self.paths.get(self.rank, ("network", ""))[0])
 
     def cleanup_staging(self) -> None:
         if self.staging is not None:
@@ -776,6 +877,28 @@ class _SourceReader:
         if pos < size:
             buf[pos:size].zero_()
         return buf, True
+
+    def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
+        """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``."""
+        size = plan.buckets[b]["size"]
+        if self.contiguous(plan, b):
+            it = plan.bucket_items[b][0]
+            start = it["file_offset"] - it["offset"]
+            dst[:size].copy_(self.mapped[it["file"]].tensor[start:start + size])
+            return
+        pos = 0
+        for it in plan.bucket_items[b]:
+            if it["offset"] > pos:
+                dst[pos:it["offset"]].zero_()
+            dst[it["offset"]:it["offset"] + it["nbytes"]].copy_(self.piece(it))
+            pos = it["offset"] + it["nbytes"]
+        if pos < size:
+            dst[pos:size].zero_()
+
+    def close(self) -> None:
+        for m in self.mapped.values():
+            m.close()
+        self.mapped.clear()
 
     def bucket_digest(self, plan: Plan, b: int) -> str:
         """xxh3 of bucket b as the files hold it now, streamed from host memory (no buffer, no device)."""
