@@ -126,6 +126,10 @@ class Worker:
         self.paths: dict[int, tuple[str, str]] = {}  # rank -> (source | same-host | network, why)
         self.net_ranks: list[int] = list(range(cfg.world_size))
         self.net_group: Any = None  # None: the whole world
+        self.host_group: Any = None  # a host leader and the ranks that copy from it
+        self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
+        self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
+        self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
         self._world_error: BaseException | None = None
         self._world_seconds = 0.0
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
@@ -257,6 +261,7 @@ class Worker:
                                  chunk_bytes=self.cfg.chunk_bytes, max_inflight_bytes=self.cfg.max_inflight_bytes,
                                  verify=self.cfg.verify, commit=self.cfg.commit, transport=self.choice.name)
         record["host"] = host_facts([f["path"] for f in plan["files"]])
+        record["staging_file"] = str(self.served.staging_file(plan["version"])) if self.served else None
         mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
         slots = [torch.empty_like(mine) for _ in range(self.world)]
         self._wait(dist.all_gather(slots, mine, async_op=True), "init", "settings exchange")
@@ -267,10 +272,15 @@ class Worker:
         self._choose_paths(plan, records)
 
     def _choose_paths(self, plan: Plan, records: list[dict[str, Any]]) -> None:
-        """Which receivers copy from the source's page cache and which need the network (same answer on every rank).
+        """Where each receiver takes its bytes from (the same answer on every rank, from the gathered records).
 
-        The same-host path needs host memory on both sides and the version in safetensors files
-        (a file the receiver can map); torch pickles (.pt) have no byte range to map.
+        - same-host: on the source's host with the same source file: copy from its page cache.
+          Needs the version in safetensors files (torch pickles have no byte range to map).
+        - network: one rank per other host (its leader) receives by broadcast from rank 0, in a
+          process group of rank 0 and the leaders, so network bytes per host are model bytes.
+        - host-copy: the other ranks of a leader's host copy from the leader's verified staging
+          copy (a file: its ``--out`` staging file, else one in /dev/shm) and verify their own copy.
+        Host memory on both sides is needed for anything but the network path.
         """
         import torch.distributed as dist
 
@@ -279,28 +289,59 @@ class Worker:
             why_not = "same-host path turned off (--no-same-host)"
         elif self.cfg.device != "cpu" or self.comm_device() != "cpu":
             why_not = f"device {self.cfg.device}: buckets travel device to device"
-        elif any(f.get("format") != "safetensors" for f in plan["files"]):
-            why_not = "a source file is not safetensors (only safetensors files can be mapped)"
+        mappable = all(f.get("format") == "safetensors" for f in plan["files"])
+        src_host = records[SRC].get("host") or {}
+
+        def host_key(r: int) -> tuple[Any, Any]:
+            h = records[r].get("host") or {}
+            return h.get("boot_id"), h.get("netns")
+
         self.paths = {SRC: ("source", "holds the files")}
+        self.leader_of = {}
+        leaders: dict[tuple[Any, Any], int] = {}
         for r in range(1, self.world):
             if why_not is not None:
                 self.paths[r] = ("network", why_not)
+                continue
+            local, why = same_host_reason(records[r].get("host") or {}, src_host)
+            if local and mappable:
+                self.paths[r] = ("same-host", why)
+                continue
+            if local:
+                why = "same host, but a source file is not safetensors (only safetensors files can be mapped)"
+            key = host_key(r)
+            if host_key(r) == host_key(SRC) or not key[0] or key not in leaders:
+                leaders.setdefault(key, r)
+                self.paths[r] = ("network", f"host leader: {why}" if key != host_key(SRC) else why)
             else:
-                local, why = same_host_reason(records[r].get("host") or {}, records[SRC].get("host") or {})
-                self.paths[r] = ("same-host" if local else "network", why)
-        self.net_ranks = [r for r, (path, _) in sorted(self.paths.items()) if path != "same-host"]
+                self.leader_of[r] = leaders[key]
+                self.paths[r] = ("host-copy", f"copies rank {leaders[key]}'s verified copy on the same host")
+        self.net_ranks = [r for r, (path, _) in sorted(self.paths.items()) if path in ("source", "network")]
         # new_group is collective over the whole world: every rank calls it, in the same order.
         self.net_group = None
         if 1 < len(self.net_ranks) < self.world:
             self.net_group = dist.new_group(self.net_ranks)
+        self.host_group = None
+        for leader in sorted(set(self.leader_of.values())):
+            members = [leader, *sorted(r for r, lead in self.leader_of.items() if lead == leader)]
+            group = dist.new_group(members)
+            if self.rank in members:
+                self.host_group = group
+        # Where every leader stages (followers map it): its --out staging file, else a file in /dev/shm.
+        self.leader_files = {}
+        for leader in set(self.leader_of.values()):
+            path = records[leader].get("staging_file")
+            self.leader_files[leader] = path or f"/dev/shm/hwtui-{plan.digest[:16]}-{self.cfg.master_port}-rank{leader}"
         if self.rank == SRC:
             parts = []
-            for kind in ("same-host", "network"):
+            for kind in ("same-host", "network", "host-copy"):
                 rs = [r for r, (path, _) in sorted(self.paths.items()) if path == kind]
                 if rs:
                     whys = sorted({self.paths[r][1] for r in rs})
-                    what = ("copy each bucket from the source's page cache (memory map of the same file) and verify it"
-                            if kind == "same-host" else f"receive each bucket by {self.choice.backend} broadcast")
+                    what = {"same-host": "copy each bucket from the source's page cache (memory map of the same file) "
+                                         "and verify it",
+                            "network": f"receive each bucket by {self.choice.backend} broadcast",
+                            "host-copy": "copy from their host leader's verified copy and verify it"}[kind]
                     parts.append(f"{kind} path: rank(s) {', '.join(map(str, rs))} {what} ({'; '.join(whys)})")
             self.emit(LogEvent(message="Replication paths: " + "; ".join(parts), source="replication.transport"))
 
@@ -347,7 +388,9 @@ class Worker:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
         else:
-            file = self.served.staging_file(plan["version"]) if self.served else None
+            file: Any = self.served.staging_file(plan["version"]) if self.served else None
+            if file is None and self.rank in self.leader_files:
+                file = self.shm_file = self.leader_files[self.rank]  # its followers map it
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
@@ -396,8 +439,12 @@ class Worker:
                 self._serve_local(plan)
         elif path == "same-host":
             self._copy_local(plan)
+        elif path == "host-copy":
+            self._copy_from_leader(plan)
         else:
             self._receive(plan)
+            if self.rank in self.leader_files:
+                self._release_followers()
         self.phases["transfer"] = _now() - t
         self.internal("transfer_end", seconds=self.phases["transfer"])
 
@@ -559,6 +606,73 @@ class Worker:
                 self.bucket(b, "done" if ok else "failed", size, _now() - t1)
         finally:
             reader.close()
+
+    def _followers_wait_s(self, plan: Plan) -> float:
+        # A follower waits for its leader's whole transfer: bounded by the bucket timeout per bucket.
+        return float(self.cfg.timeouts.init) + float(self.cfg.timeouts.bucket) * max(1, len(plan.buckets))
+
+    def _release_followers(self) -> None:
+        """The leader's copy is complete (and verified bucket by bucket): its followers may copy it."""
+        import torch
+        import torch.distributed as dist
+
+        if self.staging is not None and self.staging._mm is not None:
+            self.staging._mm.flush()
+        flag = torch.ones(1, dtype=torch.int32)
+        self._wait(dist.all_reduce(flag, group=self.host_group, async_op=True), "bucket", "host copy hand-off")
+
+    def _copy_from_leader(self, plan: Plan) -> None:
+        """Another host's rank: wait for the host leader's verified copy, copy it, verify this copy per bucket."""
+        import datetime as _dt
+
+        import torch
+        import torch.distributed as dist
+
+        leader = self.leader_of[self.rank]
+        flag = torch.ones(1, dtype=torch.int32)
+        work = dist.all_reduce(flag, group=self.host_group, async_op=True)
+        try:
+            work.wait(timeout=_dt.timedelta(seconds=self._followers_wait_s(plan)))
+        except Exception as exc:  # noqa: BLE001 - gloo raises RuntimeError subclasses
+            raise TransportFailure(f"rank {self.rank}: waiting for host leader rank {leader} failed ({exc})") from None
+        src = MappedFile(self.leader_files[leader])
+        try:
+            start = len(self.staging.header)
+            self.staging.data.copy_(src.tensor[start:start + self.staging.data_bytes])
+        finally:
+            src.close()
+        for b, bk in enumerate(plan.buckets):
+            size = bk["size"]
+            self.faults.at_bucket(b)
+            self.bucket(b, "inflight", size)
+            self.bucket(b, "verifying", size)
+            t1 = _now()
+            region = self.direct.get(b)
+            if self.faults.corrupts(b) and region is not None:
+                region[size // 2] ^= 0xFF
+            ok = not self.cfg.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
+            self.bucket(b, "done" if ok else "failed", size, _now() - t1)
+
+    def _staged_digest(self, plan: Plan, b: int) -> str:
+        """xxh3 of bucket b as this rank's staging copy holds it (pieces and zero padding)."""
+        region = self.direct.get(b)
+        if region is not None:
+            return xxh3_hex(region.numpy())
+        h, pos = Streaming(), 0
+        for it in plan.bucket_items[b]:
+            h.pad(it["offset"] - pos)
+            h.update(self.staging.region(it["name"])[it["tensor_offset"]:it["tensor_offset"] + it["nbytes"]].numpy())
+            pos = it["offset"] + it["nbytes"]
+        h.pad(plan.buckets[b]["size"] - pos)
+        return h.hexdigest()
+
+    def _verify_digest(self, plan: Plan, ob: int, got: str) -> bool:
+        if got == plan.buckets[ob]["checksum"]:
+            return True
+        self.failures.append(f"bucket {ob} failed verification on rank {self.rank} "
+                             f"(xxh3 {got} != plan {plan.buckets[ob]['checksum']})")
+        self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
+        return False
 
     def _group_region(self, group: list[int], total: int) -> Any:
         """The staging bytes a group of buckets lands in: their direct regions, back to back."""
@@ -733,7 +847,14 @@ class Worker:
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
+    def remove_shm(self) -> None:
+        if self.shm_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.shm_file)
+            self.shm_file = None
+
     def cleanup_staging(self) -> None:
+        self.remove_shm()
         if self.staging is not None:
             self.staging.close()
         if self.served is not None and self.plan_version is not None and not self.keep_staging:
@@ -927,6 +1048,7 @@ def run_worker(cfg: WorkerConfig, emit: Emit) -> int:
         w.transfer(plan)
         ok = w.prepare(plan)
         unanimous = w.vote_and_commit(plan, ok)
+        w.remove_shm()  # every follower copied it before the vote
         w.result(ok=unanimous, clean=True)
         code = EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)
     except HwtuiError as exc:
