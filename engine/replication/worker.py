@@ -130,6 +130,7 @@ class Worker:
         self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
         self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
         self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
+        self.announcements: list[Any] = []  # a leader's pending "bucket ready" broadcasts
         self._world_error: BaseException | None = None
         self._world_seconds = 0.0
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
@@ -559,6 +560,8 @@ class Worker:
                     for it in plan.bucket_items[ob]:
                         self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
                 self.bucket(ob, "done" if ok else "failed", size, _now() - t1)
+                if self.host_group is not None:
+                    self._announce(ob)
             if len(group) == 1 and group[0] not in self.direct:
                 self._pooled().release(buf)
         self.window_stats = {"peak_occupancy": win.peak_occupancy, "peak_bytes": win.peak_bytes,
@@ -607,51 +610,62 @@ class Worker:
         finally:
             reader.close()
 
-    def _followers_wait_s(self, plan: Plan) -> float:
-        # A follower waits for its leader's whole transfer: bounded by the bucket timeout per bucket.
-        return float(self.cfg.timeouts.init) + float(self.cfg.timeouts.bucket) * max(1, len(plan.buckets))
+    def _announce(self, b: int) -> None:
+        """Leader: bucket b is in its staging copy (verified); its followers may copy it now.
 
-    def _release_followers(self) -> None:
-        """The leader's copy is complete (and verified bucket by bucket): its followers may copy it."""
+        One small broadcast per bucket in the host's group, so followers copy bucket b while the
+        leader is still receiving the next ones (the host's copy pipelines behind the network).
+        """
         import torch
         import torch.distributed as dist
 
-        if self.staging is not None and self.staging._mm is not None:
-            self.staging._mm.flush()
-        flag = torch.ones(1, dtype=torch.int32)
-        self._wait(dist.all_reduce(flag, group=self.host_group, async_op=True), "bucket", "host copy hand-off")
+        flag = torch.tensor([b], dtype=torch.int64)
+        self.announcements.append(dist.broadcast(flag, self.rank, group=self.host_group, async_op=True))
+
+    def _release_followers(self) -> None:
+        """The leader's announcements are delivered (bounded waits) before it moves on."""
+        for work in self.announcements:
+            self._wait(work, "bucket", "host copy hand-off")
+        self.announcements.clear()
 
     def _copy_from_leader(self, plan: Plan) -> None:
-        """Another host's rank: wait for the host leader's verified copy, copy it, verify this copy per bucket."""
-        import datetime as _dt
-
+        """Another host's rank: copy each bucket from the host leader's verified copy once it is announced,
+        and verify this rank's own copy of it."""
         import torch
         import torch.distributed as dist
 
         leader = self.leader_of[self.rank]
-        flag = torch.ones(1, dtype=torch.int32)
-        work = dist.all_reduce(flag, group=self.host_group, async_op=True)
-        try:
-            work.wait(timeout=_dt.timedelta(seconds=self._followers_wait_s(plan)))
-        except Exception as exc:  # noqa: BLE001 - gloo raises RuntimeError subclasses
-            raise TransportFailure(f"rank {self.rank}: waiting for host leader rank {leader} failed ({exc})") from None
         src = MappedFile(self.leader_files[leader])
         try:
-            start = len(self.staging.header)
-            self.staging.data.copy_(src.tensor[start:start + self.staging.data_bytes])
+            hlen = len(self.staging.header)
+            theirs = src.tensor[hlen:hlen + self.staging.data_bytes]
+            mine = self.staging.data
+            for _ in range(len(plan.buckets)):
+                flag = torch.zeros(1, dtype=torch.int64)
+                # The leader's first bucket waits on its own world start-up and the network.
+                self._wait(dist.broadcast(flag, leader, group=self.host_group, async_op=True), "bucket",
+                           f"host leader rank {leader}")
+                b = int(flag.item())
+                size = plan.buckets[b]["size"]
+                self.faults.at_bucket(b)
+                self.bucket(b, "inflight", size)
+                t0 = _now()
+                region = self.direct.get(b)
+                if region is not None:
+                    off = region.data_ptr() - mine.data_ptr()
+                    region.copy_(theirs[off:off + size])
+                else:
+                    for it in plan.bucket_items[b]:
+                        off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
+                        mine[off:off + it["nbytes"]].copy_(theirs[off:off + it["nbytes"]])
+                self.bucket(b, "verifying", size, _now() - t0)
+                t1 = _now()
+                if self.faults.corrupts(b) and region is not None:
+                    region[size // 2] ^= 0xFF
+                ok = not self.cfg.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
+                self.bucket(b, "done" if ok else "failed", size, _now() - t1)
         finally:
             src.close()
-        for b, bk in enumerate(plan.buckets):
-            size = bk["size"]
-            self.faults.at_bucket(b)
-            self.bucket(b, "inflight", size)
-            self.bucket(b, "verifying", size)
-            t1 = _now()
-            region = self.direct.get(b)
-            if self.faults.corrupts(b) and region is not None:
-                region[size // 2] ^= 0xFF
-            ok = not self.cfg.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
-            self.bucket(b, "done" if ok else "failed", size, _now() - t1)
 
     def _staged_digest(self, plan: Plan, b: int) -> str:
         """xxh3 of bucket b as this rank's staging copy holds it (pieces and zero padding)."""
