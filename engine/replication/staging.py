@@ -117,10 +117,13 @@ class Staging:
             self.data = whole[len(self.header):]
         else:
             self.data = torch.empty(self.data_bytes, dtype=torch.uint8, device=device)
-        if self.data_bytes and self._mm is None:
-            # A device buffer starts as garbage; the bytes no tensor covers must be zeros. A
-            # file-backed copy needs nothing: a truncated file reads as zeros, and faulting its
-            # pages in up front only costs a pass over memory before the first byte arrives.
+        covered = sum(n for _, n in self.layout.values())
+        if self._mm is None and covered < self.data_bytes:
+            # A buffer starts as garbage, and bytes no tensor covers (gaps in a source file's
+            # layout) must read as zeros. Everything else is written by the transfer (or copied
+            # from the served version), so it is not pre-faulted: that pass over memory would
+            # only delay the first byte. A file-backed copy needs nothing: a truncated file reads
+            # as zeros.
             self.data.zero_()
 
     def region(self, name: str) -> Any:
