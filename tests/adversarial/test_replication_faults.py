@@ -139,6 +139,11 @@ def test_a_rank_that_could_not_switch_votes_no_and_every_rank_aborts(base, out):
     assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
     assert not decision_path(out, "v2").exists()
     assert serving(out, base) == {1: "v1", 2: "v1"}
+    # The disk fixed, the same command again: every rank switches.
+    (out / "rank2" / ".switch-probe").rmdir()
+    again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert again.ok, again.error
+    assert serving(out, base) == {1: "v2", 2: "v2"} and again.report["serving"] == {"1": "v2", "2": "v2"}
 
 
 def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base, out):
