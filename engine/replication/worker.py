@@ -130,7 +130,8 @@ class Worker:
         self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
         self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
         self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
-        self.announcements: list[Any] = []  # a leader's pending "bucket ready" broadcasts
+        self.announcements: list[Any] = []
+        self._local_reader: _SourceReader | None = None  # a leader's pending "bucket ready" broadcasts
         self._world_error: BaseException | None = None
         self._world_seconds = 0.0
         self.keep_staging = False  # voted yes with --commit: the decision record, not this rank, decides
@@ -406,6 +407,9 @@ class Worker:
                     if region is not None:
                         self.direct[b] = region
             needs_pool = len(self.direct) < n
+            if self.paths.get(self.rank, ("", ""))[0] == "same-host":
+                # Mapped (and pre-populated) before the start barrier: page-table work is set-up.
+                self._local_reader = _SourceReader(plan)
             if comm != "cpu" and self.cfg.verify:
                 self.host_pool = BufferPool(k, largest, "cpu", pin=True)
                 self.host_pool.warm(min(k, n))
@@ -585,7 +589,8 @@ class Worker:
         agreement step proved it is the same file: device, inode, size, mtime), copies a bucket
         into its own staging copy and hashes *that* copy, so what it serves is what it verified.
         """
-        reader = _SourceReader(plan)
+        reader = self._local_reader
+        assert reader is not None, "setup() maps the source files for a same-host rank"
         try:
             for b, bk in enumerate(plan.buckets):
                 size = bk["size"]
