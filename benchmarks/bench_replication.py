@@ -3,8 +3,11 @@
 One run, 2 ranks on gloo over 127.0.0.1, ~256 MB in ~2,000 fp32 tensors of log-uniform sizes
 (plus 8 x 16 MB), rounds interleaved so background load hits every method alike:
 
-- hwtui: ``run_replication`` (bucketed, windowed, chunked, xxh3-verified on the receiver);
-  its GB/s is total bytes / the slowest rank's transfer phase (all ranks start at a barrier);
+- hwtui: ``run_replication`` (bucketed, windowed, xxh3-verified on the receiver); both ranks are
+  on one host, so by default the receiver copies from the source file's page cache (same-host
+  path); ``hwtui_network`` is the same run with ``--no-same-host`` (the windowed, chunked gloo
+  pipeline other hosts get); GB/s is total bytes / the slowest rank's transfer phase;
+  ``hwtui_cli_wall`` is the whole run (fresh interpreters, import torch, plan, commit);
 - flat: one ``dist.broadcast`` of one preallocated 256 MB buffer (the transport's ceiling);
 - DDP: ``torch.distributed._broadcast_coalesced`` (what DDP uses to sync module states) at 25 MB
   and 250 MB buffers;
@@ -116,10 +119,10 @@ def start_baselines(model: str) -> list[subprocess.Popen[str]]:
 # ----------------------------------------------------------------------------- hwtui
 
 
-def run_hwtui(plan: str, out: str | None = None) -> dict:
+def run_hwtui(plan: str, out: str | None = None, same_host: bool = True) -> dict:
     from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 
-    res = run_replication(ReplicationOptions(plan=plan, nproc=2, commit=out is not None, out=out))
+    res = run_replication(ReplicationOptions(plan=plan, nproc=2, commit=out is not None, out=out, same_host=same_host))
     if not res.ok:
         raise SystemExit(f"hwtui replication failed: {res.error}")
     return res.report
@@ -190,8 +193,14 @@ def main() -> int:
     total = 0
     try:
         for rnd in range(args.rounds):
-            rep = run_hwtui(plan, out=str(work / "out") if rnd == args.rounds - 1 else None)
+            last = rnd == args.rounds - 1
+            # The network path (--no-same-host): what ranks on other hosts get, measured on loopback.
+            rep = run_hwtui(plan, out=str(work / "out_net") if last else None, same_host=False)
+            rows.setdefault("hwtui_network", []).append(rep["seconds"])
+            # The default: the receiver is on the source's host, so it copies from the page cache.
+            rep = run_hwtui(plan, out=str(work / "out") if last else None)
             rows.setdefault("hwtui", []).append(rep["seconds"])
+            rows.setdefault("hwtui_cli_wall", []).append(rep["wall_seconds"])
             # what a user waits for after the transfer: the sources re-hash, receivers check, the vote
             ph = rep["phases_s"]
             rows.setdefault("hwtui_end_to_end", []).append(rep["seconds"] + ph.get("prepare", 0) + ph.get("commit", 0))
@@ -205,6 +214,7 @@ def main() -> int:
                     rows.setdefault(name, []).append(r["seconds"])
                     exact[name] = exact.get(name, True) and r["exact"]
         exact["hwtui"] = check_committed(model, str(work / "out"))
+        exact["hwtui_network"] = check_committed(model, str(work / "out_net"))
     finally:
         for p in procs:
             if p.stdin:
@@ -217,8 +227,8 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in rows.items()}
     gbps = {k: total / s / 1e9 for k, s in med.items()}
     print(f"\n{'method':22} {'median GB/s':>11} {'best GB/s':>10} {'bit-exact':>9}")
-    exact["hwtui_end_to_end"] = exact["hwtui"]
-    for k in ["hwtui", "hwtui_end_to_end", "flat", "ddp_coalesced_25mb", "ddp_coalesced_250mb", "tensor_by_tensor"]:
+    exact["hwtui_end_to_end"] = exact["hwtui_cli_wall"] = exact["hwtui"]
+    for k in ["hwtui", "hwtui_network", "hwtui_end_to_end", "hwtui_cli_wall", "flat", "ddp_coalesced_25mb", "ddp_coalesced_250mb", "tensor_by_tensor"]:
         print(f"{k:22} {gbps[k]:11.2f} {total / min(rows[k]) / 1e9:10.2f} {str(exact[k]):>9}")
     print("\nper-method GB/s distribution over rounds (min / p25 / median / p75 / max):")
     for k, v in rows.items():
@@ -227,7 +237,9 @@ def main() -> int:
     # Paired by round: hwtui and flat ran back to back, so background load hits both alike.
     paired = sorted(f / h for h, f in zip(rows["hwtui"], rows["flat"], strict=True))
     print(f"  hwtui/flat per round (sorted): {' '.join(f'{r:.2f}' for r in paired)}")
-    print(f"\nhwtui / flat             = {gbps['hwtui'] / gbps['flat']:.2f}x (target >= 0.85x)")
+    print(f"\nhwtui same-host / flat   = {gbps['hwtui'] / gbps['flat']:.2f}x (issue 13 target >= 2.0x)")
+    print(f"hwtui network / flat     = {gbps['hwtui_network'] / gbps['flat']:.2f}x (target >= 0.85x)")
+    print(f"hwtui / flat             = {gbps['hwtui'] / gbps['flat']:.2f}x (the default path)")
     print(f"hwtui / DDP (25 MB)      = {gbps['hwtui'] / gbps['ddp_coalesced_25mb']:.2f}x (target >= 1.3x)")
     print(f"hwtui / DDP (250 MB)     = {gbps['hwtui'] / gbps['ddp_coalesced_250mb']:.2f}x")
     print(f"hwtui / tensor-by-tensor = {gbps['hwtui'] / gbps['tensor_by_tensor']:.2f}x")

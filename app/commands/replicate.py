@@ -17,7 +17,8 @@ HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, w
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", required=True, metavar="FILE", help="plan written by `hwtui plan`")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "xpu", "hpu"), help="where the weights live")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "hip", "xpu", "hpu"),
+                        help="where the weights live (hip: an AMD GPU under a ROCm build of torch; checked before anything starts)")
     parser.add_argument("--nproc", type=int, metavar="N",
                         help="start N local ranks (default: join the world of torchrun/SLURM if present, else 2)")
     parser.add_argument("--inflight", type=int, metavar="K",
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the transport: gloo, cuda-ipc, nccl, rccl, xccl, ccl, hccl")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check every bucket's xxh3 on every receiver (default: on)")
+    parser.add_argument("--same-host", action=argparse.BooleanOptionalAction, default=True,
+                        help="receivers on the source's host copy buckets from its page cache instead of the network "
+                             "(default: on; each rank's path and why is printed at start)")
     parser.add_argument("--commit", action="store_true",
                         help="switch every receiver to the new version once all ranks verified it (needs --out)")
     parser.add_argument("--out", metavar="DIR", help="per-rank served versions: DIR/rank<R>/CURRENT, versions/, staging/")
@@ -108,6 +112,11 @@ class Printer:
                 self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
                         f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
                         + ("; committed" if r.get("committed") else ""))
+            serving = (ev.report or {}).get("serving") or {}
+            if serving:
+                # The per-rank truth read from disk after the run, success or not: the final line
+                # and the report always agree on what every rank serves.
+                self._p("serving: " + ", ".join(f"rank {r} {v or 'nothing'}" for r, v in serving.items()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
-                              verify=args.verify, commit=args.commit, out=args.out, timeout=args.timeout,
+                              verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out, timeout=args.timeout,
                               init_timeout=args.init_timeout)
     try:
         result = run_replication(opts, on_event=sink)

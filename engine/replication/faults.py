@@ -6,7 +6,14 @@ Syntax: ``ACTION:key=value[,key=value]`` and several faults separated by ``;``:
   (every receiver when ``rank`` is omitted): checksum verification must catch and name it;
 - ``kill:rank=1[,bucket=2][,phase=prepare]`` the rank SIGKILLs itself when it reaches bucket 2
   (default: its first bucket) or, with ``phase=prepare``, right after voting material is ready;
-- ``hang:rank=2[,bucket=1]`` the rank stops making progress (sleeps) at that bucket.
+- ``hang:rank=2[,bucket=1]`` the rank stops making progress (sleeps) at that bucket;
+- ``term:rank=1,phase=commit`` the rank sends itself SIGTERM there;
+- ``fail:rank=2,phase=load`` the rank's next file operation fails there (an OSError, as from a
+  full or immutable disk).
+
+Phases: ``load`` (before the world forms), ``prepare`` (prepared, before the vote), ``decide``
+(rank 0, after a unanimous vote, before the decision record is written) and ``commit`` (after
+the decision, before this rank switches).
 
 It exists so the tests can prove that corruption, a dead rank and a hung rank each end the run
 with a named error and no commit; it costs one dict lookup per bucket when unset.
@@ -38,7 +45,7 @@ def parse(spec: str | None) -> list[Fault]:
             continue
         action, _, args = part.partition(":")
         kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
-        if action not in ("corrupt", "kill", "hang"):
+        if action not in ("corrupt", "kill", "hang", "term", "fail"):
             raise ValueError(f"{ENV}: unknown fault {action!r}")
         faults.append(Fault(action, int(kv["rank"]) if "rank" in kv else None,
                             int(kv["bucket"]) if "bucket" in kv else None, kv.get("phase")))
@@ -67,5 +74,9 @@ class Injector:
     def _fire(self, f: Fault) -> None:
         if f.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif f.action == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif f.action == "fail":
+            raise OSError(28, f"injected by {ENV}: No space left on device")
         elif f.action == "hang":
             time.sleep(3600)

@@ -14,13 +14,9 @@ own view (the commit vote is still world-wide).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import selectors
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,10 +26,13 @@ from typing import Any
 from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
 from hwtui.core.events import ErrorEvent, Event, LogEvent, from_dict
 from hwtui.core.net import free_loopback_port
+from hwtui.core.supervisor import Child, Group, exit_text, python_module
+from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
+from hwtui.engine.replication.config import Timeouts, WorkerConfig
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
-from hwtui.engine.replication.transport import choose_transport, detect_facts
+from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MB = 1 << 20
@@ -58,6 +57,7 @@ class ReplicationOptions:
     chunk_mb: float | None = None  # None: HOTWEIGHTS_BCAST_CHUNK_MB, else DEFAULT_CHUNK_MB
     transport: str | None = None
     verify: bool = True
+    same_host: bool = True
     commit: bool = False
     out: str | None = None
     timeout: float = 20.0  # per bucket wait
@@ -117,7 +117,8 @@ def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
     else:
         return None
     try:
-        info = {"rank": int(rank), "world_size": int(world), "local_rank": int(local), "local_world_size": int(local_world)}
+        info: dict[str, Any] = {"rank": int(rank or ""), "world_size": int(world or ""), "local_rank": int(local or ""),
+                                "local_world_size": int(local_world or "")}
     except (TypeError, ValueError):
         raise HwtuiError("RANK/WORLD_SIZE/LOCAL_RANK in the environment are not integers") from None
     if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
@@ -127,27 +128,66 @@ def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
 
 
 def preflight(opts: ReplicationOptions, world_ranks: list[int]) -> Plan:
-    """Everything that makes the input bad, checked before any process starts or any byte is written."""
-    from hwtui.engine.replication.commit import ServedDir
-
+    """Everything in the input that makes it bad, checked before anything is written (not even --out)."""
     plan = load_plan(opts.plan)
     if 0 in world_ranks:
         preflight_sources(plan)
     if plan["prev_version"] is not None and not (opts.commit and opts.out):
         raise HwtuiError(f"plan {opts.plan} is a delta from {plan['prev_version']!r}: it needs --commit --out DIR "
                          "where every receiver serves that version")
-    if opts.out and opts.commit:
-        for r in world_ranks:
-            if r == 0:
-                continue
-            served = ServedDir(opts.out, r)
-            have = served.current_version()
-            if plan["prev_version"] is not None and have != plan["prev_version"]:
-                raise HwtuiError(f"rank {r} serves version {have!r} under {served.root}, but the plan is a delta from "
-                                 f"{plan['prev_version']!r}")
-            if (served.root / "versions" / plan["version"]).exists():
-                raise HwtuiError(f"rank {r} already holds version {plan['version']!r} under {served.root}")
     return plan
+
+
+def preflight_out(opts: ReplicationOptions, world_ranks: list[int], plan: Plan) -> bool:
+    """What ``--out`` holds, checked under its lock before any process starts.
+
+    Returns ``recover``: True when this very version was already decided (``decisions/<v>.json``):
+    the run then only finishes the switch where a rank did not make it, and moves no byte.
+    """
+    if not (opts.out and opts.commit):
+        return False
+    decision = read_decision(opts.out, plan["version"])
+    if decision is not None:
+        if decision.get("plan_digest") != plan.digest:
+            raise HwtuiError(f"version {plan['version']!r} was already committed under {opts.out} from another plan "
+                             f"(digest {str(decision.get('plan_digest'))[:16]}, this plan {plan.digest[:16]}); "
+                             "plan a new version")
+        return True
+    for r in world_ranks:
+        if r == 0:
+            continue
+        served = ServedDir(opts.out, r)
+        try:
+            served.root.mkdir(parents=True, exist_ok=True)
+            probe = served.root / ".write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise HwtuiError(f"rank {r} cannot write under {served.root}: {exc.strerror or exc}") from None
+        have = served.current_version()
+        if plan["prev_version"] is not None and have != plan["prev_version"]:
+            raise HwtuiError(f"rank {r} serves version {have!r} under {served.root}, but the plan is a delta from "
+                             f"{plan['prev_version']!r}")
+        if (served.root / "versions" / plan["version"]).exists():
+            raise HwtuiError(f"rank {r} already holds version {plan['version']!r} under {served.root}")
+    return False
+
+
+def serving_text(serving: dict[int, str | None]) -> str:
+    """"rank 1 serves v2, rank 2 serves v1": the per-rank truth, read from disk."""
+    return ", ".join(f"rank {r} serves {v if v is not None else 'nothing'}" for r, v in sorted(serving.items()))
+
+
+def _serving(out: str, ranks: list[int]) -> dict[int, str | None]:
+    out_map: dict[int, str | None] = {}
+    for r in ranks:
+        if r == 0:
+            continue
+        try:
+            out_map[r] = ServedDir(out, r).current_version()
+        except HwtuiError:
+            out_map[r] = None
+    return out_map
 
 
 class Coordinator:
@@ -218,21 +258,21 @@ class Coordinator:
 
     def _internal(self, raw: dict[str, Any], now: float) -> None:
         what, rank = raw.get("what"), raw.get("rank")
+        if not isinstance(rank, int):
+            return
         if what == "transfer_start" and self.transfer_t0 is None:
             self.transfer_t0 = now
             self.last_sample = (now, 0)
         elif what == "prepared":
             self.prepared[rank] = raw
         elif what == "decided" and self.decided is None:
+            # Only the vote is reported here; what each rank serves afterwards is read from disk
+            # by the launcher (a rank may still fail between the decision and its switch).
             self.decided = raw
             ok = bool(raw.get("unanimous"))
             detail = "every rank verified every bucket" if ok else self._first_failure()
             self.sink(ReplCommit(version=self.plan["version"], phase="prepare", ok=ok, detail=detail))
-            if raw.get("committed"):
-                self.sink(ReplCommit(version=self.plan["version"], phase="commit", ok=True,
-                                     detail=f"all {len(self.ranks) if len(self.ranks) > 1 else 'ranks'} switched to "
-                                            f"{self.plan['version']}"))
-            elif not ok:
+            if not ok:
                 self.sink(ReplCommit(version=self.plan["version"], phase="abort", ok=True,
                                      detail=f"every rank keeps serving {self.plan['prev_version'] or 'what it had'}"))
         elif what == "result":
@@ -243,14 +283,6 @@ class Coordinator:
             if not self.prepared[r].get("ok"):
                 return self.prepared[r].get("detail") or f"rank {r} voted no"
         return "a rank voted no"
-
-
-def _signal_text(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 class _Stop:
@@ -288,12 +320,30 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     sink = on_event or (lambda ev: None)
     t_wall = time.perf_counter()
     settings = resolve_settings(opts)
+    # The device first: a torch that cannot drive it is bad input before any transport line.
+    opts.device = validate_device(opts.device)
+    settings["device"] = opts.device
     joined = joined_world(opts.env) if opts.nproc is None else None
     world = joined["world_size"] if joined else (opts.nproc or 2)
     if world < 2:
         raise HwtuiError("replication needs at least 2 ranks (a source and a receiver): --nproc 2 or more")
     ranks = [joined["rank"]] if joined else list(range(world))
     plan = preflight(opts, ranks)
+    lock = OutLock(opts.out, ranks).acquire() if opts.out else None
+    try:
+        recover = preflight_out(opts, ranks, plan)
+        if recover:
+            assert opts.out is not None
+            return _finish_decided(opts.out, plan, ranks, settings, world, "join" if joined else "local", sink, t_wall)
+        return _replicate(opts, plan, ranks, world, joined, settings, sink, stop, t_wall)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: int, joined: dict[str, Any] | None,
+               settings: dict[str, Any], sink: Callable[[Event], None], stop: threading.Event | None,
+               t_wall: float) -> ReplicationResult:
     facts = {"rocm": False, "multi_node": False, "xccl_available": False}
     if opts.device != "cpu":
         facts = detect_facts(opts.device, {**opts.env, **({} if joined else {"WORLD_SIZE": str(world)})})
@@ -305,40 +355,64 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
                    n_buckets=len(plan.buckets), bucket_bytes=plan["bucket_bytes"], world_size=world, device=opts.device,
                    transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
     coord = Coordinator(plan, ranks, sink)
-    cfg_base = {"plan": os.path.abspath(opts.plan), "device": opts.device, "transport": choice.to_dict(),
-                "world_size": world, "inflight": settings["window"], "max_inflight_bytes": settings["max_inflight_bytes"],
-                "adaptive": opts.adaptive, "target_bucket_s": settings["target_bucket_s"], "chunk_bytes": settings["chunk_bytes"],
-                "verify": opts.verify, "commit": opts.commit, "out": os.path.abspath(opts.out) if opts.out else None,
-                "timeouts": {"init": opts.init_timeout, "bucket": opts.timeout, "commit": opts.commit_timeout or opts.timeout},
-                "fault": opts.env.get("HWTUI_TEST_FAULT")}
+    cfg_base = WorkerConfig(
+        plan=os.path.abspath(opts.plan), device=opts.device, transport=choice, world_size=world, rank=0,
+        inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
+        target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
+        same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
+        timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
+        fault=opts.env.get("HWTUI_TEST_FAULT"))
     launcher_phases: dict[str, float] = {}
+    decided = False
     with _Stop(stop) as stopper:
         if joined:
             error, exit_code = _run_joined(cfg_base, joined, coord, stopper)
         else:
             error, exit_code = _run_local(cfg_base, world, coord, stopper, opts, launcher_phases)
-            if error is not None and opts.out:
+        if opts.out and opts.commit:
+            decided = read_decision(opts.out, plan["version"]) is not None
+            if error is not None and not decided and not joined:
                 # Every local worker is gone now; a rank that was killed could not remove its own
                 # staging copy. Only staging/<version> goes: CURRENT and versions/ are never touched.
-                from hwtui.engine.replication.commit import ServedDir
-
+                # With a decision recorded the prepared copies are what a re-run finishes from.
                 for r in ranks[1:]:
                     ServedDir(opts.out, r).abort(plan["version"])
 
     results = [coord.results.get(r, {"rank": r}) for r in ranks]
     ok = error is None and all(r.get("ok") for r in results) and len(coord.results) == len(ranks)
+    serving = _serving(opts.out, ranks) if opts.out and opts.commit else {}
+    if decided:
+        # The decision is the commit point: the outcome is what every rank serves now.
+        lagging = {r: v for r, v in serving.items() if v != plan["version"]}
+        ok = not lagging
+        if ok:
+            error, exit_code = None, 0
+            n = len(serving)
+            sink(ReplCommit(version=plan["version"], phase="commit", ok=True,
+                            detail=f"all {n} receiver{'s' if n != 1 else ''} switched to {plan['version']}"
+                                   + (f" ({serving_text(serving)})" if n else "")))
+        else:
+            why = _failure_text(coord)
+            error = (f"version {plan['version']} is committed (decision recorded) but {serving_text(lagging)}"
+                     + (f" ({why})" if why else "") + ": re-run the same command to finish the switch")
+            exit_code = EXIT_FAILED
+            sink(ReplCommit(version=plan["version"], phase="commit", ok=False, detail=serving_text(serving)))
+    elif opts.commit and ok:
+        # Joined rank 0 on another host, or a world without receivers here: no record on this disk.
+        sink(ReplCommit(version=plan["version"], phase="commit", ok=True, detail=f"switched to {plan['version']}"))
     if error is None and not ok:
         error = _failure_text(coord) or "the run did not complete on every rank"
         exit_code = EXIT_USAGE if any(r.get("bad_input") for r in results) else EXIT_FAILED
-    if error is not None and (coord.decided is None):
+    if error is not None and not decided and (coord.decided is None or coord.decided.get("unanimous")):
         sink(ReplCommit(version=plan["version"], phase="abort", ok=True,
                         detail=f"nothing committed; every rank keeps serving {plan['prev_version'] or 'what it had'}"))
     transfer = max((float((r.get("phases") or {}).get("transfer", 0.0)) for r in results), default=0.0)
     seconds = transfer if transfer > 0 else time.perf_counter() - t_wall
-    committed = bool(ok and coord.decided and coord.decided.get("committed"))
+    committed = bool(ok and opts.commit and (decided or joined))
     rank_rows = [{k: v for k, v in r.items() if k not in ("kind", "what", "t")} for r in results]
     report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, ranks=rank_rows, seconds=seconds,
-                          wall_seconds=time.perf_counter() - t_wall, committed=committed, launcher_phases=launcher_phases)
+                          wall_seconds=time.perf_counter() - t_wall, committed=committed, launcher_phases=launcher_phases,
+                          serving=serving, decision="commit" if decided else ("abort" if opts.commit else None))
     if error is not None:
         sink(ErrorEvent(message=error, rank=None, where="replication"))
     sink(ReplDone(ok=ok, bytes=plan["total_bytes"] if ok else coord.bytes_done, seconds=round(seconds, 6),
@@ -346,11 +420,44 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     return ReplicationResult(ok=ok, exit_code=0 if ok else exit_code, error=error, report=report)
 
 
-def _failure_text(coord: Coordinator) -> str | None:
-    """The most useful error: bad input, then a verification failure, then anything else."""
-    for where in ("input", "source", "verify", "transport", "signal", "internal"):
+def _finish_decided(out: str, plan: Plan, ranks: list[int], settings: dict[str, Any], world: int, mode: str,
+                    sink: Callable[[Event], None], t_wall: float) -> ReplicationResult:
+    """Re-run of a decided version: finish the switch on every rank that did not make it; no byte moves."""
+    version = plan["version"]
+    sink(LogEvent(message=f"version {version} is already committed under {out} (decisions/{version}.json): "
+                          "finishing the switch where a rank did not make it; nothing is transferred",
+                  source="replication.commit"))
+    done: dict[int, str] = {}
+    errors: list[str] = []
+    for r in ranks:
+        if r == 0:
+            continue
+        try:
+            done[r] = ServedDir(out, r).finish(version, plan.digest, plan["tensors"])
+        except (OSError, HwtuiError) as exc:
+            errors.append(f"rank {r}: {getattr(exc, 'strerror', None) or exc}")
+    serving = _serving(out, ranks)
+    lagging = {r: v for r, v in serving.items() if v != version}
+    ok = not lagging and not errors
+    error = None if ok else "; ".join(errors) or f"{serving_text(lagging)} after finishing the switch"
+    sink(ReplCommit(version=version, phase="commit", ok=ok,
+                    detail="; ".join(f"rank {r} {what}" for r, what in sorted(done.items())) + f" ({serving_text(serving)})"))
+    settings.update({"transport": None, "world_size": world, "mode": mode})
+    rows = [{"rank": r, "ok": r in done or r == 0, "serves": serving.get(r), "recovery": done.get(r)} for r in ranks]
+    report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, ranks=rows, seconds=0.0,
+                          wall_seconds=time.perf_counter() - t_wall, committed=ok, launcher_phases={},
+                          serving=serving, decision="commit", recovered=True)
+    if error is not None:
+        sink(ErrorEvent(message=error, rank=None, where="replication"))
+    sink(ReplDone(ok=ok, bytes=0, seconds=0.0, gbps=0.0, report=report))
+    return ReplicationResult(ok=ok, exit_code=0 if ok else EXIT_FAILED, error=error, report=report)
+
+
+def _failure_text(coord: Coordinator, rank: int | None = None) -> str | None:
+    """The most useful error (of one rank, or of any): bad input, then a verification failure, then anything else."""
+    for where in ("input", "source", "verify", "commit", "transport", "signal", "internal"):
         for ev in coord.errors:
-            if ev.where == where:
+            if ev.where == where and (rank is None or ev.rank == rank):
                 return ev.message
     return None
 
@@ -361,89 +468,66 @@ def _worker_env(opts: ReplicationOptions, rank: int, world: int, port: int) -> d
                 "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
     # N busy ranks on a few cores: keep torch's intra-op pools from oversubscribing them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
-    return env
+    return env  # the supervisor puts this tree's hwtui first on PYTHONPATH
 
 
-def _run_local(cfg_base: dict[str, Any], world: int, coord: Coordinator, stopper: _Stop, opts: ReplicationOptions,
+def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: _Stop, opts: ReplicationOptions,
                phases: dict[str, float]) -> tuple[str | None, int]:
     port = free_loopback_port()
-    sel = selectors.DefaultSelector()
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    bufs: dict[int, bytes] = {}
     t_launch = time.perf_counter()
-    try:
+    with Group() as group:
+        children: dict[int, Child] = {}
         for rank in range(world):
-            rfd, wfd = os.pipe()
-            cfg = {**cfg_base, "rank": rank, "local_rank": rank, "master_addr": "127.0.0.1", "master_port": port,
-                   "parent_pid": os.getpid()}
-            try:
-                procs[rank] = subprocess.Popen(
-                    [sys.executable, "-m", "hwtui.engine.replication.worker", str(wfd), json.dumps(cfg)],
-                    stdin=subprocess.DEVNULL, pass_fds=(wfd,), env=_worker_env(opts, rank, world, port),
-                    start_new_session=True)
-            finally:
-                os.close(wfd)
-            os.set_blocking(rfd, False)
-            sel.register(rfd, selectors.EVENT_READ, rank)
-            bufs[rank] = b""
-        return _watch(sel, procs, bufs, coord, stopper, cfg_base["timeouts"], phases, t_launch)
-    finally:
-        _terminate(procs)
-        for key in list(sel.get_map().values()):
-            sel.unregister(key.fd)
-            os.close(key.fd)
-        sel.close()
+            cfg = cfg_base.for_rank(rank, master_addr="127.0.0.1", master_port=port, parent_pid=os.getpid())
+            # stdout is null: with `--events -` the launcher's stdout is the event stream, and a
+            # vendor library's print must never land in it. stderr stays the user's.
+            children[rank] = group.add(Child(
+                python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
+                name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
+                stdout="null", stderr="inherit"))
+        return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
 
 
-def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]], bufs: dict[int, bytes],
-           coord: Coordinator, stopper: _Stop, timeouts: dict[str, float], phases: dict[str, float],
-           t_launch: float) -> tuple[str | None, int]:
+def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper: _Stop, timeouts: Timeouts,
+           phases: dict[str, float], t_launch: float) -> tuple[str | None, int]:
     failure: tuple[str, int] | None = None
     fail_at: float | None = None
     all_exited_at: float | None = None
     transport_err_at: float | None = None
     ready: set[int] = set()
+    rank_of = {c: r for r, c in children.items()}
     # The watchdog: peers normally name a hung rank through their own timeouts; this catches the rest.
-    init_stall = timeouts["init"] + 60.0  # includes interpreter start and `import torch` on a loaded host
-    run_stall = max(timeouts["bucket"], timeouts["commit"]) + 5.0
+    init_stall = timeouts.init + 60.0  # includes interpreter start and `import torch` on a loaded host
+    run_stall = max(timeouts.bucket, timeouts.commit) + 5.0
     while True:
-        for key, _ in sel.select(timeout=0.05):
-            rank = key.data
-            try:
-                chunk = os.read(key.fd, 1 << 16)
-            except BlockingIOError:
+        for m in group.poll(0.05):
+            raw = m.msg
+            if raw is None:
                 continue
-            if not chunk:
-                sel.unregister(key.fd)
-                os.close(key.fd)
-                continue
-            data = bufs[rank] + chunk
-            *lines, bufs[rank] = data.split(b"\n")
-            for line in lines:
-                try:
-                    raw = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(raw, dict):
-                    if raw.get("kind") == "_rank" and raw.get("what") == "ready":
-                        ready.add(rank)
-                        if len(ready) == len(procs):
-                            phases["launch_to_ready"] = time.perf_counter() - t_launch
-                    coord.feed(raw)
+            if raw.get("kind") == "_rank" and raw.get("what") == "ready":
+                ready.add(rank_of[m.child])
+                if len(ready) == len(children):
+                    phases["launch_to_ready"] = time.perf_counter() - t_launch
+            coord.feed(raw)
         now = time.monotonic()
-        exited = {r: p.poll() for r, p in procs.items()}
+        exited = {r: c.poll() for r, c in children.items()}
         if failure is None:
             if stopper.requested:
                 failure = (stopper.describe(), 128 + (stopper.signum or signal.SIGTERM))
             for r, code in exited.items():
-                if failure is None and code is not None and not (coord.results.get(r) or {}).get("clean"):
+                timed_out_on_peer = any(e.rank == r and e.where == "transport" for e in coord.errors)
+                if (failure is None and code is not None and code != 0 and not (coord.results.get(r) or {}).get("clean")
+                        and not (timed_out_on_peer and code > 0)):
+                    # A rank that fell over ends the run at once, whatever phase it was in: before
+                    # the world forms its peers would otherwise only notice at the init timeout.
+                    # (A rank that gave up waiting for a peer is a witness, not the culprit: the
+                    # transport branch below names the peer.)
                     if (coord.results.get(r) or {}).get("bad_input"):
-                        failure = (_failure_text(coord) or f"rank {r}: bad input", EXIT_USAGE)
-                    elif code < 0 or r not in coord.results:
-                        failure = (f"rank {r} {_signal_text(code)} (last reported: {coord.progress[r][1]}); "
-                                   "nothing was committed",
-                                   EXIT_FAILED)
+                        failure = (_failure_text(coord, r) or f"rank {r}: bad input", EXIT_USAGE)
+                    else:
+                        said = _failure_text(coord, r)
+                        failure = (f"rank {r} {exit_text(code)} (last reported: {coord.progress[r][1]}"
+                                   + (f"; it said: {said}" if said else "") + ")", EXIT_FAILED)
             if transport_err_at is None and any(ev.where == "transport" for ev in coord.errors):
                 transport_err_at = now
             # A peer sees a dead rank's socket close a moment before the dead rank can be reaped:
@@ -463,7 +547,7 @@ def _watch(sel: selectors.BaseSelector, procs: dict[int, subprocess.Popen[bytes]
         if all(code is not None for code in exited.values()):
             all_exited_at = all_exited_at or now
             # Drain what the ranks wrote before exiting (bounded: a grandchild may hold a pipe open).
-            if not sel.get_map() or now - all_exited_at > 1.0:
+            if not group.open_pipes or now - all_exited_at > 1.0:
                 break
         if failure is not None and fail_at is not None and now - fail_at > 1.0:
             break  # a short grace for the others to report what they saw; then tear down
@@ -488,34 +572,21 @@ def _hung_text(coord: Coordinator, suspects: list[int]) -> str:
     return "; ".join(parts) + tail + "; nothing was committed"
 
 
-def _terminate(procs: dict[int, subprocess.Popen[bytes]]) -> None:
-    alive = [p for p in procs.values() if p.poll() is None]
-    for p in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 2.0
-    for p in alive:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for p in alive:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
-def _run_joined(cfg_base: dict[str, Any], joined: dict[str, Any], coord: Coordinator, stopper: _Stop) -> tuple[str | None, int]:
+def _run_joined(cfg_base: WorkerConfig, joined: dict[str, Any], coord: Coordinator, stopper: _Stop) -> tuple[str | None, int]:
     from hwtui.engine.replication import worker
 
-    cfg = {**cfg_base, **{k: joined[k] for k in ("rank", "local_rank", "master_addr", "master_port")}}
+    cfg = cfg_base.for_rank(joined["rank"], joined["local_rank"], master_addr=joined["master_addr"],
+                            master_port=joined["master_port"])
 
     def emit(raw: dict[str, Any]) -> None:
         coord.feed(json.loads(json.dumps(raw, default=str)))  # the same JSON round trip as local mode
 
     # In-process, a signal must interrupt the worker rather than only set a flag.
     def on_signal(signum: int, _frame: Any) -> None:
+        if stopper.signum is not None:
+            return  # a second signal must not cut the first one's clean-up short
         stopper.signum = signum
-        raise worker.Interrupted(f"stopped by {signal.Signals(signum).name}")
+        worker.GATE.deliver(signum)
 
     old = {}
     if threading.current_thread() is threading.main_thread():

@@ -14,7 +14,8 @@ _ENV_PREFIXES = ("HOTWEIGHTS_", "MASTER_", "NCCL_", "GLOO_", "TORCH_", "CCL_", "
 
 def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings: dict[str, Any],
                  ranks: list[dict[str, Any]], seconds: float, wall_seconds: float, committed: bool,
-                 launcher_phases: dict[str, float]) -> dict[str, Any]:
+                 launcher_phases: dict[str, float], serving: dict[int, str | None] | None = None,
+                 decision: str | None = None, recovered: bool = False) -> dict[str, Any]:
     total = int(plan["total_bytes"])
     phases: dict[str, float] = dict(launcher_phases)
     for r in ranks:
@@ -27,6 +28,11 @@ def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings:
         "ok": ok,
         "error": error,
         "committed": committed,
+        # The coordinator's decision ("commit" once decisions/<v>.json exists, "abort", None
+        # without --commit) and what every receiver serves afterwards, read from disk.
+        "decision": decision,
+        "serving": {str(r): v for r, v in sorted((serving or {}).items())},
+        "recovered": recovered,
         "model": plan["model"],
         "version": plan["version"],
         "prev_version": plan.get("prev_version"),
@@ -35,7 +41,7 @@ def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings:
         "n_buckets": len(plan["buckets"]),
         "bucket_bytes": plan["bucket_bytes"],
         "seconds": round(seconds, 6),
-        "gbps": round(total / seconds / 1e9, 4) if seconds > 0 and ok else 0.0,
+        "gbps": round(total / seconds / 1e9, 4) if seconds > 0 and ok and not recovered else 0.0,
         "wall_seconds": round(wall_seconds, 3),
         "phases_s": {k: round(v, 6) for k, v in phases.items()},
         "peak_memory": {

@@ -16,8 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.checksum import tensor_hex
-from hwtui.engine.replication.weights import DTYPES
+from hwtui.engine.replication.weights import DTYPES, read_safetensors_header
 
 
 def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str],
@@ -43,14 +44,65 @@ def safetensors_layout(tensors: list[dict[str, Any]], metadata: dict[str, str],
     return len(raw).to_bytes(8, "little") + raw, layout
 
 
+def faithful_eligible(plan: Any) -> bool:
+    """A version that is exactly one safetensors file can be replicated byte for byte (header included)."""
+    files = plan["files"]
+    return len(files) == 1 and files[0].get("format") == "safetensors"
+
+
+def source_header(plan: Any) -> bytes:
+    """Rank 0: the source file's header bytes (8-byte length + JSON), or b"" when it does not describe the plan."""
+    path = plan["files"][0]["path"]
+    infos, raw, _ = read_safetensors_header(path)
+    header = len(raw).to_bytes(8, "little") + raw
+    try:
+        check_header_matches(header, plan)
+    except HwtuiError:
+        return b""  # the plan is a subset (or the file changed): fall back to a plain layout
+    return header
+
+
+def header_layout(header: bytes) -> dict[str, tuple[int, int]]:
+    """{name: (data offset, nbytes)} from a safetensors header (8-byte length prefix included)."""
+    raw = json.loads(header[8:])
+    return {name: (int(m["data_offsets"][0]), int(m["data_offsets"][1]) - int(m["data_offsets"][0]))
+            for name, m in raw.items() if name != "__metadata__"}
+
+
+def check_header_matches(header: bytes, plan: Any) -> None:
+    """The header must describe exactly the plan's tensors (names, dtypes, shapes, sizes), without overlaps."""
+    try:
+        if len(header) < 8 or int.from_bytes(header[:8], "little") != len(header) - 8:
+            raise ValueError("length prefix")
+        raw = json.loads(header[8:])
+        layout = header_layout(header)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise HwtuiError(f"the source's safetensors header is malformed ({exc})") from None
+    want = {t["name"]: t for t in plan["tensors"]}
+    if set(layout) != set(want):
+        raise HwtuiError("the source's safetensors header names other tensors than the plan")
+    for name, t in want.items():
+        meta = raw[name]
+        if meta.get("dtype") != t["dtype"] or list(meta.get("shape", [])) != list(t["shape"]) or layout[name][1] != t["nbytes"]:
+            raise HwtuiError(f"the source's safetensors header disagrees with the plan on tensor {name!r}")
+    spans = sorted(layout.values())
+    for (a, n), (b, _) in zip(spans, spans[1:], strict=False):
+        if a + n > b:
+            raise HwtuiError("the source's safetensors header has overlapping tensors")
+
+
 class Staging:
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
-                 file: str | os.PathLike[str] | None = None, first: list[str] | None = None):
+                 file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
+                 header: bytes | None = None):
         import torch
 
         self.tensors = {t["name"]: t for t in tensors}
-        self.header, self.layout = safetensors_layout(tensors, metadata, first)
-        self.data_bytes = sum(n for _, n in self.layout.values())
+        if header is not None:  # the source's own header: the replica is the source file, byte for byte
+            self.header, self.layout = header, header_layout(header)
+        else:
+            self.header, self.layout = safetensors_layout(tensors, metadata, first)
+        self.data_bytes = max((off + n for off, n in self.layout.values()), default=0)
         self.device = device
         self.file = Path(file) if file is not None else None
         self._mm: mmap.mmap | None = None
@@ -65,8 +117,14 @@ class Staging:
             self.data = whole[len(self.header):]
         else:
             self.data = torch.empty(self.data_bytes, dtype=torch.uint8, device=device)
-        if self.data_bytes:
-            self.data.zero_()  # fault the pages in before the transfer starts (see pool.py)
+        covered = sum(n for _, n in self.layout.values())
+        if self._mm is None and covered < self.data_bytes:
+            # A buffer starts as garbage, and bytes no tensor covers (gaps in a source file's
+            # layout) must read as zeros. Everything else is written by the transfer (or copied
+            # from the served version), so it is not pre-faulted: that pass over memory would
+            # only delay the first byte. A file-backed copy needs nothing: a truncated file reads
+            # as zeros.
+            self.data.zero_()
 
     def region(self, name: str) -> Any:
         off, n = self.layout[name]
@@ -106,14 +164,14 @@ class Staging:
         elif self.device != "cpu":
             with open(self.file, "wb") as fh:
                 fh.write(self.header)
-                fh.write(memoryview(self.data.cpu().numpy()))
+                fh.write(self.data.cpu().numpy().tobytes())
         elif not self.file.exists():  # an empty model: header only
             self.file.write_bytes(self.header)
         with open(self.file, "rb+") as fh:
             os.fsync(fh.fileno())
 
     def close(self) -> None:
-        self.data = None
+        self.data = None  # type: ignore[assignment]  # drop the view before unmapping
         if self._mm is not None:
             try:
                 self._mm.close()

@@ -107,6 +107,46 @@ def torch_build(version_py: str | None = None) -> dict[str, str | None]:
     return out
 
 
+# The wheel that drives each device (pip install torch --index-url ...): named in the error so the
+# fix is one copy-paste. The CUDA/ROCm versions are the current stable ones of pytorch.org.
+WHEELS = {
+    "cuda": "pip install torch --index-url https://download.pytorch.org/whl/cu128",
+    "hip": "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4",
+    "xpu": "pip install torch --index-url https://download.pytorch.org/whl/xpu",
+    "hpu": "install Intel Gaudi's PyTorch (habana_frameworks) from the Gaudi software stack",
+}
+
+
+def validate_device(device: str, build: dict[str, str | None] | None = None, *,
+                    habana: bool | None = None) -> str:
+    """The torch device a ``--device`` runs on, or bad input naming the wheel to install.
+
+    Checked from torch/version.py (never by importing torch), before any transport is chosen or
+    announced: a torch that cannot drive the device must not print a vendor's transport line and
+    then fail inside a worker. ``hip`` is an AMD GPU, which a ROCm build of torch drives as "cuda".
+    """
+    if device == "cpu":
+        return "cpu"
+    if device not in WHEELS:
+        raise HwtuiError(f"unknown --device {device!r} (cpu, cuda, hip, xpu or hpu)")
+    build = build if build is not None else torch_build()
+    version = build.get("__version__") or "unknown"
+    if device == "cuda" and not (build.get("cuda") or build.get("hip")):
+        raise HwtuiError(f"--device cuda needs a CUDA (or ROCm) build of torch; this torch {version} has neither: {WHEELS['cuda']}")
+    if device == "hip" and not build.get("hip"):
+        raise HwtuiError(f"--device hip needs a ROCm build of torch; this torch {version} is not one: {WHEELS['hip']}")
+    if device == "xpu" and not build.get("xpu"):
+        raise HwtuiError(f"--device xpu needs an XPU build of torch; this torch {version} is not one: {WHEELS['xpu']}")
+    if device == "hpu":
+        if habana is None:
+            import importlib.util
+
+            habana = importlib.util.find_spec("habana_frameworks") is not None
+        if not habana:
+            raise HwtuiError(f"--device hpu needs habana_frameworks, which is not installed: {WHEELS['hpu']}")
+    return "cuda" if device == "hip" else device
+
+
 def detect_facts(device: str, env: dict[str, str], build: dict[str, str | None] | None = None) -> dict[str, bool]:
     """The facts choose_transport needs, from the torch build and the launcher environment."""
     build = build if build is not None else torch_build()

@@ -1,0 +1,190 @@
+"""The replication commit under attack: signals at every phase, a disk in the way, two runs at once.
+
+Every case ends with the same check: each receiver serves one complete, verified version (every
+byte compared), and no rank serves a different version than its peers once the run (or its
+re-run) is over. Real worker processes on gloo over 127.0.0.1; faults are injected with
+HWTUI_TEST_FAULT at exact phases so each case is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hwtui.core.errors import HwtuiError
+from hwtui.engine.replication.commit import OutLock, decision_path
+from hwtui.engine.replication.events import ReplCommit
+from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+
+
+def replicate(plan: Path, out: Path, *, nproc: int, fault: str | None = None, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
+    if fault:
+        env["HWTUI_TEST_FAULT"] = fault
+    events: list = []
+    t = time.monotonic()
+    result = run_replication(ReplicationOptions(plan=str(plan), nproc=nproc, env=env, commit=True, out=str(out), **kw),
+                             on_event=events.append)
+    return result, events, time.monotonic() - t
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """v1 served by ranks 1 and 2, and a v2 plan ready to push (a full push: every tensor changes)."""
+    root = tmp_path_factory.mktemp("faults")
+    v1 = make_model(root / "src1", seed=21, big=20_000, n=8)
+    write_plan(root / "src1", root / "v1.json", version="v1", bucket_kib=16)
+    v2 = make_model(root / "src2", seed=22, big=20_000, n=8)
+    write_plan(root / "src2", root / "v2.json", version="v2", bucket_kib=16)
+    return {"root": root, "v1": v1, "v2": v2, "n": 0}
+
+
+@pytest.fixture
+def out(base):
+    """A fresh --out where ranks 1 and 2 serve v1 (copied from a template committed once)."""
+    import shutil
+
+    template = base["root"] / "template"
+    if not template.exists():
+        result, _, _ = replicate(base["root"] / "v1.json", template, nproc=3)
+        assert result.ok, result.error
+    base["n"] += 1
+    dst = base["root"] / f"out{base['n']}"
+    shutil.copytree(template, dst, ignore=shutil.ignore_patterns(".lock.*"))
+    return dst
+
+
+def serving(out: Path, base, ranks=(1, 2)) -> dict[int, str | None]:
+    """What each rank serves, after checking every byte of it against the version it claims."""
+    got = {}
+    for r in ranks:
+        version, tensors = served(out, r)
+        assert version in ("v1", "v2"), (r, version)
+        assert_bytes_equal(tensors, base[version])
+        got[r] = version
+    return got
+
+
+def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base, out):
+    plan = base["root"] / "v2.json"
+    result, events, secs = replicate(plan, out, nproc=3, fault="kill:rank=1,phase=commit")
+    assert not result.ok and result.exit_code == 1
+    # The decision was recorded before anyone switched: rank 2 switched, rank 1 died first.
+    assert decision_path(out, "v2").exists()
+    assert serving(out, base) == {1: "v1", 2: "v2"}
+    assert "re-run the same command" in result.error and "rank 1 serves v1" in result.error
+    rep = result.report
+    assert rep["decision"] == "commit" and rep["committed"] is False and rep["serving"] == {"1": "v1", "2": "v2"}
+    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", True), ("commit", False)]
+    assert (out / "rank1" / "staging" / "v2" / "manifest.json").exists()  # the prepared copy survived
+    assert secs < 40
+
+    # The same command again: no transfer, rank 1 finishes from its prepared copy.
+    again, events, _ = replicate(plan, out, nproc=3)
+    assert again.ok and again.exit_code == 0, again.error
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+    assert again.report["recovered"] and again.report["committed"] and again.report["serving"] == {"1": "v2", "2": "v2"}
+    detail = [c.detail for c in events if isinstance(c, ReplCommit)][0]
+    assert "rank 1 finished the switch" in detail and "rank 2 already serves it" in detail
+
+    # And once more: a committed version is a no-op success.
+    third, _, _ = replicate(plan, out, nproc=3)
+    assert third.ok and third.report["serving"] == {"1": "v2", "2": "v2"}
+
+
+def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(base, out):
+    env = dict(os.environ, HWTUI_TEST_FAULT="term:rank=2,phase=commit")
+    proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                           "--nproc", "3", "--commit", "--out", str(out), "--report", str(out / "report.json")],
+                          capture_output=True, text=True, timeout=90, env=env)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    # The signal arrived after the decision: the switch finishes, then the rank stops.
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+    report = json.loads((out / "report.json").read_text())
+    assert report["committed"] and report["serving"] == {"1": "v2", "2": "v2"}
+
+
+# kill:rank=2,phase=prepare is test_replicate.py::test_rank_dying_after_prepare_means_no_commit_anywhere
+@pytest.mark.parametrize("fault", ["term:rank=1,bucket=1", "fail:rank=0,phase=decide"])
+def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base, out, fault):
+    result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault=fault, timeout=5)
+    assert not result.ok and result.exit_code == 1
+    rank = fault.split("rank=")[1][0]
+    assert f"rank {rank}" in result.error, result.error
+    assert not decision_path(out, "v2").exists()
+    assert serving(out, base) == {1: "v1", 2: "v1"}
+    assert not (out / "rank1" / "staging" / "v2").exists() and not (out / "rank2" / "staging" / "v2").exists()
+    assert result.report["serving"] == {"1": "v1", "2": "v1"} and not result.report["committed"]
+    assert secs < 40
+
+
+def test_a_rank_that_could_not_switch_votes_no_and_every_rank_aborts(base, out):
+    # rank 2's directory accepts the staging copy but not the switch (a directory where the switch
+    # must write a file stands in for an immutable or full disk): caught before the vote.
+    (out / "rank2" / ".switch-probe").mkdir()
+    result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert not result.ok and result.exit_code == 1
+    assert "rank 2 cannot switch to 'v2'" in result.error, result.error
+    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+    assert not decision_path(out, "v2").exists()
+    assert serving(out, base) == {1: "v1", 2: "v1"}
+    # The disk fixed, the same command again: every rank switches.
+    (out / "rank2" / ".switch-probe").rmdir()
+    again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert again.ok, again.error
+    assert serving(out, base) == {1: "v2", 2: "v2"} and again.report["serving"] == {"1": "v2", "2": "v2"}
+
+
+def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base, out):
+    # rank 2 cannot create its staging directory (a full disk): exit 2 within seconds, not at the init timeout
+    result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=load")
+    assert not result.ok and result.exit_code == 2
+    assert "rank 2" in result.error and "No space left on device" in result.error
+    assert secs < 20
+    assert serving(out, base) == {1: "v1", 2: "v1"}
+
+
+def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base, tmp_path):
+    blocked = tmp_path / "out"
+    blocked.write_text("a file, not a directory")
+    for target in (blocked, blocked / "sub"):
+        proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                               "--nproc", "3", "--commit", "--out", str(target)], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "--out" in proc.stderr, proc.stderr
+    (tmp_path / "o2").mkdir()
+    (tmp_path / "o2" / "rank2").write_text("in the way")
+    with pytest.raises(HwtuiError, match="rank 2 cannot write"):
+        replicate(base["root"] / "v2.json", tmp_path / "o2", nproc=3)
+
+
+def test_second_concurrent_run_is_refused_naming_the_holder(base, out):
+    with OutLock(out, [0, 1, 2]):  # this test process plays the first run
+        proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                               "--nproc", "3", "--commit", "--out", str(out)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert f"in use by pid {os.getpid()}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert serving(out, base) == {1: "v1", 2: "v1"}
+    # The lock dies with its holder: the next run gets it.
+    with OutLock(out, [0, 1, 2]):
+        pass
+
+
+def test_decision_for_another_plan_under_the_same_version_is_refused(base, out):
+    decision_path(out, "v2").parent.mkdir(parents=True, exist_ok=True)
+    decision_path(out, "v2").write_text(json.dumps({"schema": "hwtui.replication-decision/1", "version": "v2",
+                                                    "plan_digest": "0" * 32, "decision": "commit", "ranks": [1, 2]}))
+    with pytest.raises(HwtuiError, match="from another plan"):
+        replicate(base["root"] / "v2.json", out, nproc=3)
+    assert serving(out, base) == {1: "v1", 2: "v1"}
