@@ -42,7 +42,10 @@ from hwtui.engine.replication.weights import (
     expected_nbytes,
     file_format,
     load_torch_state,
+    open_regular,
+    read_capped,
     read_safetensors_header,
+    strict_json,
     tensor_bytes,
     torch_tensor_infos,
 )
@@ -60,7 +63,8 @@ def canonical(obj: Any) -> bytes:
     """Compact JSON in the objects' own key order (json.loads keeps it), so re-indenting a plan keeps
     its digest while reordering or editing anything changes it. Sorting keys would cost 1.5x on a
     million items for no gain: hwtui writes every plan in one fixed order."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a hostile plan may carry a lone surrogate; it must reach validation, not crash here
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def _body_text(plan: dict[str, Any]) -> bytes:
@@ -68,7 +72,10 @@ def _body_text(plan: dict[str, Any]) -> bytes:
 
 
 def plan_digest(plan: dict[str, Any]) -> str:
-    return xxhash.xxh3_128_hexdigest(_body_text(plan))
+    try:
+        return xxhash.xxh3_128_hexdigest(_body_text(plan))
+    except (RecursionError, ValueError, TypeError):
+        raise HwtuiError("the plan holds values nested too deeply or not JSON") from None
 
 
 class PlanDict(dict):
@@ -88,6 +95,10 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     else:
         text = json.dumps(obj, separators=(",", ":"))
     atomic_write_text(path, text + "\n")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_version(v: Any, what: str) -> str:
@@ -126,27 +137,22 @@ def load_previous(path: str | os.PathLike[str]) -> tuple[str | None, dict[str, t
         raise HwtuiError(f"{path}: 'tensors' must be a list")
     out: dict[str, tuple[str, list[int], str]] = {}
     for t in tensors:
-        try:
-            out[t["name"]] = (t["dtype"], list(t["shape"]), t["checksum"])
-        except (KeyError, TypeError):
-            raise HwtuiError(f"{path}: malformed tensor entry {str(t)[:80]}") from None
+        name = t.get("name") if isinstance(t, dict) else None
+        if not (isinstance(name, str) and isinstance(t.get("dtype"), str) and isinstance(t.get("shape"), list)
+                and all(_is_int(d) and d >= 0 for d in t["shape"]) and isinstance(t.get("checksum"), str)):
+            raise HwtuiError(f"{path}: malformed tensor entry {str(t)[:80]}")
+        out[name] = (t["dtype"], list(t["shape"]), t["checksum"])
     version = raw.get("version")
     if out:
         check_version(version, f"{path}: version")
     return (version if out else None), out
 
 
+MAX_PLAN_BYTES = 2 << 30  # a JSON plan of 1M tensors is ~250 MB; refuse to read anything far beyond that
+
+
 def _read_json(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HwtuiError(f"{what} {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HwtuiError(f"cannot read {what} {path}: {exc}") from None
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise HwtuiError(f"{what} {path} is not valid JSON (truncated?): {exc}") from None
+    raw = strict_json(read_capped(path, MAX_PLAN_BYTES, what), f"{what} {path}")
     if not isinstance(raw, dict):
         raise HwtuiError(f"{what} {path} is not a JSON object")
     return raw
@@ -249,7 +255,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         version = "v" + xxhash.xxh3_64_hexdigest(canonical([[t["name"], t["dtype"], t["shape"], t["checksum"]] for t in tensors]))[:12]
     if prev_version is not None and prev_version == version:
         raise HwtuiError(f"the previous manifest already is version {version!r}; nothing to plan under that name")
-    plan: dict[str, Any] = PlanDict({
+    plan = PlanDict({
         "schema": PLAN_SCHEMA,
         "model": model,
         "version": version,
@@ -279,11 +285,14 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
     views: dict[int, Any] = {}
     closers: list[Callable[[], None]] = []
     for idx, p in enumerate(paths):
-        path = Path(p).resolve()
-        if not path.is_file():
-            raise HwtuiError(f"weight file {p} does not exist")
+        try:
+            path = Path(p).resolve()
+        except (OSError, ValueError, RuntimeError):
+            raise HwtuiError(f"weight file {str(p)[:200]!r} is not a valid path") from None
+        fd, st = open_regular(path)  # refuses FIFOs, devices and directories without blocking
+        os.close(fd)
         fmt = file_format(path)
-        entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": path.stat().st_size}
+        entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": st.st_size}
         if fmt == "safetensors":
             infos, raw_header, _ = read_safetensors_header(path)
             entry["header_xxh3"] = xxh3_hex(raw_header)
@@ -353,10 +362,6 @@ def _need(cond: bool, path: str, msg: str) -> None:
         raise HwtuiError(f"plan {path}: {msg}")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _fail(path: str, msg: str) -> None:
     raise HwtuiError(f"plan {path}: {msg}")
 
@@ -394,9 +399,9 @@ def _validate_plan(raw: dict[str, Any], path: str = "<plan>") -> Plan:
         name, dtype, shape = t["name"], t.get("dtype"), t.get("shape")
         if name in tensors:
             _fail(path, f"tensor {name!r} listed twice")
-        if dtype not in DTYPES:
-            _fail(path, f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not (isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)):
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            _fail(path, f"tensor {name[:80]!r} has unknown dtype {str(dtype)[:40]!r}")
+        if not (isinstance(shape, list) and len(shape) <= 64 and all(_is_int(d) and d >= 0 for d in shape)):
             _fail(path, f"tensor {name!r} has a bad shape")
         if t.get("nbytes") != expected_nbytes(dtype, shape):
             _fail(path, f"tensor {name!r}: nbytes {t.get('nbytes')} does not match {dtype}{shape}")
@@ -494,11 +499,11 @@ def preflight_sources(plan: Plan) -> None:
     for f in plan["files"]:
         p = Path(f["path"])
         try:
-            size = p.stat().st_size
-        except FileNotFoundError:
-            raise HwtuiError(f"weight file {p} named by the plan is missing") from None
-        except OSError as exc:
-            raise HwtuiError(f"cannot stat weight file {p}: {exc.strerror}") from None
+            fd, st = open_regular(p)
+        except HwtuiError as exc:
+            raise HwtuiError(f"{exc} (named by the plan)") from None
+        os.close(fd)
+        size = st.st_size
         if size != f["size"]:
             raise HwtuiError(f"weight file {p} changed since planning: {size} bytes, plan says {f['size']}")
         if f["format"] == "safetensors":
