@@ -59,7 +59,7 @@ def weights(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def good_plan(weights) -> dict:
     plan = build_plan_from_files([str(weights)], model="m", version="v1", bucket_bytes=8)
-    return json.loads(json.dumps(dict(plan)))  # plain JSON values, as a reader of the file sees them
+    return json.loads(json.dumps(plan.to_v1()))  # an hwtui.plan/1 object, as a reader of such a file sees it
 
 
 def _deep(n: int) -> str:

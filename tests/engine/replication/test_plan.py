@@ -119,10 +119,11 @@ def _synthetic(n: int, bucket: int) -> float:
 
 @pytest.mark.timeout(60)
 def test_planner_scales_n_log_n():
-    # 8x the tensors must cost well under 8^2 = 64x the time (the public tool was quadratic).
-    small, large = _synthetic(10_000, 4096), _synthetic(80_000, 4096)
-    assert large < 20 * max(small, 0.01), (small, large)
-    assert large < 10.0
+    # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic). Best of
+    # two runs each: the box is shared, and a stall makes one run slow, never fast.
+    small = min(_synthetic(20_000, 4096) for _ in range(2))
+    large = min(_synthetic(80_000, 4096) for _ in range(2))
+    assert large < 10 * max(small, 0.005), (small, large)
 
 
 # ----------------------------------------------------------------------------- bad plans
@@ -132,8 +133,8 @@ def test_planner_scales_n_log_n():
 def good_plan(model, tmp_path_factory):
     d, _ = model
     p = tmp_path_factory.mktemp("plans") / "good.json"
-    write_plan(d, p, version="v1", bucket_kib=64)
-    return json.loads(p.read_text())
+    plan = write_plan(d, p, version="v1", bucket_kib=64)
+    return json.loads(json.dumps(plan.to_v1()))  # the JSON plan format earlier hwtui wrote
 
 
 def _with_digest(raw):
