@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,15 +30,15 @@ from tests.engine.replication.helpers import files, make_model
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
-    make_model(d, n=12, big=30_000)
+    expected = make_model(d, n=12, big=30_000)
     plan = build_plan_from_files(files(d), model="tiny", version="v1", bucket_bytes=16 * 1024)
     p = d / "plan.hwtplan"
     write_plan(p, plan)
-    return d, plan, p
+    return d, plan, p, expected
 
 
 def test_round_trip_is_identical_and_ranks_skip_validation(built):
-    _, plan, p = built
+    _, plan, p, _ = built
     assert p.read_bytes()[:8] == MAGIC
     for loaded in (load_plan(p), load_plan_for_rank(p, plan.digest)):
         assert loaded.digest == plan.digest
@@ -50,7 +51,7 @@ def test_round_trip_is_identical_and_ranks_skip_validation(built):
 
 
 def test_every_byte_is_covered_by_the_digest(built, tmp_path):
-    _, _, p = built
+    _, _, p, _ = built
     blob = p.read_bytes()
     for pos in (20, len(blob) // 2, len(blob) - 1):  # header, tables, last byte
         bad = bytearray(blob)
@@ -67,7 +68,7 @@ def test_every_byte_is_covered_by_the_digest(built, tmp_path):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_property_any_corruption_of_a_plan_file_fails_cleanly(built, tmp_path_factory, data):
-    _, _, p = built
+    _, _, p, _ = built
     blob = bytearray(p.read_bytes())
     cut = data.draw(st.integers(0, len(blob)))
     pos = data.draw(st.integers(0, len(blob) - 1))
@@ -107,7 +108,7 @@ def _tampered(plan, edit):
     (lambda t: t.file.__setitem__(0, 7), "file the plan does not list"),
 ])
 def test_tampered_tables_are_rejected_with_one_line(built, edit, words):
-    _, plan, _ = built
+    _, plan, _, _ = built
     validate_plan(_tampered(plan, lambda t: None))
     with pytest.raises(HwtuiError, match=words) as exc:
         validate_plan(_tampered(plan, edit))
@@ -115,7 +116,7 @@ def test_tampered_tables_are_rejected_with_one_line(built, edit, words):
 
 
 def test_old_json_plans_still_load(built, tmp_path):
-    _, plan, _ = built
+    _, plan, _, _ = built
     v1 = plan.to_v1()
     (tmp_path / "old.json").write_text(json.dumps(v1))
     old = load_plan(tmp_path / "old.json")
@@ -128,15 +129,16 @@ def test_old_json_plans_still_load(built, tmp_path):
 
 
 def test_replica_layout_rebuilds_the_source_file_byte_for_byte(built):
-    d, plan, p = built
+    d, plan, p, expected = built
     rank = load_plan_for_rank(p)
     src = (d / "model.safetensors").read_bytes()
     (f,) = [i for i, e in enumerate(rank["files"]) if e["format"] == "safetensors"]
     prefix, layout = rank.replica_layout(f)
     out = bytearray(prefix)
     out.extend(bytes(len(src) - len(prefix)))
-    for name, (off, n) in layout.items():  # what a receiver writes from the buckets it got
-        out[off:off + n] = src[off:off + n]
+    for name, (off, n) in layout.items():  # what a receiver writes: each tensor's bytes at its offset
+        t = expected[name]
+        out[off:off + n] = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
     assert bytes(out) == src  # header, __metadata__ and data offsets exactly the source's
     assert prefix[8:] == src[8:len(prefix)]
     with pytest.raises(HwtuiError, match="not a safetensors file"):
