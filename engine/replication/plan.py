@@ -150,6 +150,18 @@ class _BucketItems(Sequence[list[dict[str, Any]]]):
         return got
 
 
+class _LazyRaw(dict[str, Any]):
+    def __init__(self, plan: Plan):
+        super().__init__(schema=PLAN_SCHEMA, **plan.meta, digest=plan.digest)
+        self._plan = plan
+
+    def __missing__(self, key: str) -> Any:
+        if key in ("tensors", "buckets", "items"):
+            self[key] = self._plan[key]
+            return self[key]
+        raise KeyError(key)
+
+
 class Plan:
     """A plan: header facts, the tables, the digest, and dict views built on demand.
 
@@ -171,9 +183,10 @@ class Plan:
         return self._digest
 
     @property
-    def raw(self) -> Plan:
-        """Kept for callers of the old dict-backed Plan: every key they read works on the Plan itself."""
-        return self
+    def raw(self) -> dict[str, Any]:
+        """The plan as a dict, for callers of the old dict-backed Plan (reports, manifests): the header
+        fields are in it; ``tensors`` / ``buckets`` / ``items`` are built when first indexed."""
+        return _LazyRaw(self)
 
     @property
     def buckets(self) -> list[dict[str, Any]]:
