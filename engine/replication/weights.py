@@ -203,13 +203,12 @@ def parse_safetensors_columns(raw: bytes, start: int, size: int, where: str) -> 
         starts.append(a)
     keys = list(header)
     del header
-    for name in keys:
-        if not _valid_name(name):
-            raise HwtuiError(f"{where}: tensor name {name[:80]!r} is not valid UTF-8")
-    if keys and max(sizes) >= 1 << 62:
+    names = _compact_names(keys, where)
+    del keys
+    if names and max(sizes) >= 1 << 62:
         raise HwtuiError(f"{where}: a tensor is impossibly large")
     cols = SafetensorsColumns(
-        names=_compact(keys), dtype=np.asarray(codes, dtype=np.uint8), ndims=np.asarray(ndims, dtype=np.int64),
+        names=names, dtype=np.asarray(codes, dtype=np.uint8), ndims=np.asarray(ndims, dtype=np.int64),
         dims=np.asarray(dims, dtype=np.int64), nbytes=np.asarray(sizes, dtype=np.int64),
         offset=np.asarray(starts, dtype=np.int64) + start)
     order = np.argsort(cols.offset, kind="stable")
@@ -221,11 +220,17 @@ def parse_safetensors_columns(raw: bytes, start: int, size: int, where: str) -> 
     return cols
 
 
-def _compact(names: list[str]) -> list[str]:
-    """The same strings, allocated together (see parse_safetensors_columns)."""
-    if any("\0" in n for n in names):
-        return names
-    return "\0".join(names).split("\0") if names else []
+def _compact_names(keys: list[str], where: str) -> list[str]:
+    """The same names, checked as UTF-8 in one pass and allocated together (see parse_safetensors_columns)."""
+    joined = "\0".join(keys)
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a "\ud800" escape: not text any file system or JSON writer takes
+        bad = next(k for k in keys if not _valid_name(k))
+        raise HwtuiError(f"{where}: tensor name {bad[:80]!r} is not valid UTF-8") from None
+    if not keys or joined.count("\0") != len(keys) - 1:  # a name holds a NUL: keep the originals
+        return keys
+    return joined.split("\0")
 
 
 def _bad_entry(name: str, entry: Any, where: str) -> None:

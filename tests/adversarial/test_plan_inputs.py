@@ -30,7 +30,7 @@ from hwtui.engine.replication.plan import (
 )
 from hwtui.engine.replication.weights import DTYPES, read_safetensors_header
 
-HYPO = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPO = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _one_line(exc: pytest.ExceptionInfo[HwtuiError]) -> str:
@@ -261,7 +261,7 @@ def test_property_plan_with_any_one_value_replaced_fails_cleanly(good_plan, data
 @HYPO
 @given(blob=st.binary(max_size=300))
 def test_property_any_bytes_as_plan_fail_cleanly(tmp_path_factory, blob):
-    p = tmp_path_factory.mktemp("b") / "plan.json"
+    p = tmp_path_factory.getbasetemp() / "hypo-plan.json"
     p.write_bytes(blob)
     with pytest.raises(HwtuiError):
         load_plan(p)
@@ -279,7 +279,7 @@ ENTRY = st.fixed_dictionaries({
        hlen_delta=st.sampled_from([0, 0, 0, -1, 1, 1 << 33]))
 def test_property_safetensors_header_fails_cleanly_or_is_consistent(tmp_path_factory, header, data_len, hlen_delta):
     raw = json.dumps(header).encode()
-    p = _safetensors(tmp_path_factory.mktemp("s") / "m.safetensors", raw, bytes(data_len),
+    p = _safetensors(tmp_path_factory.getbasetemp() / "hypo.safetensors", raw, bytes(data_len),
                      hlen=max(0, len(raw) + hlen_delta))
     try:
         tensors, _, start = read_safetensors_header(p)
@@ -296,3 +296,23 @@ def test_property_safetensors_header_fails_cleanly_or_is_consistent(tmp_path_fac
 def test_written_plan_round_trips(good_plan, tmp_path):
     write_json_atomic(tmp_path / "p.json", good_plan)
     assert load_plan(tmp_path / "p.json").digest == good_plan["digest"]
+
+
+MANIFEST_ENTRY = st.fixed_dictionaries({"name": st.text(max_size=4) | JSON, "dtype": st.sampled_from(["F32", "I8"]) | JSON,
+                                        "shape": st.lists(st.integers(-1, 3), max_size=2) | JSON,
+                                        "checksum": st.just("0" * 16) | JSON})
+
+
+@HYPO
+@given(version=JSON | st.just("v1"), tensors=st.lists(MANIFEST_ENTRY | JSON, max_size=3) | JSON,
+       schema=st.sampled_from(["hwtui.manifest/1", "hwtui.plan/1"]) | JSON)
+def test_property_any_manifest_loads_or_fails_cleanly(tmp_path_factory, version, tensors, schema):
+    p = tmp_path_factory.getbasetemp() / "hypo-manifest.json"
+    p.write_text(json.dumps({"schema": schema, "version": version, "tensors": tensors}))
+    try:
+        got_version, got = load_previous(p)
+    except HwtuiError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert all(isinstance(k, str) and isinstance(v[1], list) for k, v in got.items())
+    assert got_version is None or isinstance(got_version, str)

@@ -121,8 +121,8 @@ def _synthetic(n: int, bucket: int) -> float:
 def test_planner_scales_n_log_n():
     # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic). Best of
     # two runs each: the box is shared, and a stall makes one run slow, never fast.
-    small = min(_synthetic(20_000, 4096) for _ in range(2))
-    large = min(_synthetic(80_000, 4096) for _ in range(2))
+    small = min(_synthetic(10_000, 4096) for _ in range(2))
+    large = min(_synthetic(40_000, 4096) for _ in range(2))
     assert large < 10 * max(small, 0.005), (small, large)
 
 

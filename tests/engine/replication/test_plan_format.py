@@ -73,7 +73,7 @@ def test_property_any_corruption_of_a_plan_file_fails_cleanly(built, tmp_path_fa
     cut = data.draw(st.integers(0, len(blob)))
     pos = data.draw(st.integers(0, len(blob) - 1))
     blob[pos] = data.draw(st.integers(0, 255))
-    out = tmp_path_factory.mktemp("c") / "p"
+    out = tmp_path_factory.getbasetemp() / "hypo-corrupt.plan"
     out.write_bytes(bytes(blob[:cut]))
     try:
         loaded = load_plan(out)
