@@ -176,6 +176,7 @@ class Plan:
         self.source_headers = source_headers or {}
         self._views: dict[str, Any] = {}
         self._bucket_items: _BucketItems | None = None
+        self._encoded: tuple[list[Any], str] | None = None
 
     # -- the API the worker and launcher use
     @property
@@ -309,13 +310,16 @@ def plan_digest(plan: Plan | dict[str, Any]) -> str:
     return _v1_digest(plan)
 
 
-def _encode(plan: Plan) -> tuple[list[bytes], str]:
+def _encode(plan: Plan) -> tuple[list[Any], str]:
     return plan_format.encode(_meta_for_file(plan.meta), plan.sections())
 
 
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
     """Write a plan file (``hwtui.plan/2``) atomically."""
-    digest = plan_format.write(path, _meta_for_file(plan.meta), plan.sections())
+    # A freshly built plan keeps the parts its digest was computed over (views of its tables, not
+    # copies): writing them needs no second encoding pass.
+    parts, digest = plan._encoded or _encode(plan)
+    plan_format.write_parts(path, parts)
     if digest != plan.digest:  # the digest is a function of exactly these bytes; anything else is a bug
         raise HwtuiError(f"internal: plan digest changed while writing {path}", exit_code=3)
 
@@ -543,7 +547,8 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         "counts": {"tensors": n_tensors, "buckets": len(b_size), "items": len(i_src)},
     }
     plan = Plan(meta, tables, "", "<new plan>", dict(inputs.source_headers))
-    _, plan._digest = _encode(plan)
+    plan._encoded = _encode(plan)
+    plan._digest = plan._encoded[1]
     return plan
 
 

@@ -76,10 +76,15 @@ def encode(header: dict[str, Any], sections: dict[str, np.ndarray]) -> tuple[lis
 def write(path: str | os.PathLike[str], header: dict[str, Any], sections: dict[str, np.ndarray]) -> str:
     """Write a plan file atomically (a reader sees the old file or the whole new one) -> its digest."""
     parts, digest = encode(header, sections)
+    write_parts(path, parts)
+    return digest
+
+
+def write_parts(path: str | os.PathLike[str], parts: list[Any]) -> None:
+    """Write an encoded plan atomically (a reader sees the old file or the whole new one)."""
     with atomic_open(path, "wb") as fh:
         for part in parts:
             fh.write(part)
-    return digest
 
 
 def is_v2(path: str | os.PathLike[str]) -> bool:

@@ -110,17 +110,17 @@ def _synthetic(n: int, bucket: int) -> float:
     inputs = PlanInputs([{"path": "/x", "format": "safetensors", "size": 8 + 4 * n}], tensors,
                         lambda s: data[(s.info.file_offset % 200):(s.info.file_offset % 200) + 4])
     del payload
-    t = time.perf_counter()
+    t = time.process_time()
     plan = build_plan(inputs, model="m", version="v1", bucket_bytes=bucket)
-    dt = time.perf_counter() - t
+    dt = time.process_time() - t
     assert len(plan["tensors"]) == n and plan["total_bytes"] == 4 * n
     return dt
 
 
 @pytest.mark.timeout(60)
 def test_planner_scales_n_log_n():
-    # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic). Best of
-    # two runs each: the box is shared, and a stall makes one run slow, never fast.
+    # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic); measured
+    # ~4.7x. Process CPU time, best of two: the box is shared, and a stall makes one run slow, never fast.
     small = min(_synthetic(10_000, 4096) for _ in range(2))
     large = min(_synthetic(40_000, 4096) for _ in range(2))
     assert large < 10 * max(small, 0.005), (small, large)
