@@ -457,9 +457,17 @@ def _sort_names(names: list[str]) -> tuple[list[int], list[str]]:
         # width so a hostile 1 MB name cannot make the copy huge
         arr = np.array(names)
         perm = np.argsort(arr, kind="stable")
-        return perm.tolist(), arr[perm].tolist()
+        ordered = arr[perm]
+        dup = np.nonzero(ordered[1:] == ordered[:-1])[0]
+        if len(dup):
+            raise HwtuiError(f"tensor {str(ordered[dup[0]])[:80]!r} appears in more than one weight file")
+        return perm.tolist(), ordered.tolist()
     by_name = sorted(range(len(names)), key=names.__getitem__)
-    return by_name, [names[k] for k in by_name]
+    ordered_names = [names[k] for k in by_name]
+    for i in range(1, len(ordered_names)):
+        if ordered_names[i] == ordered_names[i - 1]:
+            raise HwtuiError(f"tensor {ordered_names[i][:80]!r} appears in more than one weight file")
+    return by_name, ordered_names
 
 
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
@@ -475,9 +483,6 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     names, n_tensors = cols.name, len(cols.name)
 
     by_name, sorted_names = _sort_names(names)
-    for i in range(1, n_tensors):
-        if sorted_names[i] == sorted_names[i - 1]:
-            raise HwtuiError(f"tensor {sorted_names[i][:80]!r} appears in more than one weight file")
     perm = np.asarray(by_name, dtype=np.int64)
     rank = np.empty(n_tensors, dtype=np.int64)
     rank[perm] = np.arange(n_tensors, dtype=np.int64)
@@ -499,8 +504,8 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
             checksum[idx] = [digest64(fetch(k)) for k in idx.tolist()]
 
     send = np.ones(n_tensors, dtype=bool)
-    ends = np.cumsum(cols.ndims).tolist()
     if prev_tensors:
+        ends = np.cumsum(cols.ndims).tolist()
         cks, codes, nds, all_dims = checksum.tolist(), cols.dtype.tolist(), cols.ndims.tolist(), cols.dims.tolist()
         for k, name in enumerate(names):
             old = prev_tensors.get(name)

@@ -143,3 +143,14 @@ def test_replica_layout_rebuilds_the_source_file_byte_for_byte(built):
     assert prefix[8:] == src[8:len(prefix)]
     with pytest.raises(HwtuiError, match="not a safetensors file"):
         rank.replica_layout(1 - f)
+
+
+def test_a_tensor_in_two_weight_files_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    for i in (1, 2):
+        save_file({"shared": np.zeros(3, dtype=np.float32), f"own{i}": np.ones(2, dtype=np.int8)},
+                  str(tmp_path / f"s{i}.safetensors"))
+    with pytest.raises(HwtuiError, match="'shared' appears in more than one weight file"):
+        build_plan_from_files([str(tmp_path / "s1.safetensors"), str(tmp_path / "s2.safetensors")], model="m",
+                              version="v1", bucket_bytes=64)
