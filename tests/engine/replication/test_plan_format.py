@@ -154,3 +154,18 @@ def test_a_tensor_in_two_weight_files_is_refused(tmp_path):
     with pytest.raises(HwtuiError, match="'shared' appears in more than one weight file"):
         build_plan_from_files([str(tmp_path / "s1.safetensors"), str(tmp_path / "s2.safetensors")], model="m",
                               version="v1", bucket_bytes=64)
+
+
+@pytest.mark.timeout(120)
+def test_planner_benchmark_runs_at_toy_size():
+    # a speed target nobody can run is no target: benchmarks/bench_planner.py at 2,000 tensors
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_planner.py"
+    r = subprocess.run([sys.executable, str(bench), "--sizes", "2000", "--runs", "1"], capture_output=True, text=True,
+                       timeout=110)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (row,) = [line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["2000"]]
+    assert len(row) == 9 and float(row[-1]) > 0  # every column measured; the plan file exists
