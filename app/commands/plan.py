@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # dest differs from the name: the top-level parser's --version (print hwtui's version) shares the namespace
     parser.add_argument("--version", dest="plan_version", metavar="V",
                         help="version of these weights (default: derived from their checksums)")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan (atomically)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="where to write the plan (atomically; format hwtui.plan/2: a JSON header and binary tables)")
     parser.add_argument("--manifest", metavar="FILE", help="also write the manifest of this version (the next --prev)")
 
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from hwtui.core.errors import HwtuiError
-    from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic
+    from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic, write_plan
 
     bucket_bytes = int(args.bucket_mb * (1 << 20))
     if bucket_bytes <= 0:
@@ -39,12 +40,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     plan = build_plan_from_files(args.weights, model=args.model, version=args.plan_version, bucket_bytes=bucket_bytes,
                                  align=args.align, prev_path=args.prev)
-    write_json_atomic(args.output, plan)
+    write_plan(args.output, plan)
     if args.manifest:
         write_json_atomic(args.manifest, manifest_of(plan))
-    sent = sum(1 for t in plan["tensors"] if t["send"])
+    sent, n = int(plan.tables.send.sum()), len(plan.tables.names)
     kind = f"delta from {plan['prev_version']}" if plan["prev_version"] else "full push"
-    print(f"plan {args.output}: {plan['model']} {plan['version']} ({kind}): {sent}/{len(plan['tensors'])} tensors, "
+    print(f"plan {args.output}: {plan['model']} {plan['version']} ({kind}): {sent}/{n} tensors, "
           f"{plan['total_bytes'] / 1e6:.1f} MB in {len(plan['buckets'])} bucket(s), {len(plan['deleted'])} deleted, "
           f"digest {plan['digest'][:16]} ({time.perf_counter() - t0:.2f} s)")
     return 0

@@ -110,19 +110,20 @@ def _synthetic(n: int, bucket: int) -> float:
     inputs = PlanInputs([{"path": "/x", "format": "safetensors", "size": 8 + 4 * n}], tensors,
                         lambda s: data[(s.info.file_offset % 200):(s.info.file_offset % 200) + 4])
     del payload
-    t = time.perf_counter()
+    t = time.process_time()
     plan = build_plan(inputs, model="m", version="v1", bucket_bytes=bucket)
-    dt = time.perf_counter() - t
+    dt = time.process_time() - t
     assert len(plan["tensors"]) == n and plan["total_bytes"] == 4 * n
     return dt
 
 
 @pytest.mark.timeout(60)
 def test_planner_scales_n_log_n():
-    # 8x the tensors must cost well under 8^2 = 64x the time (the public tool was quadratic).
-    small, large = _synthetic(10_000, 4096), _synthetic(80_000, 4096)
-    assert large < 20 * max(small, 0.01), (small, large)
-    assert large < 10.0
+    # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic); measured
+    # ~4.7x. Process CPU time, best of two: the box is shared, and a stall makes one run slow, never fast.
+    small = min(_synthetic(10_000, 4096) for _ in range(2))
+    large = min(_synthetic(40_000, 4096) for _ in range(2))
+    assert large < 10 * max(small, 0.005), (small, large)
 
 
 # ----------------------------------------------------------------------------- bad plans
@@ -132,8 +133,8 @@ def test_planner_scales_n_log_n():
 def good_plan(model, tmp_path_factory):
     d, _ = model
     p = tmp_path_factory.mktemp("plans") / "good.json"
-    write_plan(d, p, version="v1", bucket_kib=64)
-    return json.loads(p.read_text())
+    plan = write_plan(d, p, version="v1", bucket_kib=64)
+    return json.loads(json.dumps(plan.to_v1()))  # the JSON plan format earlier hwtui wrote
 
 
 def _with_digest(raw):
