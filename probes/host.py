@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.redact import redact, redact_env
+from hwtui.probes.envnames import probe_reads
 
 SNAPSHOT_SCHEMA = "hwtui.snapshot/1"
 FACTS_FILE = ".hwtui-facts.json"
@@ -240,11 +241,37 @@ class FsHost(Host):
         return facts[key]
 
 
+class LookupRecordingEnv(dict[str, str]):
+    """The environment as a dict that remembers every name looked up by get, [] or ``in``.
+
+    ``dict(env)`` copies take CPython's fast path and are not seen: the names read from such a copy
+    are covered by the static allow-list in :mod:`hwtui.probes.envnames`.
+    """
+
+    def __init__(self, env: Mapping[str, str]):
+        super().__init__(env)
+        self.looked_up: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.looked_up.add(key)
+        return super().__contains__(key)
+
+
 class RecordingHost(Host):
     """Wraps a host and remembers every answer so the machine can be replayed later."""
 
     def __init__(self, inner: Host):
         super().__init__(inner.env)
+        self.env = LookupRecordingEnv(inner.env)
         self.inner = inner
         self.description = inner.description
         self._lock = threading.Lock()
@@ -280,6 +307,11 @@ class RecordingHost(Host):
         value = self.inner.fact(key, producer)
         return self._keep("facts", key, value)
 
+    def recorded_env(self) -> dict[str, str]:
+        """The variables a snapshot keeps: the allow-list plus any name a probe looked up."""
+        looked_up = self.env.looked_up if isinstance(self.env, LookupRecordingEnv) else set()
+        return {k: v for k, v in self.env.items() if probe_reads(k) or k in looked_up}
+
     def snapshot(self) -> dict[str, Any]:
         """The JSON document ``hwtui snapshot`` writes: everything read, secrets masked."""
         import platform
@@ -295,7 +327,8 @@ class RecordingHost(Host):
             "schema": SNAPSHOT_SCHEMA,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "source": {"host": platform.node(), "description": self.description},
-            "env": redact_env(self.env),
+            # Only what the probes read: an environment holds secrets under names no rule can guess.
+            "env": redact_env(self.recorded_env()),
             **record,
         }
 
