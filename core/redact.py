@@ -143,6 +143,10 @@ def _secret_values(token: str) -> list[tuple[int, int]]:
             # A whole-token assignment owns the rest of the token (a password may hold '&'); a
             # query parameter ends at the next '&'.
             end = len(token) if lead.strip("-") == "" else (token.find("&", eq) % (len(token) + 1))
+            if token.startswith(MASK, eq + 1):
+                # Already masked (by an earlier pass, possibly together with what followed): keep
+                # the mask as it is, so redacting twice gives what redacting once gave.
+                end = eq + 1 + len(MASK)
             if end > eq + 1:
                 spans.append((eq + 1, end))
             eq = token.find("=", max(end, eq + 1))
@@ -235,8 +239,16 @@ def redact_text(text: str) -> str:
     """Mask credentials that appear inside free text."""
     if not text:
         return text
-    low = text.lower()
-    text = _apply(text, _credential_spans(text, low) + _bearer_spans(text, low))
+    # Masking can expose a credential an earlier span hid behind (``a:@token=@``: the last '@' sat in
+    # a masked value); repeat until nothing changes so redacting twice equals redacting once. Text
+    # without credentials takes one pass; each further pass only runs because a mask was added.
+    for _ in range(4):
+        low = text.lower()
+        spans = _credential_spans(text, low) + _bearer_spans(text, low)
+        masked = _apply(text, spans)
+        if masked == text:
+            break
+        text = masked
     for shape in _TOKEN_SHAPES:
         text = shape.sub(MASK, text)
     return text

@@ -10,6 +10,7 @@ import posixpath
 import re
 from typing import Any
 
+from hwtui.core.bounded_read import HOST_FILE_CAP, read_bounded
 from hwtui.probes.host import FactUnavailable, Host
 
 PCI_ROOT = "/sys/bus/pci/devices"
@@ -99,10 +100,10 @@ def _read_pci_ids_text(reader) -> str | None:
 
 def _live_pci_ids_text(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
+        data, _cut = read_bounded(path, HOST_FILE_CAP)
+    except (OSError, ValueError):
         return None
+    return data.decode("utf-8", errors="replace")
 
 
 def pci_names(host: Host, wanted: set[tuple[int, int]]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.atomic import atomic_write_text
+from hwtui.core.bounded_read import SMALL_FILE_CAP, read_bounded, read_capped
 
 CACHE_SCHEMA = "hwtui.torch-cache/1"
 MAX_ENTRIES = 8
@@ -74,10 +75,10 @@ def _driver_fingerprint() -> str:
     h = hashlib.sha256()
     for path in DRIVER_FILES:
         try:
-            with open(path, "rb") as fh:
-                h.update(path.encode() + b"\0" + fh.read(4096))
+            head, _cut = read_bounded(path, 4096)
         except OSError:
             continue
+        h.update(path.encode() + b"\0" + head)
     return h.hexdigest()[:16]
 
 
@@ -102,8 +103,8 @@ def _digest(key: dict[str, Any]) -> str:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(path, SMALL_FILE_CAP))
+    except (OSError, ValueError, RecursionError):
         return {"schema": CACHE_SCHEMA, "entries": {}}
     if not isinstance(raw, dict) or raw.get("schema") != CACHE_SCHEMA or not isinstance(raw.get("entries"), dict):
         return {"schema": CACHE_SCHEMA, "entries": {}}

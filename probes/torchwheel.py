@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from hwtui.core.bounded_read import SMALL_FILE_CAP, read_capped
 from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
 from hwtui.probes import torch_cache
 from hwtui.probes.child import ChildError, run_in_child
@@ -106,8 +107,7 @@ def _live_build() -> dict[str, Any]:
     if location is None:
         return {"installed": False}
     try:
-        with open(location["version_py"], encoding="utf-8") as fh:
-            consts = parse_version_py(fh.read())
+        consts = parse_version_py(read_capped(location["version_py"], SMALL_FILE_CAP).decode("utf-8", "replace"))
     except OSError as exc:
         return {"installed": True, "error": f"cannot read {location['version_py']}: {exc.strerror}",
                 "path": location["package"]}
