@@ -272,7 +272,7 @@ class LookupRecordingEnv(dict[str, str]):
         super().__init__(env)
         self.looked_up: set[str] = set()
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         self.looked_up.add(key)
         return super().get(key, default)
 

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,13 @@ DRIVER_FILES = ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version", "/s
                 "/sys/module/i915/version", "/sys/module/habanalabs/version")
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    source: Mapping[str, str] = os.environ if env is None else env
+    base = source.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hwtui"
 
 
-def cache_path(env: dict[str, str] | None = None) -> Path:
+def cache_path(env: Mapping[str, str] | None = None) -> Path:
     return cache_dir(env) / "torch-runtime.json"
 
 
@@ -82,8 +83,9 @@ def _driver_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def runtime_key(location: dict[str, Any], probe_args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if env is None else env
+def runtime_key(location: dict[str, Any], probe_args: dict[str, Any],
+                env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    source: Mapping[str, str] = os.environ if env is None else env
     dist_info = location.get("dist_info")
     return {
         "python": sys.executable,
@@ -92,7 +94,7 @@ def runtime_key(location: dict[str, Any], probe_args: dict[str, Any], env: dict[
         "record": _stat(os.path.join(dist_info, "RECORD")) if dist_info else None,
         "version_py": _stat(location.get("version_py")),
         "drivers": _driver_fingerprint(),
-        "env": {k: env[k] for k in KEY_ENV if k in env},
+        "env": {k: source[k] for k in KEY_ENV if k in source},
         "probe": dict(sorted(probe_args.items())),
     }
 

@@ -269,7 +269,8 @@ def parse_nccl_debug_subsys(raw: str) -> SubsysValue:
     exclude = text.startswith("^")
     if exclude:
         text = text[1:]
-    names, unknown = [], []
+    names: list[str] = []
+    unknown: list[str] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
