@@ -310,3 +310,22 @@ def test_the_caps_are_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "readme" / "probes.md").read_text()
     for words in ("4 MiB", "64 MiB", "FIFO"):
         assert words in doc
+
+
+def test_env_exports_file_executes_nothing_when_sourced(tmp_path):
+    """`hwtui env --write` makes a file to `source`: values from the environment, a replayed
+    snapshot or a sysroot path must never leave their quotes or comments."""
+    tree = machines.h100_x8(tmp_path / "tree\ntouch pwned-by-path")
+    out = tmp_path / "exports.sh"
+    hostile = {"NCCL_NET_PLUGIN": "x\ntouch pwned-by-plugin\n", "MASTER_ADDR": "head;touch pwned-by-addr",
+               "MASTER_PORT": "29500", "WORLD_SIZE": "2", "RANK": "0", "NCCL_DEBUG": "INFO$(touch pwned-by-debug)",
+               "NCCL_SOCKET_IFNAME": "eth0`touch pwned-by-ifname`"}
+    r = _hwtui("env", "--sysroot", str(tree.root), "--write", str(out), env_extra=hostile)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "pwned-by-plugin" in text  # the value is shown, inside a comment
+    work = tmp_path / "work"
+    work.mkdir()
+    s = subprocess.run(["bash", "-c", f"source {out}"], cwd=work, capture_output=True, text=True, timeout=30)
+    assert s.returncode == 0, s.stderr
+    assert list(work.iterdir()) == [] and not list(tmp_path.glob("pwned*"))
