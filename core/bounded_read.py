@@ -70,6 +70,13 @@ def read_bounded(path: str | os.PathLike[str], cap: int) -> tuple[bytes, bool]:
     return data[:cap], len(data) > cap
 
 
+def decode_text(data: bytes) -> str:
+    """Bytes as text the way ``open(path, encoding="utf-8", errors="replace")`` reads them,
+    universal newlines included, so switching a reader to bounded reads changes nothing else."""
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
 def read_capped(path: str | os.PathLike[str], cap: int) -> bytes:
     """The whole file, or FileTooLarge when it holds more than ``cap`` bytes."""
     data, more = read_bounded(path, cap)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, read_bounded, read_capped
+from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, decode_text, read_bounded, read_capped
 from hwtui.core.redact import redact, redact_env
 from hwtui.probes.envnames import probe_reads
 
@@ -215,7 +215,7 @@ class FsHost(Host):
             data, _cut = read_bounded(self._p(path), HOST_FILE_CAP)
         except (OSError, ValueError):  # ValueError: a NUL byte in a path taken from the environment
             return None
-        return data.decode("utf-8", errors="replace")
+        return decode_text(data)
 
     def listdir(self, path: str) -> list[str]:
         try:

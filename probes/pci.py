@@ -10,7 +10,7 @@ import posixpath
 import re
 from typing import Any
 
-from hwtui.core.bounded_read import HOST_FILE_CAP, read_bounded
+from hwtui.core.bounded_read import HOST_FILE_CAP, decode_text, read_bounded
 from hwtui.probes.host import FactUnavailable, Host
 
 PCI_ROOT = "/sys/bus/pci/devices"
@@ -103,7 +103,7 @@ def _live_pci_ids_text(path: str) -> str | None:
         data, _cut = read_bounded(path, HOST_FILE_CAP)
     except (OSError, ValueError):
         return None
-    return data.decode("utf-8", errors="replace")
+    return decode_text(data)
 
 
 def pci_names(host: Host, wanted: set[tuple[int, int]]) -> dict[str, str]:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, cast
 
-from hwtui.core.bounded_read import SMALL_FILE_CAP, read_capped
+from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
 from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
 from hwtui.probes import torch_cache
 from hwtui.probes.child import ChildError, run_in_child
@@ -107,7 +107,7 @@ def _live_build() -> dict[str, Any]:
     if location is None:
         return {"installed": False}
     try:
-        consts = parse_version_py(read_capped(location["version_py"], SMALL_FILE_CAP).decode("utf-8", "replace"))
+        consts = parse_version_py(decode_text(read_capped(location["version_py"], SMALL_FILE_CAP)))
     except OSError as exc:
         return {"installed": True, "error": f"cannot read {location['version_py']}: {exc.strerror}",
                 "path": location["package"]}

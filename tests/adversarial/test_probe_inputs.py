@@ -329,3 +329,11 @@ def test_env_exports_file_executes_nothing_when_sourced(tmp_path):
     s = subprocess.run(["bash", "-c", f"source {out}"], cwd=work, capture_output=True, text=True, timeout=30)
     assert s.returncode == 0, s.stderr
     assert list(work.iterdir()) == [] and not list(tmp_path.glob("pwned*"))
+
+
+def test_bounded_reads_keep_text_mode_semantics(tree):
+    """Same text as open(..., encoding='utf-8', errors='replace').read(): CRLF, CR, invalid bytes."""
+    raw = b"a\r\nb\rc\n\xff\xfe d\xc3\xa9"
+    tree.path("/etc/os-release").write_bytes(raw)
+    with open(tree.path("/etc/os-release"), encoding="utf-8", errors="replace") as fh:
+        assert tree.host().read_text("/etc/os-release") == fh.read()
