@@ -2,9 +2,12 @@
 
 A snapshot is meant to be shared, and an environment holds database passwords, CI tokens and
 webhook URLs under names no redaction rule can guess, so the snapshot keeps an allow-list rather
-than masking a deny-list. The list is kept honest from both sides by tests: one runs every probe
-through a :class:`~hwtui.probes.host.RecordingHost` and asserts that each name a probe looked up is
-listed here; another asserts docs/readme/probes.md documents exactly these names.
+than masking a deny-list. Tests in tests/adversarial/test_secrets.py derive the names from the code and
+fail when this list misses one: a static scan of every ``env.get("X")``, ``env["X"]``, ``"X" in env``
+and ``*_VARS`` table under probes/, and a run of every probe on every recorded machine through a
+:class:`~hwtui.probes.host.RecordingHost` that notes each name looked up. Another asserts
+docs/readme/probes.md documents exactly these names. A snapshot also keeps any name a probe looked
+up during that run, so a forgotten entry costs replay fidelity, never a secret.
 """
 
 from __future__ import annotations

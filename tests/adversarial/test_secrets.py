@@ -8,6 +8,7 @@ redaction take 38 s (an unanchored scheme regex).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -138,6 +139,51 @@ def test_every_variable_a_probe_looks_up_is_on_the_allow_list(tmp_path, name):
     unlisted = sorted(n for n in recorder.env.looked_up if not probe_reads(n))
     assert not unlisted, f"probes read {unlisted}: add them to hwtui/probes/envnames.py and docs/readme/probes.md"
     assert recorder.env.looked_up  # the recorder did see the probes' lookups
+
+
+def _is_env(node: ast.expr) -> bool:
+    """Whether an expression names the probed environment (``env``, ``host.env``, ``facts.host.env``);
+    a child process's own ``child_env`` is not it."""
+    text = ast.unparse(node)
+    return text.endswith("env") and not text.endswith("child_env")
+
+
+def _env_names_in_source(root: Path) -> dict[str, str]:
+    """Every string constant the probes' code uses as an environment name: ``env.get("X")``,
+    ``env["X"]``, ``"X" in env``, ``env_int(env, "X")`` and module tables named ``*_VARS``/``*_ENV``."""
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            keys: list[ast.expr] = []
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and _is_env(node.func.value) and node.args:
+                keys.append(node.args[0])
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "env_int" \
+                    and len(node.args) > 1:
+                keys.append(node.args[1])
+            elif isinstance(node, ast.Subscript) and _is_env(node.value):
+                keys.append(node.slice)
+            elif isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) \
+                    and _is_env(node.comparators[-1]):
+                keys.append(node.left)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id.endswith(("_VARS", "_ENV", "_ENV_KEYS")) for t in targets):
+                    value = node.value
+                    keys += [k for k in value.keys if k is not None] if isinstance(value, ast.Dict) \
+                        else list(getattr(value, "elts", []))
+            for key in keys:
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    found.setdefault(key.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_variable_named_in_probe_code_is_on_the_allow_list():
+    """The static half of the derivation: names on code paths no recorded machine reaches."""
+    found = _env_names_in_source(ROOT / "probes")
+    assert len(found) > 40  # the scan does see the probes' reads
+    unlisted = {name: where for name, where in found.items() if not probe_reads(name)}
+    assert not unlisted, f"add to hwtui/probes/envnames.py and docs/readme/probes.md: {unlisted}"
 
 
 def test_the_allow_list_is_documented_exactly():
