@@ -337,3 +337,18 @@ def test_bounded_reads_keep_text_mode_semantics(tree):
     tree.path("/etc/os-release").write_bytes(raw)
     with open(tree.path("/etc/os-release"), encoding="utf-8", errors="replace") as fh:
         assert tree.host().read_text("/etc/os-release") == fh.read()
+
+
+def test_terminal_escapes_from_a_hostile_tree_are_shown_not_sent(tmp_path):
+    """A device name from a sysroot's pci.ids (or a replayed snapshot) reaches the table and the
+    check report; an ESC sequence in it must print as text, not retitle or clear the terminal."""
+    fs = machines.FakeSys(tmp_path / "t")
+    machines._base(fs)
+    machines.nvidia_gpu(fs, "0000:01:00.0", 0x1234, 0)
+    fs.file("/usr/share/misc/pci.ids", "10de  NVIDIA Corporation\n\t1234  Evil\x1b]0;pwned\x07\x1b[2J GPU\n")
+    table = _hwtui("list-gpus", "--sysroot", str(fs.root), env_extra={"NO_COLOR": "1"})
+    report = _hwtui("--check", "--only", "hardware", "--sysroot", str(fs.root), env_extra={"NO_COLOR": "1"})
+    assert table.returncode == 0, table.stderr
+    assert "Evil" in table.stdout and "\\x1b]0;pwned" in table.stdout
+    for out in (table.stdout, report.stdout):
+        assert "\x1b" not in out and "\x07" not in out
