@@ -34,8 +34,8 @@ _SECRET_NAME = re.compile(
 # directory, SSH_AUTH_SOCK a socket path).
 _SAFE_NAMES = {"SSH_AUTH_SOCK", "XAUTHORITY", "KEYBOARD", "AUTHOR", "PWD", "OLDPWD"}
 
-# Query-string keys whose value is a credential (``?token=``, ``&X-Amz-Signature=``); matched as
-# the end of the key, case-insensitively.
+# Keys whose value is a credential wherever ``key=value`` appears (``?token=``, ``&sig=``), matched
+# whole and case-insensitively; any key that looks secret by name (``X-Amz-Signature``) counts too.
 _QUERY_KEYS = ("token", "api_key", "apikey", "password", "passwd", "pass", "pwd", "secret", "sig", "signature",
                "credential", "key", "auth")
 # Cheap gate: '=' is only worth a look when the text holds one of these (lower case).
