@@ -410,6 +410,13 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _host_label(value: Any) -> str:
+    """The recorded host name for a status line: a string, capped, control characters as '?'."""
+    if not isinstance(value, str) or not value:
+        return "?"
+    return "".join(c if c.isprintable() else "?" for c in value[:64])
+
+
 class ReplayHost(Host):
     """Answers exactly what a recorded machine answered; anything unrecorded is absent."""
 
@@ -420,7 +427,7 @@ class ReplayHost(Host):
             raise ValueError(f"snapshot {origin} {exc}") from None
         super().__init__(snap.get("env", {}))
         self.snap = snap
-        self.description = f"replay of {_short(snap.get('source', {}).get('host', '?'))} ({origin})"
+        self.description = f"replay of {_host_label(snap.get('source', {}).get('host'))} ({origin})"
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ReplayHost:
