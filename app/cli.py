@@ -29,6 +29,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+# The areas `--check --only` takes, spelled out so --help stays fast (no probe import); a test
+# keeps this equal to hwtui.probes.catalog.areas().
+CHECK_AREAS = ("hardware", "gpu", "env")
+
 # Subcommand name -> module with HELP, add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, str] = {
     "list-gpus": "hwtui.app.commands.list_gpus",
@@ -63,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="with --check: print one JSON document (schema hwtui.check/1)")
     check.add_argument("--junit", metavar="FILE", help="with --check: also write JUnit XML, one testcase per finding")
     check.add_argument("--strict", action="store_true", help="with --check: warnings fail the check too")
-    check.add_argument("--only", metavar="AREAS", help="with --check: comma list of areas to run (e.g. env,nccl)")
+    check.add_argument("--only", metavar="AREAS",
+                       help=f"with --check: comma list of areas to run, from: {', '.join(CHECK_AREAS)}")
     check.add_argument("--timeout-scale", type=float, default=None, metavar="X",
                        help="multiply every probe timeout by X (default: HWTUI_PROBE_TIMEOUT_SCALE or 1)")
     _add_host_options(parser, suppress=False)
@@ -102,7 +107,19 @@ def _dispatch(args: argparse.Namespace) -> int:
     return run_tui(args)
 
 
+def _tolerant_streams() -> None:
+    """Text that cannot be encoded (a lone surrogate from a hostile file) prints escaped, never raises."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,10 @@ from hwtui.probes.devices import Device
 
 _VENDOR_OF_BACKEND = {"cuda": "NVIDIA", "hip": "AMD", "xpu": "Intel", "hpu": "Habana", "tpu": "Google", "cpu": "CPU"}
 _ALIASES = {"rocm": "hip", "gpu": "cuda"}
-_BACKEND_ID = re.compile(r"^([a-z]+):(\d+)$")
+# ASCII digits, at most 9: str.isdigit() and \d accept '²' and other Unicode digits that int()
+# rejects, and int() refuses 5,000-digit text; either was an internal error instead of exit 2.
+_BACKEND_ID = re.compile(r"([a-z]{1,16}):([0-9]{1,9})")
+_GLOBAL_ID = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,18 @@ def _cpu_ref(index: int) -> DeviceRef:
     return DeviceRef("cpu", index, None, "CPU" if index == 0 else f"CPU rank {index}", "CPU")
 
 
+def _quoted(text: str, limit: int = 40) -> str:
+    """A user value for a one-line message: repr shows control characters, the length is capped."""
+    shown = repr(text[:limit])
+    return shown if len(text) <= limit else shown[:-1] + "...'"
+
+
 def _entries(spec: str, option: str) -> list[str]:
     if spec is None or not str(spec).strip():
-        raise GpuIdError(f"{option} is empty")
+        raise GpuIdError(f"{option} is empty: name devices such as 0,1 or cuda:0,cpu (see hwtui list-gpus)")
     entries = [e.strip().lower() for e in str(spec).split(",")]
     if any(not e for e in entries):
-        raise GpuIdError(f"{option} {spec!r} has an empty entry (stray comma?)")
+        raise GpuIdError(f"{option} {_quoted(spec)} has an empty entry (stray comma?)")
     return entries
 
 
@@ -84,7 +93,7 @@ def _check_duplicates(refs: list[DeviceRef], option: str, spec: str) -> list[Dev
     seen: dict[str, int] = {}
     for pos, ref in enumerate(refs):
         if ref.spec in seen:
-            raise GpuIdError(f"{option} {spec!r} names {ref.spec} twice (entries {seen[ref.spec] + 1} and {pos + 1})")
+            raise GpuIdError(f"{option} {_quoted(spec)} names {ref.spec} twice (entries {seen[ref.spec] + 1} and {pos + 1})")
         seen[ref.spec] = pos
     return refs
 
@@ -99,22 +108,22 @@ def parse_gpu_ids(spec: str, devices: list[Device]) -> list[DeviceRef]:
         if entry == "cpu":
             refs.append(_cpu_ref(0))
             continue
-        if entry.isdigit():
+        if _GLOBAL_ID.fullmatch(entry):
             dev = by_global.get(int(entry))
             if dev is None:
                 raise GpuIdError(f"--gpu-ids: no device with global id {entry}; available: {available_text(devices)}")
             refs.append(_ref(dev))
             continue
-        m = _BACKEND_ID.match(entry)
+        m = _BACKEND_ID.fullmatch(entry)
         if not m:
-            raise GpuIdError(f"--gpu-ids: cannot read {entry!r} (use 0,1 or cuda:0,xpu:0,hip:0,hpu:0,cpu); "
+            raise GpuIdError(f"--gpu-ids: cannot read {_quoted(entry)} (use 0,1 or cuda:0,xpu:0,hip:0,hpu:0,cpu); "
                              f"available: {available_text(devices)}")
         backend, index = _ALIASES.get(m.group(1), m.group(1)), int(m.group(2))
         if backend == "cpu":
             refs.append(_cpu_ref(index))
             continue
         if backend not in _VENDOR_OF_BACKEND:
-            raise GpuIdError(f"--gpu-ids: unknown backend {m.group(1)!r} in {entry!r} "
+            raise GpuIdError(f"--gpu-ids: unknown backend {m.group(1)!r} in {_quoted(entry)} "
                              f"(known: cuda, hip, xpu, hpu, tpu, cpu); available: {available_text(devices)}")
         dev = by_backend.get((backend, index))
         if dev is None:
@@ -137,8 +146,8 @@ def parse_cuda_ids(spec: str, devices: list[Device]) -> list[DeviceRef]:
     pool = {d.index: d for d in usable if d.backend == backend}
     refs: list[DeviceRef] = []
     for entry in _entries(spec, "--cuda-ids"):
-        if not entry.isdigit():
-            raise GpuIdError(f"--cuda-ids takes plain indices such as 0,1 (got {entry!r}); "
+        if not _GLOBAL_ID.fullmatch(entry):
+            raise GpuIdError(f"--cuda-ids takes plain indices such as 0,1 (got {_quoted(entry)}); "
                              f"use --gpu-ids for cuda:0,xpu:0 forms")
         dev = pool.get(int(entry))
         if dev is None:

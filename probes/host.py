@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, decode_text, read_bounded, read_capped
 from hwtui.core.redact import redact, redact_env
+from hwtui.probes.envnames import probe_reads
 
 SNAPSHOT_SCHEMA = "hwtui.snapshot/1"
 FACTS_FILE = ".hwtui-facts.json"
@@ -71,17 +73,33 @@ def _live_user() -> dict[str, Any]:
     return {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(set(os.getgroups())), "name": name}
 
 
+def _valid_text(text: str) -> str:
+    """``text`` as valid Unicode: invalid UTF-8 in the environment reaches Python as lone surrogates
+    (surrogateescape), which no UTF-8 writer (JUnit file, terminal, snapshot) accepts; they become
+    U+FFFD here, once, so every report downstream can be written."""
+    if text.isascii():
+        return text
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that did not come from a byte (JSON "\ud800")
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
 class Host:
     """Interface every probe uses. Subclasses implement the ``_op`` methods."""
 
     description = "host"
 
     def __init__(self, env: Mapping[str, str]):
-        self.env: dict[str, str] = dict(env)
+        self.env: dict[str, str] = {_valid_text(k): _valid_text(v) for k, v in env.items()}
 
     # -- filesystem -------------------------------------------------------------------------
     def read_text(self, path: str) -> str | None:
-        """File content, or None when the file is missing or unreadable."""
+        """File content, or None when the file is missing, unreadable or not a regular file.
+
+        At most ``HOST_FILE_CAP`` bytes (4 MiB) of a file are read; a longer one is cut there.
+        """
         raise NotImplementedError
 
     def listdir(self, path: str) -> list[str]:
@@ -191,11 +209,13 @@ class FsHost(Host):
         return os.path.join(str(self.root), path.lstrip("/"))
 
     def read_text(self, path: str) -> str | None:
+        # Bounded and non-blocking: a recorded tree whose proc/cpuinfo links to /dev/zero, or a FIFO
+        # in its place, must not fill memory or hang the check.
         try:
-            with open(self._p(path), encoding="utf-8", errors="replace") as fh:
-                return fh.read()
-        except (OSError, ValueError):
+            data, _cut = read_bounded(self._p(path), HOST_FILE_CAP)
+        except (OSError, ValueError):  # ValueError: a NUL byte in a path taken from the environment
             return None
+        return decode_text(data)
 
     def listdir(self, path: str) -> list[str]:
         try:
@@ -226,9 +246,10 @@ class FsHost(Host):
         with self._facts_lock:
             if self._facts is None:
                 try:
-                    self._facts = json.loads((self.root / FACTS_FILE).read_text())
-                except (OSError, ValueError):
-                    self._facts = {}
+                    raw = json.loads(read_capped(self.root / FACTS_FILE, RECORD_CAP))
+                except (OSError, ValueError, RecursionError):
+                    raw = {}
+                self._facts = raw if isinstance(raw, dict) else {}
             return self._facts
 
     def fact(self, key: str, producer: Callable[[], Any]) -> Any:
@@ -240,11 +261,37 @@ class FsHost(Host):
         return facts[key]
 
 
+class LookupRecordingEnv(dict[str, str]):
+    """The environment as a dict that remembers every name looked up by get, [] or ``in``.
+
+    ``dict(env)`` copies take CPython's fast path and are not seen: the names read from such a copy
+    are covered by the static allow-list in :mod:`hwtui.probes.envnames`.
+    """
+
+    def __init__(self, env: Mapping[str, str]):
+        super().__init__(env)
+        self.looked_up: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> str:
+        self.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.looked_up.add(key)
+        return super().__contains__(key)
+
+
 class RecordingHost(Host):
     """Wraps a host and remembers every answer so the machine can be replayed later."""
 
     def __init__(self, inner: Host):
         super().__init__(inner.env)
+        self.env = LookupRecordingEnv(inner.env)
         self.inner = inner
         self.description = inner.description
         self._lock = threading.Lock()
@@ -280,6 +327,11 @@ class RecordingHost(Host):
         value = self.inner.fact(key, producer)
         return self._keep("facts", key, value)
 
+    def recorded_env(self) -> dict[str, str]:
+        """The variables a snapshot keeps: the allow-list plus any name a probe looked up."""
+        looked_up = self.env.looked_up if isinstance(self.env, LookupRecordingEnv) else set()
+        return {k: v for k, v in self.env.items() if probe_reads(k) or k in looked_up}
+
     def snapshot(self) -> dict[str, Any]:
         """The JSON document ``hwtui snapshot`` writes: everything read, secrets masked."""
         import platform
@@ -295,31 +347,101 @@ class RecordingHost(Host):
             "schema": SNAPSHOT_SCHEMA,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "source": {"host": platform.node(), "description": self.description},
-            "env": redact_env(self.env),
+            # Only what the probes read: an environment holds secrets under names no rule can guess.
+            "env": redact_env(self.recorded_env()),
             **record,
         }
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_opt_str(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _is_stat(v: Any) -> bool:
+    # mode, uid, gid as the C stat functions take them: plain ints below 2**32.
+    return v is None or (isinstance(v, list) and len(v) == 3
+                         and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in v))
+
+
+# Snapshot table -> (what each value must be, how the message says it).
+_TABLES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "env": (_is_str, "a string"),
+    "files": (_is_opt_str, "a string or null"),
+    "dirs": (_is_str_list, "a list of strings"),
+    "exists": (lambda v: isinstance(v, bool), "true or false"),
+    "links": (_is_opt_str, "a string or null"),
+    "stat": (_is_stat, "null or [mode, uid, gid] (integers)"),
+}
+
+
+def validate_snapshot(raw: Any) -> dict[str, Any]:
+    """The snapshot with every table checked for type, or ValueError naming the first bad field.
+
+    Checked once here so no probe meets a list where it expects a dict (that was an internal
+    error, exit 3, instead of a one-line "bad snapshot" with exit 2).
+    """
+    if not isinstance(raw, dict):
+        raise ValueError("is not a JSON object")
+    if raw.get("schema") != SNAPSHOT_SCHEMA:
+        raise ValueError(f"is not a hwtui snapshot (schema {_short(raw.get('schema'))}, expected {SNAPSHOT_SCHEMA})")
+    for table, (ok, what) in _TABLES.items():
+        value = raw.get(table, {})
+        if not isinstance(value, dict):
+            raise ValueError(f"field {table!r} must be an object, not {type(value).__name__}")
+        for key, item in value.items():
+            if not ok(item):
+                raise ValueError(f"field {table}[{_short(key)}] must be {what}, not {_short(item)}")
+    for table in ("facts", "source"):
+        if not isinstance(raw.get(table, {}), dict):
+            raise ValueError(f"field {table!r} must be an object, not {type(raw[table]).__name__}")
+    return raw
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _host_label(value: Any) -> str:
+    """The recorded host name for a status line: a string, capped, control characters as '?'."""
+    if not isinstance(value, str) or not value:
+        return "?"
+    return "".join(c if c.isprintable() else "?" for c in value[:64])
 
 
 class ReplayHost(Host):
     """Answers exactly what a recorded machine answered; anything unrecorded is absent."""
 
     def __init__(self, snapshot: Mapping[str, Any], origin: str = "snapshot"):
-        if snapshot.get("schema") != SNAPSHOT_SCHEMA:
-            raise ValueError(f"not a hwtui snapshot (schema {snapshot.get('schema')!r}, expected {SNAPSHOT_SCHEMA})")
-        super().__init__(snapshot.get("env", {}))
-        self.snap = snapshot
-        self.description = f"replay of {snapshot.get('source', {}).get('host', '?')} ({origin})"
+        try:
+            snap = validate_snapshot(snapshot)
+        except ValueError as exc:
+            raise ValueError(f"snapshot {origin} {exc}") from None
+        super().__init__(snap.get("env", {}))
+        self.snap = snap
+        self.description = f"replay of {_host_label(snap.get('source', {}).get('host'))} ({origin})"
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ReplayHost:
+        """Read a snapshot file: regular files only, at most RECORD_CAP (64 MiB), any nesting depth."""
         try:
-            raw = json.loads(Path(path).read_text())
+            data = read_capped(path, RECORD_CAP)
         except OSError as exc:
             raise ValueError(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise ValueError(f"snapshot {path} is not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"snapshot {path} is not a JSON object")
+        try:
+            raw = json.loads(data)
+        except RecursionError:
+            raise ValueError(f"snapshot {path} is nested too deeply to be a hwtui snapshot") from None
+        except ValueError as exc:  # includes UnicodeDecodeError
+            raise ValueError(f"snapshot {path} is not valid JSON: {_short(str(exc), 120)}") from None
         return cls(raw, origin=str(path))
 
     def read_text(self, path: str) -> str | None:

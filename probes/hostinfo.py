@@ -14,12 +14,14 @@ def _live_runtime() -> dict[str, Any]:
     import psutil
 
     vm = psutil.virtual_memory()
+    shm_total: int | None = None
+    shm_free: int | None = None
     try:
         shm = os.statvfs("/dev/shm")
         shm_total = shm.f_frsize * shm.f_blocks
         shm_free = shm.f_frsize * shm.f_bavail
     except OSError:
-        shm_total = shm_free = None
+        pass
     return {
         "cpu_logical": psutil.cpu_count(logical=True),
         "cpu_physical": psutil.cpu_count(logical=False),

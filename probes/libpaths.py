@@ -48,8 +48,7 @@ def linker_dirs(host: Host) -> list[str]:
     dirs = [d for d in host.env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
     dirs += _conf_dirs(host, "/etc/ld.so.conf")
     dirs += list(DEFAULT_DIRS)
-    seen: set[str] = set()
-    return [d for d in dirs if not (d in seen or seen.add(d))]
+    return list(dict.fromkeys(dirs))  # first occurrence wins, order kept
 
 
 def find_library(host: Host, pattern: str, extra_dirs: tuple[str, ...] = ()) -> list[str]:

@@ -10,6 +10,7 @@ import posixpath
 import re
 from typing import Any
 
+from hwtui.core.bounded_read import HOST_FILE_CAP, decode_text, read_bounded
 from hwtui.probes.host import FactUnavailable, Host
 
 PCI_ROOT = "/sys/bus/pci/devices"
@@ -99,10 +100,10 @@ def _read_pci_ids_text(reader) -> str | None:
 
 def _live_pci_ids_text(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
+        data, _cut = read_bounded(path, HOST_FILE_CAP)
+    except (OSError, ValueError):
         return None
+    return decode_text(data)
 
 
 def pci_names(host: Host, wanted: set[tuple[int, int]]) -> dict[str, str]:
@@ -176,7 +177,7 @@ def collect_pci(host: Host) -> dict[str, Any]:
     devices = []
     for addr, vendor_id, device_id, cls in raw:
         sysdir = f"{PCI_ROOT}/{addr}"
-        vendor = VENDORS[vendor_id]
+        vendor_name = VENDORS[vendor_id]
         driver = host.link_name(f"{sysdir}/driver")
         numa = _int_or_none(host.read_text(f"{sysdir}/numa_node"))
         dev: dict[str, Any] = {
@@ -184,7 +185,7 @@ def collect_pci(host: Host) -> dict[str, Any]:
             "vendor_id": f"0x{vendor_id:04x}",
             "device_id": f"0x{device_id:04x}",
             "class": f"0x{cls:06x}",
-            "vendor": vendor,
+            "vendor": vendor_name,
             "name": display_name(vendor_id, device_id, names),
             "driver": driver,
             "numa_node": numa if numa is not None and numa >= 0 else None,
@@ -193,7 +194,7 @@ def collect_pci(host: Host) -> dict[str, Any]:
             "drm_nodes": _drm_nodes(host, sysdir),
             "boot_vga": (host.read_text(f"{sysdir}/boot_vga") or "").strip() == "1",
         }
-        if vendor == "AMD":
+        if vendor_name == "AMD":
             dev["vram_total"] = _int_or_none(host.read_text(f"{sysdir}/mem_info_vram_total"))
             dev["vram_used"] = _int_or_none(host.read_text(f"{sysdir}/mem_info_vram_used"))
         devices.append(dev)

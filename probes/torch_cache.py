@@ -19,10 +19,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hwtui.core.atomic import atomic_write_text
+from hwtui.core.bounded_read import SMALL_FILE_CAP, read_bounded, read_capped
 
 CACHE_SCHEMA = "hwtui.torch-cache/1"
 MAX_ENTRIES = 8
@@ -35,13 +37,13 @@ DRIVER_FILES = ("/proc/driver/nvidia/version", "/sys/module/amdgpu/version", "/s
                 "/sys/module/i915/version", "/sys/module/habanalabs/version")
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    source: Mapping[str, str] = os.environ if env is None else env
+    base = source.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hwtui"
 
 
-def cache_path(env: dict[str, str] | None = None) -> Path:
+def cache_path(env: Mapping[str, str] | None = None) -> Path:
     return cache_dir(env) / "torch-runtime.json"
 
 
@@ -74,15 +76,16 @@ def _driver_fingerprint() -> str:
     h = hashlib.sha256()
     for path in DRIVER_FILES:
         try:
-            with open(path, "rb") as fh:
-                h.update(path.encode() + b"\0" + fh.read(4096))
+            head, _cut = read_bounded(path, 4096)
         except OSError:
             continue
+        h.update(path.encode() + b"\0" + head)
     return h.hexdigest()[:16]
 
 
-def runtime_key(location: dict[str, Any], probe_args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if env is None else env
+def runtime_key(location: dict[str, Any], probe_args: dict[str, Any],
+                env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    source: Mapping[str, str] = os.environ if env is None else env
     dist_info = location.get("dist_info")
     return {
         "python": sys.executable,
@@ -91,7 +94,7 @@ def runtime_key(location: dict[str, Any], probe_args: dict[str, Any], env: dict[
         "record": _stat(os.path.join(dist_info, "RECORD")) if dist_info else None,
         "version_py": _stat(location.get("version_py")),
         "drivers": _driver_fingerprint(),
-        "env": {k: env[k] for k in KEY_ENV if k in env},
+        "env": {k: source[k] for k in KEY_ENV if k in source},
         "probe": dict(sorted(probe_args.items())),
     }
 
@@ -102,8 +105,8 @@ def _digest(key: dict[str, Any]) -> str:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(path, SMALL_FILE_CAP))
+    except (OSError, ValueError, RecursionError):
         return {"schema": CACHE_SCHEMA, "entries": {}}
     if not isinstance(raw, dict) or raw.get("schema") != CACHE_SCHEMA or not isinstance(raw.get("entries"), dict):
         return {"schema": CACHE_SCHEMA, "entries": {}}

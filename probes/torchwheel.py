@@ -14,8 +14,9 @@ import ast
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
+from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
 from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
 from hwtui.probes import torch_cache
 from hwtui.probes.child import ChildError, run_in_child
@@ -106,8 +107,7 @@ def _live_build() -> dict[str, Any]:
     if location is None:
         return {"installed": False}
     try:
-        with open(location["version_py"], encoding="utf-8") as fh:
-            consts = parse_version_py(fh.read())
+        consts = parse_version_py(decode_text(read_capped(location["version_py"], SMALL_FILE_CAP)))
     except OSError as exc:
         return {"installed": True, "error": f"cannot read {location['version_py']}: {exc.strerror}",
                 "path": location["package"]}
@@ -172,13 +172,13 @@ def nvidia_capabilities(facts: Facts) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for dev in (facts.get("nvml") or {}).get("devices") or []:
         if dev.get("pci") and dev.get("compute_capability"):
-            out[dev["pci"]] = tuple(dev["compute_capability"])  # type: ignore[assignment]
+            out[dev["pci"]] = cast("tuple[int, int]", tuple(dev["compute_capability"]))
     runtime = facts.get("torch_runtime") or {}
     version = runtime.get("version") or {}
     if not version.get("hip"):
         for dev in (runtime.get("cuda") or {}).get("devices") or []:
             if dev.get("pci") and dev.get("capability") and dev["pci"] not in out:
-                out[dev["pci"]] = tuple(dev["capability"])  # type: ignore[assignment]
+                out[dev["pci"]] = cast("tuple[int, int]", tuple(dev["capability"]))
     return out
 
 

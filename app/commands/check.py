@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         known = set(areas())
         unknown = only - known
         if unknown or not only:
-            raise HwtuiError(f"--only {args.only}: unknown area(s) {', '.join(sorted(unknown)) or '(empty)'}; "
-                             f"choose from {', '.join(sorted(known))}")
+            # Names echoed capped and repr'd: the message stays one short line whatever was typed.
+            shown = ", ".join(repr(a[:30]) for a in sorted(unknown)[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise HwtuiError(f"--only: unknown area(s) {shown or '(empty)'}; choose from {', '.join(sorted(known))}")
     collectors, rules = catalog()
     result = run_checks(host, collectors, rules, only=only, timeout_scale=timeout_scale(args))
     # Findings are redacted at the boundary, so text, JSON and JUnit all get the same masked view.

@@ -77,13 +77,14 @@ def resolve_devices(args: argparse.Namespace) -> list:
     from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
     from hwtui.probes.inventory import detect_devices
 
-    if args.gpu_ids and args.cuda_ids:
+    # `is not None`: an empty --gpu-ids '' is an error, never a silent fall back to the defaults.
+    if args.gpu_ids is not None and args.cuda_ids is not None:
         raise HwtuiError("--gpu-ids and --cuda-ids are alternatives: give one")
     devices, _facts = detect_devices(host_from_args(args))
     try:
-        if args.cuda_ids:
+        if args.cuda_ids is not None:
             return parse_cuda_ids(args.cuda_ids, devices)
-        if args.gpu_ids:
+        if args.gpu_ids is not None:
             return parse_gpu_ids(args.gpu_ids, devices)
         usable = [d for d in devices if d.usable and d.backend in ("cuda", "hip", "xpu", "hpu")]
         spec = ",".join(f"{d.backend}:{d.index}" for d in usable) or "cpu:0,cpu:1"

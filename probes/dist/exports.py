@@ -10,10 +10,12 @@ and are never written here.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from hwtui.core.finding import Finding, Status
 from hwtui.probes.devices import build_devices
 from hwtui.probes.dist.ib import active_ports, best_gid, selected_ports
 from hwtui.probes.dist.knobs import MIB, SAFE_FRACTION, _free_memory, knob_values
@@ -21,7 +23,6 @@ from hwtui.probes.dist.launcher import job_shape
 from hwtui.probes.dist.nccl import best_interface, effective_env
 from hwtui.probes.dist.parsers import parse_host, parse_int, parse_nccl_debug, parse_nccl_list, parse_port
 from hwtui.probes.dist.vendor_ccl import ONEAPI_SETVARS, ONECCL_BINDINGS_SETVARS_PATH
-from hwtui.core.finding import Finding, Status
 from hwtui.probes.framework import Facts
 
 
@@ -33,14 +34,25 @@ class Line:
     why: str = ""
 
     def render(self) -> str:
-        head = f"# {self.why}\n" if self.why else ""
+        # The file is meant to be sourced: every value is quoted, and comments (which carry values
+        # from the environment, a replayed snapshot or the file system) can never end their line.
+        head = f"{comment(self.why)}\n" if self.why else ""
         if self.kind == "export":
             return f"{head}export {self.name}={shlex.quote(self.value)}"
         if self.kind == "unset":
-            return f"{head}unset {self.name}"
+            return f"{head}unset {shlex.quote(self.name)}"
         if self.kind == "source":
-            return f"{head}source {self.value}"
-        return f"# {self.name}"
+            return f"{head}source {shlex.quote(self.value)}"
+        return comment(self.name)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+
+def comment(text: str) -> str:
+    """A shell comment line holding ``text``: control characters (newlines above all) are shown
+    escaped, so a value such as ``x\ntouch pwned`` stays inside the comment."""
+    return "# " + _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def _exact_if(name: str, all_names: list[str]) -> str:
@@ -192,7 +204,7 @@ def build_lines(facts: Facts, findings: list[Finding]) -> list[Line]:
 
 
 def render(lines: list[Line], header: list[str]) -> str:
-    out = [f"# {h}" for h in header]
+    out = [comment(h) for h in header]
     body = [line.render() for line in lines]
     return "\n".join(out + [""] + body) + "\n"
 

@@ -203,8 +203,8 @@ def launcher_rules(facts: Facts) -> Iterator[Finding]:
         yield fail("launcher.node_rank", f"node rank {shape.node_rank} is not below the node count {shape.nnodes}",
                    "", f"export NODE_RANK=<0..{shape.nnodes - 1}>")
     group = env_int(env, "GROUP_RANK")
-    if None not in (group, rank, local_rank, local_world) and rank != group * local_world + local_rank and \
-            world is not None and local_world is not None and world % local_world == 0:
+    if group is not None and rank is not None and local_rank is not None and local_world is not None \
+            and world is not None and rank != group * local_world + local_rank and world % local_world == 0:
         yield warn("launcher.rank_layout", f"RANK={rank} is not GROUP_RANK*LOCAL_WORLD_SIZE+LOCAL_RANK="
                    f"{group * local_world + local_rank}",
                    "torchrun assigns ranks node by node; a different layout means hand-edited variables.",

@@ -51,7 +51,8 @@ def conf_paths(env: Mapping[str, str]) -> list[str]:
 def library_dirs(host: Host, env: Mapping[str, str]) -> list[str]:
     """Where dlopen looks for a bare library name: LD_LIBRARY_PATH, the ld.so.conf dirs, the defaults."""
     dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
-    pending, seen_files = ["/etc/ld.so.conf"], set()
+    pending: list[str] = ["/etc/ld.so.conf"]
+    seen_files: set[str] = set()
     while pending and len(seen_files) < 256:
         path = pending.pop(0)
         if path in seen_files:

@@ -14,6 +14,9 @@ import re
 from dataclasses import dataclass, field
 
 _INT = re.compile(r"[+-]?[0-9]+")
+# More digits than any setting needs, far fewer than Python's int() limit (4300): a 5,000-digit
+# MASTER_PORT is a clean "out of range", never a ValueError from int().
+MAX_INT_DIGITS = 40
 
 
 # -- integers -----------------------------------------------------------------------------------
@@ -36,6 +39,8 @@ def parse_int(raw: str, name: str = "value", lo: int | None = None, hi: int | No
         return IntValue(raw, None, (f"{name} is empty",))
     if not _INT.fullmatch(text):
         return IntValue(raw, None, (f"{name}={_show(raw)} is not an integer",))
+    if len(text.lstrip("+-").lstrip("0")) > MAX_INT_DIGITS:
+        return IntValue(raw, None, (f"{name}={_show(raw)} has more than {MAX_INT_DIGITS} digits: out of range",))
     value = int(text)
     problems: list[str] = []
     if text != raw:
@@ -84,9 +89,19 @@ def parse_positive_number(raw: str, name: str, hi: float = float(1 << 20)) -> Nu
     return NumberValue(raw, value)
 
 
+MAX_PROBLEMS = 20
+
+
+def _capped(problems: list[str]) -> tuple[str, ...]:
+    """At most MAX_PROBLEMS messages: a 100 KB list with 50,000 bad entries is one finding, not a book."""
+    if len(problems) <= MAX_PROBLEMS:
+        return tuple(problems)
+    return (*problems[:MAX_PROBLEMS], f"... and {len(problems) - MAX_PROBLEMS} more problems")
+
+
 def _show(raw: str, limit: int = 40) -> str:
     """A value quoted for a message: repr keeps control characters visible, length is capped."""
-    text = repr(raw)
+    text = repr(raw[:limit])  # repr of the head only: the value may be a megabyte
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
@@ -210,7 +225,7 @@ def parse_nccl_list(raw: str, name: str, with_ports: bool = True) -> NcclList:
         entries.append(ListEntry(part, port))
     if not entries:
         problems.append(f"{name}={_show(raw)} names nothing")
-    return NcclList(raw, tuple(entries), exclude, exact, tuple(problems))
+    return NcclList(raw, tuple(entries), exclude, exact, _capped(problems))
 
 
 # -- NCCL_DEBUG and NCCL_DEBUG_SUBSYS -------------------------------------------------------------
@@ -254,7 +269,8 @@ def parse_nccl_debug_subsys(raw: str) -> SubsysValue:
     exclude = text.startswith("^")
     if exclude:
         text = text[1:]
-    names, unknown = [], []
+    names: list[str] = []
+    unknown: list[str] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -263,7 +279,7 @@ def parse_nccl_debug_subsys(raw: str) -> SubsysValue:
     problems = [f"NCCL_DEBUG_SUBSYS: unknown subsystem(s) {', '.join(_show(u) for u in unknown)}"] if unknown else []
     if not names and not unknown:
         problems.append("NCCL_DEBUG_SUBSYS names no subsystem")
-    return SubsysValue(raw, tuple(names), exclude, tuple(unknown), tuple(problems))
+    return SubsysValue(raw, tuple(names), exclude, tuple(unknown), _capped(problems))
 
 
 # -- device visibility masks ----------------------------------------------------------------------
@@ -303,12 +319,14 @@ def parse_visible_devices(raw: str, name: str) -> VisibleList:
     if not text:
         return VisibleList(raw, (), None, (f"{name} is set but empty: no device is visible",))
     parts = text.split(",")
+    seen: set[int] = set()  # a set, not a scan of entries: a 100 KB list stays linear
     for i, part in enumerate(parts):
         token = part.strip()
         iv = parse_int(token, name) if token else IntValue(token, None, ("empty",))
         if iv.value is not None and not iv.problems and iv.value >= 0:
-            if any(e.index == iv.value for e in entries):
+            if iv.value in seen:
                 problems.append(f"{name} lists device {iv.value} twice")
+            seen.add(iv.value)
             entries.append(VisibleEntry(index=iv.value))
             continue
         if _UUID_ENTRY.fullmatch(token):
@@ -323,7 +341,7 @@ def parse_visible_devices(raw: str, name: str) -> VisibleList:
             problems.append(f"{name}: entry {_show(token)} is not a device ordinal or UUID; it and everything after it "
                             "are ignored")
         break
-    return VisibleList(raw, tuple(entries), ignored, tuple(problems))
+    return VisibleList(raw, tuple(entries), ignored, _capped(problems))
 
 
 def parse_ze_affinity_mask(raw: str) -> VisibleList:
@@ -334,22 +352,26 @@ def parse_ze_affinity_mask(raw: str) -> VisibleList:
     text = raw.strip()
     if not text:
         return VisibleList(raw, (), None, (f"{name} is set but empty",))
+    seen: set[VisibleEntry] = set()
     for part in text.split(","):
         token = part.strip()
-        m = re.fullmatch(r"(\d+)(?:\.(\d+))?", token)
+        # Bounded digit counts: int() of a 5,000-digit ordinal raises.
+        m = re.fullmatch(r"(\d{1,9})(?:\.(\d{1,9}))?", token)
         if not m:
             problems.append(f"{name}: entry {_show(token)} is not device[.subdevice]; Level Zero drops it")
             continue
         entry = VisibleEntry(index=int(m.group(1)), sub=int(m.group(2)) if m.group(2) else None)
-        if entry in entries:
-            problems.append(f"{name} lists {token} twice")
+        if entry in seen:
+            problems.append(f"{name} lists {_show(token)} twice")
+        seen.add(entry)
         entries.append(entry)
-    return VisibleList(raw, tuple(entries), None, tuple(problems))
+    return VisibleList(raw, tuple(entries), None, _capped(problems))
 
 
 def parse_module_list(raw: str, name: str = "HABANA_VISIBLE_MODULES") -> VisibleList:
     """HABANA_VISIBLE_MODULES: comma list of module ids (0-7 on an HLS board)."""
     entries: list[VisibleEntry] = []
+    seen: set[int] = set()
     problems: list[str] = []
     for part in raw.split(","):
         token = part.strip()
@@ -360,10 +382,11 @@ def parse_module_list(raw: str, name: str = "HABANA_VISIBLE_MODULES") -> Visible
         if iv.value is None or iv.problems:
             problems.append(f"{name}: {_show(token)} is not a module id")
             continue
-        if any(e.index == iv.value for e in entries):
+        if iv.value in seen:
             problems.append(f"{name} lists module {iv.value} twice")
+        seen.add(iv.value)
         entries.append(VisibleEntry(index=iv.value))
-    return VisibleList(raw, tuple(entries), None, tuple(problems))
+    return VisibleList(raw, tuple(entries), None, _capped(problems))
 
 
 # -- UCX_NET_DEVICES ------------------------------------------------------------------------------
@@ -401,7 +424,7 @@ def parse_ucx_devices(raw: str, name: str = "HOTWEIGHTS_UCX_NET_DEVICES") -> Dev
         entries.append(ListEntry(base, port))
     if not entries:
         problems.append(f"{name}={_show(raw)} names no device")
-    return DeviceList(raw, False, tuple(entries), tuple(problems))
+    return DeviceList(raw, False, tuple(entries), _capped(problems))
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -429,7 +452,7 @@ def parse_nccl_conf(text: str, origin: str = "nccl.conf") -> ConfFile:
         if key.startswith("export "):
             key = key[7:].strip()
         settings[key] = value
-    return ConfFile(settings, tuple(problems))
+    return ConfFile(settings, _capped(problems))
 
 
 def parse_ld_so_conf(text: str) -> tuple[list[str], list[str]]:

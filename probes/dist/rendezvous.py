@@ -179,8 +179,9 @@ def collect_rendezvous(host: Host) -> dict[str, Any]:
     port_value = port.value if port is not None and port.ok else None
     master_here = _master_here(env, job_shape(env))
     target = {"host": addr.host, "port": port_value, "master_here": master_here}
+    name = addr.host
     try:
-        record = host.fact(FACT_KEY, lambda: probe(addr.host, port_value, master_here=master_here))
+        record = host.fact(FACT_KEY, lambda: probe(name, port_value, master_here=master_here))
     except FactUnavailable as exc:
         out["unavailable"] = str(exc)
         return out
@@ -262,6 +263,7 @@ def _port_findings(env: Mapping[str, str], rdv: Mapping[str, Any], shape: JobSha
         yield fail("rendezvous.port", "; ".join(port.problems), "", "export MASTER_PORT=29500")
         return
     value = port.value
+    assert value is not None  # port.ok means a value
     test = rdv.get("port_test")
     if not test:
         if value < 1024 and shape.is_rank0:
