@@ -37,6 +37,9 @@ PROBE_ENV_NAMES: frozenset[str] = frozenset({
     "HWTUI_CHECKPOINT_DIR",
     # vendor collective libraries and runtimes (oneCCL, HCCL, TPU)
     "SETVARS_COMPLETED", "PJRT_DEVICE", "PL_TORCH_DISTRIBUTED_BACKEND", "XRT_TPU_CONFIG",
+    # frameworks and GPU-direct storage (probes/frameworks.py, probes/gds.py, probes/vendor_envs.py)
+    "ACCELERATE_CONFIG_FILE", "HF_HOME", "PWD", "XDG_CONFIG_HOME", "CUDA_HOME", "CUDA_PATH", "CUFILE_ENV_PATH_JSON",
+    "KVIKIO_COMPAT_MODE", "XDG_DATA_HOME",
 })
 
 # Families a probe scans as a whole (``any(k.startswith("TORCHELASTIC_") ...)``, oneCCL's CCL_*,
