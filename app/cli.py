@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, str] = {
     "replicate": "hwtui.app.commands.replicate",
     "train": "hwtui.app.commands.train",
     "cluster": "hwtui.app.commands.cluster",
+    "agent": "hwtui.app.commands.agent",
 }
 
 
