@@ -80,9 +80,33 @@ class AgentServer(ThreadingHTTPServer):
         self.requests = 0
         self.refused = 0
         self._count_lock = threading.Lock()
+        self._open: set[Any] = set()
         if tls is not None:
             # Handshakes happen in each connection's thread (AgentHandler.setup), never in accept().
             self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def get_request(self) -> tuple[Any, Any]:
+        conn, addr = super().get_request()
+        with self._count_lock:
+            self._open.add(conn)
+        return conn, addr
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._count_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        """Close the listener and every keep-alive connection: a stopped agent answers nothing."""
+        super().server_close()
+        with self._count_lock:
+            conns, self._open = list(self._open), set()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
 
     @property
     def port(self) -> int:
