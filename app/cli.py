@@ -19,7 +19,8 @@ from hwtui.core.errors import EXIT_INTERNAL, EXIT_USAGE, HwtuiError
 
 # Modules that only the engine extra brings: a base install (`pip install hwtui`) meets them as a
 # ModuleNotFoundError, which must read as "install the extra", not as an internal error.
-ENGINE_EXTRA_MODULES = {"torch": "engine", "xxhash": "engine", "safetensors": "engine", "numpy": "engine"}
+ENGINE_EXTRA_MODULES = {"torch": "engine", "xxhash": "engine", "safetensors": "engine", "numpy": "engine",
+                        "httpx": "agent"}
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -23,8 +23,8 @@ def test_parse_agents():
 
 
 def test_interval_adapts_to_the_number_of_nodes():
-    assert adaptive_interval(1) == adaptive_interval(16) == 1.0
-    assert adaptive_interval(64) == 2.0 and adaptive_interval(256) == 4.0
+    assert adaptive_interval(1) == adaptive_interval(11) == 1.0
+    assert adaptive_interval(64) == pytest.approx(2.4) and adaptive_interval(256) == pytest.approx(4.8)
 
 
 def test_a_dead_and_a_silent_node_are_stale_and_never_stall_the_others():
