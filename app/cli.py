@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, str] = {
     "cluster": "hwtui.app.commands.cluster",
     "agent": "hwtui.app.commands.agent",
     "agents": "hwtui.app.commands.agents",
+    "push": "hwtui.app.commands.push",
 }
 
 

@@ -85,6 +85,15 @@ class AgentServer(ThreadingHTTPServer):
             # Handshakes happen in each connection's thread (AgentHandler.setup), never in accept().
             self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-answer is routine; anything else is one line, never a traceback."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError, ssl.SSLError)):
+            return
+        print(f"hwtui agent: request from {client_address[0]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
     def get_request(self) -> tuple[Any, Any]:
         conn, addr = super().get_request()
         with self._count_lock:

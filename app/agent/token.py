@@ -6,9 +6,9 @@ import hmac
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 
-from hwtui.core.atomic import atomic_write_text
 from hwtui.core.errors import HwtuiError
 
 ENV_TOKEN = "HWTUI_AGENT_TOKEN"
@@ -44,18 +44,34 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
 
 
 def load_or_create(path: str | os.PathLike[str]) -> tuple[str, bool]:
-    """(token, created): read ``path`` or write a fresh random token there with mode 0600."""
+    """(token, created): read ``path`` or write a fresh random token there with mode 0600.
+
+    Race-free: the new file is written aside and *linked* into place, which fails if another agent
+    (a second one started at the same moment) made it first; then both read the one that won.
+    """
+    path = Path(path)
     try:
         return read_token_file(path), False
     except FileNotFoundError:
         pass
-    token = secrets.token_urlsafe(32)
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_text(path, token + "\n", perms=0o600)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, (secrets.token_urlsafe(32) + "\n").encode())
+            os.fsync(fd)
+            os.close(fd)
+            try:
+                os.link(tmp, path)
+                created = True
+            except FileExistsError:
+                created = False
+        finally:
+            os.unlink(tmp)
     except OSError as exc:
         raise HwtuiError(f"cannot write the token file {path}: {exc.strerror or exc}") from None
-    return token, True
+    return read_token_file(path), created
 
 
 def client_token(token_file: str | None, env: dict[str, str] | None = None) -> str | None:
