@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per-bucket and commit wait (default 20 s)")
     p.add_argument("--init-timeout", type=float, default=60.0, metavar="S",
                    help="wait for a new process group to form (default 60 s)")
-    p.add_argument("--deadline", type=float, default=900.0, metavar="S", help="give up on the whole push after S s (default 900)")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="give up on the whole push after S s and stop it on every agent "
+                        "(default: init timeout + 2 min + 1 min per GB)")
     p.add_argument("--inflight", type=int, default=4, metavar="K", help="buckets in flight (default 4)")
     p.add_argument("--chunk-mb", type=float, default=64.0, metavar="MB", help="largest collective (default 64)")
     p.add_argument("--json", action="store_true", help="print one JSON document (schema hwtui.push/1)")
@@ -144,9 +146,37 @@ async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, ta
                                 failures=last.get("failures"), warm=last.get("warm"))
 
             await asyncio.gather(*(follow(t) for t in pending))
+            dead = [t for t in targets if nodes[t.url].get("outcome") in ("died", "unreachable", "refused")]
+            if dead:
+                # This push can no longer commit anywhere (the vote needs every rank). Ranks that have
+                # not reached the vote are stopped now instead of waiting out their timeouts; one that
+                # is voting or committing is left to finish on its own.
+                stoppable = [t for t in targets if "outcome" not in nodes[t.url] and not nodes[t.url].get("abort_sent")
+                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer")]
+                for t in stoppable:
+                    nodes[t.url]["abort_sent"] = True
+                    nodes[t.url].setdefault("note", f"stopped: {dead[0].name} is gone")
+
+                async def stop_one(t: Any) -> None:
+                    try:
+                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                    except Exception:  # noqa: BLE001, S110 - followed (and named) like any other node
+                        pass
+
+                await asyncio.gather(*(stop_one(t) for t in stoppable))
             await asyncio.sleep(0.05)
-        for t in targets:
-            nodes[t.url].setdefault("outcome", "timed out")
+        late = [t for t in targets if "outcome" not in nodes[t.url]]
+        if late:
+            # Past the deadline: stop the push where it still runs, so no rank waits on it any longer.
+            async def abort(t: Any) -> None:
+                try:
+                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                except Exception:  # noqa: BLE001, S110 - the node is named as timed out either way
+                    pass
+
+            await asyncio.gather(*(abort(t) for t in late))
+        for t in late:
+            nodes[t.url]["outcome"] = "timed out"
         wall = time.monotonic() - t0
     finally:
         await client.http.aclose()
@@ -171,12 +201,16 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError("--agents needs a source and at least one receiver")
     for name in ("timeout", "init_timeout", "deadline"):
         v = getattr(args, name)
+        if v is None:
+            continue
         if not 0 < v <= 86400:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
     plan = load_plan(args.plan)
     token, verify = client_settings(args)
+    if args.deadline is None:
+        args.deadline = args.init_timeout + 120 + 60 * plan["total_bytes"] / 1e9
     doc = asyncio.run(push(args, plan.raw, plan, targets, token, verify))
     if args.json:
         json.dump(doc, sys.stdout, indent=2)

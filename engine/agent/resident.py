@@ -174,6 +174,16 @@ class ResidentRank:
             raise
         return {"node": self.node, "accepted": True, "warm": warm}
 
+    def abort(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it)."""
+        push_id = body.get("push_id")
+        _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        with self._lock:
+            mine = self.busy and (self.in_flight or {}).get("push_id") == push_id
+        if mine:
+            self._stop_child(wait_reader=True)
+        return {"node": self.node, "aborted": mine, "serving": self.serving()}
+
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, rank: int, world: int,
                     master: str, port: int) -> dict[str, Any]:
         from hwtui.engine.replication.transport import choose_transport
@@ -230,12 +240,23 @@ class ResidentRank:
         threading.Thread(target=self._read_child, args=(child, group, self._stop), name="resident-reader", daemon=True).start()
         return False
 
-    def _stop_child(self) -> None:
-        if self.child is not None:
+    def _stop_child(self, wait_reader: bool = False) -> None:
+        """Stop the resident rank; with ``wait_reader`` its reader records the push it was running as failed."""
+        child = self.child
+        if child is None:
+            return
+        if not wait_reader:
             self._stop.set()
-            self.child.terminate(grace_s=2)
-            self.child = None
-            self.world_key = None
+        child.terminate(grace_s=2)
+        if wait_reader:
+            deadline = time.monotonic() + 5
+            while self.busy and self._flight_child is child and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self._stop.set()
+        with self._lock:
+            if self.child is child:
+                self.child = None
+                self.world_key = None
 
     def _read_child(self, child: Child, group: Group, stop: threading.Event) -> None:
         try:
@@ -299,6 +320,12 @@ class ResidentRank:
                 self.world_key = None
             if self.busy and self._flight_child is child:
                 code = child.poll()
+                # The rank could not clean up after itself: only staging/<v> goes, never CURRENT or versions/.
+                version = (self.in_flight or {}).get("version")
+                if version:
+                    shutil.rmtree(self.served / "staging" / str(version), ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        (self.served / "staging").rmdir()
                 self._finish({"code": -1, "usable": False})
                 if self.last is not None:
                     self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
