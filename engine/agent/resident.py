@@ -73,6 +73,7 @@ class ResidentRank:
         self.last: dict[str, Any] | None = None
         self.pushes: Counter[str] = Counter()
         self.child_starts = 0
+        self.spare: dict[str, Any] = {"state": "none"}  # the next push's pre-made staging file (engine.agent.spare)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-spawner")
         self._flight_child: Child | None = None  # the child running the push in flight
         self._done_bytes = 0
@@ -104,7 +105,8 @@ class ResidentRank:
             last = dict(self.last) if self.last else None
             warm = self.child is not None and self.child.running and self.world_key is not None
             return {"serving": self.serving(), "slots": self.slots(), "in_flight": flight, "last": last,
-                    "pushes": dict(self.pushes), "resident": {"warm": warm, "starts": self.child_starts,
+                    "pushes": dict(self.pushes), "spare": dict(self.spare),
+                    "resident": {"warm": warm, "starts": self.child_starts,
                                                                "pid": self.child.pid if warm and self.child else None}}
 
     # ------------------------------------------------------------------ requests
@@ -295,6 +297,11 @@ class ResidentRank:
                 flight.setdefault("errors", []).append(redact_text(str(msg.get("message")))[:300])
             elif kind == "resident.done":
                 self._finish(msg)
+                self.spare = {"state": "preparing"} if self.last and self.last.get("outcome") == "committed" \
+                    and self.last.get("rank") != 0 else self.spare
+            elif kind == "resident.spare":
+                self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
+                              "seconds": msg.get("seconds"), "error": msg.get("error")}
 
     def _finish(self, msg: dict[str, Any]) -> None:
         """Called with the lock held: the push ended on this rank."""

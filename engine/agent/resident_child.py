@@ -96,6 +96,23 @@ def run_push(cfg: dict[str, Any], emit: Any) -> tuple[int, bool]:
         return EXIT_BROKEN, False
 
 
+def _make_spare(cfg: dict[str, Any], emit: Any) -> None:
+    """Idle work after a committed push: the next push's staging file, the size of this version."""
+    from hwtui.engine.agent.spare import make_spare
+    from hwtui.engine.replication.commit import ServedDir
+
+    served = ServedDir(cfg["out"], cfg["rank"])
+    t = time.perf_counter()
+    try:
+        cur = served.current() or {}
+        size = os.path.getsize(served.root / cur["file"]) if cur.get("file") else 0
+        make_spare(served.root.resolve(), size)
+    except (OSError, KeyError) as exc:
+        emit({"kind": "resident.spare", "ok": False, "error": str(exc)[:200]})
+        return
+    emit({"kind": "resident.spare", "ok": True, "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
+
+
 def main(argv: list[str]) -> int:
     fd = int(argv[0])
     _die_with_parent()
@@ -110,6 +127,9 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401 - the point of a resident rank: paid once, here
     import torch.distributed  # noqa: F401
 
+    from hwtui.engine.agent import spare
+
+    spare.install()
     emit({"kind": "resident.ready", "import_s": round(time.perf_counter() - t, 3), "pid": os.getpid()})
     reader = LineReader(MAX_COMMAND)
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
@@ -124,6 +144,8 @@ def main(argv: list[str]) -> int:
             push_id = cmd.get("push_id")
             code, usable = run_push(cmd["cfg"], emit)
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
+            if usable and code == EXIT_OK and cmd["cfg"].get("rank") != SRC:
+                _make_spare(cmd["cfg"], emit)
             if not usable:
                 sys.stdout.flush()
                 sys.stderr.flush()
