@@ -155,7 +155,7 @@ class Poller:
     """Poll ``/v1/summary`` of every target on its own task; ``views`` always holds the latest."""
 
     def __init__(self, targets: Sequence[Target], *, token: str | None = None, interval: float | None = None,
-                 request_timeout: float | None = None, verify: bool | str = True,
+                 request_timeout: float | None = None, verify: Any = True,
                  on_update: Callable[[NodeView], None] | None = None):
         self.targets = list(targets)
         self.interval = interval if interval is not None else adaptive_interval(len(self.targets))
@@ -234,7 +234,7 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def fetch_all(targets: Sequence[Target], path: str, *, token: str | None, timeout: float,
-                    verify: bool | str = True) -> list[tuple[Target, dict[str, Any] | None, str | None]]:
+                    verify: Any = True) -> list[tuple[Target, dict[str, Any] | None, str | None]]:
     """One GET of ``path`` on every target at once: (target, document or None, error or None)."""
     import httpx
 

@@ -33,18 +33,18 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cacert", metavar="PEM", help="CA bundle that signed the agents' certificates (https)")
 
 
-def client_settings(args: argparse.Namespace) -> tuple[str | None, bool | str]:
+def client_settings(args: argparse.Namespace) -> tuple[str | None, Any]:
+    """(token, httpx ``verify``: True for the system CAs, or an SSL context trusting --cacert)."""
     from hwtui.app.agent.token import client_token
 
-    verify: bool | str = True
+    verify: Any = True
     if getattr(args, "cacert", None):
         import ssl
 
         try:
-            ssl.create_default_context(cafile=args.cacert)
+            verify = ssl.create_default_context(cafile=args.cacert)
         except (OSError, ssl.SSLError) as exc:
             raise HwtuiError(f"--cacert {args.cacert}: {exc}") from None
-        verify = args.cacert
     return client_token(getattr(args, "token_file", None)), verify
 
 

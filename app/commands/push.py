@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class _Client:
-    def __init__(self, token: str | None, verify: bool | str):
+    def __init__(self, token: str | None, verify: Any):
         import httpx
 
         from hwtui.app.agent.client import headers
@@ -69,7 +69,7 @@ def _why(exc: BaseException) -> str:
 
 
 async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, targets: list[Any], token: str | None,
-               verify: bool | str) -> dict[str, Any]:
+               verify: Any) -> dict[str, Any]:
     from hwtui.app.agent.client import fetch_json
 
     t0 = time.monotonic()

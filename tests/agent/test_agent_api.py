@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -213,3 +214,39 @@ def test_bad_listen_address_is_one_line_exit_2():
                           text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "--listen" in done.stderr
+
+
+def _self_signed(tmp_path):
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    return cert, key
+
+
+def test_tls_serves_https_and_a_stalled_handshake_blocks_no_one(tmp_path):
+    from hwtui.app.commands.agent import _tls
+
+    cert, key = _self_signed(tmp_path)
+    state = NodeState(node="tls", sample=_samples, check=dict, facts=dict, processes=list)
+    server = AgentServer(("127.0.0.1", 0), state, TOKEN, tls=_tls(str(cert), str(key)))
+    serve_in_thread(server)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            # Connected, never says hello: the handshake waits in this connection's thread only.
+            doc = httpx.get(f"https://127.0.0.1:{server.port}/v1/node", verify=ssl.create_default_context(cafile=str(cert)),
+                            timeout=5).json()
+        assert doc["node"] == "tls" and doc["tls"] is True
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{server.port}/v1/node", timeout=5)  # plain HTTP to the TLS port
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"https://127.0.0.1:{server.port}/v1/node", timeout=5)  # an unknown CA is not trusted
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(Exception, match="--cert and --key go together"):
+        _tls(str(cert), None)

@@ -24,7 +24,7 @@ class NodesScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "app.quit", "Quit")]
     DEFAULT_CSS = "NodesScreen #nodes-title { height: 1; text-style: bold; padding: 0 1; }"
 
-    def __init__(self, targets: list[Target], token: str | None = None, verify: bool | str = True, **kwargs: Any):
+    def __init__(self, targets: list[Target], token: str | None = None, verify: Any = True, **kwargs: Any):
         super().__init__(**kwargs)
         self.poller = Poller(targets, token=token, verify=verify)
         self._stop = asyncio.Event()
