@@ -34,7 +34,9 @@ from hwtui.engine.agent.state import NodeState
 
 SCHEMA = "hwtui.agent/1"
 MAX_BODY = 32 << 20  # a push's plan for a large model is a few MB of JSON
-REQUEST_TIMEOUT_S = 15.0
+REQUEST_TIMEOUT_S = 15.0  # per socket operation
+BODY_DEADLINE_S = 60.0  # for a whole body: a client trickling a byte every 14 s is cut off
+MAX_CONNECTIONS = 256  # open at once (a thread each); more are closed at once, never queued
 
 PostHandler = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 
@@ -99,6 +101,10 @@ class AgentServer(ThreadingHTTPServer):
         with self._count_lock:
             self._open.add(conn)
         return conn, addr
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        with self._count_lock:
+            return len(self._open) <= MAX_CONNECTIONS
 
     def shutdown_request(self, request: Any) -> None:
         with self._count_lock:
@@ -223,9 +229,15 @@ class AgentHandler(BaseHTTPRequestHandler):
         length = int(raw_len)
         if length > MAX_BODY:
             raise BadRequest(413, f"the body is {length} bytes; at most {MAX_BODY} are accepted")
-        data = self.rfile.read(length)
-        if len(data) != length:
-            raise BadRequest(400, "the body ended early")
+        data = bytearray()
+        deadline = time.monotonic() + BODY_DEADLINE_S
+        while len(data) < length:
+            if time.monotonic() > deadline:
+                raise BadRequest(408, f"the body did not arrive within {BODY_DEADLINE_S:g} s")
+            chunk = self.rfile.read1(min(1 << 20, length - len(data)))
+            if not chunk:
+                raise BadRequest(400, "the body ended early")
+            data += chunk
         return parse_json_body(data)
 
     # ------------------------------------------------------------------ verbs

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hwtui.core.redact import redact_text
+
 # (metric, sample key, help, scale)
 _DEVICE_GAUGES = (
     ("hwtui_device_utilization_percent", "util", "Device utilisation in percent", 1.0),
@@ -21,7 +23,7 @@ _DEVICE_GAUGES = (
 
 
 def escape_label(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return redact_text(str(value)).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _labels(labels: Mapping[str, Any]) -> str:
