@@ -100,7 +100,11 @@ async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, ta
         for t, d in zip(targets, prepared, strict=True):
             nodes[t.url].update(node=d.get("node") or t.name, before=d.get("serving"))
         warm = all(d.get("warm") for d in prepared)
-        master, port = prepared[0]["advertise"], int(prepared[0]["port"])
+        master, port = str(prepared[0].get("advertise") or ""), int(prepared[0]["port"])
+        if master in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard listener: reach it where we reached its agent
+            from urllib.parse import urlsplit
+
+            master = urlsplit(targets[0].url).hostname or master
         settings = {"timeout": args.timeout, "init_timeout": args.init_timeout, "inflight": args.inflight,
                     "chunk_mb": args.chunk_mb}
 
