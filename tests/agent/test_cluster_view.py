@@ -163,3 +163,41 @@ async def test_the_tui_shows_every_node_and_a_stale_one_as_stale():
             assert stale_row[1].startswith("STALE") and "refused" in stale_row[2]
     finally:
         stop_agent(live)
+
+
+async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch):
+    """`hwtui --agents ...` wiring: run_tui builds the nodes screen and the app opens on it."""
+    from hwtui.app.tui import app as tui_app
+    from hwtui.app.tui import launch
+    from hwtui.app.tui.screens.nodes import NodesScreen
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("HWTUI_AGENT_TOKEN", TOKEN)
+    live = start_agent("solo", 1)
+    seen = {}
+
+    async def run_app(self):  # what App.run would show, headless: the screen it opens on
+        async with self.run_test(size=(100, 20)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if isinstance(self.screen, NodesScreen) and self.screen.query_one("ClusterNodes").row_count:
+                    break
+            seen["screen"] = self.screen
+            seen["rows"] = self.screen.query_one("ClusterNodes").row_count
+        return 0
+
+    try:
+        import argparse
+
+        args = argparse.Namespace(interval=None, sysroot=None, replay=None, agents=f"127.0.0.1:{live.port}",
+                                  token_file=None, cacert=None)
+        captured = {}
+        # run_tui builds the app as `hwtui --agents` does; its blocking run() is replaced by capturing it.
+        monkeypatch.setattr(tui_app.HwtuiApp, "run", lambda self, *a, **kw: captured.setdefault("app", self) and 0)
+        assert launch.run_tui(args) == 0
+        app = captured["app"]
+        assert isinstance(app.nodes_screen, NodesScreen) and app.nodes_screen.poller._token == TOKEN
+        await run_app(app)
+        assert isinstance(seen["screen"], NodesScreen) and seen["rows"] >= 1
+    finally:
+        stop_agent(live)
