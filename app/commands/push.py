@@ -152,13 +152,16 @@ async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, ta
             await asyncio.gather(*(follow(t) for t in pending))
             dead = [t for t in targets if nodes[t.url].get("outcome") in ("died", "unreachable", "refused")]
             if dead:
-                # This push can no longer commit anywhere (the vote needs every rank). Ranks that have
-                # not reached the vote are stopped now instead of waiting out their timeouts; one that
-                # is voting or committing is left to finish on its own.
-                stoppable = [t for t in targets if "outcome" not in nodes[t.url] and not nodes[t.url].get("abort_sent")
-                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer")]
+                # This push can no longer commit (the vote needs every rank): the others are stopped
+                # now instead of waiting out their timeouts. A rank blocked in the vote is stopped too:
+                # its switch runs with SIGTERM blocked, so a stop lands before the switch or after it,
+                # never inside; a rank already past the vote ("committing") is left to finish.
+                now = time.monotonic()
+                stoppable = [t for t in targets if "outcome" not in nodes[t.url]
+                             and now - nodes[t.url].get("abort_sent", -1e9) > 5.0  # again if the first was missed
+                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer", "voting")]
                 for t in stoppable:
-                    nodes[t.url]["abort_sent"] = True
+                    nodes[t.url]["abort_sent"] = now
                     nodes[t.url].setdefault("note", f"stopped: {dead[0].name} is gone")
 
                 async def stop_one(t: Any) -> None:
@@ -185,6 +188,8 @@ async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, ta
     finally:
         await client.http.aclose()
 
+    for r in nodes.values():
+        r.pop("abort_sent", None)
     rows = list(nodes.values())
     receivers = [r for r in rows if r["role"] == "receiver"]
     ok = all(r["outcome"] == "committed" for r in rows)
