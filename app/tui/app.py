@@ -35,8 +35,10 @@ class HwtuiApp(App[int]):
     def __init__(self, host: Any, config: TuiConfig | None = None, *, config_file: Path | None = None,
                  engine_stages: Callable[..., list[Any]] | None = None,
                  sampler_factory: Callable[[Any, list[Any]], Any] | None = None,
-                 host_args: list[str] | None = None, workdir: Path | None = None, start_step: str = "detect"):
+                 host_args: list[str] | None = None, workdir: Path | None = None, start_step: str = "detect",
+                 nodes_screen: Any = None):
         super().__init__()
+        self.nodes_screen = nodes_screen  # `hwtui --agents ...`: the live cluster view (screens/nodes.py)
         self.host = host
         self.config = config or TuiConfig()
         self.config_file = config_file
@@ -65,7 +67,9 @@ class HwtuiApp(App[int]):
         for name, cls in zip(STEPS, (DetectScreen, DriversScreen, EnvironmentScreen, EngineScreen, RunScreen), strict=True):
             self.install_screen(cls(), name=name)
         self.run_screen = self.get_screen("run")
-        self.push_screen(self.start_step)
+        if self.nodes_screen is not None:
+            self.install_screen(self.nodes_screen, name="nodes")
+        self.push_screen("nodes" if self.nodes_screen is not None else self.start_step)
         if self.config.note:
             self.notify(self.config.note, severity="warning")
 

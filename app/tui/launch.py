@@ -35,6 +35,14 @@ def run_tui(args: argparse.Namespace) -> int:
     config = TuiConfig.load(config_file)
     if interval is not None:
         config.interval = float(interval)
-    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args))
+    nodes_screen = None
+    if getattr(args, "agents", None):
+        from hwtui.app.agent.client import parse_agents
+        from hwtui.app.commands.agents import client_settings
+        from hwtui.app.tui.screens.nodes import NodesScreen
+
+        token, verify = client_settings(args)
+        nodes_screen = NodesScreen(parse_agents(args.agents), token=token, verify=verify)
+    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args), nodes_screen=nodes_screen)
     result = app.run()
     return int(result or 0)

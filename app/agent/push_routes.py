@@ -1,0 +1,21 @@
+"""The agent's POST routes for ``hwtui push`` (all need the bearer token; bodies are bounded JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.engine.agent.resident import PushRefused, ResidentRank
+
+
+def make_routes(resident: ResidentRank) -> dict[str, Any]:
+    def guarded(fn: Any) -> Any:
+        def handler(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            try:
+                return 200, fn(body)
+            except PushRefused as exc:
+                return exc.status, {"error": str(exc), "node": resident.node}
+
+        return handler
+
+    return {"/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
+            "/v1/push/abort": guarded(resident.abort)}

@@ -1,0 +1,123 @@
+"""``hwtui agent``: the resident per-node process (foreground; packaging/hwtui-agent.service runs it).
+
+Serves this node's devices with live samples, the findings of the local check, processes per
+device, the replication state and Prometheus text at /metrics (see hwtui.app.agent.server), and
+hosts the resident replication rank that ``hwtui push`` pushes into.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+
+from hwtui.core.errors import EXIT_OK, HwtuiError
+
+HELP = "run the node agent: an HTTP API (JSON + /metrics) and a resident receiver for `hwtui push`"
+DEFAULT_PORT = 9477
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", metavar="HOST:PORT", default=f"127.0.0.1:{DEFAULT_PORT}",
+                   help=f"address to serve on (default 127.0.0.1:{DEFAULT_PORT}: loopback only; "
+                        "0.0.0.0:PORT serves every interface, and then every request needs the token)")
+    p.add_argument("--token-file", metavar="FILE", help="bearer token file (created 0600 if missing; "
+                   "default $XDG_CONFIG_HOME/hwtui/agent.token)")
+    p.add_argument("--cert", metavar="PEM", help="serve HTTPS with this certificate chain (needs --key)")
+    p.add_argument("--key", metavar="PEM", help="private key of --cert")
+    p.add_argument("--node", metavar="NAME", help="this node's name in views and reports (default: host name)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="device sampling period (default 1 s)")
+    p.add_argument("--check-interval", type=float, default=300.0, metavar="S",
+                   help="how often the local check re-runs (default 300 s)")
+    p.add_argument("--out", metavar="DIR", help="where the resident receiver keeps the versions it serves "
+                   "(enables `hwtui push` into this node)")
+    p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
+                   "(default: the --listen host, or the address that routes to the pusher)")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or len(port) > 5 or not 0 <= int(port) <= 65535:
+        raise HwtuiError(f"--listen {value!r}: expected HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT})")
+    return host, int(port)
+
+
+def _tls(cert: str | None, key: str | None):
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise HwtuiError("--cert and --key go together")
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise HwtuiError(f"--cert/--key: cannot load them ({exc})") from None
+    return ctx
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwtui.app.agent.server import AgentServer, serve_in_thread
+    from hwtui.app.agent.token import default_token_file, load_or_create
+    from hwtui.app.commands._host import host_from_args
+    from hwtui.engine.agent.sources import check_source, facts_source, sampler_source
+    from hwtui.engine.agent.state import NodeState
+
+    host_addr, port = parse_listen(args.listen)
+    for name in ("interval", "check_interval"):
+        value = getattr(args, name)
+        if not 0.05 <= value <= 86400:
+            raise HwtuiError(f"--{name.replace('_', '-')} {value}: expected 0.05 to 86400 seconds")
+    tls = _tls(args.cert, args.key)
+    token_path = args.token_file or str(default_token_file())
+    token, created = load_or_create(token_path)
+    host = host_from_args(args)
+    node = args.node or socket.gethostname()
+
+    resident = None
+    post_routes = {}
+    replication = None
+    if args.out:
+        from hwtui.app.agent.push_routes import make_routes
+        from hwtui.engine.agent.resident import ResidentRank
+
+        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr)
+        post_routes = make_routes(resident)
+        replication = resident.state
+
+    state = NodeState(node=node, sample=sampler_source(host), check=check_source(host), facts=facts_source(),
+                      replication=replication, sample_period=args.interval, check_period=args.check_interval)
+    try:
+        server = AgentServer((host_addr, port), state, token, tls=tls, post_routes=post_routes)
+    except OSError as exc:
+        raise HwtuiError(f"--listen {args.listen}: {exc.strerror or exc}") from None
+    state.start()
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    serve_in_thread(server)
+    scheme = "https" if tls else "http"
+    shown = f"[{host_addr}]" if ":" in host_addr else host_addr
+    if created:
+        print(f"hwtui agent: created the token file {token_path} (mode 0600)", file=sys.stderr)
+    # One machine-readable line on stdout: tests and wrappers read the port (--listen HOST:0).
+    print(f"hwtui agent: node {node} listening on {scheme}://{shown}:{server.port}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        state.stop()
+        if resident is not None:
+            resident.close()
+    return EXIT_OK

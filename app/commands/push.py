@@ -1,0 +1,249 @@
+"""``hwtui push``: replicate a plan's weights into the resident receivers of running agents.
+
+The first agent listed is the source: it reads the plan's weight files from its own disk. Every
+other agent receives, verifies and commits exactly as ``hwtui replicate --commit`` does (the same
+worker: xxh3 per bucket, per-tensor checks, a unanimous vote, then the two-phase switch), into the
+slot it is not serving. Agents keep torch imported and the process group formed between pushes, so
+a second push into the same agents costs little more than its transfer.
+
+Exit codes: 0 every receiver committed; 1 the push failed (nothing committed; the nodes are named);
+2 bad input (plan, options, an agent refusing the request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+from hwtui.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwtuiError
+
+HELP = "push a plan's weights into the resident receivers of running agents (first agent = source)"
+SCHEMA = "hwtui.push/1"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plan", required=True, metavar="FILE", help="plan written by `hwtui plan` (paths as the source agent sees them)")
+    p.add_argument("--agents", required=True, metavar="LIST",
+                   help="SOURCE,RECEIVER,...: agents as HOST[:PORT] (default port 9477); the first one sends")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per-bucket and commit wait (default 20 s)")
+    p.add_argument("--init-timeout", type=float, default=60.0, metavar="S",
+                   help="wait for a new process group to form (default 60 s)")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="give up on the whole push after S s and stop it on every agent "
+                        "(default: init timeout + 2 min + 1 min per GB)")
+    p.add_argument("--inflight", type=int, default=4, metavar="K", help="buckets in flight (default 4)")
+    p.add_argument("--chunk-mb", type=float, default=64.0, metavar="MB", help="largest collective (default 64)")
+    p.add_argument("--json", action="store_true", help="print one JSON document (schema hwtui.push/1)")
+    from hwtui.app.commands.agents import add_client_options
+
+    add_client_options(p)
+
+
+class _Client:
+    def __init__(self, token: str | None, verify: Any):
+        import httpx
+
+        from hwtui.app.agent.client import headers
+
+        self.http = httpx.AsyncClient(headers=headers(token), verify=verify, trust_env=False)
+
+    async def post(self, url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
+        resp = await self.http.post(url, content=json.dumps(body, separators=(",", ":")).encode(), timeout=timeout,
+                                    headers={"Content-Type": "application/json"})
+        try:
+            doc = resp.json()
+        except ValueError:
+            doc = {}
+        return resp.status_code, doc if isinstance(doc, dict) else {}
+
+
+def _why(exc: BaseException) -> str:
+    from hwtui.app.agent.client import _error_text
+
+    return _error_text(exc)
+
+
+async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, targets: list[Any], token: str | None,
+               verify: Any) -> dict[str, Any]:
+    from hwtui.app.agent.client import fetch_json
+
+    t0 = time.monotonic()
+    push_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    world_key = ",".join(t.url for t in targets)
+    client = _Client(token, verify)
+    nodes: dict[str, dict[str, Any]] = {t.url: {"agent": t.name, "rank": i, "role": "source" if i == 0 else "receiver"}
+                                        for i, t in enumerate(targets)}
+    try:
+        # 1. Can every agent reuse its group for exactly this world? Any "no" forms a fresh one everywhere.
+        async def prepare(t: Any) -> dict[str, Any]:
+            try:
+                status, doc = await client.post(f"{t.url}/v1/push/prepare", {"world_key": world_key}, timeout=10)
+            except Exception as exc:  # noqa: BLE001
+                raise HwtuiError(f"agent {t.name} is unreachable: {_why(exc)}") from None
+            if status == 401:
+                raise HwtuiError(f"agent {t.name} refused the token (HWTUI_AGENT_TOKEN or --token-file)")
+            if status == 404:
+                raise HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
+            if status != 200:
+                raise HwtuiError(f"agent {t.name}: {doc.get('error') or f'HTTP {status}'}")
+            return doc
+
+        prepared = await asyncio.gather(*(prepare(t) for t in targets))
+        busy = [t.name for t, d in zip(targets, prepared, strict=True) if d.get("busy")]
+        if busy:
+            raise HwtuiError(f"agent(s) {', '.join(busy)} are busy with another push; try again when it ends")
+        for t, d in zip(targets, prepared, strict=True):
+            nodes[t.url].update(node=d.get("node") or t.name, before=d.get("serving"))
+        warm = all(d.get("warm") for d in prepared)
+        master, port = str(prepared[0].get("advertise") or ""), int(prepared[0]["port"])
+        if master in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard listener: reach it where we reached its agent
+            from urllib.parse import urlsplit
+
+            master = urlsplit(targets[0].url).hostname or master
+        settings = {"timeout": args.timeout, "init_timeout": args.init_timeout, "inflight": args.inflight,
+                    "chunk_mb": args.chunk_mb}
+
+        # 2. Start every rank at once (a fresh group forms only when all of them are in it).
+        async def start(i: int, t: Any) -> None:
+            body = {"push_id": push_id, "rank": i, "world_size": len(targets), "world_key": world_key,
+                    "master_addr": master, "master_port": port, "fresh": not warm, "plan": plan_raw, "settings": settings}
+            try:
+                status, doc = await client.post(f"{t.url}/v1/push/start", body, timeout=180)
+            except Exception as exc:  # noqa: BLE001
+                nodes[t.url].update(outcome="unreachable", error=_why(exc))
+                return
+            if status != 200:
+                nodes[t.url].update(outcome="refused", error=doc.get("error") or f"HTTP {status}", status=status)
+
+        t_start = time.monotonic()
+        await asyncio.gather(*(start(i, t) for i, t in enumerate(targets)))
+
+        # 3. Follow every node to the end of this push; a node that stops answering is named.
+        deadline = t0 + args.deadline
+        silent_since: dict[str, float] = {}
+        while True:
+            pending = [t for t in targets if "outcome" not in nodes[t.url]]
+            if not pending or time.monotonic() > deadline:
+                break
+
+            async def follow(t: Any) -> None:
+                node = nodes[t.url]
+                try:
+                    doc = await fetch_json(client.http, f"{t.url}/v1/replication", timeout=5)
+                except Exception as exc:  # noqa: BLE001
+                    first = silent_since.setdefault(t.url, time.monotonic())
+                    if time.monotonic() - first > 3.0:
+                        node.update(outcome="died", error=f"stopped answering mid-push ({_why(exc)})")
+                    return
+                silent_since.pop(t.url, None)
+                last, flight = doc.get("last") or {}, doc.get("in_flight") or {}
+                if flight.get("push_id") == push_id:
+                    node["progress"] = flight.get("progress")
+                    node["phase"] = flight.get("phase")
+                elif last.get("push_id") == push_id:
+                    node.update(outcome=last.get("outcome"), serving=last.get("serving"), phases=last.get("phases"),
+                                failures=last.get("failures"), warm=last.get("warm"))
+
+            await asyncio.gather(*(follow(t) for t in pending))
+            dead = [t for t in targets if nodes[t.url].get("outcome") in ("died", "unreachable", "refused")]
+            if dead:
+                # This push can no longer commit (the vote needs every rank): the others are stopped
+                # now instead of waiting out their timeouts. A rank blocked in the vote is stopped too:
+                # its switch runs with SIGTERM blocked, so a stop lands before the switch or after it,
+                # never inside; a rank already past the vote ("committing") is left to finish.
+                now = time.monotonic()
+                stoppable = [t for t in targets if "outcome" not in nodes[t.url]
+                             and now - nodes[t.url].get("abort_sent", -1e9) > 5.0  # again if the first was missed
+                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer", "voting")]
+                for t in stoppable:
+                    nodes[t.url]["abort_sent"] = now
+                    nodes[t.url].setdefault("note", f"stopped: {dead[0].name} is gone")
+
+                async def stop_one(t: Any) -> None:
+                    try:
+                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                    except Exception:  # noqa: BLE001, S110 - followed (and named) like any other node
+                        pass
+
+                await asyncio.gather(*(stop_one(t) for t in stoppable))
+            await asyncio.sleep(0.05)
+        late = [t for t in targets if "outcome" not in nodes[t.url]]
+        if late:
+            # Past the deadline: stop the push where it still runs, so no rank waits on it any longer.
+            async def abort(t: Any) -> None:
+                try:
+                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                except Exception:  # noqa: BLE001, S110 - the node is named as timed out either way
+                    pass
+
+            await asyncio.gather(*(abort(t) for t in late))
+        for t in late:
+            nodes[t.url]["outcome"] = "timed out"
+        wall = time.monotonic() - t0
+    finally:
+        await client.http.aclose()
+
+    for r in nodes.values():
+        r.pop("abort_sent", None)
+    rows = list(nodes.values())
+    receivers = [r for r in rows if r["role"] == "receiver"]
+    ok = all(r["outcome"] == "committed" for r in rows)
+    transfer = max((float((r.get("phases") or {}).get("transfer") or 0) for r in rows), default=0.0)
+    return {"schema": SCHEMA, "ok": ok, "push_id": push_id, "version": plan["version"], "model": plan["model"],
+            "total_bytes": plan["total_bytes"], "warm": warm, "seconds": round(wall, 4),
+            "start_to_end_s": round(time.monotonic() - t_start, 4), "transfer_s": round(transfer, 4),
+            "receivers": len(receivers), "nodes": rows}
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwtui.app.agent.client import parse_agents
+    from hwtui.app.commands.agents import client_settings
+    from hwtui.engine.replication.plan import load_plan
+
+    targets = parse_agents(args.agents)
+    if len(targets) < 2:
+        raise HwtuiError("--agents needs a source and at least one receiver")
+    for name in ("timeout", "init_timeout", "deadline"):
+        v = getattr(args, name)
+        if v is None:
+            continue
+        if not 0 < v <= 86400:
+            raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
+    if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
+        raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
+    plan = load_plan(args.plan)
+    token, verify = client_settings(args)
+    if args.deadline is None:
+        args.deadline = args.init_timeout + 120 + 60 * plan["total_bytes"] / 1e9
+    doc = asyncio.run(push(args, plan.raw, plan, targets, token, verify))
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in doc["nodes"]:
+            what = r["outcome"] + (f", serving {r.get('serving')}" if r.get("serving") else "")
+            err = "; ".join(r.get("failures") or ([r["error"]] if r.get("error") else []))
+            print(f"  {r.get('node', r['agent']):<16} rank {r['rank']} {r['role']:<8} {what}" + (f" ({err[:200]})" if err else ""))
+        print(final_line(doc))
+    if doc["ok"]:
+        return EXIT_OK
+    if any(r.get("status") == 400 for r in doc["nodes"]):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def final_line(doc: dict[str, Any]) -> str:
+    if doc["ok"]:
+        return (f"pushed {doc['version']} to {doc['receivers']} receiver(s): all committed "
+                f"({'warm' if doc['warm'] else 'new process group'}), {doc['seconds']:.2f} s end to end, "
+                f"transfer {doc['transfer_s']:.2f} s")
+    bad = [f"{r.get('node', r['agent'])} {r['outcome']}" for r in doc["nodes"] if r["outcome"] != "committed"]
+    serving = sorted({str(r.get("serving") or r.get("before")) for r in doc["nodes"] if r["role"] == "receiver"
+                      and r["outcome"] != "died"})
+    return (f"push of {doc['version']} FAILED: {', '.join(bad)}; nothing committed on the others: "
+            f"they serve {', '.join(serving) or 'nothing yet'}")

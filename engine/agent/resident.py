@@ -1,0 +1,353 @@
+"""The agent's side of a hot push: the resident rank's lifecycle, its state and its two version slots.
+
+Layout under the agent's ``--out DIR``::
+
+    served/CURRENT, served/versions/<v>/...   what this node serves (engine.replication.commit.ServedDir)
+    served/SLOTS                              {"A": v, "B": v, "serving": "A"|"B"}: two version slots
+    ranks/rank<R> -> ../served                the worker keeps a rank's versions in OUT/rank<R>; the
+                                              link keeps this node's versions in one place whatever
+                                              rank a push gives it
+    pushes/<push id>.json                     the plan of a push (validated before it is accepted)
+
+A push writes the new version next to the served one (the slot not serving); only after every rank
+voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
+node always has its served version intact and at most two versions on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hwtui.core.atomic import atomic_write_text
+from hwtui.core.errors import HwtuiError
+from hwtui.core.redact import redact_text
+from hwtui.core.supervisor import Child, Group, exit_text
+
+_PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_START_TIMEOUT_S = 120.0  # importing torch on a loaded node
+
+
+class PushRefused(Exception):
+    """A push request this agent cannot take: (HTTP status, one-line reason)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise PushRefused(400, message)
+
+
+def free_port(address: str) -> int:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])
+
+
+class ResidentRank:
+    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str):
+        self.node = node
+        self.out = Path(out).resolve()
+        self.served = self.out / "served"
+        self.advertise = advertise
+        self._lock = threading.Lock()
+        self.child: Child | None = None
+        self.world_key: str | None = None
+        self.busy = False
+        self.in_flight: dict[str, Any] | None = None
+        self.last: dict[str, Any] | None = None
+        self.pushes: Counter[str] = Counter()
+        self.child_starts = 0
+        self.spare: dict[str, Any] = {"state": "none"}  # the next push's pre-made staging file (engine.agent.spare)
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-spawner")
+        self._flight_child: Child | None = None  # the child running the push in flight
+        self._done_bytes = 0
+        self._result: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._group: Group | None = None
+        for d in (self.served, self.out / "ranks", self.out / "pushes"):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ state
+
+    def serving(self) -> str | None:
+        try:
+            raw = json.loads((self.served / "CURRENT").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return raw.get("version") if isinstance(raw, dict) else None
+
+    def slots(self) -> dict[str, Any]:
+        try:
+            raw = json.loads((self.served / "SLOTS").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raw = None
+        return raw if isinstance(raw, dict) else {"A": self.serving(), "B": None, "serving": "A" if self.serving() else None}
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            flight = dict(self.in_flight) if self.in_flight else None
+            last = dict(self.last) if self.last else None
+            warm = self.child is not None and self.child.running and self.world_key is not None
+            return {"serving": self.serving(), "slots": self.slots(), "in_flight": flight, "last": last,
+                    "pushes": dict(self.pushes), "spare": dict(self.spare),
+                    "resident": {"warm": warm, "starts": self.child_starts,
+                                                               "pid": self.child.pid if warm and self.child else None}}
+
+    # ------------------------------------------------------------------ requests
+
+    def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Whether this node can reuse its process group for ``world_key``, and a port to form a new one on."""
+        key = body.get("world_key")
+        _need(isinstance(key, str) and 0 < len(key) <= 4096, "world_key must be a string")
+        with self._lock:
+            warm = (self.child is not None and self.child.running and self.world_key == key and not self.busy)
+            busy = self.busy
+        return {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
+                "port": free_port(self.advertise), "serving": self.serving()}
+
+    def start(self, body: dict[str, Any]) -> dict[str, Any]:
+        from hwtui.engine.replication.plan import validate_plan
+
+        push_id: Any = body.get("push_id")
+        rank: Any = body.get("rank")
+        world: Any = body.get("world_size")
+        _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        _need(type(world) is int and 2 <= world <= 4096, "world_size must be an integer from 2 to 4096")
+        _need(type(rank) is int and 0 <= rank < world, "rank must be an integer in [0, world_size)")
+        master: Any = body.get("master_addr")
+        port: Any = body.get("master_port")
+        _need(isinstance(master, str) and 0 < len(master) <= 255 and re.fullmatch(r"[A-Za-z0-9.:%_-]+", master) is not None,
+              "master_addr must be a host name or an address")
+        _need(type(port) is int and 0 < port < 65536, "master_port must be an integer from 1 to 65535")
+        _need(isinstance(body.get("world_key"), str), "world_key must be a string")
+        _need(isinstance(body.get("plan"), dict), "plan must be a JSON object")
+        settings = body.get("settings") or {}
+        _need(isinstance(settings, dict), "settings must be an object")
+        try:
+            plan = validate_plan(body["plan"], f"push {push_id}")
+        except HwtuiError as exc:
+            raise PushRefused(400, f"the plan is invalid: {exc}") from None
+        plan_path = self.out / "pushes" / f"{push_id}.json"
+        with self._lock:
+            if self.busy:
+                raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
+            self.busy = True
+        try:
+            atomic_write_text(plan_path, json.dumps(body["plan"], separators=(",", ":")))
+            if rank != 0:
+                link = self.out / "ranks" / f"rank{rank}"
+                if not (link.is_symlink() and os.readlink(link) == "../served"):
+                    tmp = link.with_name(f".{link.name}.tmp")
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+                    os.symlink("../served", tmp)
+                    os.replace(tmp, link)
+            warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
+            cfg = self._worker_cfg(body, settings, plan_path, rank, world, master, port)
+            with self._lock:
+                self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
+                                  "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
+                                  "warm": warm, "started": time.time()}
+                self._done_bytes = 0
+                self._result = None
+            assert self.child is not None
+            self._flight_child = self.child
+            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg})
+        except BaseException:
+            with self._lock:
+                self.busy = False
+                self.in_flight = None
+            raise
+        return {"node": self.node, "accepted": True, "warm": warm}
+
+    def abort(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it)."""
+        push_id = body.get("push_id")
+        _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        with self._lock:
+            mine = self.busy and (self.in_flight or {}).get("push_id") == push_id
+        if mine:
+            self._stop_child(wait_reader=True)
+        return {"node": self.node, "aborted": mine, "serving": self.serving()}
+
+    def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, rank: int, world: int,
+                    master: str, port: int) -> dict[str, Any]:
+        from hwtui.engine.replication.transport import choose_transport
+
+        def number(key: str, default: float, lo: float, hi: float) -> float:
+            v = settings.get(key, default)
+            _need(isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi,
+                  f"settings.{key} must be a number from {lo:g} to {hi:g}")
+            return float(v)
+
+        device = settings.get("device", "cpu")
+        _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
+        choice = choose_transport("cpu", None, multi_node=True)
+        return {"plan": str(plan_path), "device": "cpu", "transport": choice.to_dict(), "world_size": world,
+                "rank": rank, "local_rank": 0, "master_addr": master, "master_port": port,
+                "inflight": int(number("inflight", 4, 1, 64)), "max_inflight_bytes": None, "adaptive": False,
+                "target_bucket_s": 0.05, "chunk_bytes": int(number("chunk_mb", 64, 1, 4096) * (1 << 20)),
+                "verify": bool(settings.get("verify", True)), "commit": True, "out": str(self.out / "ranks"),
+                "timeouts": {"init": number("init_timeout", 60, 1, 3600), "bucket": number("timeout", 20, 0.5, 3600),
+                             "commit": number("timeout", 20, 0.5, 3600)},
+                "fault": os.environ.get("HWTUI_TEST_FAULT")}
+
+    # ------------------------------------------------------------------ the resident child
+
+    def _ensure_child(self, world_key: str, fresh: bool) -> bool:
+        """Start (or keep) the resident rank; True when it is warm for ``world_key``."""
+        if not fresh and self.child is not None and self.child.running and self.world_key == world_key:
+            return True
+        self._stop_child()
+        child = Child([sys.executable, "-m", "hwtui.engine.agent.resident_child", "{answer_fd}"], name=f"resident-{self.node}",
+                      answer_pipe=True, stdin="pipe", stdout="null", stderr="inherit")
+        # Started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that forked the
+        # child exits, and HTTP handler threads end with their request.
+        self._spawner.submit(child.start).result()
+        group = Group()
+        group.add(child)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            for m in group.poll(0.2):
+                if m.msg is None:
+                    deadline = 0  # died while importing torch
+                elif m.msg.get("kind") == "resident.ready":
+                    ready = True
+            if child.poll() is not None:
+                break
+        if not ready:
+            code = child.terminate(grace_s=1)
+            group.close()
+            raise PushRefused(500, f"node {self.node}: the resident rank did not start ({exit_text(code)})")
+        self.child, self._group, self.world_key = child, group, world_key
+        self.child_starts += 1
+        self._stop = threading.Event()
+        threading.Thread(target=self._read_child, args=(child, group, self._stop), name="resident-reader", daemon=True).start()
+        return False
+
+    def _stop_child(self, wait_reader: bool = False) -> None:
+        """Stop the resident rank; with ``wait_reader`` its reader records the push it was running as failed."""
+        child = self.child
+        if child is None:
+            return
+        if not wait_reader:
+            self._stop.set()
+        child.terminate(grace_s=2)
+        if wait_reader:
+            deadline = time.monotonic() + 5
+            while self.busy and self._flight_child is child and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self._stop.set()
+        with self._lock:
+            if self.child is child:
+                self.child = None
+                self.world_key = None
+
+    def _read_child(self, child: Child, group: Group, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                for m in group.poll(0.2):
+                    if m.msg is None:
+                        self._child_gone(child)
+                        return
+                    self._on_message(m.msg)
+                if not child.running and not group.open_pipes:
+                    self._child_gone(child)
+                    return
+        finally:
+            group.close()
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        with self._lock:
+            flight = self.in_flight
+            if kind == "repl.bucket" and flight is not None:
+                if msg.get("state") == "done":
+                    self._done_bytes += int(msg.get("nbytes") or 0)
+                    flight["bytes_done"] = self._done_bytes
+                    flight["progress"] = round(min(1.0, self._done_bytes / max(1, flight["total_bytes"])), 4)
+                flight["phase"] = "transfer"
+            elif kind == "_rank" and flight is not None:
+                what = msg.get("what")
+                if what in ("init", "ready", "prepared", "decided"):
+                    flight["phase"] = {"init": "joining", "ready": "transfer", "prepared": "voting",
+                                       "decided": "committing"}[what]
+                if what == "decided":
+                    flight["committed"] = bool(msg.get("committed"))
+                if what == "result":
+                    self._result = msg
+            elif kind == "error" and flight is not None:
+                flight.setdefault("errors", []).append(redact_text(str(msg.get("message")))[:300])
+            elif kind == "resident.done":
+                self._finish(msg)
+                self.spare = {"state": "preparing"} if self.last and self.last.get("outcome") == "committed" \
+                    and self.last.get("rank") != 0 else self.spare
+            elif kind == "resident.spare":
+                self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
+                              "seconds": msg.get("seconds"), "error": msg.get("error")}
+
+    def _finish(self, msg: dict[str, Any]) -> None:
+        """Called with the lock held: the push ended on this rank."""
+        flight = self.in_flight or {}
+        result = self._result or {}
+        committed = bool(flight.get("committed")) and msg.get("code") == 0
+        if committed and flight.get("rank", 0) != 0:
+            self._rotate_slots(flight["version"])
+        outcome = "committed" if committed else ("aborted" if msg.get("usable") else "failed")
+        self.pushes[outcome] += 1
+        self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
+                     "outcome": outcome, "code": msg.get("code"), "warm": flight.get("warm"),
+                     "phases": result.get("phases") or {}, "failures": result.get("failures") or flight.get("errors") or [],
+                     "serving": self.serving(), "ended": time.time()}
+        self.in_flight = None
+        self.busy = False
+        with contextlib.suppress(OSError):
+            (self.out / "pushes" / f"{flight.get('push_id')}.json").unlink()
+
+    def _child_gone(self, child: Child) -> None:
+        with self._lock:
+            if self.child is child:
+                self.world_key = None
+            if self.busy and self._flight_child is child:
+                code = child.poll()
+                # The rank could not clean up after itself: only staging/<v> goes, never CURRENT or versions/.
+                version = (self.in_flight or {}).get("version")
+                if version:
+                    shutil.rmtree(self.served / "staging" / str(version), ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        (self.served / "staging").rmdir()
+                self._finish({"code": -1, "usable": False})
+                if self.last is not None:
+                    self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
+
+    def _rotate_slots(self, version: str) -> None:
+        """The new version takes the slot that was not serving; the version it held is removed."""
+        slots = self.slots()
+        old = str(slots.get("serving"))
+        new = "B" if old == "A" else "A"
+        evicted = slots.get(new)
+        slots[new], slots["serving"] = version, new
+        atomic_write_text(self.served / "SLOTS", json.dumps(slots) + "\n")
+        if evicted and evicted not in (version, slots.get(old)):
+            shutil.rmtree(self.served / "versions" / evicted, ignore_errors=True)
+
+    def close(self) -> None:
+        self._stop_child()
+        self._spawner.shutdown(wait=False)

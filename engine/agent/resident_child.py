@@ -1,0 +1,157 @@
+"""The resident replication rank: one long-lived interpreter per agent, torch imported once.
+
+It reads push commands (JSON lines) on stdin and answers on its answer pipe. The first push of a
+world forms the process group (``init_process_group``); every later push into the same world reuses
+it -- only the plan digests are exchanged -- which is what makes a second push cost little more
+than its transfer. Each push runs the replication worker's own phases (``engine.replication.worker``:
+load, setup, barrier, transfer, prepare with verification, the unanimous vote and the two-phase
+commit), so verification and all-or-nothing commit are exactly those of ``hwtui replicate``.
+
+After any push that fails in the transport (a peer died, a wait timed out) the group is unusable:
+the child says so and exits, and the agent starts a fresh one for the next push. It dies with the
+agent (PR_SET_PDEATHSIG), so a killed agent never leaves a rank behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from hwtui.core.errors import HwtuiError
+from hwtui.core.events import ErrorEvent
+from hwtui.core.supervisor import LineReader, decode_message, encode_message
+from hwtui.engine.replication.worker import (
+    EXIT_ABORTED,
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN,
+    EXIT_OK,
+    SRC,
+    TransportFailure,
+    Worker,
+    _die_with_parent,
+    _now,
+)
+
+# Largest command line (a plan path and settings, never the plan itself): anything longer is garbage.
+MAX_COMMAND = 1 << 20
+
+
+class ResidentWorker(Worker):
+    """The replication worker, joining a process group that may already exist."""
+
+    def init(self, plan: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            super().init(plan)  # forms the group and exchanges plan digests
+            return
+        t = _now()
+        # Warm: the group exists; every rank must still hold the same plan before any byte moves.
+        mine = torch.tensor(list(plan.digest.encode()), dtype=torch.uint8, device=self.comm_device())
+        theirs = mine.clone()
+        self._wait(dist.broadcast(theirs, SRC, async_op=True), "init", "plan digest exchange")
+        if not torch.equal(mine.cpu(), theirs.cpu()):
+            raise HwtuiError(f"rank {self.rank} holds a different plan than rank {SRC}")
+        self.internal("init", seconds=_now() - t, warm=True)
+        self.phases["init"] = _now() - t
+
+
+def run_push(cfg: dict[str, Any], emit: Any) -> tuple[int, bool]:
+    """One push on this rank; (exit code as the worker's EXIT_*, whether the group is still usable)."""
+    w = ResidentWorker(cfg, emit)
+    try:
+        plan = w.load()
+        cfg["plan_version"] = plan["version"]
+        w.init(plan)
+        w.setup(plan)
+        w.barrier()
+        w.internal("ready")
+        w.transfer(plan)
+        ok = w.prepare(plan)
+        unanimous = w.vote_and_commit(plan, ok)
+        w.result(ok=unanimous, clean=True)
+        if w.staging is not None:
+            w.staging.close()
+        return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True
+    except HwtuiError as exc:
+        w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
+        w.bad_input = True
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        # Bad input seen before the group was touched leaves it usable only if every rank saw it
+        # too; we cannot know that here, so start afresh.
+        return EXIT_BAD_INPUT, False
+    except TransportFailure as exc:
+        w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="transport"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        return EXIT_BROKEN, False
+    except Exception as exc:  # noqa: BLE001 - report, never a bare traceback
+        w.emit(ErrorEvent(message=f"rank {w.rank}: {type(exc).__name__}: {exc}", rank=w.rank, where="internal"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        return EXIT_BROKEN, False
+
+
+def _make_spare(cfg: dict[str, Any], emit: Any) -> None:
+    """Idle work after a committed push: the next push's staging file, the size of this version."""
+    from hwtui.engine.agent.spare import make_spare
+    from hwtui.engine.replication.commit import ServedDir
+
+    served = ServedDir(cfg["out"], cfg["rank"])
+    t = time.perf_counter()
+    try:
+        cur = served.current() or {}
+        size = os.path.getsize(served.root / cur["file"]) if cur.get("file") else 0
+        make_spare(served.root.resolve(), size)
+    except (OSError, KeyError) as exc:
+        emit({"kind": "resident.spare", "ok": False, "error": str(exc)[:200]})
+        return
+    emit({"kind": "resident.spare", "ok": True, "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
+
+
+def main(argv: list[str]) -> int:
+    fd = int(argv[0])
+    _die_with_parent()
+
+    def emit(raw: dict[str, Any]) -> None:
+        view = memoryview(encode_message(raw))
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    t = time.perf_counter()
+    import torch  # noqa: F401 - the point of a resident rank: paid once, here
+    import torch.distributed  # noqa: F401
+
+    from hwtui.engine.agent import spare
+
+    spare.install()
+    emit({"kind": "resident.ready", "import_s": round(time.perf_counter() - t, 3), "pid": os.getpid()})
+    reader = LineReader(MAX_COMMAND)
+    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    while True:
+        chunk = stdin.read(65536)
+        if not chunk:
+            break  # the agent closed the channel (or died): nothing more to do
+        for line in reader.feed(chunk):
+            cmd = decode_message(line)
+            if not cmd or cmd.get("kind") != "resident.push" or not isinstance(cmd.get("cfg"), dict):
+                continue
+            push_id = cmd.get("push_id")
+            code, usable = run_push(cmd["cfg"], emit)
+            emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
+            if usable and code == EXIT_OK and cmd["cfg"].get("rank") != SRC:
+                _make_spare(cmd["cfg"], emit)
+            if not usable:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)  # a broken gloo group can block forever in its destructor
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

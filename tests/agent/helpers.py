@@ -1,0 +1,60 @@
+"""In-process agents for tests: a real AgentServer on a loopback port with canned sources."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from hwtui.app.agent.server import AgentServer, serve_in_thread
+from hwtui.engine.agent.state import NodeState
+
+TOKEN = "t0k3n-for-tests"
+
+
+def canned_samples(i: int) -> Callable[[], list[dict[str, Any]]]:
+    def sample() -> list[dict[str, Any]]:
+        return [{"device": "cuda:0", "name": f"GPU{i}", "mem_used": (i + 1) << 30, "mem_total": 80 << 30,
+                 "util": 10.0 * i, "temp_c": 40.0 + i, "power_w": 100.0 + i, "power_limit_w": 700.0},
+                {"device": "cpu", "name": "CPU", "mem_used": 1, "mem_total": 2, "util": 1.0, "temp_c": None,
+                 "power_w": None, "power_limit_w": None}]
+
+    return sample
+
+
+def start_agent(node: str, i: int = 0, *, facts: Callable[[], dict[str, Any]] | None = None,
+                replication: Callable[[], dict[str, Any]] | None = None, period: float = 0.2) -> AgentServer:
+    state = NodeState(node=node, sample=canned_samples(i),
+                      check=lambda: {"worst": "pass", "findings": [], "summary": {"pass": 1}, "drivers": {"nvidia": "550.1"},
+                                     "os": "Linux", "kernel": "6.8"},
+                      facts=facts or (lambda: {}), processes=list, replication=replication,
+                      sample_period=period, check_period=60, facts_period=60, process_period=60)
+    server = AgentServer(("127.0.0.1", 0), state, TOKEN)
+    state.start()
+    serve_in_thread(server)
+    return server
+
+
+def stop_agent(server: AgentServer) -> None:
+    server.shutdown()
+    server.server_close()
+    server.state.stop()
+
+
+class Silent:
+    """A port that accepts connections and never answers: the slowest node there is."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

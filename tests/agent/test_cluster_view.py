@@ -1,0 +1,203 @@
+"""The live cluster view: parsing --agents, polling with httpx, stale nodes, the node comparison, the TUI."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hwtui.app.agent.client import Poller, adaptive_interval, parse_agents
+from hwtui.app.commands.agents import compare_agents
+from hwtui.core.errors import HwtuiError
+from tests.agent.helpers import TOKEN, Silent, dead_port, start_agent, stop_agent
+
+
+def test_parse_agents():
+    got = parse_agents("a:1,b,https://c.example:9443,[fe80::1]:7,10.0.0.1")
+    assert [t.url for t in got] == ["http://a:1", "http://b:9477", "https://c.example:9443", "http://[fe80::1]:7",
+                                    "http://10.0.0.1:9477"]
+    for bad in ("", ",", "a:0", "a:99999", "a:x", "ftp://a", "a;b", "a b", "[zz]:1", "a,a", "-a", "a/b:1"):
+        with pytest.raises(HwtuiError, match="--agents"):
+            parse_agents(bad)
+
+
+def test_interval_adapts_to_the_number_of_nodes():
+    assert adaptive_interval(1) == adaptive_interval(11) == 1.0
+    assert adaptive_interval(64) == pytest.approx(2.4) and adaptive_interval(256) == pytest.approx(4.8)
+
+
+def test_a_dead_and_a_silent_node_are_stale_and_never_stall_the_others():
+    live = [start_agent(f"n{i}", i) for i in range(2)]
+    silent = Silent()
+    try:
+        spec = ",".join([*(f"127.0.0.1:{s.port}" for s in live), f"127.0.0.1:{dead_port()}", f"127.0.0.1:{silent.port}"])
+
+        async def main():
+            async with Poller(parse_agents(spec), token=TOKEN, interval=0.3) as poller:
+                t = time.monotonic()
+                await poller.round()
+                first = time.monotonic() - t
+                stop = asyncio.Event()
+                task = asyncio.ensure_future(poller.run(stop))
+                await asyncio.sleep(1.5)
+                snap = poller.snapshot()
+                stop.set()
+                await asyncio.wait_for(task, 5)
+                return first, snap, poller
+
+        first, snap, poller = asyncio.run(main())
+        # One round is bounded by the request timeout (one interval), not by the silent node.
+        assert first < poller.request_timeout + 0.5
+        by = {n["agent"].rsplit(":", 1)[1]: n for n in snap}
+        for s in live:
+            n = by[str(s.port)]
+            assert not n["stale"] and n["age_s"] <= 2 * poller.interval
+            assert n["devices"][0]["device"] == "cuda:0" and n["error"] is None
+        stale = [n for n in snap if n["stale"]]
+        assert len(stale) == 2 and all(n["age_s"] is None for n in stale)
+        assert {n["error"] for n in stale} == {"connection refused or unreachable", "no answer in time"}
+    finally:
+        silent.close()
+        for s in live:
+            stop_agent(s)
+
+
+def test_a_node_that_dies_turns_stale_after_two_intervals():
+    a, b = start_agent("a", 0), start_agent("b", 1)
+    try:
+        async def main():
+            async with Poller(parse_agents(f"127.0.0.1:{a.port},127.0.0.1:{b.port}"), interval=0.2) as poller:
+                await poller.round()
+                assert not any(n["stale"] for n in poller.snapshot())
+                stop_agent(b)
+                stop = asyncio.Event()
+                task = asyncio.ensure_future(poller.run(stop))
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    snap = {n["node"]: n for n in poller.snapshot()}
+                    if snap["b"]["stale"]:
+                        break
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.wait_for(task, 5)
+                return snap
+
+        snap = asyncio.run(main())
+        assert snap["b"]["stale"] and snap["b"]["age_s"] > 2 * 0.2 and snap["b"]["devices"][0]["name"] == "GPU1"
+        assert not snap["a"]["stale"]
+    finally:
+        stop_agent(a)
+
+
+def _facts(torch_version: str, ifname: str = "eth0"):
+    return {"schema": "hwtui.cluster.rank/1", "hwtui": "0.1.0", "python": "3.11.7",
+            "platform": {"machine": "x86_64", "kernel": "6.8", "os": "Linux"},
+            "torch": {"version": torch_version, "cuda": "12.4", "hip": None, "nccl": "2.21.5", "device_count": 8},
+            "drivers": {"nvidia": "550.54"}, "interfaces": {"lo": {"addresses": ["127.0.0.1"]}, ifname: {"addresses": []}},
+            "route": {"master": None, "local_addr": None, "interface": None},
+            "env": {"NCCL_SOCKET_IFNAME": "eth0"}, "plugin": None, "check": {"worst": "pass", "findings": []}}
+
+
+def test_check_agents_compares_nodes_and_names_the_odd_and_the_unreachable():
+    targets = parse_agents("a:1,b:1,c:1,d:1")
+    docs = [(targets[0], {"node": "a", "facts": _facts("2.5.1")}, None),
+            (targets[1], {"node": "b", "facts": _facts("2.5.1")}, None),
+            (targets[2], {"node": "c", "facts": _facts("2.4.0", ifname="ib0")}, None),
+            (targets[3], None, "connection refused or unreachable")]
+    found = {f.id: f for f in compare_agents(docs)}
+    assert found["cluster.agent[d:1]"].status.value == "fail" and "connection refused" in found["cluster.agent[d:1]"].title
+    torch = found["cluster.torch"]
+    assert torch.status.value in ("fail", "warn") and "c" in torch.title and "2.5.1" in (torch.remedy + torch.detail)
+    assert found["cluster.interface[c]"].status.value == "fail"  # NCCL_SOCKET_IFNAME=eth0 matches nothing on c
+    assert found["cluster.interface[a]"].status.value == "pass"
+
+
+def test_check_agents_end_to_end_over_http(capsys):
+    from hwtui.app.cli import main
+
+    a = start_agent("a", 0, facts=lambda: {k: v for k, v in _facts("2.5.1").items() if k not in ("platform", "drivers", "check")})
+    try:
+        deadline = time.monotonic() + 10
+        while a.state.facts.view()["value"] is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rc = main(["--check", "--json", "--agents", f"127.0.0.1:{a.port},127.0.0.1:{dead_port()}"])
+        import json
+
+        doc = json.loads(capsys.readouterr().out)
+        ids = {f["id"]: f["status"] for f in doc["findings"]}
+        assert rc == 1 and ids["cluster.torch"] == "pass" and ids["cluster.node_check[a]"] == "pass"
+        assert any(i.startswith("cluster.agent[") and s == "fail" for i, s in ids.items())
+    finally:
+        stop_agent(a)
+
+
+async def test_the_tui_shows_every_node_and_a_stale_one_as_stale():
+    from textual.app import App
+
+    from hwtui.app.tui.screens.nodes import NodesScreen
+    from hwtui.widgets.cluster_nodes import ClusterNodes
+
+    live = start_agent("alpha", 3, replication=lambda: {"serving": "v7", "in_flight": {"version": "v8", "progress": 0.5}})
+    dead = dead_port()
+    try:
+        screen = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
+        screen.poller.interval = 0.2
+
+        class Host(App[None]):
+            def on_mount(self) -> None:
+                self.push_screen(screen)
+
+        async with Host().run_test(size=(120, 20)) as pilot:
+            table = None
+            for _ in range(200):
+                await pilot.pause(0.05)
+                table = screen.query_one(ClusterNodes)
+                if table.row_count >= 2 and table.stale_nodes:
+                    break
+            assert table is not None and table.stale_nodes == [f"127.0.0.1:{dead}"]
+            cells = [str(c) for c in table.get_row_at(0)]
+            assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0" and "30%" in cells[3]
+            assert cells[7] == "v7" and "v8" in cells[8] and "50%" in cells[8]
+            stale_row = [str(c) for c in table.get_row_at(1)]
+            assert stale_row[1].startswith("STALE") and "refused" in stale_row[2]
+    finally:
+        stop_agent(live)
+
+
+async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch):
+    """`hwtui --agents ...` wiring: run_tui builds the nodes screen and the app opens on it."""
+    from hwtui.app.tui import app as tui_app
+    from hwtui.app.tui import launch
+    from hwtui.app.tui.screens.nodes import NodesScreen
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("HWTUI_AGENT_TOKEN", TOKEN)
+    live = start_agent("solo", 1)
+    seen = {}
+
+    async def run_app(self):  # what App.run would show, headless: the screen it opens on
+        async with self.run_test(size=(100, 20)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if isinstance(self.screen, NodesScreen) and self.screen.query_one("ClusterNodes").row_count:
+                    break
+            seen["screen"] = self.screen
+            seen["rows"] = self.screen.query_one("ClusterNodes").row_count
+        return 0
+
+    try:
+        import argparse
+
+        args = argparse.Namespace(interval=None, sysroot=None, replay=None, agents=f"127.0.0.1:{live.port}",
+                                  token_file=None, cacert=None)
+        captured = {}
+        # run_tui builds the app as `hwtui --agents` does; its blocking run() is replaced by capturing it.
+        monkeypatch.setattr(tui_app.HwtuiApp, "run", lambda self, *a, **kw: captured.setdefault("app", self) and 0)
+        assert launch.run_tui(args) == 0
+        app = captured["app"]
+        assert isinstance(app.nodes_screen, NodesScreen) and app.nodes_screen.poller._token == TOKEN
+        await run_app(app)
+        assert isinstance(seen["screen"], NodesScreen) and seen["rows"] >= 1
+    finally:
+        stop_agent(live)

@@ -1,0 +1,47 @@
+"""The spare staging file: a push's staging copy made ahead of time, with the same bytes in the end."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hwtui.engine.agent.spare import SpareStaging, make_spare, spare_path  # noqa: E402
+from hwtui.engine.replication.checksum import tensor_hex  # noqa: E402
+from hwtui.engine.replication.staging import Staging  # noqa: E402
+
+
+def _tensors(seed: int, sizes: list[int]) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    data = {f"t{i}": torch.randint(0, 255, (n,), dtype=torch.uint8, generator=g) for i, n in enumerate(sizes)}
+    meta = [{"name": k, "dtype": "U8", "shape": [v.numel()], "nbytes": v.numel(), "checksum": tensor_hex(v)}
+            for k, v in data.items()]
+    return meta, data
+
+
+@pytest.mark.parametrize("spare_size", [10, 5000, 1 << 16])  # smaller, equal-ish, larger than the model
+def test_a_staging_copy_made_from_the_spare_holds_exactly_the_model(tmp_path, spare_size):
+    from safetensors.torch import load_file
+
+    root = tmp_path / "served"
+    make_spare(root, spare_size)
+    assert spare_path(root).stat().st_size == spare_size
+    meta, data = _tensors(1, [1000, 3000, 7])
+    target = root / "staging" / "v2" / "model.safetensors"
+    st = SpareStaging(meta, {"version": "v2"}, file=target)
+    assert getattr(st, "used_spare", False) and not spare_path(root).exists()
+    for name, t in data.items():
+        st.write(name, 0, t)
+    assert st.verify() == []
+    st.flush()
+    st.close()
+    got = load_file(str(target))
+    assert set(got) == set(data) and all(torch.equal(got[k], data[k]) for k in data)
+
+
+def test_without_a_spare_it_is_the_worker_s_own_staging(tmp_path):
+    meta, data = _tensors(2, [64])
+    st = SpareStaging(meta, {}, file=tmp_path / "served" / "staging" / "v1" / "model.safetensors")
+    assert not getattr(st, "used_spare", False) and isinstance(st, Staging)
+    assert bool((st.data == 0).all())  # zero-filled, as Staging does
+    st.close()
