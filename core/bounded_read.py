@@ -6,7 +6,7 @@ would block, ``/dev/zero`` never ends, opening some devices has side effects), a
 more than a stated cap. The open itself is ``O_NONBLOCK`` and the kind is checked again on the
 open descriptor, so a regular file swapped for a FIFO between the two checks cannot block either.
 
-Caps used across hwtui (documented in docs/readme/probes.md):
+Caps used across hwtui (documented in docs/trust.md):
 
 * ``HOST_FILE_CAP``: one file a probe reads through the host seam (/proc, /sys, /etc, pci.ids).
 * ``RECORD_CAP``: a whole snapshot for ``--replay``, or a recorded tree's facts file.

@@ -6,7 +6,7 @@ than masking a deny-list. Tests in tests/adversarial/test_secrets.py derive the 
 fail when this list misses one: a static scan of every ``env.get("X")``, ``env["X"]``, ``"X" in env``
 and ``*_VARS`` table under probes/, and a run of every probe on every recorded machine through a
 :class:`~hwtui.probes.host.RecordingHost` that notes each name looked up. Another asserts
-docs/readme/probes.md documents exactly these names. A snapshot also keeps any name a probe looked
+docs/trust.md documents exactly these names. A snapshot also keeps any name a probe looked
 up during that run, so a forgotten entry costs replay fidelity, never a secret.
 """
 

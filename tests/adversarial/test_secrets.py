@@ -137,7 +137,7 @@ def test_every_variable_a_probe_looks_up_is_on_the_allow_list(tmp_path, name):
     collectors, rules = catalog()
     run_checks(recorder, collectors, rules)
     unlisted = sorted(n for n in recorder.env.looked_up if not probe_reads(n))
-    assert not unlisted, f"probes read {unlisted}: add them to hwtui/probes/envnames.py and docs/readme/probes.md"
+    assert not unlisted, f"probes read {unlisted}: add them to hwtui/probes/envnames.py and docs/trust.md"
     assert recorder.env.looked_up  # the recorder did see the probes' lookups
 
 
@@ -183,11 +183,11 @@ def test_every_variable_named_in_probe_code_is_on_the_allow_list():
     found = _env_names_in_source(ROOT / "probes")
     assert len(found) > 40  # the scan does see the probes' reads
     unlisted = {name: where for name, where in found.items() if not probe_reads(name)}
-    assert not unlisted, f"add to hwtui/probes/envnames.py and docs/readme/probes.md: {unlisted}"
+    assert not unlisted, f"add to hwtui/probes/envnames.py and docs/trust.md: {unlisted}"
 
 
 def test_the_allow_list_is_documented_exactly():
-    doc = (ROOT / "docs" / "readme" / "probes.md").read_text()
+    doc = (ROOT / "docs" / "trust.md").read_text()
     section = doc.split("<!-- env-allow-list -->")[1].split("<!-- /env-allow-list -->")[0]
     documented = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", section))
     assert documented == set(PROBE_ENV_NAMES)
