@@ -51,6 +51,21 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
     return stages
 
 
+def hardware_not_here(cfg: TuiConfig, defaults: dict[str, object]) -> str:
+    """Why a run of these choices needs devices a replayed machine has and this one has not ("" if none).
+
+    A replay shows another machine's figures; only CPU ranks can run here on its behalf.
+    """
+    if cfg.mode == "cluster":
+        return ""  # the smoke test runs ranks on whatever this machine has (CPU ranks over gloo at least)
+    if cfg.mode == "train":
+        ids = [i.strip() for i in (cfg.gpu_ids or str(defaults["gpu_ids"])).split(",") if i.strip()]
+        foreign = [i for i in ids if not i.startswith("cpu")]
+        return f"devices {','.join(foreign)} belong to the replayed machine" if foreign else ""
+    device = cfg.device or str(defaults["device"])
+    return f"device {device} belongs to the replayed machine" if device != "cpu" else ""
+
+
 def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
     """The smoke test as this machine can run it: ``hwtui cluster test --events -``.
 

@@ -20,8 +20,19 @@ def host_args(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def require_terminal() -> None:
+    """The TUI needs a terminal on both ends: without one it would wait for keys that never come."""
+    import sys
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise HwtuiError("the terminal UI needs a terminal (stdin and stdout are not one); "
+                         "use `hwtui --check` for a report without one")
+
+
 def run_tui(args: argparse.Namespace) -> int:
     from hwtui.app.commands._host import host_from_args
+
+    require_terminal()
 
     interval = getattr(args, "interval", None)
     if interval is not None and not 0.05 <= interval <= 3600:

@@ -99,3 +99,7 @@ class ClusterFilesWritten(Message):
         self.commands = commands or {}
         self.error = error
         self.exists = exists  # refused because cluster.json is already there (a second press overwrites)
+
+
+class RunRequested(Message):
+    """The Engine step saved its choices and asks the app to start a run on the Run screen."""

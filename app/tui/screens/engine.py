@@ -22,7 +22,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal
 from textual.widgets import Input, Label, Static
 
-from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected
+from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected, RunRequested
 from hwtui.app.tui.screens._step import WizardStep
 from hwtui.widgets.choice_toggle import ChoiceToggle
 from hwtui.widgets.launch_commands import LaunchCommands
@@ -102,7 +102,7 @@ class EngineScreen(WizardStep):
         self._overwrite_ok = ""  # the output directory whose cluster.json the user agreed to replace
 
     def compose_body(self) -> ComposeResult:
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         with Horizontal(id="choices"):
             yield Label("Engine")
             yield ChoiceToggle([("replicate", "replicate"), ("train", "train"), ("cluster", "cluster")], cfg.mode, id="mode")
@@ -140,7 +140,7 @@ class EngineScreen(WizardStep):
         self.action_rerun()
 
     def action_rerun(self) -> None:
-        defaults = self.app.defaults  # type: ignore[attr-defined]
+        defaults = self.hw.defaults
         for fid, _label, _attr, _kind, dkey in FIELDS:
             if dkey:
                 self.query_one(f"#in-{fid}", Input).placeholder = f"{defaults[dkey]} (detected)"
@@ -148,7 +148,7 @@ class EngineScreen(WizardStep):
         self.query_one("#in-weights", Input).placeholder = "model.safetensors or a directory"
         self.query_one("#in-interval", Input).placeholder = "1.0 s"
         self.query_one("#in-steps", Input).placeholder = "50"
-        devices = self.app.devices  # type: ignore[attr-defined]
+        devices = self.hw.devices
         usable = sum(1 for d in devices if d.usable)
         self.query_one("#in-c-devices", Input).placeholder = f"{defaults['devices_per_node']} (detected)"
         self._status_text = (f"defaults from {usable} usable device(s): device {defaults['device']}, "
@@ -162,7 +162,7 @@ class EngineScreen(WizardStep):
         from hwtui.probes.dist.netif import collect_interfaces
 
         try:
-            found = collect_interfaces(self.app.host)  # type: ignore[attr-defined]
+            found = collect_interfaces(self.hw.host)
             self.post_message(InterfacesDetected(list(found.get("interfaces") or [])))
         except Exception as exc:  # noqa: BLE001 - the form still works, the user types the name
             self.post_message(InterfacesDetected([], f"{type(exc).__name__}: {exc}"))
@@ -229,7 +229,7 @@ class EngineScreen(WizardStep):
     def _cluster_devices(self) -> int:
         raw = self.query_one("#in-c-devices", Input).value.strip()
         try:
-            return int(raw) if raw else int(self.app.defaults["devices_per_node"])  # type: ignore[attr-defined]
+            return int(raw) if raw else int(self.hw.defaults["devices_per_node"])
         except ValueError:
             return 1
 
@@ -270,7 +270,7 @@ class EngineScreen(WizardStep):
                 bad("c-max_bytes", f"Sweep max: {exc}")
         spec = None
         if not problems and (need_nodes or raw["c-nodes"]):
-            per_node = values["cluster_devices"] or int(self.app.defaults["devices_per_node"])  # type: ignore[attr-defined]
+            per_node = values["cluster_devices"] or int(self.hw.defaults["devices_per_node"])
             interface = raw["c-interface"] or default_interface(self.interfaces)
             try:
                 spec = ClusterSpec(nodes=parse_nodes(raw["c-nodes"]), devices_per_node=per_node,
@@ -286,10 +286,10 @@ class EngineScreen(WizardStep):
         return not problems
 
     def _remember(self, values: dict[str, Any]) -> None:
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         for key, value in values.items():
             setattr(cfg, key, value)
-        self.app.save_config()  # type: ignore[attr-defined]
+        self.hw.save_config()
 
     def action_write_cluster(self) -> None:
         if self._mode()[0] != "cluster":
@@ -401,21 +401,15 @@ class EngineScreen(WizardStep):
             if not self._show_problems(problems):
                 return
             self._remember(values)
-            self.app.get_screen("run").pending_run = True
-            self.app.goto("run")  # type: ignore[attr-defined]
+            self.post_message(RunRequested())
             return
         values, problems = self.collect()
         self.query_one("#problems", Static).update("\n".join(problems))
         if problems:
             self.notify(problems[0], severity="error")
             return
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         for key, value in values.items():
             setattr(cfg, key, value)
-        self.app.save_config()  # type: ignore[attr-defined]
-        # The Run screen may not be composed yet (first visit): it starts the run when shown.
-        self.app.get_screen("run").pending_run = True
-        self.app.goto("run")  # type: ignore[attr-defined]
-
-    def action_next(self) -> None:
-        self.action_start()
+        self.hw.save_config()
+        self.post_message(RunRequested())  # the app owns "a run is wanted"; the Run screen takes it when shown

@@ -168,7 +168,7 @@ async def test_real_two_rank_smoke_test_from_the_wizard(snapshots):
         assert "torch.distributed.run --standalone --nproc-per-node=2" in log
         cluster = run.state.cluster
         assert set(cluster.nodes) == {0, 1} and cluster.correctness["ok"]
-        assert cluster.done and cluster.done["ok"] and cluster.done["world_size"] == 2
+        assert cluster.done and cluster.done.ok and cluster.done.world_size == 2
         summary = run.query_one(ClusterSummary)
         rows = summary.bandwidth_rows()
         assert [size for size, _ in rows][-1] == 64 * 1024
