@@ -7,10 +7,7 @@ included. This module knows nothing of Textual: the Run screen drives it from a 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hwtui.app.tui.config import TuiConfig
-
-STOP_GRACE_S = 5.0
+from hwtui.core.supervisor import STOP_GRACE_S, Child
 
 
 @dataclass(frozen=True)
@@ -87,13 +83,17 @@ def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
 
 
 class EngineProcess:
-    """One child process with its stdout read line by line and its stderr forwarded."""
+    """One engine child (through hwtui.core.supervisor): stdout read line by line, stderr forwarded.
+
+    The supervisor's :class:`Child` gives it its own session (one signal reaches every rank it
+    spawned), the parent's hwtui tree on PYTHONPATH, and termination with grace; this class only
+    adds the stderr pump and the lock that makes stop-before-start safe.
+    """
 
     def __init__(self, argv: list[str], on_stderr: Callable[[str], None], env: dict[str, str] | None = None):
         self.argv = argv
         self._on_stderr = on_stderr
-        self._env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        self.proc: subprocess.Popen[str] | None = None
+        self.child = Child(argv, name="engine", env={**os.environ, **(env or {})}, stdout="pipe", stderr="pipe", text=True)
         self._stderr_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.stopped = False
@@ -102,29 +102,24 @@ class EngineProcess:
         with self._lock:
             if self.stopped:
                 raise RuntimeError("stopped before it started")
-            self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, encoding="utf-8", errors="replace", bufsize=1, env=self._env,
-                start_new_session=True,  # its own process group: one signal reaches every rank
-            )
+            self.child.start()
         self._stderr_thread = threading.Thread(target=self._pump_stderr, name="engine-stderr", daemon=True)
         self._stderr_thread.start()
 
     def _pump_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
+        stream = self.child.stderr_stream()
+        assert stream is not None
+        for line in stream:
             line = line.rstrip("\n")
             if line.strip():
                 self._on_stderr(line)
 
     def lines(self) -> Iterator[str]:
         """stdout lines until the process closes it (exits or is stopped)."""
-        assert self.proc is not None and self.proc.stdout is not None
-        yield from self.proc.stdout
+        yield from self.child.stdout_lines()
 
     def wait(self, timeout: float | None = None) -> int:
-        assert self.proc is not None
-        rc = self.proc.wait(timeout)
+        rc = self.child.wait(timeout)
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=2.0)  # the last stderr lines explain a failure
         return rc
@@ -133,26 +128,8 @@ class EngineProcess:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit status."""
         with self._lock:
             self.stopped = True
-            proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            self._signal(proc, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(proc, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(grace_s)
-        # Ranks the engine spawned may outlive it; the group is ours, clear it either way.
-        self._signal(proc, signal.SIGKILL)
-        return proc.poll()
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen[str], sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        return self.child.terminate(grace_s)
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child.running

@@ -21,6 +21,7 @@ of truth the engine itself reports:
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from hwtui.engine.training.events import (
     TrainWorkerLost,
 )
 
+_ALARMING = re.compile(r"error|warn|traceback|exception|fatal|killed|not found|refused", re.IGNORECASE)
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
 SOURCE_RANK = 0  # the replication source: its window is the window
 
@@ -246,6 +248,7 @@ class RunState:
         self.errors: list[str] = []
         self.exit_code: int | None = None
         self.stopped = False  # the user stopped it (not a failure, not a finished run)
+        self.stderr_tail: deque[str] = deque(maxlen=40)  # held back: shown only if the engine fails
         self.phase = "starting the engine"  # what it is doing before the first figures arrive
         self.first_t: float | None = None
         self.last_t: float | None = None
@@ -284,6 +287,19 @@ class RunState:
                 self._log((level, text))
             self.version += 1
 
+    def add_stderr(self, line: str) -> None:
+        """The engine's human output: with ``--events -`` it repeats what the events already say.
+
+        So it is not logged a second time; warnings and errors are (they may say what no event
+        does), and the rest is kept as a tail that :meth:`finish` logs when the engine failed.
+        """
+        with self.lock:
+            if _ALARMING.search(line) and not any(line.strip() in text for _, text in self.log):
+                self._log(("stderr", line))
+                self.version += 1
+            else:
+                self.stderr_tail.append(line)
+
     def mark_stopped(self) -> None:
         """The user asked for the stop: what follows (exit 143, killed ranks) is that stop."""
         with self.lock:
@@ -296,6 +312,8 @@ class RunState:
             if self.stopped:
                 self._log(("warn", f"engine stopped by the user (exit status {exit_code})"))
             elif exit_code != 0:
+                for line in self.stderr_tail:  # what the engine said last explains the failure
+                    self._log(("stderr", line))
                 self._error(f"engine exited with status {exit_code}")
             self.version += 1
 

@@ -227,7 +227,7 @@ class RunScreen(WizardStep):
         from hwtui.core.events import parse_line
 
         def on_stderr(line: str) -> None:
-            state.add_log(line, "stderr")
+            state.add_stderr(line)
             self.post_message(EngineUpdated())
 
         for stage in stages:

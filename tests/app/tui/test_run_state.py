@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hwtui.app.tui.run_state import RunState, to_event
-from hwtui.core.events import ErrorEvent, UnknownEvent, parse_line
+from hwtui.core.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
 from hwtui.engine.replication.events import ReplBucket, ReplStart, ReplWindow
 from hwtui.engine.training.events import TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 
@@ -221,3 +221,20 @@ def test_a_real_training_run_is_drawn_as_the_engine_reports_it(typed):
     assert [m.step for m in s.train.merges] == [r["step"] for r in report["rounds"]] == [4, 8, 12]
     assert sum(w.samples for w in s.train.workers.values()) == report["samples"]
     assert s.progress()[0] == 1.0 and not s.errors
+
+
+def test_the_engines_human_output_is_not_logged_twice():
+    ok = RunState()
+    ok.apply(LogEvent(message="Using CPU broadcast transport (gloo).", source="replication.transport"))
+    ok.add_stderr("Using CPU broadcast transport (gloo).")
+    ok.add_stderr("        1.6 / 1.6 MB    0.02 GB/s    0.08 s")
+    ok.finish(0)
+    assert sum("Using CPU broadcast" in text for _, text in ok.log) == 1
+    assert not any("GB/s" in text for _, text in ok.log)
+
+    failed = RunState()
+    failed.add_stderr("rank 1 lost its peer")
+    failed.add_stderr("RuntimeError: gloo connection closed")
+    assert ("stderr", "RuntimeError: gloo connection closed") in failed.log, "an error line shows at once"
+    failed.finish(3)
+    assert ("stderr", "rank 1 lost its peer") in failed.log, "a failure brings the held-back tail"
