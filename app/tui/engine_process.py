@@ -47,6 +47,24 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
     return stages
 
 
+ENGINE_EXTRA = 'pip install "hwtui[engine]"'
+
+
+def missing_engine_modules() -> list[str]:
+    """The engine extra's modules this interpreter cannot import (the CLI names the same ones)."""
+    import importlib.util
+
+    from hwtui.app.cli import ENGINE_EXTRA_MODULES
+
+    return [m for m in ENGINE_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+
+
+def engine_extra_problem() -> str:
+    """One line saying what to install before a run, or "" when the engine can run."""
+    missing = missing_engine_modules()
+    return f"the engine needs {', '.join(missing)}: {ENGINE_EXTRA}" if missing else ""
+
+
 def hardware_not_here(cfg: TuiConfig, defaults: dict[str, object]) -> str:
     """Why a run of these choices needs devices a replayed machine has and this one has not ("" if none).
 

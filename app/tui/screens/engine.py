@@ -16,12 +16,15 @@ import subprocess
 import sys
 from typing import Any, ClassVar
 
+from rich.markup import escape
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal
 from textual.widgets import Input, Label, Static
 
+from hwtui.app.tui import engine_process
 from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected, RunRequested
 from hwtui.app.tui.screens._step import WizardStep
 from hwtui.widgets.choice_toggle import ChoiceToggle
@@ -155,6 +158,8 @@ class EngineScreen(WizardStep):
                              f"{defaults['nproc']} processes, bucket {defaults['bucket_mb']} MB, window {defaults['window']}")
         self._detect_interfaces()
         self._grey_out()
+        # Say it before a run, not after one failed: a base install has no engine.
+        self.query_one("#problems", Static).update(Text(engine_process.engine_extra_problem()))
 
     @work(thread=True, exclusive=True, group="netif", exit_on_error=False)
     def _detect_interfaces(self) -> None:
@@ -280,9 +285,9 @@ class EngineScreen(WizardStep):
         return values, spec, problems
 
     def _show_problems(self, problems: list[str]) -> bool:
-        self.query_one("#problems", Static).update("\n".join(problems))
+        self.query_one("#problems", Static).update(Text("\n".join(problems)))  # plain: paths may hold [brackets]
         if problems:
-            self.notify(problems[0], severity="error")
+            self.notify(escape(problems[0]), severity="error")
         return not problems
 
     def _remember(self, values: dict[str, Any]) -> None:
@@ -396,6 +401,10 @@ class EngineScreen(WizardStep):
         return values, problems
 
     def action_start(self) -> None:
+        extra = engine_process.engine_extra_problem()
+        if extra:
+            self._show_problems([extra])
+            return
         if self._mode()[0] == "cluster":
             values, _spec, problems = self.collect_cluster(need_nodes=False)
             if not self._show_problems(problems):
@@ -404,9 +413,9 @@ class EngineScreen(WizardStep):
             self.post_message(RunRequested())
             return
         values, problems = self.collect()
-        self.query_one("#problems", Static).update("\n".join(problems))
+        self.query_one("#problems", Static).update(Text("\n".join(problems)))  # plain: paths may hold [brackets]
         if problems:
-            self.notify(problems[0], severity="error")
+            self.notify(escape(problems[0]), severity="error")
             return
         cfg = self.hw.config
         for key, value in values.items():

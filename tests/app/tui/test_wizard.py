@@ -279,3 +279,18 @@ async def test_remembered_choices_prefill_the_engine_step(snapshots):
         assert app.screen.query_one("#mode").value == "train"
         assert app.screen.query_one("#in-gpu_ids").value == "cpu:0,cpu:1"
         assert app.screen.query_one("#in-steps").value == "9"
+
+
+async def test_engine_step_names_the_extra_before_a_run(snapshots, monkeypatch, tmp_path):
+    monkeypatch.setattr("hwtui.app.tui.engine_process.missing_engine_modules", lambda: ["torch", "xxhash"])
+    engine = RecordedEngine("replicate_ok.jsonl")
+    app = make_app(snapshots["h100_x8"], engine)
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("n", "n", "n")
+        problems = str(app.screen.query_one("#problems").render())
+        assert 'pip install "hwtui[engine]"' in problems and "torch, xxhash" in problems
+        app.screen.query_one("#in-plan").value = str(plan)
+        await pilot.press("ctrl+s")
+        assert app.screen.STEP == "engine" and engine.calls == 0, "no run without the engine extra"
