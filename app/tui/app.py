@@ -75,8 +75,10 @@ class HwtuiApp(App[int]):
         from hwtui.app.tui.screens.drivers import DriversScreen
         from hwtui.app.tui.screens.engine import EngineScreen
         from hwtui.app.tui.screens.environment import EnvironmentScreen
+        from hwtui.app.tui.screens.monitor import MonitorScreen
         from hwtui.app.tui.screens.run import RunScreen
 
+        self.install_screen(MonitorScreen(), name="monitor")
         for name, cls in zip(STEPS, (DetectScreen, DriversScreen, EnvironmentScreen, EngineScreen, RunScreen), strict=True):
             self.install_screen(cls(), name=name)
         self.run_screen = cast("RunScreen", self.get_screen("run"))
@@ -102,7 +104,9 @@ class HwtuiApp(App[int]):
 
     def step_offset(self, step: str, delta: int) -> str | None:
         i = STEPS.index(step) + delta
-        return STEPS[i] if 0 <= i < len(STEPS) else None
+        if i < 0:
+            return "monitor"  # back from the first step: the monitor the app opened on
+        return STEPS[i] if i < len(STEPS) else None
 
     def run_dir(self) -> Path:
         """Where a run keeps its intermediate files (the plan made from weights)."""

@@ -46,6 +46,7 @@ def run_tui(args: argparse.Namespace) -> int:
     config = TuiConfig.load(config_file)
     if interval is not None:
         config.interval = float(interval)
-    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args))
+    # The monitor first: a live view of this machine, the wizard one key (w) away.
+    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args), start_step="monitor")
     result = app.run()
     return int(result or 0)

@@ -48,6 +48,9 @@ def test_hwtui_in_tmux(snapshots, tmp_path, config_home):
                f"echo $? > {marker}; sleep 30")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
     try:
+        # `hwtui` opens on the monitor: the replayed machine's 8 GPUs; w opens the wizard.
+        wait_screen(session, "hwtui monitor", "cuda:7", "w Wizard", "not recorded in a replay")
+        subprocess.run(["tmux", "send-keys", "-t", session, "w"], check=True)
         # Detect: the table, the status line and the footer, all drawn.
         wait_screen(session, "cuda:7", "[1 Detect]", "8 accelerator(s)", "8 usable (NVIDIA)", "n Next", "q Quit")
         subprocess.run(["tmux", "send-keys", "-t", session, "n"], check=True)
