@@ -189,12 +189,11 @@ def fake_processes(host, devices, nvml=None, handles=None):
 
 async def measure(snapshot: Path, seconds: float, size: tuple[int, int], view: str = "run") -> dict[str, float]:
     os.environ.setdefault("XDG_CONFIG_HOME", tempfile.mkdtemp(prefix="hwtui-bench-"))
+    import hwtui.probes.processes
     from hwtui.app.tui.app import HwtuiApp
     from hwtui.app.tui.config import TuiConfig
     from hwtui.probes.host import ReplayHost
     from hwtui.widgets.device_panel import DevicePanel
-
-    import hwtui.probes.processes
 
     probe = TickProbe()
     probe.install()
