@@ -59,7 +59,7 @@ class RunScreen(WizardStep):
     RunScreen #views > Vertical { height: auto; }
     RunScreen #devices-title, RunScreen #log-title { height: 1; text-style: bold; }
     RunScreen.-short DevicePanel { max-height: 4; }
-    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 4; }
+    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 6; }
     RunScreen.-log-only #views, RunScreen.-log-only DevicePanel, RunScreen.-log-only #devices-title { display: none; }
     RunScreen #cluster-findings { height: auto; max-height: 6; min-height: 2; }
     RunScreen #cluster-detail { max-height: 7; }
