@@ -131,3 +131,27 @@ async def test_refresh_redraws_with_new_figures():
         await pilot.pause()
         first = panel.render_line(0).text
         assert "75.0G/80.0G" in first and "99%" in first and "88C" in first and "650W" in first
+
+
+
+async def test_the_log_never_hides_text_at_80_columns():
+    from textual.app import App
+
+    from hwtui.widgets.error_log import ErrorLog
+
+    class LogApp(App):
+        CSS = "ErrorLog { padding: 0 1; }"  # as on the Run screen: 80 columns leave 76 cells for text
+
+        def compose(self):
+            yield ErrorLog()
+
+    line = "".join(f"word{i:02d}" for i in range(40))
+    app = LogApp()
+    async with app.run_test(size=(80, 12)) as pilot:
+        log = app.query_one(ErrorLog)
+        log.catch_up([("info", line)] * 20, 20)  # more than fits: the scrollbar shows
+        await pilot.pause()
+        visible = log.scrollable_content_region.width
+        assert log.max_scroll_y > 0 and visible < 78
+        assert all(strip.cell_length <= visible for strip in log.lines), "every line fits left of the scrollbar"
+        assert line in "".join(strip.text for strip in log.lines[: -(-len(line) // visible)]), "nothing cut"
