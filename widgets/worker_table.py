@@ -27,7 +27,7 @@ class WorkerTable(DataTable):
         for rank in sorted(train.workers):
             w = train.workers[rank]
             share = shares.get(rank, 0.0)
-            cells = {
+            cells: dict[str, str | Text] = {
                 "rank": str(rank),
                 "device": Text(w.device + (" LOST" if w.lost else ""), style="bold red" if w.lost else ""),
                 "step": str(w.step),
@@ -36,10 +36,10 @@ class WorkerTable(DataTable):
                 "loss": "-" if w.loss is None else f"{w.loss:.4f}",
                 "mem": f"{gib(w.mem_used)}/{gib(w.mem_total)}" if w.mem_total else "-",
             }
-            cells = {k: v if isinstance(v, Text) else Text(v) for k, v in cells.items()}
+            texts = {k: v if isinstance(v, Text) else Text(v) for k, v in cells.items()}
             if rank not in self._keys:
-                self.add_row(*cells.values(), key=str(rank))
+                self.add_row(*texts.values(), key=str(rank))
                 self._keys.add(rank)
             else:
-                for col, value in cells.items():
+                for col, value in texts.items():
                     self.update_cell(str(rank), col, value)

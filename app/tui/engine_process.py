@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hwtui.app.tui.config import TuiConfig
 from hwtui.core.supervisor import STOP_GRACE_S, Child
@@ -24,12 +25,12 @@ class Stage:
     argv: list[str]
 
 
-def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> list[Stage]:
+def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> list[Stage]:
     """The commands for the user's choices: ``hwtui plan`` first when they picked weights."""
     hw = [sys.executable, "-m", "hwtui.app"]
     if cfg.mode == "cluster":
         return [cluster_test_stage(cfg, defaults)]
-    nproc = cfg.nproc or int(defaults["nproc"])  # type: ignore[arg-type]
+    nproc = cfg.nproc or int(defaults["nproc"])
     if cfg.mode == "train":
         gpu_ids = cfg.gpu_ids or str(defaults["gpu_ids"])
         return [Stage("run", [*hw, "train", "--gpu-ids", gpu_ids, "--steps", str(cfg.steps), "--events", "-"])]
@@ -37,7 +38,7 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
     plan = cfg.plan
     if cfg.source == "weights":
         plan = str(workdir / "plan.json")
-        bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])  # type: ignore[arg-type]
+        bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])
         stages.append(Stage("plan", [*hw, "plan", "--weights", cfg.weights, "--bucket-mb", str(bucket_mb), "-o", plan]))
     stages.append(Stage("run", [
         *hw, "replicate", "--plan", plan, "--device", cfg.device or str(defaults["device"]),
@@ -48,15 +49,16 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
 
 
 ENGINE_EXTRA = 'pip install "hwtui[engine]"'
+# The modules the engine extra brings (app/cli.py's ENGINE_EXTRA_MODULES names the same; not
+# imported from there because the CLI imports the TUI: that would be an import cycle).
+ENGINE_MODULES = ("torch", "xxhash", "safetensors", "numpy")
 
 
 def missing_engine_modules() -> list[str]:
     """The engine extra's modules this interpreter cannot import (the CLI names the same ones)."""
     import importlib.util
 
-    from hwtui.app.cli import ENGINE_EXTRA_MODULES
-
-    return [m for m in ENGINE_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    return [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
 
 
 def engine_extra_problem() -> str:
@@ -65,7 +67,7 @@ def engine_extra_problem() -> str:
     return f"the engine needs {', '.join(missing)}: {ENGINE_EXTRA}" if missing else ""
 
 
-def hardware_not_here(cfg: TuiConfig, defaults: dict[str, object]) -> str:
+def hardware_not_here(cfg: TuiConfig, defaults: dict[str, Any]) -> str:
     """Why a run of these choices needs devices a replayed machine has and this one has not ("" if none).
 
     A replay shows another machine's figures; only CPU ranks can run here on its behalf.
@@ -80,7 +82,7 @@ def hardware_not_here(cfg: TuiConfig, defaults: dict[str, object]) -> str:
     return f"device {device} belongs to the replayed machine" if device != "cpu" else ""
 
 
-def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
+def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, Any]) -> Stage:
     """The smoke test as this machine can run it: ``hwtui cluster test --events -``.
 
     One device per node: alone, which `cluster test` treats as a one-rank local check. More: under
@@ -89,7 +91,7 @@ def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
     from `cluster init` do that on each node), and ``--spec`` is left out on purpose: a lone run
     would otherwise try to rendezvous at the cluster's master address instead of on this host.
     """
-    per_node = cfg.cluster_devices or int(defaults.get("devices_per_node") or 1)  # type: ignore[call-overload]
+    per_node = cfg.cluster_devices or int(defaults.get("devices_per_node") or 1)
     test = ["-m", "hwtui.app", "cluster", "test", "--events", "-"]
     if cfg.cluster_max_bytes:
         test += ["--max-bytes", cfg.cluster_max_bytes]

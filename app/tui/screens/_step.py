@@ -21,7 +21,7 @@ from hwtui.widgets.findings_list import FindingsList
 from hwtui.widgets.step_bar import StepBar
 
 if TYPE_CHECKING:
-    from hwtui.app.tui.app import HwtuiApp
+    from hwtui.app.tui.context import AppContext
 
 
 class WizardStep(Screen):
@@ -37,9 +37,9 @@ class WizardStep(Screen):
         self.started = False
 
     @property
-    def hw(self) -> HwtuiApp:
+    def hw(self) -> AppContext:
         """The app, typed: what the steps share (host, devices, config) lives there."""
-        return cast("HwtuiApp", self.app)
+        return cast("AppContext", self.app)
 
     def compose(self) -> ComposeResult:
         yield StepBar(self.STEP)

@@ -25,7 +25,7 @@ from hwtui.widgets.host_strip import HostStrip
 from hwtui.widgets.process_table import ProcessTable
 
 if TYPE_CHECKING:
-    from hwtui.app.tui.app import HwtuiApp
+    from hwtui.app.tui.context import AppContext
 
 
 class MonitorScreen(Screen):
@@ -52,8 +52,8 @@ class MonitorScreen(Screen):
         self.ticks = 0
 
     @property
-    def hw(self) -> HwtuiApp:
-        return cast("HwtuiApp", self.app)
+    def hw(self) -> AppContext:
+        return cast("AppContext", self.app)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="title")
