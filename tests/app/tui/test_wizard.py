@@ -294,3 +294,16 @@ async def test_engine_step_names_the_extra_before_a_run(snapshots, monkeypatch, 
         app.screen.query_one("#in-plan").value = str(plan)
         await pilot.press("ctrl+s")
         assert app.screen.STEP == "engine" and engine.calls == 0, "no run without the engine extra"
+
+
+async def test_choices_and_steps_are_clickable(snapshots):
+    app = make_app(snapshots["h100_x8"])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("n", "n", "n")
+        mode = app.screen.query_one("#mode")
+        assert mode.value == "replicate"
+        # "(•) replicate  ( ) train": the train option starts after "(•) replicate  " (1 cell of padding first).
+        assert await pilot.click("#mode", offset=(1 + len("(•) replicate  ") + 2, 0))
+        await wait_for(pilot, lambda: mode.value == "train")
+        assert await pilot.click("StepBar", offset=(len(" hwtui  ") + 1, 0))  # "[1 Detect]" at 100 columns
+        await wait_for(pilot, lambda: getattr(app.screen, "STEP", "") == "detect")
