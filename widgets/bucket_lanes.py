@@ -1,7 +1,10 @@
-"""The replication window as lanes: one lane per in-flight slot, each showing its bucket's stage.
+"""The replication window as lanes: one lane per slot of the SOURCE's window, each showing its bucket.
 
-Below the lanes, every bucket of the plan as one glyph, so the whole run reads at a glance. A
-glyph per state (not only a colour) keeps it legible with NO_COLOR.
+A bucket holds a lane from the moment the source stages it until the source's send completes, so
+there are never more lanes than the window the engine enforces. Buckets the source has sent that
+the receivers are still receiving or verifying are a separate count on the header line. Below the
+lanes, every bucket of the plan as one glyph, wrapped to the width so the grid is always whole.
+A glyph per state (not only a colour) keeps it legible with NO_COLOR.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
+# Keyed by the state names (the TUI's BucketState is a StrEnum with these values).
 GLYPH = {"pending": ("·", "dim"), "staged": ("░", "blue"), "inflight": ("▒", "yellow"),
          "verifying": ("▓", "magenta"), "done": ("█", "green"), "failed": ("✗", "bold red")}
-STAGES = ("staged", "inflight", "verifying", "done")
+SOURCE_STAGES = ("staged", "inflight")
 SHORT = {"pending": "pend", "staged": "staged", "inflight": "flight", "verifying": "verify", "done": "done", "failed": "fail"}
+GRID_INDENT = 9  # "buckets " column
 
 
 class BucketLanes(Widget):
@@ -22,56 +27,60 @@ class BucketLanes(Widget):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.repl: Any = None
+        self.repl: Any = None  # hwtui.app.tui.run_state.Replication (widgets may not import the app)
 
     def show(self, repl: Any) -> None:
         self.repl = repl
         self.refresh(layout=True)
 
+    def _grid_rows(self, width: int) -> int:
+        return -(-max(self.repl.n_buckets, 1) // max(width - GRID_INDENT, 1))
+
     def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
         if self.repl is None:
             return 1
-        lanes = max(len(self.repl.lanes), 1)
-        overview = -(-max(self.repl.n_buckets, 1) // max(width - 9, 1))
-        return 2 + lanes + min(overview, 3)
+        return 2 + max(len(self.repl.lanes), 1) + self._grid_rows(width)
 
     def render(self) -> Text:
         r = self.repl
         if r is None:
             return Text("waiting for repl.start", style="dim")
-        text = Text()
-        text.append(f"window {r.occupancy}/{r.window}", style="bold")
-        text.append(f" {r.bytes_in_flight / 1e6:5.1f} MB  ")
-        for state in ("pending", *STAGES, "failed"):
-            glyph, style = GLYPH[state]
-            text.append(glyph, style=style)
-            text.append(f"{SHORT[state]} ")
         width = max(self.size.width, 20)
-        bar_w = max(width - 34, 4)
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"source window {r.occupancy}/{r.window}", style="bold")
+        text.append(f" {r.bytes_in_flight / 1e6:.1f} MB", style="")
+        text.append(f"  receivers verifying {r.awaiting_receivers}", style="magenta" if r.awaiting_receivers else "dim")
+        legend = Text()
+        for state in GLYPH:
+            glyph, style = GLYPH[state]
+            legend.append(glyph, style=style)
+            legend.append(f"{SHORT[state]} ")
+        if text.cell_len + 2 + legend.cell_len <= width:
+            text.append("  ")
+            text.append_text(legend)
+        label_w = len("lane 00 ") + len(" #0000 inflight")
+        bar_w = max(width - label_w - 1, 2)
         for i, bid in enumerate(r.lanes):
-            over = " (over window)" if i >= max(r.window, 1) else ""
             text.append(f"\nlane {i:<2} ")
             if bid is None:
                 text.append("idle", style="dim")
                 continue
-            state = r.states.get(bid, "pending")
-            reached = STAGES.index(state) + 1 if state in STAGES else 0
-            # The lane fills stage by stage: staged -> inflight -> verifying -> done.
-            per = bar_w // len(STAGES)
-            for j, stage in enumerate(STAGES):
-                glyph, style = GLYPH[stage]
-                text.append((glyph if j < reached else "·") * per, style=style if j < reached else "dim")
-            text.append(f" #{bid:<4} {state}{over}")
+            state = str(r.states.get(bid, "pending"))
+            stage = "inflight" if state not in SOURCE_STAGES else state
+            # Half the bar per source stage: staged, then on the wire.
+            half = bar_w // 2
+            for j, name in enumerate(SOURCE_STAGES):
+                glyph, style = GLYPH[name]
+                reached = j <= SOURCE_STAGES.index(stage)
+                text.append((glyph if reached else "·") * half, style=style if reached else "dim")
+            text.append(f" #{bid:<4} {'sending' if stage == 'inflight' else 'staged'}")
         done, total = r.count("done"), r.n_buckets
-        text.append(f"\nbuckets {done}/{total} ")
-        cells = width - 9
+        text.append(f"\nbuckets {done}/{total}", style="bold")
+        cells = max(width - GRID_INDENT, 1)
         ids = sorted(r.states)
-        shown = ids[: cells * 3]
-        for n, bid in enumerate(shown):
-            if n and n % cells == 0:
-                text.append("\n" + " " * 9)
-            glyph, style = GLYPH.get(r.states[bid], ("?", ""))
+        for n, bid in enumerate(ids):
+            if n % cells == 0:
+                text.append("\n" + " " * GRID_INDENT)
+            glyph, style = GLYPH.get(str(r.states[bid]), ("?", ""))
             text.append(glyph, style=style)
-        if len(ids) > len(shown):
-            text.append(f" +{len(ids) - len(shown)}")
         return text

@@ -1,7 +1,8 @@
 """A one-line choice between a few options: ``(•) replicate  ( ) train``.
 
 Radio buttons mark the chosen option with colour alone; this one uses ``(•)`` against ``( )``,
-so the choice reads the same with NO_COLOR. Left / right / space change it.
+so the choice reads the same with NO_COLOR. Left / right / space change it, and so does a click
+on an option.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
@@ -52,6 +54,23 @@ class ChoiceToggle(Widget, can_focus=True):
 
     def get_content_width(self, container: Any, viewport: Any) -> int:
         return sum(len(label) + 4 for _, label in self.options) + 2 * (len(self.options) - 1)
+
+    def option_at(self, x: int) -> str | None:
+        """The option drawn at content column ``x`` (the layout of :meth:`render`)."""
+        pos = 0
+        for i, (value, label) in enumerate(self.options):
+            width = (2 if i else 0) + 4 + len(label)
+            if pos <= x < pos + width:
+                return value
+            pos += width
+        return None
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        chosen = self.option_at(offset.x) if offset is not None else None
+        if chosen is not None:
+            self.focus()
+            self.value = chosen
 
     def action_move(self, step: int) -> None:
         values = [v for v, _ in self.options]

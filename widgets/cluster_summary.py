@@ -14,6 +14,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from hwtui.engine.cluster.events import BandwidthEvent
+
 OPS = ("broadcast", "all_reduce")
 
 
@@ -38,11 +40,11 @@ class ClusterSummary(Widget):
         self.cluster = cluster
         self.refresh(layout=True)
 
-    def bandwidth_rows(self) -> list[tuple[int, dict[str, dict[str, Any]]]]:
+    def bandwidth_rows(self) -> list[tuple[int, dict[str, BandwidthEvent]]]:
         """``[(size_bytes, {op: event})]`` in size order, the largest ``max_sizes`` of them."""
-        by_size: dict[int, dict[str, dict[str, Any]]] = {}
+        by_size: dict[int, dict[str, BandwidthEvent]] = {}
         for b in self.cluster.bandwidth if self.cluster is not None else []:
-            by_size.setdefault(int(b.get("size_bytes") or 0), {})[str(b.get("op"))] = b
+            by_size.setdefault(b.size_bytes, {})[b.op] = b
         return sorted(by_size.items())[-(min(self.max_sizes, 4) if self.compact else self.max_sizes):]
 
     def render(self) -> Group | Text:
@@ -51,11 +53,9 @@ class ClusterSummary(Widget):
             return Text("cluster test: waiting for the first rank", style="dim")
         head = Text.assemble(("cluster test ", "bold"))
         if c.done is not None:
-            ok = bool(c.done.get("ok"))
-            nodes = c.done.get("nodes")
-            n_nodes = len(nodes) if isinstance(nodes, list) else nodes
+            ok = c.done.ok
             head.append("PASSED" if ok else "FAILED", style="bold" if ok else "bold red")
-            head.append(f": {c.done.get('world_size', '?')} rank(s) on {n_nodes} node(s)")
+            head.append(f": {c.done.world_size} rank(s) on {len(c.done.nodes) if isinstance(c.done.nodes, list) else c.done.nodes} node(s)")
         else:
             head.append("running", style="italic")
         if c.done is None:
@@ -65,14 +65,14 @@ class ClusterSummary(Widget):
         ranks = sorted(c.nodes)
         for rank in ranks[: self.max_nodes]:
             n = c.nodes[rank]
-            parts.append(Text(f"  rank {rank} {n.get('node', '?')}: {'ok  ' if n.get('ok') else 'FAIL'} {n.get('summary', '')}",
-                              style="" if n.get("ok") else "bold red", overflow="ellipsis", no_wrap=True))
+            parts.append(Text(f"  rank {rank} {n.node}: {'ok  ' if n.ok else 'FAIL'} {n.summary}",
+                              style="" if n.ok else "bold red", overflow="ellipsis", no_wrap=True))
         if len(ranks) > self.max_nodes:
             parts.append(Text(f"  ... {len(ranks) - self.max_nodes} more rank(s) (all in the log)", style="dim"))
         if c.correctness is not None:
-            ok = bool(c.correctness.get("ok"))
-            got = c.correctness.get("got")
-            parts.append(Text(f"correctness: all-reduce {'ok' if ok else 'FAILED'} (expected {c.correctness.get('expected')}, "
+            ok = c.correctness.ok
+            got = c.correctness.got
+            parts.append(Text(f"correctness: all-reduce {'ok' if ok else 'FAILED'} (expected {c.correctness.expected}, "
                               f"got {got})", style="" if ok else "bold red", overflow="ellipsis", no_wrap=True))
         rows = self.bandwidth_rows()
         if rows:
@@ -85,7 +85,7 @@ class ClusterSummary(Widget):
                 cells = [size_text(size)]
                 for op in OPS:
                     b = ops.get(op)
-                    cells += [f"{float(b.get('algbw') or 0):.3f}", f"{float(b.get('busbw') or 0):.3f}"] if b else ["-", "-"]
+                    cells += [f"{b.algbw:.3f}", f"{b.busbw:.3f}"] if b else ["-", "-"]
                 table.add_row(*cells)
             if not self.compact:
                 parts.append(Text("bandwidth, GB/s (busbw as nccl-tests defines it)", style="bold"))

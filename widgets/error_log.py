@@ -12,10 +12,14 @@ LEVEL_STYLE = {"error": "bold red", "critical": "bold red", "warn": "yellow", "w
 
 
 class ErrorLog(RichLog):
-    DEFAULT_CSS = "ErrorLog { height: 1fr; min-height: 3; }"
+    # A stable gutter: lines are wrapped to the width left of the scrollbar from the first line on,
+    # so the scrollbar appearing later never covers their last characters.
+    DEFAULT_CSS = "ErrorLog { height: 1fr; min-height: 3; scrollbar-gutter: stable; overflow-x: hidden; }"
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_lines=1000, wrap=True, markup=False, highlight=False, **kwargs)
+        # min_width: RichLog renders at least 78 cells wide by default, which cut the ends of lines at
+        # 80 columns (76 cells inside the padding and the scrollbar gutter).
+        super().__init__(max_lines=1000, wrap=True, markup=False, highlight=False, min_width=20, **kwargs)
         self.seen = 0  # RunState.log_total already written
 
     def catch_up(self, entries: list[tuple[str, str]], total: int) -> None:

@@ -1,17 +1,19 @@
-"""The training loss: mean over workers per step, as a column chart with first / last / min."""
+"""The training loss: mean over workers per step, as a plotext chart with step along x.
+
+Drawn by textual-plotext (axes and ticks), with now / first / min in the title so the figures
+read as text as well.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.text import Text
-from textual.widget import Widget
-
-from hwtui.widgets._draw import columns
+from textual.app import RenderResult
+from textual_plotext import PlotextPlot
 
 
-class LossChart(Widget):
-    DEFAULT_CSS = "LossChart { height: 5; }"
+class LossChart(PlotextPlot):
+    DEFAULT_CSS = "LossChart { height: 9; width: 1fr; }"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -21,20 +23,18 @@ class LossChart(Widget):
         self.points = list(train.loss)
         self.refresh()
 
-    def render(self) -> Text:
+    def summary(self) -> str:
         if not self.points:
-            return Text("loss: waiting for the first step", style="dim")
+            return "loss: waiting for the first step"
         losses = [v for _, v in self.points]
-        head = Text.assemble(("loss ", "bold"), f"step {self.points[-1][0]}  now {losses[-1]:.4f}  "
-                                                f"first {losses[0]:.4f}  min {min(losses):.4f}")
-        height = max(self.size.height - 1, 1)
-        width = max(self.size.width - 8, 1)
-        top = max(losses)
-        floor = min(losses)
-        # Columns show loss above the minimum so a converging run visibly falls.
-        rows = columns([v - floor + (top - floor) * 0.05 for v in losses], width, height)
-        for i, row in enumerate(rows):
-            axis = f"{top:6.3f}|" if i == 0 else (f"{floor:6.3f}|" if i == height - 1 else "      |")
-            head.append("\n" + axis + " ")
-            head.append(row, style="magenta")
-        return head
+        return f"loss step {self.points[-1][0]}  now {losses[-1]:.4f}  first {losses[0]:.4f}  min {min(losses):.4f}"
+
+    def render(self) -> RenderResult:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.summary())
+        plt.xlabel("step")
+        if self.points:
+            plt.plot([s for s, _ in self.points], [v for _, v in self.points], marker="braille", color="magenta")
+        return super().render()

@@ -7,13 +7,15 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
+from hwtui.engine.training.events import TrainMerge
+
 
 class MergeRounds(Widget):
     DEFAULT_CSS = "MergeRounds { height: auto; max-height: 6; }"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.merges: list[dict[str, Any]] = []
+        self.merges: list[TrainMerge] = []
         self.checkpoints = 0
 
     def show(self, train: Any) -> None:
@@ -27,11 +29,9 @@ class MergeRounds(Widget):
     def render(self) -> Text:
         text = Text.assemble(("merge rounds ", "bold"), f"{len(self.merges)}   checkpoints {self.checkpoints}")
         for m in self.merges[-5:]:
-            shares = m.get("shares") or []
-            values = shares.values() if isinstance(shares, dict) else shares
-            share_txt = " ".join(f"{float(s) * 100:.0f}%" for s in values)
-            merged, mean = m.get("loss_merged"), m.get("loss_workers_mean")
-            text.append(f"\n#{m.get('round', '?'):<3} step {m.get('step', '?'):<5} merged "
+            share_txt = " ".join(f"{s * 100:.0f}%" for s in m.shares)
+            merged, mean = m.loss_merged, m.loss_workers_mean
+            text.append(f"\n#{m.round:<3} step {m.step:<5} merged "
                         f"{'-' if merged is None else f'{float(merged):.4f}'} vs mean "
                         f"{'-' if mean is None else f'{float(mean):.4f}'}  shares {share_txt}")
         return text

@@ -28,7 +28,8 @@ class ProgressEta(Widget):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.fraction, self.eta, self.label, self.status = 0.0, None, "waiting for the engine", "starting"
+        self.fraction, self.label, self.status = 0.0, "waiting for the engine", "starting"
+        self.eta: float | None = None
 
     def show(self, fraction: float, eta: float | None, label: str, status: str) -> None:
         self.fraction, self.eta, self.label, self.status = fraction, eta, label, status

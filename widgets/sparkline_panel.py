@@ -32,7 +32,7 @@ METRICS = (Metric("util", "util", "%", 0.0, 100.0), Metric("temp", "temp_c", "C"
 
 
 def metric_value(value: float | None, unit: str) -> str:
-    """``"45%"``, ``"700W"``; ``"-%"`` when the device does not report it."""
+    """``"45%"``, ``"700W"``; ``"-%"`` when a device that reports it missed this one reading."""
     return "-" + unit if value is None else f"{value:.0f}{unit}"
 
 
@@ -40,6 +40,9 @@ def metric_segments(metric: Metric, values: Sequence[float | None], spark_width:
                     hi: float | None = None) -> list[Segment]:
     """``"  util ▂▄▆█  45%"``: two spaces, name, sparkline, latest value right-aligned in ``value_width``."""
     latest = values[-1] if values else None
+    if all(v is None for v in values):
+        # A sensor the device does not have: leave the column empty rather than print "-C".
+        return [Segment(" " * (metric_fixed_width(metric, value_width) + spark_width), base)]
     return [Segment("  " + metric.name + " ", base + NAME_STYLE),
             Segment(sparkline(values, spark_width, metric.lo, metric.hi if metric.hi is not None else hi), base + LINE_STYLE),
             Segment(" " + metric_value(latest, metric.unit).rjust(value_width), base)]

@@ -22,26 +22,24 @@ class WorkerTable(DataTable):
                            ("SHARE", "share"), ("LOSS", "loss"), ("MEM", "mem")):
             self.add_column(label, key=key)
 
-    def show(self, train: Any) -> None:
+    def show(self, train: Any) -> None:  # run_state.Training: WorkerRow per rank
         shares = train.shares()
         for rank in sorted(train.workers):
             w = train.workers[rank]
             share = shares.get(rank, 0.0)
-            loss = w.get("loss")
-            cells = {
+            cells: dict[str, str | Text] = {
                 "rank": str(rank),
-                "device": Text(f"{w.get('device', '?')}" + (" LOST" if w.get("lost") else ""),
-                               style="bold red" if w.get("lost") else ""),
-                "step": str(w.get("step", 0)),
-                "sps": f"{float(w.get('samples_per_s') or 0):8.1f}",
+                "device": Text(w.device + (" LOST" if w.lost else ""), style="bold red" if w.lost else ""),
+                "step": str(w.step),
+                "sps": f"{w.samples_per_s:8.1f}",
                 "share": f"{bar(share, 8)} {share * 100:3.0f}%",
-                "loss": "-" if loss is None else f"{float(loss):.4f}",
-                "mem": f"{gib(w.get('mem_used'))}/{gib(w.get('mem_total'))}" if w.get("mem_total") else "-",
+                "loss": "-" if w.loss is None else f"{w.loss:.4f}",
+                "mem": f"{gib(w.mem_used)}/{gib(w.mem_total)}" if w.mem_total else "-",
             }
-            cells = {k: v if isinstance(v, Text) else Text(v) for k, v in cells.items()}
+            texts = {k: v if isinstance(v, Text) else Text(v) for k, v in cells.items()}
             if rank not in self._keys:
-                self.add_row(*cells.values(), key=str(rank))
+                self.add_row(*texts.values(), key=str(rank))
                 self._keys.add(rank)
             else:
-                for col, value in cells.items():
+                for col, value in texts.items():
                     self.update_cell(str(rank), col, value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual.app import App
 from textual.binding import Binding, BindingType
@@ -18,6 +18,11 @@ from textual.binding import Binding, BindingType
 from hwtui.app.tui.config import TuiConfig
 from hwtui.app.tui.defaults import engine_defaults
 from hwtui.app.tui.device_sampler import make_sampler
+from hwtui.app.tui.messages import RunRequested
+from hwtui.widgets.step_bar import StepBar
+
+if TYPE_CHECKING:
+    from hwtui.app.tui.screens.run import RunScreen
 
 STEPS = ("detect", "drivers", "environment", "engine", "run")
 
@@ -25,7 +30,9 @@ STEPS = ("detect", "drivers", "environment", "engine", "run")
 class HwtuiApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "hwtui"
-    ENABLE_COMMAND_PALETTE = False  # every action has a key; the palette would shadow ctrl+p
+    # ctrl+p: Textual's command palette (its "Change theme" entry is the theme picker). Every
+    # action also has its own key.
+    ENABLE_COMMAND_PALETTE = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
@@ -50,8 +57,16 @@ class HwtuiApp(App[int]):
         self.devices: list[Any] = []
         self.devices_error = ""
         self._quitting = False
-        self.run_screen: Any = None
+        self.run_screen: RunScreen | None = None
+        self.run_wanted = False  # the Engine step asked for a run; the Run screen takes it when shown
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def replaying(self) -> bool:
+        """The host is a recorded machine (``--replay``): its devices are not on this one."""
+        from hwtui.probes.host import ReplayHost
+
+        return isinstance(self.host, ReplayHost)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -62,11 +77,13 @@ class HwtuiApp(App[int]):
         from hwtui.app.tui.screens.drivers import DriversScreen
         from hwtui.app.tui.screens.engine import EngineScreen
         from hwtui.app.tui.screens.environment import EnvironmentScreen
+        from hwtui.app.tui.screens.monitor import MonitorScreen
         from hwtui.app.tui.screens.run import RunScreen
 
+        self.install_screen(MonitorScreen(), name="monitor")
         for name, cls in zip(STEPS, (DetectScreen, DriversScreen, EnvironmentScreen, EngineScreen, RunScreen), strict=True):
             self.install_screen(cls(), name=name)
-        self.run_screen = self.get_screen("run")
+        self.run_screen = cast("RunScreen", self.get_screen("run"))
         if self.nodes_screen is not None:
             self.install_screen(self.nodes_screen, name="nodes")
         self.push_screen("nodes" if self.nodes_screen is not None else self.start_step)
@@ -77,9 +94,23 @@ class HwtuiApp(App[int]):
     def goto(self, step: str) -> None:
         self.switch_screen(step)
 
+    def on_run_requested(self, _msg: RunRequested) -> None:
+        # The Run screen may not be composed yet (first visit): it takes the request when shown.
+        self.run_wanted = True
+        self.goto("run")
+
+    def on_step_bar_chosen(self, msg: StepBar.Chosen) -> None:
+        self.goto(msg.step)
+
+    def take_run_request(self) -> bool:
+        wanted, self.run_wanted = self.run_wanted, False
+        return wanted
+
     def step_offset(self, step: str, delta: int) -> str | None:
         i = STEPS.index(step) + delta
-        return STEPS[i] if 0 <= i < len(STEPS) else None
+        if i < 0:
+            return "monitor"  # back from the first step: the monitor the app opened on
+        return STEPS[i] if i < len(STEPS) else None
 
     def run_dir(self) -> Path:
         """Where a run keeps its intermediate files (the plan made from weights)."""
@@ -114,7 +145,8 @@ class HwtuiApp(App[int]):
             self.exit(0)
 
     def _stop_then_exit(self) -> None:
-        self.run_screen.stop_engine()
+        if self.run_screen is not None:
+            self.run_screen.stop_engine()
         self.call_from_thread(self.exit, 0)
 
     def on_unmount(self) -> None:

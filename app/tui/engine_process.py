@@ -7,19 +7,16 @@ included. This module knows nothing of Textual: the Run screen drives it from a 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hwtui.app.tui.config import TuiConfig
-
-STOP_GRACE_S = 5.0
+from hwtui.core.supervisor import STOP_GRACE_S, Child
 
 
 @dataclass(frozen=True)
@@ -28,12 +25,12 @@ class Stage:
     argv: list[str]
 
 
-def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> list[Stage]:
+def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> list[Stage]:
     """The commands for the user's choices: ``hwtui plan`` first when they picked weights."""
     hw = [sys.executable, "-m", "hwtui.app"]
     if cfg.mode == "cluster":
         return [cluster_test_stage(cfg, defaults)]
-    nproc = cfg.nproc or int(defaults["nproc"])  # type: ignore[arg-type]
+    nproc = cfg.nproc or int(defaults["nproc"])
     if cfg.mode == "train":
         gpu_ids = cfg.gpu_ids or str(defaults["gpu_ids"])
         return [Stage("run", [*hw, "train", "--gpu-ids", gpu_ids, "--steps", str(cfg.steps), "--events", "-"])]
@@ -41,7 +38,7 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
     plan = cfg.plan
     if cfg.source == "weights":
         plan = str(workdir / "plan.json")
-        bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])  # type: ignore[arg-type]
+        bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])
         stages.append(Stage("plan", [*hw, "plan", "--weights", cfg.weights, "--bucket-mb", str(bucket_mb), "-o", plan]))
     stages.append(Stage("run", [
         *hw, "replicate", "--plan", plan, "--device", cfg.device or str(defaults["device"]),
@@ -51,7 +48,41 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, object], workdir: Path) -> 
     return stages
 
 
-def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
+ENGINE_EXTRA = 'pip install "hwtui[engine]"'
+# The modules the engine extra brings (app/cli.py's ENGINE_EXTRA_MODULES names the same; not
+# imported from there because the CLI imports the TUI: that would be an import cycle).
+ENGINE_MODULES = ("torch", "xxhash", "safetensors", "numpy")
+
+
+def missing_engine_modules() -> list[str]:
+    """The engine extra's modules this interpreter cannot import (the CLI names the same ones)."""
+    import importlib.util
+
+    return [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
+
+
+def engine_extra_problem() -> str:
+    """One line saying what to install before a run, or "" when the engine can run."""
+    missing = missing_engine_modules()
+    return f"the engine needs {', '.join(missing)}: {ENGINE_EXTRA}" if missing else ""
+
+
+def hardware_not_here(cfg: TuiConfig, defaults: dict[str, Any]) -> str:
+    """Why a run of these choices needs devices a replayed machine has and this one has not ("" if none).
+
+    A replay shows another machine's figures; only CPU ranks can run here on its behalf.
+    """
+    if cfg.mode == "cluster":
+        return ""  # the smoke test runs ranks on whatever this machine has (CPU ranks over gloo at least)
+    if cfg.mode == "train":
+        ids = [i.strip() for i in (cfg.gpu_ids or str(defaults["gpu_ids"])).split(",") if i.strip()]
+        foreign = [i for i in ids if not i.startswith("cpu")]
+        return f"devices {','.join(foreign)} belong to the replayed machine" if foreign else ""
+    device = cfg.device or str(defaults["device"])
+    return f"device {device} belongs to the replayed machine" if device != "cpu" else ""
+
+
+def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, Any]) -> Stage:
     """The smoke test as this machine can run it: ``hwtui cluster test --events -``.
 
     One device per node: alone, which `cluster test` treats as a one-rank local check. More: under
@@ -60,7 +91,7 @@ def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
     from `cluster init` do that on each node), and ``--spec`` is left out on purpose: a lone run
     would otherwise try to rendezvous at the cluster's master address instead of on this host.
     """
-    per_node = cfg.cluster_devices or int(defaults.get("devices_per_node") or 1)  # type: ignore[call-overload]
+    per_node = cfg.cluster_devices or int(defaults.get("devices_per_node") or 1)
     test = ["-m", "hwtui.app", "cluster", "test", "--events", "-"]
     if cfg.cluster_max_bytes:
         test += ["--max-bytes", cfg.cluster_max_bytes]
@@ -72,13 +103,17 @@ def cluster_test_stage(cfg: TuiConfig, defaults: dict[str, object]) -> Stage:
 
 
 class EngineProcess:
-    """One child process with its stdout read line by line and its stderr forwarded."""
+    """One engine child (through hwtui.core.supervisor): stdout read line by line, stderr forwarded.
+
+    The supervisor's :class:`Child` gives it its own session (one signal reaches every rank it
+    spawned), the parent's hwtui tree on PYTHONPATH, and termination with grace; this class only
+    adds the stderr pump and the lock that makes stop-before-start safe.
+    """
 
     def __init__(self, argv: list[str], on_stderr: Callable[[str], None], env: dict[str, str] | None = None):
         self.argv = argv
         self._on_stderr = on_stderr
-        self._env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        self.proc: subprocess.Popen[str] | None = None
+        self.child = Child(argv, name="engine", env={**os.environ, **(env or {})}, stdout="pipe", stderr="pipe", text=True)
         self._stderr_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.stopped = False
@@ -87,29 +122,24 @@ class EngineProcess:
         with self._lock:
             if self.stopped:
                 raise RuntimeError("stopped before it started")
-            self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, encoding="utf-8", errors="replace", bufsize=1, env=self._env,
-                start_new_session=True,  # its own process group: one signal reaches every rank
-            )
+            self.child.start()
         self._stderr_thread = threading.Thread(target=self._pump_stderr, name="engine-stderr", daemon=True)
         self._stderr_thread.start()
 
     def _pump_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
+        stream = self.child.stderr_stream()
+        assert stream is not None
+        for line in stream:
             line = line.rstrip("\n")
             if line.strip():
                 self._on_stderr(line)
 
     def lines(self) -> Iterator[str]:
         """stdout lines until the process closes it (exits or is stopped)."""
-        assert self.proc is not None and self.proc.stdout is not None
-        yield from self.proc.stdout
+        yield from self.child.stdout_lines()
 
     def wait(self, timeout: float | None = None) -> int:
-        assert self.proc is not None
-        rc = self.proc.wait(timeout)
+        rc = self.child.wait(timeout)
         if self._stderr_thread is not None:
             self._stderr_thread.join(timeout=2.0)  # the last stderr lines explain a failure
         return rc
@@ -118,26 +148,8 @@ class EngineProcess:
         """SIGTERM the process group, wait ``grace_s``, then SIGKILL it. Returns the exit status."""
         with self._lock:
             self.stopped = True
-            proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            self._signal(proc, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self._signal(proc, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(grace_s)
-        # Ranks the engine spawned may outlive it; the group is ours, clear it either way.
-        self._signal(proc, signal.SIGKILL)
-        return proc.poll()
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen[str], sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        return self.child.terminate(grace_s)
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child.running

@@ -20,8 +20,19 @@ def host_args(args: argparse.Namespace) -> list[str]:
     return []
 
 
+def require_terminal() -> None:
+    """The TUI needs a terminal on both ends: without one it would wait for keys that never come."""
+    import sys
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise HwtuiError("the terminal UI needs a terminal (stdin and stdout are not one); "
+                         "use `hwtui --check` for a report without one")
+
+
 def run_tui(args: argparse.Namespace) -> int:
     from hwtui.app.commands._host import host_from_args
+
+    require_terminal()
 
     interval = getattr(args, "interval", None)
     if interval is not None and not 0.05 <= interval <= 3600:
@@ -43,6 +54,8 @@ def run_tui(args: argparse.Namespace) -> int:
 
         token, verify = client_settings(args)
         nodes_screen = NodesScreen(parse_agents(args.agents), token=token, verify=verify)
-    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args), nodes_screen=nodes_screen)
+    # The monitor first: a live view of this machine, the wizard one key (w) away (--agents: every node).
+    app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args), start_step="monitor",
+                   nodes_screen=nodes_screen)
     result = app.run()
     return int(result or 0)

@@ -99,3 +99,18 @@ class ClusterFilesWritten(Message):
         self.commands = commands or {}
         self.error = error
         self.exists = exists  # refused because cluster.json is already there (a second press overwrites)
+
+
+class RunRequested(Message):
+    """The Engine step saved its choices and asks the app to start a run on the Run screen."""
+
+
+class MonitorTick(Message):
+    """One monitor sample: device figures, the host strip and the device processes (None: not live)."""
+
+    def __init__(self, samples: list[Any], host: Any = None, processes: list[Any] | None = None, error: str = "") -> None:
+        super().__init__()
+        self.samples = samples
+        self.host = host
+        self.processes = processes
+        self.error = error

@@ -1,49 +1,63 @@
-"""The headless core of the Run screen: engine events folded into plain state.
+"""The headless core of the Run screen: typed engine events folded into typed state.
 
 Nothing here imports Textual. The stream reader thread applies events under a lock and the UI
 reads the result when it repaints; keeping the fold out of the widgets means a burst of ten
-thousand bucket events costs ten thousand dict updates, not ten thousand repaints, and the whole
+thousand bucket events costs ten thousand small updates, not ten thousand repaints, and the whole
 dashboard logic is testable without a terminal.
 
-Events arrive in either typed form (an engine package registered its classes) or as
-``UnknownEvent`` (it has not): :func:`normalize` turns both into ``(kind, fields)``.
+Events stay typed end to end: :meth:`RunState.apply` turns anything it is given (a typed event,
+an ``UnknownEvent`` from a reader that had not imported the engine yet, a decoded dict) into the
+engine's own event class once, then ``match``es on the class. What the panels draw is the source
+of truth the engine itself reports:
+
+* replication lanes are the SOURCE's window (rank 0 admits at most ``window`` buckets and a bucket
+  leaves when rank 0's send completes), so the lanes never show more than the window; buckets the
+  source has sent but the receivers have not all verified are a separate count;
+* training progress is the step of the last merge (what the engine counts) plus the chunks done
+  in the current round, never past the total before ``train.done``; the ETA is the measured rate
+  of chunks between worker reports.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-# Bucket states in pipeline order; "failed" is terminal like "done".
-BUCKET_STATES = ("pending", "staged", "inflight", "verifying", "done", "failed")
-ACTIVE_STATES = {"staged", "inflight", "verifying"}
-_ORDER = {state: i for i, state in enumerate(BUCKET_STATES)}
+from hwtui.core.events import ErrorEvent, Event, LogEvent, UnknownEvent, from_dict
+from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
+from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
+from hwtui.engine.training.events import (
+    TrainCheckpoint,
+    TrainDone,
+    TrainMerge,
+    TrainStart,
+    TrainWorker,
+    TrainWorkerLost,
+)
+
+_ALARMING = re.compile(r"error|warn|traceback|exception|fatal|killed|not found|refused", re.IGNORECASE)
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
+SOURCE_RANK = 0  # the replication source: its window is the window
 
 
-def normalize(ev: Any) -> tuple[str, dict[str, Any]]:
-    """``(kind, fields)`` of a typed event, an ``UnknownEvent`` or an already-decoded dict."""
-    if isinstance(ev, dict):
-        return str(ev.get("kind", "event")), ev
-    if type(ev).__name__ == "UnknownEvent" or getattr(ev, "kind", None) == "unknown":
-        payload = dict(getattr(ev, "payload", {}) or {})
-        return str(getattr(ev, "kind_name", payload.get("kind", "unknown"))), payload
-    data = ev.to_dict() if hasattr(ev, "to_dict") else dict(vars(ev))
-    return str(data.get("kind", getattr(ev, "kind", "event"))), data
+class BucketState(StrEnum):
+    """A bucket's world-level state, in pipeline order ("failed" is terminal like "done")."""
 
+    PENDING = "pending"
+    STAGED = "staged"
+    INFLIGHT = "inflight"
+    VERIFYING = "verifying"
+    DONE = "done"
+    FAILED = "failed"
 
-def _num(value: Any, default: float = 0.0) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _count(value: Any) -> Any:
-    """``cluster.done`` names the nodes (a list); older streams gave a number."""
-    return len(value) if isinstance(value, (list, tuple)) else (value if value is not None else "?")
+    @property
+    def order(self) -> int:
+        return list(BucketState).index(self)
 
 
 def _size(n: float) -> str:
@@ -53,25 +67,42 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def node_count(done: DoneEvent) -> int:
+    """``cluster.done`` names the nodes (a list); streams from older versions gave a number."""
+    nodes: Any = done.nodes
+    return len(nodes) if isinstance(nodes, (list, tuple)) else int(nodes or 0)
+
+
+def to_event(ev: Event | dict[str, Any]) -> Event:
+    """The engine's own class for ``ev``: decoded dicts and ``UnknownEvent`` payloads are rebuilt once."""
+    if isinstance(ev, dict):
+        return from_dict(ev)
+    if isinstance(ev, UnknownEvent):
+        return from_dict(ev.payload) if ev.payload.get("kind") == ev.kind_name else ev
+    return ev
+
+
 @dataclass
 class Replication:
-    start: dict[str, Any] = field(default_factory=dict)
-    states: dict[int, str] = field(default_factory=dict)  # bucket_id -> state
-    lanes: list[int | None] = field(default_factory=list)  # window slot -> bucket_id
-    window: int = 0
+    start: ReplStart | None = None
+    states: dict[int, BucketState] = field(default_factory=dict)  # bucket_id -> world state
+    lanes: list[int | None] = field(default_factory=list)  # the source's window: slot -> bucket_id
+    sent: set[int] = field(default_factory=set)  # the source's send completed
+    window: int = 0  # the source's current limit (adaptive mode moves it)
     occupancy: int = 0
+    peak_lanes: int = 0  # most lanes ever busy at once (== the source's peak_occupancy)
     bytes_in_flight: int = 0
     throughput: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_gbps: float = 0.0
     bytes_done: int = 0
     total_bytes: int = 0
     elapsed_s: float = 0.0
-    commits: list[dict[str, Any]] = field(default_factory=list)
-    done: dict[str, Any] | None = None
+    commits: list[ReplCommit] = field(default_factory=list)
+    done: ReplDone | None = None
 
     @property
     def n_buckets(self) -> int:
-        return int(self.start.get("n_buckets") or len(self.states))
+        return self.start.n_buckets if self.start is not None else len(self.states)
 
     @property
     def current_gbps(self) -> float:
@@ -79,67 +110,127 @@ class Replication:
 
     @property
     def average_gbps(self) -> float:
-        if self.done and self.done.get("gbps") is not None:
-            return _num(self.done["gbps"])
+        if self.done is not None:
+            return self.done.gbps
         return self.bytes_done / self.elapsed_s / 1e9 if self.elapsed_s > 0 else 0.0
 
-    def count(self, state: str) -> int:
+    @property
+    def awaiting_receivers(self) -> int:
+        """Buckets the source has sent that the receivers are still receiving or verifying."""
+        return sum(1 for b in self.sent if self.states.get(b) not in (BucketState.DONE, BucketState.FAILED))
+
+    def count(self, state: BucketState | str) -> int:
         return sum(1 for s in self.states.values() if s == state)
 
-    def _place(self, bucket_id: int, state: str) -> None:
-        """Keep each active bucket in one window lane, so the lanes read like a pipeline."""
-        if bucket_id in self.lanes:
-            if state not in ACTIVE_STATES:
-                self.lanes[self.lanes.index(bucket_id)] = None
-                # Overflow lanes go away once they are free again: the window is the normal shape.
-                while len(self.lanes) > max(self.window, 1) and self.lanes[-1] is None:
-                    self.lanes.pop()
+    def _enter_window(self, bucket_id: int) -> None:
+        if bucket_id in self.lanes or bucket_id in self.sent:
             return
-        if state not in ACTIVE_STATES:
-            return
-        while len(self.lanes) < max(self.window, 1):
-            self.lanes.append(None)
         if None in self.lanes:
             self.lanes[self.lanes.index(None)] = bucket_id
-        else:  # more active buckets than the window: draw the overflow; it is worth seeing
+        else:  # only if the engine broke its own bound; drawn, so a broken bound is visible
             self.lanes.append(bucket_id)
+        self.peak_lanes = max(self.peak_lanes, sum(1 for b in self.lanes if b is not None))
+
+    def _leave_window(self, bucket_id: int) -> None:
+        self.sent.add(bucket_id)
+        if bucket_id in self.lanes:
+            self.lanes[self.lanes.index(bucket_id)] = None
+            while len(self.lanes) > max(self.lanes_shown, 1) and self.lanes[-1] is None:
+                self.lanes.pop()
+
+    @property
+    def lanes_shown(self) -> int:
+        return self.start.window if self.start is not None else max(self.window, 1)
+
+
+@dataclass
+class WorkerRow:
+    """One training worker as the table shows it (the last report merged over the start entry)."""
+
+    rank: int
+    device: str
+    step: int = 0  # chunks this worker finished (cumulative)
+    samples: int = 0
+    samples_per_s: float = 0.0
+    loss: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    lost: str = ""  # why it was lost; "" while it works
 
 
 @dataclass
 class Training:
-    start: dict[str, Any] = field(default_factory=dict)
-    workers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    start: TrainStart | None = None
+    workers: dict[int, WorkerRow] = field(default_factory=dict)
     loss: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))  # (step, mean loss)
-    merges: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    lost: list[dict[str, Any]] = field(default_factory=list)
-    done: dict[str, Any] | None = None
+    merges: list[TrainMerge] = field(default_factory=list)
+    checkpoints: list[TrainCheckpoint] = field(default_factory=list)
+    lost: list[TrainWorkerLost] = field(default_factory=list)
+    done: TrainDone | None = None
+    chunks_at_merge: int = 0  # chunks done when the last merge came: this round's progress starts there
+    first_report: tuple[float, int] | None = None  # (t, chunks) of the first worker report: the rate's origin
+    last_report: tuple[float, int] | None = None
 
     @property
     def steps(self) -> int:
-        return int(self.start.get("steps") or 0)
+        return self.start.steps if self.start is not None else 0
 
     @property
-    def step(self) -> int:
-        return max((int(w.get("step") or 0) for w in self.workers.values()), default=0)
+    def merged_step(self) -> int:
+        return self.merges[-1].step if self.merges else 0
+
+    @property
+    def chunks_done(self) -> int:
+        return sum(w.step for w in self.workers.values())
+
+    @property
+    def trained_step(self) -> float:
+        """Steps the workers have trained: merged steps plus this round's chunks per worker."""
+        n = max(len(self.workers), 1)
+        in_round = max(self.chunks_done - self.chunks_at_merge, 0) / n
+        if self.start is not None:  # a round is merge_every steps; requeued chunks never push past it
+            in_round = min(in_round, float(self.start.merge_every))
+        return min(self.merged_step + in_round, float(self.steps or "inf"))
+
+    @property
+    def step(self) -> float:
+        """Progress in the engine's own count: trained steps, but "all" only once merged or done."""
+        if self.done is not None and self.done.ok:
+            return float(self.steps)
+        if self.steps and self.merged_step >= self.steps:
+            return float(self.merged_step)  # the engine merged the last round: all steps are done
+        # Workers' reports alone never make it "all": the last round still has to merge.
+        cap = self.steps - 1e-9 if self.steps else float("inf")
+        return min(self.trained_step, cap)
+
+    def eta(self) -> float | None:
+        """Seconds left at the measured rate of chunks between the first and the last worker report."""
+        if self.done is not None:
+            return 0.0
+        if self.first_report is None or self.last_report is None or not self.steps:
+            return None
+        (t0, c0), (t1, c1) = self.first_report, self.last_report
+        if t1 <= t0 or c1 <= c0:
+            return None
+        rate = (c1 - c0) / (t1 - t0)  # chunks per second, all workers together
+        steps_per_s = rate / max(len(self.workers), 1)
+        return max(self.steps - self.step, 0.0) / steps_per_s
 
     def shares(self) -> dict[int, float]:
         """Share of the work per rank: the last merge's shares, else samples done so far."""
-        if self.merges and isinstance(self.merges[-1].get("shares"), (list, dict)):
-            raw = self.merges[-1]["shares"]
-            items = raw.items() if isinstance(raw, dict) else enumerate(raw)
-            return {int(k): _num(v) for k, v in items}
-        total = sum(_num(w.get("samples")) for w in self.workers.values())
-        return {r: (_num(w.get("samples")) / total if total else 0.0) for r, w in self.workers.items()}
+        if self.merges:
+            return dict(enumerate(self.merges[-1].shares))
+        total = sum(w.samples for w in self.workers.values())
+        return {r: (w.samples / total if total else 0.0) for r, w in self.workers.items()}
 
 
 @dataclass
 class Cluster:
-    nodes: dict[int, dict[str, Any]] = field(default_factory=dict)
-    mismatches: list[Any] = field(default_factory=list)
-    correctness: dict[str, Any] | None = None
-    bandwidth: list[dict[str, Any]] = field(default_factory=list)
-    done: dict[str, Any] | None = None
+    nodes: dict[int, NodeEvent] = field(default_factory=dict)
+    mismatches: list[MismatchEvent] = field(default_factory=list)
+    correctness: CorrectnessEvent | None = None
+    bandwidth: list[BandwidthEvent] = field(default_factory=list)
+    done: DoneEvent | None = None
 
 
 class RunState:
@@ -157,6 +248,8 @@ class RunState:
         self.errors: list[str] = []
         self.exit_code: int | None = None
         self.stopped = False  # the user stopped it (not a failure, not a finished run)
+        self.stderr_tail: deque[str] = deque(maxlen=40)  # held back: shown only if the engine fails
+        self.phase = "starting the engine"  # what it is doing before the first figures arrive
         self.first_t: float | None = None
         self.last_t: float | None = None
 
@@ -170,205 +263,245 @@ class RunState:
         if not ok:
             self.errors.append(text)
 
+    def _error(self, text: str) -> None:
+        # After the user pressed stop, ranks dying of SIGTERM are the stop, not failures.
+        if self.stopped:
+            self._log(("warn", text))
+        else:
+            self.errors.append(text)
+            self._log(("error", text))
+
     # -- writers (reader thread) ----------------------------------------------------------
-    def apply(self, ev: Any) -> str:
-        kind, data = normalize(ev)
+    def apply(self, ev: Event | dict[str, Any]) -> str:
+        event = to_event(ev)
         with self.lock:
-            self._apply(kind, data)
+            self._apply(event)
             self.version += 1
-        return kind
+        return event.kind if not isinstance(event, UnknownEvent) else event.kind_name
 
     def add_log(self, text: str, level: str = "info") -> None:
         with self.lock:
-            self._log((level, text))
             if level == "error":
-                self.errors.append(text)
+                self._error(text)
+            else:
+                self._log((level, text))
+            self.version += 1
+
+    def add_stderr(self, line: str) -> None:
+        """The engine's human output: with ``--events -`` it repeats what the events already say.
+
+        So it is not logged a second time; warnings and errors are (they may say what no event
+        does), and the rest is kept as a tail that :meth:`finish` logs when the engine failed.
+        """
+        with self.lock:
+            if _ALARMING.search(line) and not any(line.strip() in text for _, text in self.log):
+                self._log(("stderr", line))
+                self.version += 1
+            else:
+                self.stderr_tail.append(line)
+
+    def mark_stopped(self) -> None:
+        """The user asked for the stop: what follows (exit 143, killed ranks) is that stop."""
+        with self.lock:
+            self.stopped = True
             self.version += 1
 
     def finish(self, exit_code: int) -> None:
         with self.lock:
             self.exit_code = exit_code
-            if exit_code != 0:
-                msg = f"engine exited with status {exit_code}"
-                self.errors.append(msg)
-                self._log(("error", msg))
+            if self.stopped:
+                self._log(("warn", f"engine stopped by the user (exit status {exit_code})"))
+            elif exit_code != 0:
+                for line in self.stderr_tail:  # what the engine said last explains the failure
+                    self._log(("stderr", line))
+                self._error(f"engine exited with status {exit_code}")
             self.version += 1
 
-    def _apply(self, kind: str, d: dict[str, Any]) -> None:
-        t = d.get("t")
-        if isinstance(t, (int, float)):
-            self.first_t = t if self.first_t is None else min(self.first_t, t)
-            self.last_t = t if self.last_t is None else max(self.last_t, t)
-        family = kind.split(".", 1)[0]
-        if family in ("repl", "train", "cluster") and self.mode is None:
-            self.mode = {"repl": "replicate"}.get(family, family)
-        handler = _HANDLERS.get(kind)
-        if handler is not None:
-            handler(self, d)
-        elif kind == "log":
-            level = str(d.get("level") or "info")
-            src = f"[{d['source']}] " if d.get("source") else ""
-            self._log((level, f"{src}{d.get('message', '')}"))
-            if level in ("error", "critical"):
-                self.errors.append(str(d.get("message", "")))
-        elif kind == "error":
-            where = " ".join(x for x in (f"rank {d['rank']}" if d.get("rank") is not None else "", str(d.get("where") or "")) if x)
-            msg = f"{where}: {d.get('message', '')}" if where else str(d.get("message", ""))
-            self.errors.append(msg)
-            self._log(("error", msg))
-        else:
-            self._log(("debug", f"{kind} {d}"))
+    def _apply(self, ev: Event) -> None:
+        if isinstance(ev.t, (int, float)):
+            self.first_t = ev.t if self.first_t is None else min(self.first_t, ev.t)
+            self.last_t = ev.t if self.last_t is None else max(self.last_t, ev.t)
+        match ev:
+            case ReplStart() | ReplBucket() | ReplWindow() | ReplThroughput() | ReplCommit() | ReplDone():
+                self.mode = self.mode or "replicate"
+                self._replication(ev)
+            case TrainStart() | TrainWorker() | TrainMerge() | TrainCheckpoint() | TrainWorkerLost() | TrainDone():
+                self.mode = self.mode or "train"
+                self._training(ev)
+            case NodeEvent() | MismatchEvent() | CorrectnessEvent() | BandwidthEvent() | DoneEvent():
+                self.mode = self.mode or "cluster"
+                self._cluster(ev)
+            case LogEvent(message=message, level=level, source=source):
+                self._log((level, f"[{source}] {message}" if source else message))
+                if level in ("error", "critical"):
+                    self._error_only(message)
+            case ErrorEvent(message=message, rank=rank, where=where):
+                place = " ".join(x for x in (f"rank {rank}" if rank is not None else "", where) if x)
+                self._error(f"{place}: {message}" if place else message)
+            case UnknownEvent(kind_name=name, payload=payload):
+                self._log(("debug", f"{name} {payload}"))
+            case _:
+                self._log(("debug", f"{ev.kind} {ev.to_dict()}"))
+
+    def _error_only(self, text: str) -> None:
+        if not self.stopped:
+            self.errors.append(text)
 
     # replication ---------------------------------------------------------------------------
-    def _repl_start(self, d: dict[str, Any]) -> None:
-        self.mode = "replicate"
-        self.repl = Replication(start=dict(d), window=int(d.get("window") or 0), total_bytes=int(d.get("total_bytes") or 0))
-        self.repl.states = {i: "pending" for i in range(int(d.get("n_buckets") or 0))}
-        self.repl.lanes = [None] * max(self.repl.window, 1)
-        self._log(("info", f"replicating {d.get('model', '?')} version {d.get('version', '?')}: "
-                                 f"{d.get('n_buckets', '?')} buckets, {d.get('world_size', '?')} ranks on "
-                                 f"{d.get('device', '?')} via {d.get('transport', '?')}"))
+    def _replication(self, ev: Event) -> None:
+        r = self.repl
+        match ev:
+            case ReplStart():
+                self.mode = "replicate"
+                self.repl = Replication(start=ev, window=ev.window, total_bytes=ev.total_bytes)
+                self.repl.states = {i: BucketState.PENDING for i in range(ev.n_buckets)}
+                self.repl.lanes = [None] * max(ev.window, 1)
+                self.phase = f"starting {ev.world_size} ranks (forming the world)"
+                self._log(("info", f"replicating {ev.model} version {ev.version}: {ev.n_buckets} buckets, "
+                                   f"{ev.world_size} ranks on {ev.device} via {ev.transport}"))
+            case ReplBucket():
+                self._bucket(ev)
+            case ReplWindow():
+                r.window, r.occupancy, r.bytes_in_flight = ev.window, ev.occupancy, ev.bytes_in_flight
+            case ReplThroughput():
+                r.elapsed_s = ev.elapsed_s
+                r.throughput.append((ev.elapsed_s, ev.gbps))
+                r.peak_gbps = max(r.peak_gbps, ev.gbps)
+                r.bytes_done = ev.bytes_done or r.bytes_done
+                r.total_bytes = ev.total_bytes or r.total_bytes
+            case ReplCommit():
+                r.commits.append(ev)
+                self._outcome(ev.ok, f"commit of version {ev.version} {ev.phase}: "
+                                     f"{'ok' if ev.ok else 'FAILED'} {ev.detail}".rstrip())
+            case ReplDone():
+                r.done = ev
+                r.bytes_done = ev.bytes or r.bytes_done
+                r.elapsed_s = ev.seconds or r.elapsed_s
+                self.phase = "done" if ev.ok else "failed"
+                self._outcome(ev.ok, f"replication {'done' if ev.ok else 'FAILED'}: "
+                                     f"{ev.gbps:.2f} GB/s average over {ev.seconds:.3g} s")
 
-    def _repl_bucket(self, d: dict[str, Any]) -> None:
-        bid, state = int(d.get("bucket_id", -1)), str(d.get("state", ""))
-        current = self.repl.states.get(bid, "pending")
-        if d.get("rank") is not None and state != "failed":
+    def _bucket(self, ev: ReplBucket) -> None:
+        r = self.repl
+        bid, new = ev.bucket_id, BucketState(ev.state)
+        self.phase = "transferring"
+        if ev.rank == SOURCE_RANK:
+            # The source's own stages drive the lanes: staged/inflight enter its window, its
+            # "done" (the send completed) leaves it, whatever the receivers are doing.
+            if new in (BucketState.STAGED, BucketState.INFLIGHT):
+                r._enter_window(bid)
+            elif new is BucketState.DONE:
+                r._leave_window(bid)
+        current = r.states.get(bid, BucketState.PENDING)
+        if current is BucketState.FAILED:
+            return
+        if ev.rank is not None and new is not BucketState.FAILED:
             # A rank's own progress moves the bucket forward but never to done: the world-level
             # event (rank None) says done once every rank verified it.
-            if state == "done" or _ORDER.get(state, 0) <= _ORDER.get(current, 0):
+            if new is BucketState.DONE or new.order <= current.order:
                 return
-        if current == "failed":
-            return
-        self.repl.states[bid] = state
-        self.repl._place(bid, state)
-        if state == "failed":
-            self.errors.append(f"bucket {bid} failed on rank {d.get('rank', '?')}")
-            self._log(("error", self.errors[-1]))
-
-    def _repl_window(self, d: dict[str, Any]) -> None:
-        self.repl.window = int(d.get("window") or self.repl.window)
-        self.repl.occupancy = int(d.get("occupancy") or 0)
-        self.repl.bytes_in_flight = int(d.get("bytes_in_flight") or 0)
-
-    def _repl_throughput(self, d: dict[str, Any]) -> None:
-        gbps = _num(d.get("gbps"))
-        r = self.repl
-        r.elapsed_s = _num(d.get("elapsed_s"), r.elapsed_s)
-        r.throughput.append((r.elapsed_s, gbps))
-        r.peak_gbps = max(r.peak_gbps, gbps)
-        r.bytes_done = int(d.get("bytes_done") or r.bytes_done)
-        r.total_bytes = int(d.get("total_bytes") or r.total_bytes)
-
-    def _repl_commit(self, d: dict[str, Any]) -> None:
-        self.repl.commits.append(dict(d))
-        ok = d.get("ok", True)
-        self._outcome(ok, f"commit of version {d.get('version', '?')} {d.get('phase', '?')}: "
-                                 f"{'ok' if ok else 'FAILED'} {d.get('detail', '')}".rstrip())
-
-    def _repl_done(self, d: dict[str, Any]) -> None:
-        self.repl.done = dict(d)
-        if d.get("bytes"):
-            self.repl.bytes_done = int(d["bytes"])
-        if d.get("seconds"):
-            self.repl.elapsed_s = _num(d["seconds"])
-        ok = bool(d.get("ok"))
-        self._outcome(ok, f"replication {'done' if ok else 'FAILED'}: "
-                                 f"{_num(d.get('gbps')):.2f} GB/s average over {_num(d.get('seconds')):.3g} s")
+        r.states[bid] = new
+        if new is BucketState.FAILED:
+            self._error(f"bucket {bid} failed on rank {ev.rank if ev.rank is not None else '?'}")
 
     # training ------------------------------------------------------------------------------
-    def _train_start(self, d: dict[str, Any]) -> None:
-        self.mode = "train"
-        self.train = Training(start=dict(d))
-        for w in d.get("workers") or []:
-            self.train.workers[int(w.get("rank", len(self.train.workers)))] = {**w, "step": 0, "samples": 0}
-        self._log(("info", f"training {d.get('steps', '?')} steps on {len(self.train.workers)} workers "
-                                 f"(balance {d.get('balance', '?')}, merge every {d.get('merge_every', '?')})"))
-
-    def _train_worker(self, d: dict[str, Any]) -> None:
-        rank = int(d.get("rank", -1))
-        self.train.workers.setdefault(rank, {}).update(d)
-        losses = [_num(w["loss"]) for w in self.train.workers.values() if w.get("loss") is not None]
-        if losses:
-            step = self.train.step
-            if self.train.loss and self.train.loss[-1][0] == step:
-                self.train.loss[-1] = (step, sum(losses) / len(losses))
-            else:
-                self.train.loss.append((step, sum(losses) / len(losses)))
-
-    def _train_merge(self, d: dict[str, Any]) -> None:
-        self.train.merges.append(dict(d))
-
-    def _train_checkpoint(self, d: dict[str, Any]) -> None:
-        self.train.checkpoints.append(dict(d))
-        self._log(("info", f"checkpoint step {d.get('step', '?')} -> {d.get('path', '?')}"))
-
-    def _train_lost(self, d: dict[str, Any]) -> None:
-        self.train.lost.append(dict(d))
-        w = self.train.workers.setdefault(int(d.get("rank", -1)), {})
-        w["lost"] = d.get("reason") or "lost"
-        msg = (f"worker rank {d.get('rank', '?')} ({d.get('device', '?')}) lost: {d.get('reason', '?')}; "
-               f"{d.get('chunks_requeued', 0)} chunks requeued")
-        self.errors.append(msg)
-        self._log(("error", msg))
-
-    def _train_done(self, d: dict[str, Any]) -> None:
-        self.train.done = dict(d)
-        ok = bool(d.get("ok"))
-        self._outcome(ok, f"training {'done' if ok else 'FAILED'}: {d.get('samples', '?')} samples "
-                                 f"in {_num(d.get('seconds')):.1f} s, final loss {d.get('final_loss', '?')}")
+    def _training(self, ev: Event) -> None:
+        tr = self.train
+        match ev:
+            case TrainStart():
+                self.mode = "train"
+                self.train = Training(start=ev)
+                for w in ev.workers:
+                    rank = int(w.get("rank", len(self.train.workers)))
+                    self.train.workers[rank] = WorkerRow(rank=rank, device=str(w.get("device", "?")))
+                self.phase = f"starting {len(ev.workers)} workers (0/{len(ev.workers)} reported)"
+                self._log(("info", f"training {ev.steps} steps on {len(self.train.workers)} workers "
+                                   f"(balance {ev.balance}, merge every {ev.merge_every})"))
+            case TrainWorker():
+                row = tr.workers.setdefault(ev.rank, WorkerRow(rank=ev.rank, device=ev.device))
+                row.device, row.step, row.samples, row.samples_per_s = ev.device, ev.step, ev.samples, ev.samples_per_s
+                row.loss, row.mem_used, row.mem_total = ev.loss, ev.mem_used, ev.mem_total
+                point = (ev.t, tr.chunks_done)
+                tr.first_report = tr.first_report or point
+                tr.last_report = point
+                reported = sum(1 for w in tr.workers.values() if w.step > 0)
+                self.phase = ("training" if reported == len(tr.workers)
+                              else f"starting workers ({reported}/{len(tr.workers)} reported)")
+                losses = [w.loss for w in tr.workers.values() if w.loss is not None]
+                if losses:
+                    step = math.ceil(tr.trained_step)  # the step in progress, as the workers count it
+                    mean = sum(losses) / len(losses)
+                    if tr.loss and tr.loss[-1][0] == step:
+                        tr.loss[-1] = (step, mean)
+                    else:
+                        tr.loss.append((step, mean))
+            case TrainMerge():
+                tr.merges.append(ev)
+                tr.chunks_at_merge = tr.chunks_done
+            case TrainCheckpoint():
+                tr.checkpoints.append(ev)
+                self._log(("info", f"checkpoint step {ev.step} -> {ev.path}"))
+            case TrainWorkerLost():
+                tr.lost.append(ev)
+                tr.workers.setdefault(ev.rank, WorkerRow(rank=ev.rank, device=ev.device)).lost = ev.reason or "lost"
+                self._error(f"worker rank {ev.rank} ({ev.device}) lost: {ev.reason}; {ev.chunks_requeued} chunks requeued")
+            case TrainDone():
+                tr.done = ev
+                self.phase = "done" if ev.ok else "failed"
+                self._outcome(ev.ok, f"training {'done' if ev.ok else 'FAILED'}: {ev.samples} samples in "
+                                     f"{ev.seconds:.1f} s, final loss {ev.final_loss}")
 
     # cluster smoke test --------------------------------------------------------------------
-    def _cluster_node(self, d: dict[str, Any]) -> None:
-        self.cluster.nodes[int(d.get("rank", len(self.cluster.nodes)))] = dict(d)
-        self._log(("info" if d.get("ok") else "error", f"node {d.get('node', '?')} rank {d.get('rank', '?')}: {d.get('summary', '')}"))
-
-    def _cluster_mismatch(self, d: dict[str, Any]) -> None:
-        self.cluster.mismatches.append(d.get("finding"))
-        f = d.get("finding") or {}
-        text = f.get("title") if isinstance(f, dict) else str(f)
-        self._log(("warn", f"mismatch: {text}"))
-
-    def _cluster_correctness(self, d: dict[str, Any]) -> None:
-        self.cluster.correctness = dict(d)
-        if not d.get("ok"):
-            self.errors.append(f"all-reduce correctness: expected {d.get('expected')}, got {d.get('got')}")
-            self._log(("error", self.errors[-1]))
-
-    def _cluster_bandwidth(self, d: dict[str, Any]) -> None:
-        self.cluster.bandwidth.append(dict(d))
-        self._log(("info", f"{d.get('op', '?')} {_size(int(d.get('size_bytes') or 0))}: "
-                                 f"algbw {_num(d.get('algbw')):.2f} GB/s busbw {_num(d.get('busbw')):.2f} GB/s"))
-
-    def _cluster_done(self, d: dict[str, Any]) -> None:
-        self.cluster.done = dict(d)
-        self._log(("info" if d.get("ok") else "error",
-                         f"cluster test {'passed' if d.get('ok') else 'FAILED'}: {d.get('world_size', '?')} ranks on {_count(d.get('nodes'))} nodes"))
-        if not d.get("ok"):
-            failed = [f.get("title", "?") for f in d.get("findings") or [] if isinstance(f, dict) and f.get("status") in ("fail", "error")]
-            self.errors.append("cluster test FAILED" + (f": {failed[0]}" if failed else ""))
+    def _cluster(self, ev: Event) -> None:
+        c = self.cluster
+        match ev:
+            case NodeEvent():
+                c.nodes[ev.rank] = ev
+                self._log(("info" if ev.ok else "error", f"node {ev.node} rank {ev.rank}: {ev.summary}"))
+            case MismatchEvent():
+                c.mismatches.append(ev)
+                self._log(("warn", f"mismatch: {ev.finding.get('title', ev.finding)}"))
+            case CorrectnessEvent():
+                c.correctness = ev
+                if not ev.ok:
+                    self._error(f"all-reduce correctness: expected {ev.expected}, got {ev.got}")
+            case BandwidthEvent():
+                c.bandwidth.append(ev)
+                self._log(("info", f"{ev.op} {_size(ev.size_bytes)}: algbw {ev.algbw:.2f} GB/s busbw {ev.busbw:.2f} GB/s"))
+            case DoneEvent():
+                c.done = ev
+                self._log(("info" if ev.ok else "error",
+                           f"cluster test {'passed' if ev.ok else 'FAILED'}: {ev.world_size} ranks on {node_count(ev)} nodes"))
+                if not ev.ok:
+                    failed = [f.get("title", "?") for f in ev.findings if f.get("status") in ("fail", "error")]
+                    self._error_only("cluster test FAILED" + (f": {failed[0]}" if failed else ""))
 
     # -- readers (UI thread, under lock) -------------------------------------------------------
+    @property
+    def done_ok(self) -> bool | None:
+        """The engine's own verdict (None until it gave one)."""
+        done = self.repl.done or self.train.done or self.cluster.done
+        return None if done is None else done.ok
+
     def progress(self) -> tuple[float, float | None, str]:
         """``(fraction 0..1, eta seconds or None, label)`` for the mode that is running."""
         if self.mode == "replicate":
             r = self.repl
-            total = r.total_bytes or int(r.start.get("total_bytes") or 0)
-            frac = 1.0 if r.done and r.done.get("ok") else (r.bytes_done / total if total else 0.0)
+            total = r.total_bytes
+            frac = 1.0 if r.done is not None and r.done.ok else (r.bytes_done / total if total else 0.0)
             rate = r.bytes_done / r.elapsed_s if r.elapsed_s > 0 else 0.0
-            eta = (total - r.bytes_done) / rate if rate > 0 and not r.done else (0.0 if r.done else None)
-            return min(frac, 1.0), eta, f"{_size(r.bytes_done)} / {_size(total)}"
+            eta = 0.0 if r.done is not None else ((total - r.bytes_done) / rate if rate > 0 else None)
+            label = f"{_size(r.bytes_done)} / {_size(total)}"
+            if r.bytes_done == 0 and r.done is None:
+                label += f"  {self.phase}"
+            return min(frac, 1.0), eta, label
         if self.mode == "train":
             tr = self.train
-            steps = tr.steps
-            step = tr.step
-            frac = 1.0 if tr.done and tr.done.get("ok") else (step / steps if steps else 0.0)
-            elapsed = (self.last_t - self.first_t) if self.first_t is not None and self.last_t is not None else 0.0
-            eta = None
-            if tr.done:
-                eta = 0.0
-            elif step > 0 and elapsed > 0 and steps:
-                eta = (steps - step) * elapsed / step
-            return min(frac, 1.0), eta, f"step {step} / {steps}"
+            frac = tr.step / tr.steps if tr.steps else 0.0
+            label = f"step {int(tr.step)} / {tr.steps} (merged {tr.merged_step})"
+            if tr.done is None and self.phase != "training":
+                label += f"  {self.phase}"
+            return min(frac, 1.0), tr.eta(), label
         if self.mode == "cluster":
             done = self.cluster.done is not None
             return (1.0 if done else 0.0), (0.0 if done else None), f"{len(self.cluster.nodes)} nodes reported"
@@ -377,25 +510,3 @@ class RunState:
     @property
     def finished(self) -> bool:
         return self.exit_code is not None
-
-
-_HANDLERS = {
-    "repl.start": RunState._repl_start,
-    "repl.bucket": RunState._repl_bucket,
-    "repl.window": RunState._repl_window,
-    "repl.throughput": RunState._repl_throughput,
-    "repl.commit": RunState._repl_commit,
-    "repl.done": RunState._repl_done,
-    "train.start": RunState._train_start,
-    "train.worker": RunState._train_worker,
-    "train.merge": RunState._train_merge,
-    "train.checkpoint": RunState._train_checkpoint,
-    "train.worker_lost": RunState._train_lost,
-    "train.done": RunState._train_done,
-    "cluster.node": RunState._cluster_node,
-    "cluster.mismatch": RunState._cluster_mismatch,
-    "cluster.correctness": RunState._cluster_correctness,
-    "cluster.bandwidth": RunState._cluster_bandwidth,
-    "cluster.done": RunState._cluster_done,
-}
-

@@ -6,7 +6,7 @@ installed), so the app opens instantly and only probes what the user walks to.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -20,6 +20,9 @@ from hwtui.widgets.finding_detail import FindingDetail
 from hwtui.widgets.findings_list import FindingsList
 from hwtui.widgets.step_bar import StepBar
 
+if TYPE_CHECKING:
+    from hwtui.app.tui.context import AppContext
+
 
 class WizardStep(Screen):
     STEP: ClassVar[str] = ""
@@ -32,6 +35,11 @@ class WizardStep(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.started = False
+
+    @property
+    def hw(self) -> AppContext:
+        """The app, typed: what the steps share (host, devices, config) lives there."""
+        return cast("AppContext", self.app)
 
     def compose(self) -> ComposeResult:
         yield StepBar(self.STEP)
@@ -48,14 +56,14 @@ class WizardStep(Screen):
             self.action_rerun()
 
     def action_back(self) -> None:
-        prev = self.app.step_offset(self.STEP, -1)  # type: ignore[attr-defined]
+        prev = self.hw.step_offset(self.STEP, -1)
         if prev:
-            self.app.goto(prev)  # type: ignore[attr-defined]
+            self.hw.goto(prev)
 
     def action_next(self) -> None:
-        nxt = self.app.step_offset(self.STEP, +1)  # type: ignore[attr-defined]
+        nxt = self.hw.step_offset(self.STEP, +1)
         if nxt:
-            self.app.goto(nxt)  # type: ignore[attr-defined]
+            self.hw.goto(nxt)
 
     def action_rerun(self) -> None:
         """Run (again) what this step does. Subclasses override."""
@@ -89,7 +97,7 @@ class ChecksStep(WizardStep):
 
         try:
             collectors, rules = catalog()
-            result = run_checks(self.app.host, collectors, rules, only=set(self.AREAS))  # type: ignore[attr-defined]
+            result = run_checks(self.hw.host, collectors, rules, only=set(self.AREAS))
             msg = ChecksFinished(self.AREAS, result.findings, result.duration_s)
         except Exception as exc:  # noqa: BLE001 - shown on screen, never a crash
             msg = ChecksFinished(self.AREAS, [], 0.0, f"{type(exc).__name__}: {exc}")

@@ -21,7 +21,7 @@ class DetectScreen(WizardStep):
                      "n: next step   r: detect again   ?: help", classes="hint")
 
     def action_rerun(self) -> None:
-        self.set_status(f"detecting devices on {self.app.host.description}...")  # type: ignore[attr-defined]
+        self.set_status(f"detecting devices on {self.hw.host.description}...")
         self._detect()
 
     @work(thread=True, exclusive=True, group="detect", exit_on_error=False)
@@ -29,19 +29,19 @@ class DetectScreen(WizardStep):
         from hwtui.probes.inventory import detect_devices
 
         try:
-            devices, _facts = detect_devices(self.app.host)  # type: ignore[attr-defined]
+            devices, _facts = detect_devices(self.hw.host)
             self.post_message(DevicesDetected(devices))
         except Exception as exc:  # noqa: BLE001 - shown, not raised
             self.post_message(DevicesDetected([], f"{type(exc).__name__}: {exc}"))
 
     def on_devices_detected(self, msg: DevicesDetected) -> None:
-        app = self.app
-        app.devices, app.devices_error = msg.devices, msg.error  # type: ignore[attr-defined]
+        app = self.hw
+        app.devices, app.devices_error = msg.devices, msg.error
         if msg.error:
             self.set_status(f"detection failed: {msg.error}")
         usable = [d for d in msg.devices if d.usable]
         vendors = sorted({d.vendor for d in msg.devices})
         if not msg.error:
-            self.set_status(f"{len(msg.devices)} accelerator(s) on {app.host.description}: {len(usable)} usable"  # type: ignore[attr-defined]
+            self.set_status(f"{len(msg.devices)} accelerator(s) on {app.host.description}: {len(usable)} usable"
                             + (f" ({', '.join(vendors)})" if vendors else " - the engine will run on CPU ranks"))
         self.query_one(DeviceTable).show(msg.devices)

@@ -16,13 +16,16 @@ import subprocess
 import sys
 from typing import Any, ClassVar
 
+from rich.markup import escape
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal
 from textual.widgets import Input, Label, Static
 
-from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected
+from hwtui.app.tui import engine_process
+from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected, RunRequested
 from hwtui.app.tui.screens._step import WizardStep
 from hwtui.widgets.choice_toggle import ChoiceToggle
 from hwtui.widgets.launch_commands import LaunchCommands
@@ -102,7 +105,7 @@ class EngineScreen(WizardStep):
         self._overwrite_ok = ""  # the output directory whose cluster.json the user agreed to replace
 
     def compose_body(self) -> ComposeResult:
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         with Horizontal(id="choices"):
             yield Label("Engine")
             yield ChoiceToggle([("replicate", "replicate"), ("train", "train"), ("cluster", "cluster")], cfg.mode, id="mode")
@@ -140,7 +143,7 @@ class EngineScreen(WizardStep):
         self.action_rerun()
 
     def action_rerun(self) -> None:
-        defaults = self.app.defaults  # type: ignore[attr-defined]
+        defaults = self.hw.defaults
         for fid, _label, _attr, _kind, dkey in FIELDS:
             if dkey:
                 self.query_one(f"#in-{fid}", Input).placeholder = f"{defaults[dkey]} (detected)"
@@ -148,13 +151,15 @@ class EngineScreen(WizardStep):
         self.query_one("#in-weights", Input).placeholder = "model.safetensors or a directory"
         self.query_one("#in-interval", Input).placeholder = "1.0 s"
         self.query_one("#in-steps", Input).placeholder = "50"
-        devices = self.app.devices  # type: ignore[attr-defined]
+        devices = self.hw.devices
         usable = sum(1 for d in devices if d.usable)
         self.query_one("#in-c-devices", Input).placeholder = f"{defaults['devices_per_node']} (detected)"
         self._status_text = (f"defaults from {usable} usable device(s): device {defaults['device']}, "
                              f"{defaults['nproc']} processes, bucket {defaults['bucket_mb']} MB, window {defaults['window']}")
         self._detect_interfaces()
         self._grey_out()
+        # Say it before a run, not after one failed: a base install has no engine.
+        self.query_one("#problems", Static).update(Text(engine_process.engine_extra_problem()))
 
     @work(thread=True, exclusive=True, group="netif", exit_on_error=False)
     def _detect_interfaces(self) -> None:
@@ -162,7 +167,7 @@ class EngineScreen(WizardStep):
         from hwtui.probes.dist.netif import collect_interfaces
 
         try:
-            found = collect_interfaces(self.app.host)  # type: ignore[attr-defined]
+            found = collect_interfaces(self.hw.host)
             self.post_message(InterfacesDetected(list(found.get("interfaces") or [])))
         except Exception as exc:  # noqa: BLE001 - the form still works, the user types the name
             self.post_message(InterfacesDetected([], f"{type(exc).__name__}: {exc}"))
@@ -229,7 +234,7 @@ class EngineScreen(WizardStep):
     def _cluster_devices(self) -> int:
         raw = self.query_one("#in-c-devices", Input).value.strip()
         try:
-            return int(raw) if raw else int(self.app.defaults["devices_per_node"])  # type: ignore[attr-defined]
+            return int(raw) if raw else int(self.hw.defaults["devices_per_node"])
         except ValueError:
             return 1
 
@@ -270,7 +275,7 @@ class EngineScreen(WizardStep):
                 bad("c-max_bytes", f"Sweep max: {exc}")
         spec = None
         if not problems and (need_nodes or raw["c-nodes"]):
-            per_node = values["cluster_devices"] or int(self.app.defaults["devices_per_node"])  # type: ignore[attr-defined]
+            per_node = values["cluster_devices"] or int(self.hw.defaults["devices_per_node"])
             interface = raw["c-interface"] or default_interface(self.interfaces)
             try:
                 spec = ClusterSpec(nodes=parse_nodes(raw["c-nodes"]), devices_per_node=per_node,
@@ -280,16 +285,16 @@ class EngineScreen(WizardStep):
         return values, spec, problems
 
     def _show_problems(self, problems: list[str]) -> bool:
-        self.query_one("#problems", Static).update("\n".join(problems))
+        self.query_one("#problems", Static).update(Text("\n".join(problems)))  # plain: paths may hold [brackets]
         if problems:
-            self.notify(problems[0], severity="error")
+            self.notify(escape(problems[0]), severity="error")
         return not problems
 
     def _remember(self, values: dict[str, Any]) -> None:
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         for key, value in values.items():
             setattr(cfg, key, value)
-        self.app.save_config()  # type: ignore[attr-defined]
+        self.hw.save_config()
 
     def action_write_cluster(self) -> None:
         if self._mode()[0] != "cluster":
@@ -396,26 +401,24 @@ class EngineScreen(WizardStep):
         return values, problems
 
     def action_start(self) -> None:
+        extra = engine_process.engine_extra_problem()
+        if extra:
+            self._show_problems([extra])
+            return
         if self._mode()[0] == "cluster":
             values, _spec, problems = self.collect_cluster(need_nodes=False)
             if not self._show_problems(problems):
                 return
             self._remember(values)
-            self.app.get_screen("run").pending_run = True
-            self.app.goto("run")  # type: ignore[attr-defined]
+            self.post_message(RunRequested())
             return
         values, problems = self.collect()
-        self.query_one("#problems", Static).update("\n".join(problems))
+        self.query_one("#problems", Static).update(Text("\n".join(problems)))  # plain: paths may hold [brackets]
         if problems:
-            self.notify(problems[0], severity="error")
+            self.notify(escape(problems[0]), severity="error")
             return
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         for key, value in values.items():
             setattr(cfg, key, value)
-        self.app.save_config()  # type: ignore[attr-defined]
-        # The Run screen may not be composed yet (first visit): it starts the run when shown.
-        self.app.get_screen("run").pending_run = True
-        self.app.goto("run")  # type: ignore[attr-defined]
-
-    def action_next(self) -> None:
-        self.action_start()
+        self.hw.save_config()
+        self.post_message(RunRequested())  # the app owns "a run is wanted"; the Run screen takes it when shown

@@ -38,7 +38,7 @@ class EnvironmentScreen(ChecksStep):
         yield from super().compose_body()
         with Horizontal(id="export-row"):
             yield Label("Export file:")
-            yield Input(self.app.config.export_path, id="export-path")  # type: ignore[attr-defined]
+            yield Input(self.hw.config.export_path, id="export-path")
         yield Static("w writes the variables to this file (source it before a run).", id="export-status", classes="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -50,14 +50,14 @@ class EnvironmentScreen(ChecksStep):
         if not path:
             self.query_one("#export-status", Static).update("give a file name first")
             return
-        self.app.config.export_path = path  # type: ignore[attr-defined]
-        self.app.save_config()  # type: ignore[attr-defined]
+        self.hw.config.export_path = path
+        self.hw.save_config()
         self.query_one("#export-status", Static).update(f"writing {path}...")
         self._write_export(path)
 
     @work(thread=True, exclusive=True, group="export", exit_on_error=False)
     def _write_export(self, path: str) -> None:
-        argv = [sys.executable, "-m", "hwtui.app", *self.app.host_args, "env", "--write", path]  # type: ignore[attr-defined]
+        argv = [sys.executable, "-m", "hwtui.app", *self.hw.host_args, "env", "--write", path]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S,  # noqa: S603 - argv list
                                   stdin=subprocess.DEVNULL)

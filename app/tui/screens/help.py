@@ -13,6 +13,8 @@ from textual.widgets import Static
 HELP = """\
 From "what do I have" to a running engine, then the run, live.
 
+ Monitor        opens first: devices, host, processes (o sorts); w: wizard
+
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
  3 Environment  distributed findings; w writes the export file
@@ -23,7 +25,7 @@ From "what do I have" to a running engine, then the run, live.
 Keys everywhere
   n / b         next / back step          r   re-run this step
   ?             this help                 q   quit (stops the engine)
-  tab           move between panels       ctrl+c  quit
+  tab           move between panels       ctrl+p  palette, themes
 Drivers, Environment
   up / down     choose a finding          c   copy its remedy
   w             write the export file (Environment)

@@ -24,7 +24,7 @@ from textual.timer import Timer
 from textual.widgets import ContentSwitcher, DataTable, Static
 
 from hwtui.app.tui.device_sampler import DeviceHistory
-from hwtui.app.tui.engine_process import EngineProcess, build_stages
+from hwtui.app.tui.engine_process import EngineProcess, build_stages, hardware_not_here
 from hwtui.app.tui.messages import EngineError, EngineExited, EngineUpdated, SamplesReady
 from hwtui.app.tui.run_state import RunState
 from hwtui.app.tui.screens._step import WizardStep
@@ -59,7 +59,7 @@ class RunScreen(WizardStep):
     RunScreen #views > Vertical { height: auto; }
     RunScreen #devices-title, RunScreen #log-title { height: 1; text-style: bold; }
     RunScreen.-short DevicePanel { max-height: 4; }
-    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 4; }
+    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 6; }
     RunScreen.-log-only #views, RunScreen.-log-only DevicePanel, RunScreen.-log-only #devices-title { display: none; }
     RunScreen #cluster-findings { height: auto; max-height: 6; min-height: 2; }
     RunScreen #cluster-detail { max-height: 7; }
@@ -89,7 +89,6 @@ class RunScreen(WizardStep):
         self._sampling_failed = False
         self._errors_notified = 0
         self._findings_shown = -1  # cluster findings in the table (repainted only when it grows)
-        self.pending_run = False  # set by the Engine step; the run starts once this screen shows
 
     # -- layout -------------------------------------------------------------------------------
     def compose_body(self) -> ComposeResult:
@@ -122,8 +121,7 @@ class RunScreen(WizardStep):
         self.set_class(self.size.height < 32, "-short")
         self.query_one(ClusterSummary).compact = self.size.height < 32
         self._start_polling()
-        if self.pending_run:
-            self.pending_run = False
+        if self.hw.take_run_request():
             self.start_run()
 
     def on_screen_suspend(self) -> None:
@@ -149,7 +147,7 @@ class RunScreen(WizardStep):
         try:
             with self._sampler_lock:
                 if self._sampler is None:
-                    self._sampler = self.app.sampler_factory(self.app.host, self.app.devices)  # type: ignore[attr-defined]
+                    self._sampler = self.hw.sampler_factory(self.hw.host, self.hw.devices)
                 samples = list(self._sampler.sample())
             self.post_message(SamplesReady(samples))
         except Exception as exc:  # noqa: BLE001 - a failed poll shows, the next one retries
@@ -166,7 +164,7 @@ class RunScreen(WizardStep):
             self.history.add(msg.samples)
             self.query_one(DevicePanel).update_from(self.history)
         if self._polling:  # re-arm only now: the next poll starts a full interval after this one ended
-            self._poll_timer = self.set_timer(self.app.config.interval, self._poll)  # type: ignore[attr-defined]
+            self._poll_timer = self.set_timer(self.hw.config.interval, self._poll)
 
     def shutdown(self) -> None:
         """Stop the engine and the sampler; safe to call twice (screen unmount, then app unmount)."""
@@ -199,10 +197,18 @@ class RunScreen(WizardStep):
         if self.engine_running:
             self.notify("the engine is still running: s stops it first", severity="warning")
             return
-        cfg = self.app.config  # type: ignore[attr-defined]
-        workdir = self.app.run_dir()  # type: ignore[attr-defined]
-        factory = self.app.engine_stages or build_stages  # type: ignore[attr-defined]
-        stages = factory(cfg, self.app.defaults, Path(workdir))  # type: ignore[attr-defined]
+        cfg = self.hw.config
+        if self.hw.engine_stages is None and self.hw.replaying:
+            why = hardware_not_here(cfg, self.hw.defaults)
+            if why:
+                msg = f"not started: {why}; choose device cpu (cpu:0,cpu:1 for training) to run CPU ranks here"
+                self.state.add_log(msg, "warn")
+                self.notify(msg, title="replay", severity="warning", timeout=10)
+                self._paint()
+                return
+        workdir = self.hw.run_dir()
+        factory = self.hw.engine_stages or build_stages
+        stages = factory(cfg, self.hw.defaults, Path(workdir))
         self.state = RunState()
         self._seen_version = -1
         self._errors_notified = 0
@@ -221,7 +227,7 @@ class RunScreen(WizardStep):
         from hwtui.core.events import parse_line
 
         def on_stderr(line: str) -> None:
-            state.add_log(line, "stderr")
+            state.add_stderr(line)
             self.post_message(EngineUpdated())
 
         for stage in stages:
@@ -249,11 +255,8 @@ class RunScreen(WizardStep):
             rc = proc.wait()
             if rc != 0 or proc.stopped or stage is stages[-1]:
                 if proc.stopped:
-                    state.add_log(f"engine stopped (exit status {rc})", "warn")
-                    state.stopped = True
-                    state.finish(0 if rc in (0, -15, -9) else rc)
-                else:
-                    state.finish(rc)
+                    state.mark_stopped()  # also when stopped by quitting: never a failure
+                state.finish(rc)
                 self.post_message(EngineExited(rc, stage.name))
                 return
             state.add_log(f"{stage.name} finished", "info")
@@ -269,6 +272,8 @@ class RunScreen(WizardStep):
         if not self.engine_running:
             self.notify("no engine is running")
             return
+        # Mark it before the signal: ranks dying of SIGTERM then read as the stop, not as errors.
+        self.state.mark_stopped()
         self.notify("stopping the engine (SIGTERM)...")
         self.run_worker(self.stop_engine, thread=True, group="stop", exit_on_error=False)
 
@@ -276,7 +281,7 @@ class RunScreen(WizardStep):
         if self.engine_running:
             self.notify("the engine is running: s stops it, then r starts it again", severity="warning")
             return
-        cfg = self.app.config  # type: ignore[attr-defined]
+        cfg = self.hw.config
         if cfg.mode and (cfg.plan or cfg.weights or cfg.mode in ("train", "cluster")):
             self.start_run()
         else:
@@ -309,9 +314,10 @@ class RunScreen(WizardStep):
         """Mismatches as they arrive; every finding of the verdict once ``cluster.done`` came."""
         from hwtui.core.finding import Finding
 
-        raw = (state.cluster.done or {}).get("findings") if state.cluster.done else state.cluster.mismatches
-        raw = [f for f in raw or [] if isinstance(f, dict)]
-        key = len(raw) + (10**6 if state.cluster.done else 0)
+        c = state.cluster
+        raw = c.done.findings if c.done is not None else [m.finding for m in c.mismatches]
+        raw = [f for f in raw if isinstance(f, dict)]
+        key = len(raw) + (10**6 if c.done is not None else 0)
         if key == self._findings_shown:
             return
         self._findings_shown = key
@@ -358,8 +364,7 @@ class RunScreen(WizardStep):
             elif state.exit_code is None:
                 status = "running" if self.engine is not None else "starting"
             else:
-                done = state.repl.done or state.train.done or state.cluster.done
-                ok = state.exit_code == 0 and not state.errors and (done is None or done.get("ok", True))
+                ok = state.exit_code == 0 and not state.errors and state.done_ok is not False
                 status = "done" if ok else "FAILED"
             self.query_one(ProgressEta).show(fraction, eta, label, status)
             switcher = self.query_one("#views", ContentSwitcher)

@@ -160,6 +160,7 @@ async def test_real_two_rank_smoke_test_from_the_wizard(snapshots):
         screen.query_one("#in-c-devices").value = "2"  # one node, two ranks: torchrun --standalone
         screen.query_one("#in-c-max_bytes").value = "64K"
         await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: getattr(app.screen, "STEP", "") == "run")
         run = app.screen
         await wait_for(pilot, lambda: run.state.finished, timeout=90)
         await pilot.pause(0.3)
@@ -167,13 +168,13 @@ async def test_real_two_rank_smoke_test_from_the_wizard(snapshots):
         assert run.state.exit_code == 0, log
         assert "torch.distributed.run --standalone --nproc-per-node=2" in log
         cluster = run.state.cluster
-        assert set(cluster.nodes) == {0, 1} and cluster.correctness["ok"]
-        assert cluster.done and cluster.done["ok"] and cluster.done["world_size"] == 2
+        assert set(cluster.nodes) == {0, 1} and cluster.correctness.ok
+        assert cluster.done and cluster.done.ok and cluster.done.world_size == 2
         summary = run.query_one(ClusterSummary)
         rows = summary.bandwidth_rows()
         assert [size for size, _ in rows][-1] == 64 * 1024
         assert all(set(ops) == {"broadcast", "all_reduce"} for _, ops in rows)
-        assert all(float(b["busbw"]) > 0 for _, ops in rows for b in ops.values())
+        assert all(b.busbw > 0 for _, ops in rows for b in ops.values())
         rendered = _plain(app, summary)
         assert "PASSED: 2 rank(s)" in rendered and "64K" in rendered
         assert run.query_one(ProgressEta).status == "done"

@@ -97,3 +97,10 @@ def test_stop_is_graceful_when_the_engine_honours_sigterm():
     next(iter(p.lines()))
     started = time.monotonic()
     assert p.stop(grace_s=5) == -15 and time.monotonic() - started < 3
+
+
+def test_the_engine_step_checks_the_same_modules_as_the_cli():
+    from hwtui.app.cli import ENGINE_EXTRA_MODULES
+    from hwtui.app.tui.engine_process import ENGINE_MODULES
+
+    assert set(ENGINE_MODULES) == set(ENGINE_EXTRA_MODULES)

@@ -61,8 +61,12 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
         assert run.state.exit_code == 0, log
         repl = run.state.repl
         assert repl.n_buckets == 2 and repl.count("done") == 2, log
-        assert repl.done and repl.done["ok"] and repl.peak_gbps > 0
-        assert repl.start["world_size"] == 2 and repl.start["window"] == app.defaults["window"]
+        assert repl.done and repl.done.ok and repl.peak_gbps > 0
+        assert repl.start.world_size == 2 and repl.start.window == app.defaults["window"]
+        # What is drawn is what the engine itself reports.
+        source = next(r for r in repl.done.report["ranks"] if r["rank"] == 0)
+        assert repl.peak_lanes == source["window"]["peak_occupancy"] <= repl.start.window
+        assert repl.bytes_done == repl.done.report["bytes"]
         assert "buckets 2/2" in str(run.query_one(BucketLanes).render())
         assert run.query_one(ProgressEta).status == "done"
         assert "Using CPU broadcast transport" in log
@@ -80,7 +84,8 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
         log = "\n".join(t for _, t in run.state.log)
         assert run.state.exit_code == 0, log
         train = run.state.train
-        assert train.done and train.done["ok"], log
+        assert train.done and train.done.ok, log
+        assert train.step == train.done.report["step"] == 4, "progress is the engine's own step count"
         assert set(train.workers) == {0, 1} and train.step >= 4  # dynamic balance: a fast worker may take more
         assert len(train.loss) >= 1 and train.merges
         assert run.query_one(WorkerTable).row_count == 2

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hwtui.app.tui.run_state import RunState, normalize
-from hwtui.core.events import UnknownEvent, parse_line
+from hwtui.app.tui.run_state import RunState, to_event
+from hwtui.core.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
+from hwtui.engine.replication.events import ReplBucket, ReplStart, ReplWindow
+from hwtui.engine.training.events import TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 
 DATA = Path(__file__).parent / "data"
 
@@ -42,33 +44,67 @@ def test_replication_stream_folds_to_done(typed):
     assert r.average_gbps == pytest.approx(12 * 8 * 2**20 / r.elapsed_s / 1e9, rel=1e-2)
     frac, eta, label = s.progress()
     assert frac == 1.0 and eta == 0.0 and label == "100.7 MB / 100.7 MB"
-    assert [c["phase"] for c in r.commits] == ["prepare", "commit"]
+    assert [c.phase for c in r.commits] == ["prepare", "commit"]
     assert not s.errors
 
 
-def test_lanes_track_the_window_mid_run():
+def _start(n: int = 5, window: int = 2) -> ReplStart:
+    return ReplStart(plan_digest="d", model="m", version="v", total_bytes=100 * n, n_buckets=n, bucket_bytes=100,
+                     world_size=3, device="cpu", transport="gloo", window=window, chunk_bytes=100)
+
+
+def _b(bid: int, state: str, rank: int | None) -> ReplBucket:
+    return ReplBucket(bucket_id=bid, state=state, nbytes=100, rank=rank)
+
+
+def test_lanes_are_the_sources_window():
     s = RunState()
-    s.apply({"kind": "repl.start", "n_buckets": 5, "window": 2, "total_bytes": 500})
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "inflight", "rank": None})
-    s.apply({"kind": "repl.bucket", "bucket_id": 1, "state": "staged", "rank": 0})
+    s.apply(_start(window=2))
+    s.apply(_b(0, "staged", 0))
+    s.apply(_b(0, "inflight", 0))
+    s.apply(_b(1, "staged", 0))
     assert s.repl.lanes == [0, 1]
-    s.apply({"kind": "repl.bucket", "bucket_id": 2, "state": "staged", "rank": 0})
-    assert s.repl.lanes == [0, 1, 2], "an active bucket beyond the window gets an overflow lane"
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "done", "rank": None})
-    assert s.repl.lanes[0] is None
-    s.apply({"kind": "repl.bucket", "bucket_id": 3, "state": "inflight", "rank": None})
-    assert s.repl.lanes[0] == 3, "a freed lane is reused"
+    s.apply(_b(0, "inflight", 1))  # a receiver posting its receive does not take a lane
+    s.apply(_b(0, "done", 0))  # the source's send completed: the bucket leaves the window
+    assert s.repl.lanes == [None, 1]
+    assert s.repl.awaiting_receivers == 1, "sent, not yet verified everywhere: counted apart"
+    s.apply(_b(2, "staged", 0))
+    assert s.repl.lanes == [2, 1], "a freed lane is reused"
+    s.apply(_b(0, "verifying", 1))
+    s.apply(_b(0, "done", None))
+    assert s.repl.awaiting_receivers == 0 and s.repl.states[0] == "done"
+    assert s.repl.peak_lanes == 2 and len(s.repl.lanes) == 2
+
+
+def test_a_real_replication_is_drawn_as_the_engine_reports_it(typed):
+    """The recorded stream of `hwtui replicate --nproc 3 --inflight 4` (24 buckets): every frame."""
+    s = RunState()
+    lanes_seen = 0
+    for line in (DATA / "real_replicate.jsonl").read_text().splitlines():
+        raw = json.loads(line)
+        s.apply(parse_line(line) if typed else UnknownEvent(kind_name=raw["kind"], payload=raw))
+        busy = sum(1 for b in s.repl.lanes if b is not None)
+        assert len(s.repl.lanes) <= s.repl.start.window if s.repl.start else True
+        assert busy <= s.repl.window or s.repl.window == 0, "never more buckets in the lanes than the window"
+        lanes_seen = max(lanes_seen, busy)
+    report = s.repl.done.report
+    source = next(r for r in report["ranks"] if r["rank"] == 0)
+    assert lanes_seen == s.repl.peak_lanes == source["window"]["peak_occupancy"] == 4
+    assert s.repl.bytes_done == report["bytes"] == s.repl.total_bytes
+    assert s.repl.count("done") == report["n_buckets"] == 24
+    assert s.repl.awaiting_receivers == 0 and all(b is None for b in s.repl.lanes)
+    assert s.progress()[0] == 1.0 and not s.errors
 
 
 def test_a_rank_cannot_declare_a_bucket_done_for_the_world():
     s = RunState()
-    s.apply({"kind": "repl.start", "n_buckets": 1, "window": 1})
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "verifying", "rank": 1})
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "done", "rank": 1})
+    s.apply(_start(n=1, window=1))
+    s.apply(_b(0, "verifying", 1))
+    s.apply(_b(0, "done", 1))
     assert s.repl.states[0] == "verifying"
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "inflight", "rank": 0})
+    s.apply(_b(0, "inflight", 0))
     assert s.repl.states[0] == "verifying", "a lagging rank does not move the bucket back"
-    s.apply({"kind": "repl.bucket", "bucket_id": 0, "state": "done", "rank": None})
+    s.apply(_b(0, "done", None))
     assert s.repl.states[0] == "done"
 
 
@@ -93,25 +129,64 @@ def test_training_stream(typed):
     assert s.progress()[0] == 1.0
 
 
-def test_training_eta_uses_event_time():
+def _train_start(steps: int = 10, ranks: int = 1, merge_every: int = 5) -> TrainStart:
+    return TrainStart(workers=[{"rank": r, "device": f"cpu:{r}"} for r in range(ranks)], steps=steps, batch_size=16,
+                      balance="dynamic", merge_every=merge_every, params=1, t=100.0)
+
+
+def _w(rank: int, step: int, t: float) -> TrainWorker:
+    return TrainWorker(rank=rank, device=f"cpu:{rank}", step=step, samples=16 * step, samples_per_s=1.0, loss=1.0,
+                       mem_used=None, mem_total=None, chunks_claimed=step, t=t)
+
+
+def test_training_eta_is_the_measured_rate_not_the_start_up():
     s = RunState()
-    s.apply({"kind": "train.start", "t": 100.0, "steps": 10, "workers": [{"rank": 0, "device": "cpu:0"}]})
-    s.apply({"kind": "train.worker", "t": 102.0, "rank": 0, "step": 2, "samples": 64, "loss": 1.0})
-    frac, eta, _ = s.progress()
-    assert frac == pytest.approx(0.2) and eta == pytest.approx(8.0)
+    s.apply(_train_start(steps=10))
+    s.apply(_w(0, 1, t=120.0))  # 20 s of start-up before the first report: not part of the rate
+    assert s.progress()[1] is None, "one report is no rate yet"
+    s.apply(_w(0, 3, t=122.0))  # 2 steps in 2 s
+    frac, eta, label = s.progress()
+    assert frac == pytest.approx(0.3) and eta == pytest.approx(7.0)
+    assert label.startswith("step 3 / 10")
+
+
+def test_training_progress_never_overshoots_before_done():
+    s = RunState()
+    s.apply(_train_start(steps=10, ranks=2, merge_every=5))
+    # Dynamic balance: the fast rank takes 7 chunks of the round's 10, the slow one 3.
+    s.apply(_w(0, 7, t=101.0))
+    s.apply(_w(1, 3, t=102.0))
+    assert s.train.step == pytest.approx(5.0), "a round of 5 steps is 10 chunks over 2 workers"
+    s.apply(TrainMerge(round=1, step=5, shares=[0.7, 0.3], loss_merged=1.0, loss_workers_mean=1.0))
+    s.apply(_w(0, 15, t=103.0))  # requeued chunks may push a worker's count past the total
+    s.apply(_w(1, 8, t=104.0))
+    frac, _, label = s.progress()
+    assert frac < 1.0 and "step 9 / 10" in label, label
+    s.apply(TrainDone(ok=True, seconds=4.0, samples=320, final_loss=1.0, report=None))
+    assert s.progress()[0] == 1.0 and s.progress()[1] == 0.0
 
 
 def test_worker_lost_is_an_error_and_marks_the_worker():
     s = RunState()
-    s.apply({"kind": "train.start", "steps": 10, "workers": [{"rank": 0, "device": "cpu:0"}, {"rank": 1, "device": "cpu:1"}]})
-    s.apply({"kind": "train.worker_lost", "rank": 1, "device": "cpu:1", "reason": "exit code -9", "chunks_requeued": 3})
-    assert s.train.workers[1]["lost"] == "exit code -9"
+    s.apply(_train_start(ranks=2))
+    s.apply(TrainWorkerLost(rank=1, device="cpu:1", reason="exit code -9", chunks_requeued=3))
+    assert s.train.workers[1].lost == "exit code -9"
     assert "3 chunks requeued" in s.errors[-1]
+
+
+def test_a_user_stop_is_not_an_error():
+    s = RunState()
+    s.apply(_start())
+    s.mark_stopped()
+    s.apply(ErrorEvent(message="rank 1 killed by SIGTERM", rank=1))
+    s.finish(143)
+    assert s.stopped and not s.errors
+    assert any("stopped by the user" in text for _, text in s.log)
 
 
 def test_cluster_stream(typed):
     s = fold("cluster_ok.jsonl", typed)
-    assert s.mode == "cluster" and len(s.cluster.nodes) == 2 and s.cluster.done["ok"]
+    assert s.mode == "cluster" and len(s.cluster.nodes) == 2 and s.cluster.done.ok
     assert any("algbw 1.90 GB/s" in text for _, text in s.log)
 
 
@@ -124,8 +199,42 @@ def test_non_json_lines_and_exit_status_reach_the_log():
     assert s.log_total == 2
 
 
-def test_normalize_accepts_all_three_forms():
+def test_every_form_becomes_the_engines_class():
     raw = {"kind": "repl.window", "occupancy": 1, "window": 2, "bytes_in_flight": 5, "t": 1.0}
-    assert normalize(raw) == ("repl.window", raw)
-    kind, data = normalize(UnknownEvent(kind_name="repl.window", payload=raw))
-    assert kind == "repl.window" and data["window"] == 2
+    assert to_event(raw) == ReplWindow(occupancy=1, window=2, bytes_in_flight=5, t=1.0)
+    assert to_event(UnknownEvent(kind_name="repl.window", payload=raw)) == to_event(raw)
+
+
+def test_a_real_training_run_is_drawn_as_the_engine_reports_it(typed):
+    """The recorded stream of `hwtui train --gpu-ids cpu:0,cpu:1 --steps 12 --merge-every 4`."""
+    s = RunState()
+    for line in (DATA / "real_train.jsonl").read_text().splitlines():
+        raw = json.loads(line)
+        s.apply(parse_line(line) if typed else UnknownEvent(kind_name=raw["kind"], payload=raw))
+        if s.train.done is None and s.train.start is not None:
+            frac, _, _ = s.progress()
+            if s.train.merged_step < s.train.steps:
+                assert s.train.step < s.train.steps and frac < 1.0, "never done before the engine says so"
+            assert s.train.step >= s.train.merged_step
+    report = s.train.done.report
+    assert s.train.step == report["step"] == s.train.steps == 12
+    assert [m.step for m in s.train.merges] == [r["step"] for r in report["rounds"]] == [4, 8, 12]
+    assert sum(w.samples for w in s.train.workers.values()) == report["samples"]
+    assert s.progress()[0] == 1.0 and not s.errors
+
+
+def test_the_engines_human_output_is_not_logged_twice():
+    ok = RunState()
+    ok.apply(LogEvent(message="Using CPU broadcast transport (gloo).", source="replication.transport"))
+    ok.add_stderr("Using CPU broadcast transport (gloo).")
+    ok.add_stderr("        1.6 / 1.6 MB    0.02 GB/s    0.08 s")
+    ok.finish(0)
+    assert sum("Using CPU broadcast" in text for _, text in ok.log) == 1
+    assert not any("GB/s" in text for _, text in ok.log)
+
+    failed = RunState()
+    failed.add_stderr("rank 1 lost its peer")
+    failed.add_stderr("RuntimeError: gloo connection closed")
+    assert ("stderr", "RuntimeError: gloo connection closed") in failed.log, "an error line shows at once"
+    failed.finish(3)
+    assert ("stderr", "rank 1 lost its peer") in failed.log, "a failure brings the held-back tail"

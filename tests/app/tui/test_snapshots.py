@@ -45,12 +45,12 @@ def make(snapshots, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setattr("tests.app.tui.conftest.DATA", Path("tests/app/tui/data"))
 
-    def build(machine="h100_x8", engine=None, **cfg):
+    def build(machine="h100_x8", engine=None, start_step="detect", **cfg):
         config = TuiConfig(interval=3600.0, **cfg)
         # A fixed origin: the temporary path would show in the status line and differ per run.
         host = ReplayHost(json.loads(snapshots[machine].read_text()), origin=f"{machine}.json")
         return HwtuiApp(host, config, config_file=config_path(), engine_stages=engine,
-                        sampler_factory=ConstantSampler)
+                        sampler_factory=ConstantSampler, start_step=start_step)
 
     return build
 
@@ -117,3 +117,26 @@ def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = make("rtx4090_rx7800xt_arc_a750", engine=RecordedEngine("cluster_two_nodes.jsonl"))
     assert snap_compare(app, terminal_size=(100, 30), run_before=_run_to_end({}, mode="cluster"))
+
+
+async def _first_tick(pilot):
+    await wait_for(pilot, lambda: pilot.app.screen.ticks >= 1)
+    await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_monitor_8gpu_replay(snap_compare, make, size):
+    """What `hwtui --replay h100x8` opens on: 8 GPUs, the host strip, the process table."""
+    app = make(start_step="monitor")
+    assert snap_compare(app, terminal_size=size, run_before=_first_tick)
+
+
+def test_replication_dashboard_200x60(snap_compare, make):
+    app = make(engine=RecordedEngine("replicate_ok.jsonl"))
+    assert snap_compare(app, terminal_size=(200, 60), run_before=_run_to_end({"plan": "README.md", "device": "cpu"}))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_training_dashboard(snap_compare, make, size):
+    app = make(engine=RecordedEngine("train_ok.jsonl"))
+    assert snap_compare(app, terminal_size=size, run_before=_run_to_end({"gpu_ids": "cpu:0,cpu:1"}, mode="train"))

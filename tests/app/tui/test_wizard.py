@@ -92,8 +92,11 @@ async def test_walk_the_wizard_and_watch_a_replication(snapshots, tmp_path):
         assert app.screen.STEP == "engine"
         await pilot.press("escape")
         assert app.screen.STEP == "environment"
-        await pilot.press("n", "n")  # Next on the Engine step starts the run again
-        assert app.screen.STEP == "run"
+        await pilot.press("n")
+        assert app.screen.STEP == "engine"
+        await pilot.press("n")  # Next on the Engine step moves on; only ctrl+s (or r here) starts a run
+        assert app.screen.STEP == "run" and engine.calls == 1
+        await pilot.press("r")
         await wait_for(pilot, lambda: engine.calls == 2 and run.state.finished)
         await pilot.press("r")
         await wait_for(pilot, lambda: engine.calls == 3 and run.state.finished)
@@ -214,7 +217,7 @@ async def test_quit_stops_a_running_engine(snapshots, tmp_path):
         await pilot.press("ctrl+s")
         run = app.screen
         await wait_for(pilot, lambda: run.engine_running and run.state.repl.done is not None)
-        proc = run.engine.proc
+        proc = run.engine.child.proc
         await pilot.press("q")
         await wait_for(pilot, lambda: proc.poll() is not None, timeout=10)
     assert proc.returncode == -15, "SIGTERM was enough; the engine did not need SIGKILL"
@@ -249,12 +252,14 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
         run = app.screen
         app.config.interval = 0.05  # below what the form accepts: the poll takes 3x the interval
         await wait_for(pilot, lambda: run.engine_running)
-        await pilot.pause(2.0)
-        assert run._sampler.polls >= 4 and SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
+        # Wait on the state (four polls done), not on a time: a loaded box polls slower.
+        await wait_for(pilot, lambda: run._sampler is not None and run._sampler.polls >= 4, timeout=30)
+        assert SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
         await pilot.press("s")
         await wait_for(pilot, lambda: run.state.finished, timeout=10)
         assert "engine stopped" in log_text(app)
         assert run.query_one(ProgressEta).status == "stopped"
+        assert not run.state.errors, "a user stop is not a failure"
 
 
 async def test_help_opens_and_closes(snapshots):
@@ -274,3 +279,31 @@ async def test_remembered_choices_prefill_the_engine_step(snapshots):
         assert app.screen.query_one("#mode").value == "train"
         assert app.screen.query_one("#in-gpu_ids").value == "cpu:0,cpu:1"
         assert app.screen.query_one("#in-steps").value == "9"
+
+
+async def test_engine_step_names_the_extra_before_a_run(snapshots, monkeypatch, tmp_path):
+    monkeypatch.setattr("hwtui.app.tui.engine_process.missing_engine_modules", lambda: ["torch", "xxhash"])
+    engine = RecordedEngine("replicate_ok.jsonl")
+    app = make_app(snapshots["h100_x8"], engine)
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("n", "n", "n")
+        problems = str(app.screen.query_one("#problems").render())
+        assert 'pip install "hwtui[engine]"' in problems and "torch, xxhash" in problems
+        app.screen.query_one("#in-plan").value = str(plan)
+        await pilot.press("ctrl+s")
+        assert app.screen.STEP == "engine" and engine.calls == 0, "no run without the engine extra"
+
+
+async def test_choices_and_steps_are_clickable(snapshots):
+    app = make_app(snapshots["h100_x8"])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("n", "n", "n")
+        mode = app.screen.query_one("#mode")
+        assert mode.value == "replicate"
+        # "(•) replicate  ( ) train": the train option starts after "(•) replicate  " (1 cell of padding first).
+        assert await pilot.click("#mode", offset=(1 + len("(•) replicate  ") + 2, 0))
+        await wait_for(pilot, lambda: mode.value == "train")
+        assert await pilot.click("StepBar", offset=(len(" hwtui  ") + 1, 0))  # "[1 Detect]" at 100 columns
+        await wait_for(pilot, lambda: getattr(app.screen, "STEP", "") == "detect")

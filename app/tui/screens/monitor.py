@@ -1,0 +1,130 @@
+"""The monitor: what ``hwtui`` opens on. This machine's devices, host and device processes, live.
+
+Devices with memory, utilisation, temperature and power history; the host's CPU, memory and
+network throughput; the processes on each device (NVML where it answers, DRM fdinfo otherwise),
+sortable. The wizard is one key away (``w``). Sampling runs in a thread worker and re-arms a
+one-shot timer only after a tick is shown, so ticks never overlap however slow a vendor call is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, cast
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Static
+
+from hwtui.app.tui.device_sampler import DeviceHistory, MonitorSampler
+from hwtui.app.tui.messages import MonitorTick
+from hwtui.widgets.device_panel import DevicePanel
+from hwtui.widgets.host_strip import HostStrip
+from hwtui.widgets.process_table import ProcessTable
+
+if TYPE_CHECKING:
+    from hwtui.app.tui.context import AppContext
+
+
+class MonitorScreen(Screen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("w", "wizard", "Wizard"),
+        Binding("n", "wizard", "Next", show=False),
+    ]
+    DEFAULT_CSS = """
+    MonitorScreen #title { height: 1; background: $panel; }
+    MonitorScreen #host-box, MonitorScreen #devices-box, MonitorScreen ProcessTable {
+        border: round $primary; border-title-style: bold; padding: 0 1;
+    }
+    MonitorScreen #host-box { height: 3; }
+    MonitorScreen #devices-box { height: auto; max-height: 60%; }
+    MonitorScreen #devices-box DevicePanel { max-height: 100%; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history = DeviceHistory()
+        self._sampler: MonitorSampler | None = None
+        self._timer: Timer | None = None
+        self._polling = False
+        self.ticks = 0
+
+    @property
+    def hw(self) -> AppContext:
+        return cast("AppContext", self.app)
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="title")
+        with Vertical(id="host-box"):
+            yield HostStrip(id="host")
+        with Vertical(id="devices-box"):
+            yield DevicePanel(id="monitor-devices")
+        yield ProcessTable(id="processes")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#host-box").border_title = "host"
+        self.query_one("#devices-box").border_title = "devices"
+        self.query_one(ProcessTable).border_title = "processes on devices"
+        self.query_one("#title", Static).update(f" hwtui monitor - {self.hw.host.description}   w: wizard  ?: help  q: quit")
+
+    def on_screen_resume(self) -> None:
+        if not self._polling:
+            self._polling = True
+            self._tick()
+
+    def on_screen_suspend(self) -> None:
+        self._polling = False
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+
+    @work(thread=True, exclusive=True, group="monitor", exit_on_error=False)
+    def _tick(self) -> None:
+        try:
+            if self._sampler is None:
+                from hwtui.probes.inventory import detect_devices
+
+                devices = self.hw.devices
+                if not devices:
+                    devices, _ = detect_devices(self.hw.host)
+                    self.hw.devices = devices
+                self._sampler = MonitorSampler(self.hw.host, devices, self.hw.sampler_factory(self.hw.host, devices))
+            samples, host, procs = self._sampler.sample()
+            self.post_message(MonitorTick(samples, host, procs))
+        except Exception as exc:  # noqa: BLE001 - a failed tick shows; the next one retries
+            self.post_message(MonitorTick([], None, [], f"{type(exc).__name__}: {exc}"))
+
+    def on_monitor_tick(self, msg: MonitorTick) -> None:
+        self.ticks += 1
+        box = self.query_one("#devices-box")
+        if msg.error:
+            box.border_subtitle = f"sampling failed: {msg.error}"
+        else:
+            box.border_subtitle = ""
+            self.history.add(msg.samples)
+            self.query_one(DevicePanel).update_from(self.history)
+            if msg.host is not None:
+                self.query_one(HostStrip).show(msg.host)
+            self.query_one(ProcessTable).show(msg.processes)
+        if self._polling:
+            self._timer = self.set_timer(self.hw.config.interval, self._rearm)
+
+    def _rearm(self) -> None:
+        self._timer = None
+        if self._polling:
+            self._tick()
+
+    def action_wizard(self) -> None:
+        self.hw.goto("detect")
+
+    def close_sampler(self) -> None:
+        self._polling = False
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None
+
+    def on_unmount(self) -> None:
+        self.close_sampler()

@@ -1,0 +1,97 @@
+"""Host CPU, memory and network throughput for the monitor, read through the Host seam.
+
+Pure parsing of ``/proc/stat``, ``/proc/meminfo`` and ``/proc/net/dev`` plus the difference of
+two readings: a live host gives rates, a replayed one gives what was recorded (one reading, so
+no rates: ``None``, never a made-up zero). Loopback is left out of the network figure: it is
+traffic the machine has with itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hwtui.probes.host import Host
+
+
+@dataclass(frozen=True)
+class HostSample:
+    cpu_percent: float | None
+    mem_used: int | None
+    mem_total: int | None
+    rx_bytes_per_s: float | None
+    tx_bytes_per_s: float | None
+
+
+def parse_cpu_times(stat: str) -> tuple[int, int] | None:
+    """``(busy, total)`` jiffies from the aggregate ``cpu`` line of /proc/stat."""
+    for line in stat.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            values = [int(v) for v in parts[1:] if v.isdigit()]
+            if len(values) < 4:
+                return None
+            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+            total = sum(values[:8])  # guest time is already inside user/nice
+            return total - idle, total
+    return None
+
+
+def parse_meminfo(text: str) -> tuple[int | None, int | None]:
+    """``(used, total)`` bytes; used is total - MemAvailable, None when either is missing or absurd."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    total, available = fields.get("MemTotal"), fields.get("MemAvailable")
+    if total is None or available is None or not 0 <= available <= total:
+        return None, total
+    return total - available, total
+
+
+def parse_net_dev(text: str) -> tuple[int, int]:
+    """``(rx, tx)`` bytes summed over every interface but loopback."""
+    rx = tx = 0
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        name, rest = line.split(":", 1)
+        cols = rest.split()
+        if name.strip() == "lo" or len(cols) < 9:
+            continue
+        rx += int(cols[0])
+        tx += int(cols[8])
+    return rx, tx
+
+
+class HostCounters:
+    """Successive readings of one host; rates come from the difference with the previous one."""
+
+    def __init__(self, host: Host, clock: Callable[[], float] | None = None):
+        self.host = host
+        self._clock = clock or time.monotonic
+        self._cpu: tuple[int, int] | None = None
+        self._net: tuple[float, int, int] | None = None
+
+    def sample(self) -> HostSample:
+        now = self._clock()
+        cpu_pct = None
+        times = parse_cpu_times(self.host.read_text("/proc/stat") or "")
+        if times is not None and self._cpu is not None:
+            busy = times[0] - self._cpu[0]
+            total = times[1] - self._cpu[1]
+            cpu_pct = 100.0 * busy / total if total > 0 else None
+        self._cpu = times
+        used, total_mem = parse_meminfo(self.host.read_text("/proc/meminfo") or "")
+        rx_rate = tx_rate = None
+        net = self.host.read_text("/proc/net/dev")
+        if net is not None:
+            rx, tx = parse_net_dev(net)
+            if self._net is not None and now > self._net[0]:
+                dt = now - self._net[0]
+                rx_rate = max(rx - self._net[1], 0) / dt
+                tx_rate = max(tx - self._net[2], 0) / dt
+            self._net = (now, rx, tx)
+        return HostSample(cpu_pct, used, total_mem, rx_rate, tx_rate)
