@@ -79,7 +79,7 @@ def post(master: str, port: int, key: str, text: str, timeout: float) -> bool:
     import time
     from datetime import timedelta
 
-    from hwtui.engine.cluster.smoke import probe_port
+    from hwtui.core.net import probe_port
 
     # A plain connect first: TCPStore's client retries noisily (C++ warnings on stderr) for its
     # whole timeout against anything that is not a store.

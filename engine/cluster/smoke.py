@@ -26,7 +26,6 @@ every rank exits with the same code and the launcher's summary agrees with rank 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import socket
@@ -38,7 +37,7 @@ from typing import Any
 
 from hwtui.core.events import Event
 from hwtui.core.finding import Finding, Status, fail, passed, skip
-from hwtui.core.net import free_loopback_port
+from hwtui.core.net import free_loopback_port, probe_port
 from hwtui.core.redact import redact
 from hwtui.engine.cluster import compare as cmp
 from hwtui.engine.cluster.bandwidth import OPS, BandwidthResult, Correctness, correctness, floor_failures, measure
@@ -166,31 +165,6 @@ def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpe
 
 
 # -- reaching the store ------------------------------------------------------------------------
-
-def probe_port(host: str, port: int, timeout: float) -> tuple[bool, str]:
-    """Try a TCP connect until it succeeds or ``timeout`` passes; say why it failed."""
-    deadline = time.monotonic() + timeout
-    why = "no answer"
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False, why
-        try:
-            with socket.create_connection((host, port), timeout=min(2.0, max(left, 0.05))):
-                return True, "open"
-        except socket.gaierror as exc:
-            return False, f"cannot resolve {host}: {exc.strerror}"
-        except ConnectionRefusedError:
-            why = "connection refused (nothing listening there yet, or a firewall rejects the port)"
-        except TimeoutError:
-            why = "no answer (packets dropped: a firewall blocks the port, or the address is wrong)"
-        except OSError as exc:
-            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-                why = f"{exc.strerror} (no route: wrong address or interface)"
-            else:
-                why = exc.strerror or str(exc)
-        time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
-
 
 def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None):
     from torch.distributed import PrefixStore, TCPStore

@@ -576,8 +576,8 @@ class Worker:
         sizes = [bk["size"] for bk in plan.buckets]
         for b, size in enumerate(sizes):
             self.faults.at_bucket(b)
-            self.bucket(b, "staged", size)
-            self.bucket(b, "inflight", size)
+            # No "staged"/"inflight": the source sends nothing here, so its window (what the TUI's
+            # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
             if self.cfg.verify:
                 self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
             self.bucket(b, "done", size)

@@ -173,6 +173,8 @@ async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.setenv("HWTUI_AGENT_TOKEN", TOKEN)
+    # The wiring under test, not the terminal check (pytest's stdin is not a terminal).
+    monkeypatch.setattr(launch, "require_terminal", lambda: None)
     live = start_agent("solo", 1)
     seen = {}
 

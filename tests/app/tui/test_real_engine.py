@@ -65,7 +65,9 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
         assert repl.start.world_size == 2 and repl.start.window == app.defaults["window"]
         # What is drawn is what the engine itself reports.
         source = next(r for r in repl.done.report["ranks"] if r["rank"] == 0)
-        assert repl.peak_lanes == source["window"]["peak_occupancy"] <= repl.start.window
+        # On one host the receivers copy from the source's page cache: the source's window then moves
+        # nothing over the network and its report has no occupancy; the lanes must say the same.
+        assert repl.peak_lanes == source["window"].get("peak_occupancy", 0) <= repl.start.window
         assert repl.bytes_done == repl.done.report["bytes"]
         assert "buckets 2/2" in str(run.query_one(BucketLanes).render())
         assert run.query_one(ProgressEta).status == "done"
