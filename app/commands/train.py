@@ -9,10 +9,22 @@ stderr. SIGINT/SIGTERM stop the run cleanly: workers are stopped, the last good 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 
 HELP = "train a small model on every selected device (mixed vendors), merged by samples"
+
+
+def finite_float(text: str) -> float:
+    """A float that is a real number: nan, inf and overflowing literals (1e999) are usage errors."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r})")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("training")
     run.add_argument("--steps", type=int, default=200, help="steps of the merged model (default 200)")
     run.add_argument("--batch-size", type=int, default=16, help="samples per batch and chunk (default 16)")
-    run.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    run.add_argument("--lr", type=finite_float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     run.add_argument("--merge-every", type=int, default=20, help="steps between merge rounds (default 20)")
     run.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                      help="rounds between held-out evaluations of the workers' and the merged model "
@@ -47,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ck.add_argument("--keep-checkpoints", type=int, default=3, metavar="N")
     ck.add_argument("--resume", action="store_true", help="continue from the last good checkpoint in --checkpoint-dir")
     h = parser.add_argument_group("health")
-    h.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="S", help="silence before a worker is lost")
-    h.add_argument("--stall-timeout", type=float, default=300.0, metavar="S", help="no progress while holding work")
-    h.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help="gloo rendezvous/collective timeout")
+    h.add_argument("--heartbeat-timeout", type=finite_float, default=30.0, metavar="S", help="silence before a worker is lost")
+    h.add_argument("--stall-timeout", type=finite_float, default=300.0, metavar="S", help="no progress while holding work")
+    h.add_argument("--group-timeout", type=finite_float, default=120.0, metavar="S", help="gloo rendezvous/collective timeout")
     out = parser.add_argument_group("output")
     out.add_argument("--events", metavar="FILE", help="write events as JSON lines to FILE ('-' = stdout, humans to stderr)")
     out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")

@@ -51,7 +51,8 @@ class LineReader:
 
 
 def encode(msg: dict[str, Any]) -> bytes:
-    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    # allow_nan=False: bare NaN is not JSON; a non-finite number here is a bug, not data.
+    return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
 class WorkerChannel:

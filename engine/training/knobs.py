@@ -11,7 +11,8 @@
 
 ``HWTUI_TEST_FAULT=RANK:ACTION:WHEN[,...]``
     ACTION is ``kill`` (the worker SIGKILLs itself: an abrupt death, like an OOM kill or a driver
-    reset) or ``stall`` (it SIGSTOPs itself: a hang, heartbeats stop too). WHEN is ``chunk=N``
+    reset), ``stall`` (it SIGSTOPs itself: a hang, heartbeats stop too) or ``nan`` (it writes NaN
+    into its first weight: a diverged model, which must stop the run without a checkpoint). WHEN is ``chunk=N``
     (after its N-th trained chunk) or ``merge=N`` (on entering merge round N, while the others sit
     in the collective).
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Fault:
-    action: str  # kill | stall
+    action: str  # kill | stall | nan
     trigger: str  # chunk | merge
     at: int
 
@@ -54,7 +55,7 @@ def faults(rank: int, env: Mapping[str, str] | None = None) -> list[Fault]:
     for part in filter(None, env.get("HWTUI_TEST_FAULT", "").split(",")):
         r, action, when = part.split(":")
         trigger, _, at = when.partition("=")
-        if r.strip() == str(rank) and action in ("kill", "stall") and trigger in ("chunk", "merge"):
+        if r.strip() == str(rank) and action in ("kill", "stall", "nan") and trigger in ("chunk", "merge"):
             out.append(Fault(action, trigger, int(at)))
     return out
 

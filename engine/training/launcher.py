@@ -131,6 +131,7 @@ class Coordinator:
         self.merge_losses: dict[int, float] = {}
         self.reduced_losses: dict[int, float] = {}
         self.stop_reason: str | None = None
+        self.failure: str | None = None  # why the run must end as failed (a worker diverged)
         self.final_loss: float | None = None
         self.awaiting_writer: int | None = None  # round whose merged report we still wait for
         self.t0 = time.monotonic()
@@ -279,6 +280,9 @@ class Coordinator:
                 raise TrainingError(text if text.startswith(w.device) else f"{w.device}: {text}")
             self.sink(ErrorEvent(message=f"{w.device}: {msg.get('message')}", rank=w.rank, where="worker"))
             return  # its exit follows; _lost handles it
+        if op == "diverged":
+            self._diverged(w, msg)
+            return
         if op == "merged":
             self._merged(w, msg)
             return
@@ -294,6 +298,17 @@ class Coordinator:
         if op in ("merge_failed", "reduced"):
             w.in_merge = False
         w.pending = msg
+
+    def _diverged(self, w: WorkerState, msg: dict[str, Any]) -> None:
+        """A worker hit a NaN/inf: the run stops as failed, this round is never merged or saved."""
+        if self.failure:
+            return
+        where = f"chunk {msg['chunk']}, " if msg.get("chunk") is not None else ""
+        kept = self.checkpoints[-1]["path"] if self.checkpoints else (self.init_from or "none")
+        self.failure = (f"worker {w.rank} ({w.device}) diverged: {msg.get('what')} is {msg.get('value')} at its step "
+                        f"{msg.get('worker_step')} ({where}round {self.round}, merged model at step {self.step}); "
+                        f"round not merged, no checkpoint written (last good checkpoint: {kept}); "
+                        f"try a lower --lr")
 
     def _chunk_done(self, w: WorkerState, done: dict[str, Any]) -> None:
         self.queue.complete(w.rank, done["chunk"])
@@ -348,7 +363,7 @@ class Coordinator:
                 self._lost(w, reason)
 
     def _lost(self, w: WorkerState, reason: str) -> None:
-        if not w.alive:
+        if not w.alive or self.failure:
             return
         if self.phase == "starting":
             raise TrainingError(f"{w.device} failed to start: {reason}")
@@ -533,6 +548,9 @@ class Coordinator:
         started = time.monotonic()
         while True:
             self._pump(0.05)
+            if self.failure:
+                self.sink(ErrorEvent(message=self.failure, where="train"))
+                return False
             if self.stop_reason:
                 self.sink(ErrorEvent(message=f"stopped: {self.stop_reason}; last good checkpoint kept", where="train"))
                 return False

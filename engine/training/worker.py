@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import sys
@@ -28,6 +29,24 @@ from typing import Any
 
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or weight: training cannot go on, and nothing of it may be merged or saved."""
+
+    def __init__(self, what: str, value: float, chunk: int | None = None):
+        super().__init__(f"{what} is {value}")
+        self.what, self.value, self.chunk = what, value, chunk
+
+
+def first_non_finite(tensors: dict[str, Any]) -> str | None:
+    """The name of the first floating tensor holding a NaN or an infinity, else None."""
+    import torch
+
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def _die_with_parent() -> None:
@@ -112,7 +131,12 @@ class Worker:
     # -- work ----------------------------------------------------------------------------------
     def _fault(self, trigger: str, count: int) -> None:
         for fault in self.faults:
-            if fault.trigger == trigger and fault.at == count:
+            if fault.trigger == trigger and fault.at == count and fault.action == "nan":
+                import torch
+
+                with torch.no_grad():
+                    next(self.model.parameters()).fill_(math.nan)
+            elif fault.trigger == trigger and fault.at == count:
                 os.kill(os.getpid(), signal.SIGKILL if fault.action == "kill" else signal.SIGSTOP)
 
     def _clock(self) -> tuple[float, float]:
@@ -151,6 +175,8 @@ class Worker:
         value = float(loss.detach())  # .item() synchronises the device too
         self._slow_down(since)
         self.chunks_trained += 1
+        if not math.isfinite(value):
+            raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
         return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
 
@@ -165,6 +191,8 @@ class Worker:
         with torch.no_grad(), self.dev.autocast(self.precision):
             value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
         self._slow_down(since)
+        if not math.isfinite(value):
+            raise Diverged("the held-out loss", value)
         return value
 
     def regroup(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +212,9 @@ class Worker:
         self._fault("merge", msg["round"])
         loss_local = self.evaluate() if msg.get("evaluate", True) else None  # only on evaluation rounds
         tensors = M.model_tensors(self.model)
+        bad = first_non_finite(tensors)
+        if bad is not None:  # checked before the collective: a poisoned copy never reaches the others
+            raise Diverged(f"weight {bad}", math.nan)
         averaged_opt = self.cfg["optimizer_state"] == "average"
         if averaged_opt:
             tensors |= {f"opt:{k}": v for k, v in M.optimizer_tensors(self.opt, self.model).items()}
@@ -193,6 +224,9 @@ class Worker:
             reply = self.chan.request({"op": "merge_failed", "round": msg["round"], "error": f"{type(exc).__name__}: {exc}"},
                                       self.reply_timeout)
             return self.dispatch(reply)
+        bad = first_non_finite(merged)
+        if bad is not None:  # finite inputs can still overflow when summed: never apply or save that
+            raise Diverged(f"merged tensor {bad}", math.nan)
         reply = self.chan.request({"op": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
                                   self.reply_timeout)
         if reply["op"] != "commit":
@@ -299,6 +333,12 @@ def main() -> int:
         worker.loop()
         return 0
     except ChannelClosed:
+        return 1
+    except Diverged as exc:
+        # Strings, not floats: a NaN is not JSON, and this message must get through.
+        with contextlib.suppress(OSError):
+            chan.send({"op": "diverged", "what": exc.what, "value": str(exc.value), "chunk": exc.chunk,
+                       "worker_step": worker.chunks_trained})
         return 1
     except Exception as exc:  # reported to the coordinator as one line, never a traceback on the user
         with contextlib.suppress(OSError):
