@@ -136,17 +136,19 @@ class Child:
 
     ``answer_pipe=True`` passes the write end of a pipe to the child; its fd number is available
     as ``answer_fd_arg`` before start (put it in argv with ``{answer_fd}``) and the parent reads
-    messages from it. stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"``.
+    messages from it. stdin/stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"`` (stdin
+    ``"pipe"``: a command channel the parent writes to, as the training coordinator does).
     """
 
     def __init__(self, argv: Sequence[str], *, name: str = "", env: Mapping[str, str] | None = None,
                  answer_pipe: bool = False, stdout: str = "null", stderr: str = "pipe",
-                 cwd: str | None = None, text: bool = False):
+                 cwd: str | None = None, text: bool = False, stdin: str = "null"):
         self.name = name or Path(argv[0]).name
         self._argv = list(argv)
         self._env = env
         self._answer_pipe = answer_pipe
         self._stdout = stdout
+        self._stdin = stdin
         self._stderr = stderr
         self._cwd = cwd
         self._text = text
@@ -168,7 +170,7 @@ class Child:
         kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
-                argv, stdin=subprocess.DEVNULL, stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
+                argv, stdin=self._stream(self._stdin), stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
                 pass_fds=(wfd,) if wfd is not None else (), start_new_session=True,
                 env=child_env(self._env), cwd=self._cwd, **kwargs,
             )

@@ -4,6 +4,7 @@ Layout under ``--checkpoint-dir``::
 
     ckpt-00000040/model.safetensors       merged weights
     ckpt-00000040/optimizer.safetensors   merged optimizer state (policy "average" only)
+    ckpt-00000040/outer.safetensors       outer Nesterov momentum (--merge outer-nesterov only)
     ckpt-00000040/manifest.json           step, round, next chunk, which device/vendor trained
                                           what, sha256 of each file -- written last
     latest.json                           {"dir": "ckpt-00000040", ...}, replaced atomically
@@ -37,6 +38,7 @@ SCHEMA = "hwtui.train-checkpoint/1"
 LATEST = "latest.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+OUTER_FILE = "outer.safetensors"  # the outer optimizer's momentum (--merge outer-nesterov only)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 4 << 20  # a real manifest is a few KB; anything near this is not ours
 _CKPT_NAME = re.compile(r"ckpt-\d{8,}")
@@ -73,9 +75,9 @@ def _write_tensors(path: Path, tensors: dict[str, Any]) -> None:
 
 
 def save(root: str | os.PathLike[str], step: int, model: dict[str, Any], optimizer: dict[str, Any] | None,
-         manifest: dict[str, Any], keep: int = 3) -> Path:
+         manifest: dict[str, Any], keep: int = 3, outer: dict[str, Any] | None = None) -> Path:
     """Write and commit one checkpoint; returns its directory. Keeps the newest ``keep``."""
-    for part in (model, optimizer or {}):
+    for part in (model, optimizer or {}, outer or {}):
         for key, t in part.items():
             if t.is_floating_point() and not bool(t.isfinite().all()):
                 # Last line of defence: a diverged model must never become "the last good checkpoint".
@@ -85,7 +87,7 @@ def save(root: str | os.PathLike[str], step: int, model: dict[str, Any], optimiz
     name = f"ckpt-{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
     try:
-        files = {MODEL_FILE: model} | ({OPTIMIZER_FILE: optimizer} if optimizer else {})
+        files = {MODEL_FILE: model} | ({OPTIMIZER_FILE: optimizer} if optimizer else {}) | ({OUTER_FILE: outer} if outer else {})
         hashes = {}
         for fname, tensors in files.items():
             _write_tensors(tmp / fname, tensors)
@@ -147,8 +149,9 @@ def verify(path: Path) -> dict[str, Any]:
     step, files = doc.get("step"), doc.get("files")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{path}: manifest step {step!r} is not a step number")
-    if not isinstance(files, dict) or MODEL_FILE not in files or not set(files) <= {MODEL_FILE, OPTIMIZER_FILE}:
-        raise CheckpointError(f"{path}: manifest must list {MODEL_FILE} (and optionally {OPTIMIZER_FILE}) only")
+    if not isinstance(files, dict) or MODEL_FILE not in files or not set(files) <= {MODEL_FILE, OPTIMIZER_FILE, OUTER_FILE}:
+        raise CheckpointError(f"{path}: manifest must list {MODEL_FILE} (and optionally {OPTIMIZER_FILE}, "
+                              f"{OUTER_FILE}) only")
     for fname, digest in files.items():
         target = path / fname
         if not isinstance(digest, str) or not target.is_file() or _sha256(target) != digest:
@@ -179,3 +182,10 @@ def load_tensors(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     model = load_file(str(path / MODEL_FILE))
     opt = load_file(str(path / OPTIMIZER_FILE)) if (path / OPTIMIZER_FILE).is_file() else None
     return model, opt
+
+
+def load_outer(path: Path) -> dict[str, Any] | None:
+    """The outer optimizer's momentum, if the checkpoint has one."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path / OUTER_FILE)) if (path / OUTER_FILE).is_file() else None
