@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "hwtui.app.commands.plan",
     "replicate": "hwtui.app.commands.replicate",
     "train": "hwtui.app.commands.train",
+    "eval": "hwtui.app.commands.eval",
+    "sample": "hwtui.app.commands.sample",
     "cluster": "hwtui.app.commands.cluster",
 }
 
