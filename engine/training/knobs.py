@@ -2,12 +2,10 @@
 
 ``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
     Make worker RANK take FACTOR times as long per batch and per held-out evaluation (it sleeps
-    ``(FACTOR-1) x`` the measured compute time after each -- the thread's CPU time on a CPU
-    worker, so time other processes held the core is not scaled; calibration reports FACTOR
-    times less).
-    It scales the worker's own compute time, so it applies the same whether the worker runs alone
-    or beside others. The balancing benchmark uses it to build unequal workers on a
-    CPU-only machine; sleeping rather than spinning keeps the other worker's core free.
+    ``(FACTOR-1) x`` the wall time of each, waits for a busy core included, so beside a fast
+    worker that waits the same it is FACTOR times slower; calibration reports FACTOR times less).
+    The balancing benchmark uses it to build unequal workers on a CPU-only machine and prints
+    the slow/fast ratio it actually got; sleeping rather than spinning keeps the core free.
 
 ``HWTUI_TEST_FAULT=RANK:ACTION:WHEN[,...]``
     ACTION is ``kill`` (the worker SIGKILLs itself: an abrupt death, like an OOM kill or a driver
