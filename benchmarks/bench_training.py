@@ -15,6 +15,11 @@ the solo runs and inside the pair run is printed next to the target FACTOR. Each
 share per worker (1 - its training seconds / the round's wall time) comes from the run report:
 the largest is printed (target: no worker idles more than 10% of a round).
 
+On a shared machine the load drifts between runs, and solo runs one after another then measure
+another machine than the pair: a figure above 1 is that drift, not a gain. ``--repeats`` takes
+the median, and the ``in-run`` figure (the pair's rate over the sum of its own workers' training
+rates inside the same run, which also charges merges and idling) is printed beside it.
+
 **Loss at equal samples** (``--loss``): the synchronous baseline in the same harness -- one
 worker, batch 2B, S steps -- against two workers of batch B, S steps each (the same samples, the
 same number of optimizer steps of the merged model) with ``--merge average`` and ``--merge
@@ -90,7 +95,8 @@ def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> Non
     s, b, m, f = args.steps, args.batch_size, args.merge_every, args.factor
     slow_steps = max(m, math.ceil(s / f / m) * m)  # whole rounds, about as long in time as the fast solo
     balances = [x for x in args.balances.split(",") if x]
-    per: dict[str, dict[str, list[float]]] = {x: {"eff": [], "idle": [], "knob": [], "rate": []} for x in balances}
+    per: dict[str, dict[str, list[float]]] = {x: {"eff": [], "in_run": [], "idle": [], "knob": [], "rate": []}
+                                              for x in balances}
     knob_solo: list[float] = []
     solos: dict[str, list[float]] = {"fast": [], "slow": []}
     for i in range(args.repeats):
@@ -106,6 +112,8 @@ def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> Non
             rep = train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}", eval_every=10 ** 6)
             rate = rep["samples_per_s"]
             per[balance]["eff"].append(rate / ideal)
+            # Immune to load drift between runs: the pair against its own workers' training rates.
+            per[balance]["in_run"].append(rate / sum(w["busy_samples_per_s"] for w in rep["workers"]))
             per[balance]["idle"].append(max_idle(rep))
             per[balance]["knob"].append(seconds_per_batch(rep, 1) / seconds_per_batch(rep, 0))
             per[balance]["rate"].append(rate)
@@ -119,10 +127,11 @@ def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> Non
     for balance in balances:
         e = per[balance]
         figures["efficiency"][balance] = {"efficiency": round(med(e["eff"]), 4), "runs": [round(x, 4) for x in e["eff"]],
+                                          "efficiency_in_run": round(med(e["in_run"]), 4),
                                           "max_idle_share": round(med(e["idle"]), 4), "knob_ratio": round(med(e["knob"]), 3),
                                           "samples_per_s": e["rate"]}
         print(f"{balance:8s}: efficiency (solo) {med(e['eff']):.3f} [runs {', '.join(f'{x:.3f}' for x in e['eff'])}]; "
-              f"max idle share of a round {med(e['idle']):.1%} (target <= 10%)")
+              f"in-run {med(e['in_run']):.3f}; max idle share of a round {med(e['idle']):.1%} (target <= 10%)")
 
 
 def loss_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
