@@ -42,6 +42,8 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "hwtui.app.commands.plan",
     "replicate": "hwtui.app.commands.replicate",
     "train": "hwtui.app.commands.train",
+    "eval": "hwtui.app.commands.eval",
+    "sample": "hwtui.app.commands.sample",
     "cluster": "hwtui.app.commands.cluster",
     "setup": "hwtui.app.commands.setup",
     "agent": "hwtui.app.commands.agent",

@@ -136,19 +136,19 @@ class Child:
 
     ``answer_pipe=True`` passes the write end of a pipe to the child; its fd number is available
     as ``answer_fd_arg`` before start (put it in argv with ``{answer_fd}``) and the parent reads
-    messages from it. stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"``; ``stdin="pipe"``
-    gives a command channel into a resident child (``send`` writes one JSON-lines message).
+    messages from it. stdin/stdout/stderr are ``"pipe"``, ``"inherit"`` or ``"null"`` (stdin
+    ``"pipe"``: a command channel the parent writes to, as the training coordinator does).
     """
 
     def __init__(self, argv: Sequence[str], *, name: str = "", env: Mapping[str, str] | None = None,
                  answer_pipe: bool = False, stdout: str = "null", stderr: str = "pipe",
                  cwd: str | None = None, text: bool = False, stdin: str = "null"):
         self.name = name or Path(argv[0]).name
-        self._stdin = stdin
         self._argv = list(argv)
         self._env = env
         self._answer_pipe = answer_pipe
         self._stdout = stdout
+        self._stdin = stdin
         self._stderr = stderr
         self._cwd = cwd
         self._text = text

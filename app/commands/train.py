@@ -9,10 +9,22 @@ stderr. SIGINT/SIGTERM stop the run cleanly: workers are stopped, the last good 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 
 HELP = "train a small model on every selected device (mixed vendors), merged by samples"
+
+
+def finite_float(text: str) -> float:
+    """A float that is a real number: nan, inf and overflowing literals (1e999) are usage errors."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number (got {text!r})")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,11 +35,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("training")
     run.add_argument("--steps", type=int, default=200, help="steps of the merged model (default 200)")
     run.add_argument("--batch-size", type=int, default=16, help="samples per batch and chunk (default 16)")
-    run.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    run.add_argument("--lr", type=finite_float, default=3e-3, help="AdamW learning rate (default 3e-3)")
     run.add_argument("--merge-every", type=int, default=20, help="steps between merge rounds (default 20)")
     run.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                      help="rounds between held-out evaluations of the workers' and the merged model "
                           "(default 5; the last round is always evaluated; evaluation costs training time)")
+    run.add_argument("--merge", choices=("average", "outer-nesterov"), default="average",
+                     help="how copies are merged each round: average = sample-weighted mean of the weights "
+                          "(default); outer-nesterov = DiLoCo's outer SGD step with Nesterov momentum on the "
+                          "sample-weighted mean of the workers' deltas")
+    run.add_argument("--outer-lr", type=finite_float, default=0.7, help="outer learning rate for outer-nesterov (default 0.7)")
+    run.add_argument("--outer-momentum", type=finite_float, default=0.9,
+                     help="outer Nesterov momentum, in [0, 1) (default 0.9)")
+    run.add_argument("--eval-windows", type=int, default=256, metavar="N",
+                     help="held-out windows per evaluation during training (default 256; `hwtui eval` measures more)")
     run.add_argument("--balance", choices=("dynamic", "equal", "static"), default="dynamic",
                      help="dynamic: chunks claimed as devices free up (default); equal: same share each; "
                           "static: shares from a measured calibration")
@@ -45,11 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ck.add_argument("--checkpoint-dir", metavar="DIR", help="write a checkpoint after merge rounds")
     ck.add_argument("--checkpoint-every", type=int, default=1, metavar="ROUNDS", help="rounds between checkpoints (default 1)")
     ck.add_argument("--keep-checkpoints", type=int, default=3, metavar="N")
-    ck.add_argument("--resume", action="store_true", help="continue from the last good checkpoint in --checkpoint-dir")
+    ck.add_argument("--resume", action="store_true", help="continue from the last good checkpoint in --checkpoint-dir "
+                                                          "(refused if a hyper-parameter changed, unless --override names it; "
+                                                          "rounds recorded after the checkpoint are replayed exactly)")
+    ck.add_argument("--override", metavar="NAMES", default="",
+                    help="with --resume: comma list of hyper-parameters allowed to differ from the checkpoint's "
+                         "(batch-size, lr, merge-every, seed, optimizer-state, merge, outer-lr, outer-momentum, "
+                         "balance, precision)")
+    ck.add_argument("--replay-assignment", metavar="FILE", help="train exactly the chunk assignment recorded in FILE (a --report "
+                                                     "or a checkpoint dir's assignments.json): with the same seed, "
+                                                     "the same run bit for bit, whatever --balance")
     h = parser.add_argument_group("health")
-    h.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="S", help="silence before a worker is lost")
-    h.add_argument("--stall-timeout", type=float, default=300.0, metavar="S", help="no progress while holding work")
-    h.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help="gloo rendezvous/collective timeout")
+    h.add_argument("--heartbeat-timeout", type=finite_float, default=30.0, metavar="S", help="silence before a worker is lost")
+    h.add_argument("--stall-timeout", type=finite_float, default=300.0, metavar="S", help="no progress while holding work")
+    h.add_argument("--group-timeout", type=finite_float, default=120.0, metavar="S", help="gloo rendezvous/collective timeout")
     out = parser.add_argument_group("output")
     out.add_argument("--events", metavar="FILE", help="write events as JSON lines to FILE ('-' = stdout, humans to stderr)")
     out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")
@@ -58,16 +88,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _positive(args: argparse.Namespace) -> None:
     from hwtui.core.errors import HwtuiError
 
-    for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every", "eval_every"):
+    for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every", "eval_every",
+                 "eval_windows"):
         if getattr(args, name) < 1:
             raise HwtuiError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if not args.lr > 0:
         raise HwtuiError(f"--lr must be positive (got {args.lr})")
     if args.d_model % args.heads:
         raise HwtuiError(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
-    for name in ("heartbeat_timeout", "stall_timeout", "group_timeout"):
+    for name in ("heartbeat_timeout", "stall_timeout", "group_timeout", "outer_lr"):
         if not getattr(args, name) > 0:
             raise HwtuiError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= args.outer_momentum < 1:
+        raise HwtuiError(f"--outer-momentum must be in [0, 1) (got {args.outer_momentum})")
+    if args.override and not args.resume:
+        raise HwtuiError("--override goes with --resume (it names what may differ from the checkpoint)")
 
 
 def resolve_devices(args: argparse.Namespace) -> list:
@@ -142,9 +177,29 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError("--resume needs --checkpoint-dir")
 
     from hwtui.core.events import Fanout, JsonlWriter
-    from hwtui.engine.training.launcher import Coordinator, TrainConfig, TrainingError
-    from hwtui.engine.training.model import ModelConfig
+    from hwtui.engine.training.config import ConfigError, ModelConfig, TrainConfig, TrainingError
+    from hwtui.engine.training.launcher import Coordinator
     from hwtui.engine.training.report import write_report
+    from hwtui.engine.training.resume import read_assignments
+
+    overrides = frozenset(x.strip().replace("-", "_") for x in args.override.split(",") if x.strip())
+    try:
+        replay = read_assignments(args.replay_assignment) if args.replay_assignment else {}
+        if args.replay_assignment and not replay:
+            raise HwtuiError(f"--replay-assignment {args.replay_assignment}: no such file, or no round recorded in it")
+        cfg = TrainConfig(
+            devices=tuple(refs), steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
+            merge=args.merge, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+            eval_every=args.eval_every, eval_windows=args.eval_windows, balance=args.balance,
+            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints, resume=args.resume, overrides=overrides, replay=replay,
+            seed=args.seed, precision=args.precision, activation_checkpointing=args.activation_checkpointing,
+            optimizer_state=args.optimizer_state,
+            model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
+            heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
+        )
+    except (ConfigError, TrainingError) as exc:
+        raise HwtuiError(str(exc)) from None
 
     to_stdout = args.events == "-"
     human = _Printer(sys.stderr if to_stdout else sys.stdout)
@@ -152,14 +207,6 @@ def run(args: argparse.Namespace) -> int:
         writer = JsonlWriter(args.events) if args.events else None
     except OSError as exc:
         raise HwtuiError(f"--events {args.events}: {exc.strerror}") from None
-    cfg = TrainConfig(
-        devices=refs, steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
-        eval_every=args.eval_every, balance=args.balance, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints, resume=args.resume, seed=args.seed, precision=args.precision,
-        activation_checkpointing=args.activation_checkpointing, optimizer_state=args.optimizer_state,
-        model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
-        heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
-    )
     coord = Coordinator(cfg, Fanout(human, writer))
     received: list[int] = []
 

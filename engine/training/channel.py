@@ -1,73 +1,54 @@
-"""JSON lines over pipes between the coordinator and its workers.
+"""The worker's end of its two pipes to the coordinator: commands in on stdin, answers out on the
+answer pipe that :mod:`hwtui.core.supervisor` passed it (never stdout, which libraries print to).
 
-Only JSON crosses the process boundary (never pickle): the coordinator writes commands to a
-worker's stdin, the worker answers on a dedicated pipe (not stdout, which libraries print to).
-Every read has a deadline.
+Messages are the supervisor's envelope: JSON objects with a ``"kind"``, one per line, read with
+its bounded :class:`~hwtui.core.supervisor.LineReader` and written with ``allow_nan=False`` (a NaN
+is a bug upstream, and bare NaN is not JSON). Only JSON crosses: never pickle. Every read has a
+deadline.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import threading
 import time
 from typing import Any
 
+from hwtui.core.supervisor import LineReader, decode_message, encode_message
+
 
 class ChannelClosed(EOFError):
     pass
-
-
-class LineReader:
-    """Non-blocking line splitter over a file descriptor."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.buf = b""
-        self.closed = False
-
-    def feed(self) -> list[dict[str, Any]]:
-        """Read what is available (call when select says readable); returns complete messages."""
-        try:
-            data = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return []
-        if not data:
-            self.closed = True
-            return []
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        out = []
-        for line in lines:
-            if line.strip():
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue  # a torn or foreign line: ignore rather than crash the coordinator
-                if isinstance(msg, dict):
-                    out.append(msg)
-        return out
-
-
-def encode(msg: dict[str, Any]) -> bytes:
-    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
 
 
 class WorkerChannel:
     """The worker's end: send on ``out_fd`` (thread-safe), receive commands from ``in_fd``."""
 
     def __init__(self, in_fd: int, out_fd: int):
-        self.reader = LineReader(in_fd)
+        self.in_fd = in_fd
+        self.reader = LineReader()
         self.out_fd = out_fd
         self.lock = threading.Lock()
         self.pending: list[dict[str, Any]] = []
+        self.closed = False
 
     def send(self, msg: dict[str, Any]) -> None:
-        data = encode(msg)
+        data = encode_message(msg)
         with self.lock:
             while data:
                 data = data[os.write(self.out_fd, data):]
+
+    def _read(self) -> None:
+        chunk = os.read(self.in_fd, 1 << 16)
+        if not chunk:
+            self.closed = True
+        for line in self.reader.feed(chunk):
+            msg = decode_message(line)
+            if msg is not None and isinstance(msg.get("kind"), str):
+                self.pending.append(msg)
+        if self.closed and not self.pending:
+            raise ChannelClosed("the coordinator went away")
 
     def recv(self, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -75,21 +56,17 @@ class WorkerChannel:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no word from the coordinator in {timeout:.0f}s")
-            ready, _, _ = select.select([self.reader.fd], [], [], left)
+            ready, _, _ = select.select([self.in_fd], [], [], left)
             if ready:
-                self.pending.extend(self.reader.feed())
-                if self.reader.closed and not self.pending:
-                    raise ChannelClosed("the coordinator went away")
+                self._read()
         return self.pending.pop(0)
 
     def poll(self) -> dict[str, Any] | None:
         """The next command if one has already arrived, else None (never waits)."""
         if not self.pending:
-            ready, _, _ = select.select([self.reader.fd], [], [], 0)
+            ready, _, _ = select.select([self.in_fd], [], [], 0)
             if ready:
-                self.pending.extend(self.reader.feed())
-                if self.reader.closed and not self.pending:
-                    raise ChannelClosed("the coordinator went away")
+                self._read()
         return self.pending.pop(0) if self.pending else None
 
     def request(self, msg: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -4,6 +4,7 @@ Layout under ``--checkpoint-dir``::
 
     ckpt-00000040/model.safetensors       merged weights
     ckpt-00000040/optimizer.safetensors   merged optimizer state (policy "average" only)
+    ckpt-00000040/outer.safetensors       outer Nesterov momentum (--merge outer-nesterov only)
     ckpt-00000040/manifest.json           step, round, next chunk, which device/vendor trained
                                           what, sha256 of each file -- written last
     latest.json                           {"dir": "ckpt-00000040", ...}, replaced atomically
@@ -23,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -36,7 +38,10 @@ SCHEMA = "hwtui.train-checkpoint/1"
 LATEST = "latest.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+OUTER_FILE = "outer.safetensors"  # the outer optimizer's momentum (--merge outer-nesterov only)
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 4 << 20  # a real manifest is a few KB; anything near this is not ours
+_CKPT_NAME = re.compile(r"ckpt-\d{8,}")
 
 
 class CheckpointError(RuntimeError):
@@ -70,14 +75,19 @@ def _write_tensors(path: Path, tensors: dict[str, Any]) -> None:
 
 
 def save(root: str | os.PathLike[str], step: int, model: dict[str, Any], optimizer: dict[str, Any] | None,
-         manifest: dict[str, Any], keep: int = 3) -> Path:
+         manifest: dict[str, Any], keep: int = 3, outer: dict[str, Any] | None = None) -> Path:
     """Write and commit one checkpoint; returns its directory. Keeps the newest ``keep``."""
+    for part in (model, optimizer or {}, outer or {}):
+        for key, t in part.items():
+            if t.is_floating_point() and not bool(t.isfinite().all()):
+                # Last line of defence: a diverged model must never become "the last good checkpoint".
+                raise CheckpointError(f"refusing to save step {step}: {key} holds NaN or infinity")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = f"ckpt-{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
     try:
-        files = {MODEL_FILE: model} | ({OPTIMIZER_FILE: optimizer} if optimizer else {})
+        files = {MODEL_FILE: model} | ({OPTIMIZER_FILE: optimizer} if optimizer else {}) | ({OUTER_FILE: outer} if outer else {})
         hashes = {}
         for fname, tensors in files.items():
             _write_tensors(tmp / fname, tensors)
@@ -87,7 +97,7 @@ def save(root: str | os.PathLike[str], step: int, model: dict[str, Any], optimiz
             time.sleep(delay)  # test-only: lets a test kill us mid-checkpoint
         doc = {"schema": SCHEMA, "step": step, **manifest, "files": hashes, "written": time.time()}
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1, default=str)
+            json.dump(doc, fh, indent=1, default=str, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_path(tmp)
@@ -118,15 +128,33 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """The manifest of a complete, unmodified checkpoint; CheckpointError otherwise."""
+    """The manifest of a complete, unmodified checkpoint; CheckpointError otherwise (never anything else).
+
+    The manifest is input like any file on disk: it must be a JSON object of the known schema, at
+    most ``MAX_MANIFEST_BYTES``, with an integer ``step`` and a ``files`` table that names only the
+    files a checkpoint holds (so a hostile manifest cannot make us hash ``../../etc/shadow``)."""
+    manifest = path / MANIFEST
     try:
-        doc = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: no readable manifest ({exc})") from None
-    if doc.get("schema") != SCHEMA:
-        raise CheckpointError(f"{path}: unknown checkpoint schema {doc.get('schema')!r}")
-    for fname, digest in doc.get("files", {}).items():
-        if not (path / fname).is_file() or _sha256(path / fname) != digest:
+        if not manifest.is_file():
+            raise CheckpointError(f"{path}: no manifest")
+        with open(manifest, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+        doc = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: no readable manifest ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise CheckpointError(f"{path}: not a {SCHEMA} manifest")
+    step, files = doc.get("step"), doc.get("files")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{path}: manifest step {step!r} is not a step number")
+    if not isinstance(files, dict) or MODEL_FILE not in files or not set(files) <= {MODEL_FILE, OPTIMIZER_FILE, OUTER_FILE}:
+        raise CheckpointError(f"{path}: manifest must list {MODEL_FILE} (and optionally {OPTIMIZER_FILE}, "
+                              f"{OUTER_FILE}) only")
+    for fname, digest in files.items():
+        target = path / fname
+        if not isinstance(digest, str) or not target.is_file() or _sha256(target) != digest:
             raise CheckpointError(f"{path}: {fname} is missing or does not match its sha256")
     return doc
 
@@ -135,9 +163,13 @@ def latest(root: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]] | None:
     """The newest good checkpoint: the one ``latest.json`` names if it verifies, else the newest that does."""
     root = Path(root)
     candidates: list[Path] = []
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        candidates.append(root / json.loads((root / LATEST).read_text())["dir"])
-    candidates += sorted((p for p in root.glob("ckpt-*") if p.is_dir()), reverse=True)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        pointer = root / LATEST
+        if pointer.is_file() and pointer.stat().st_size <= MAX_MANIFEST_BYTES:
+            name = json.loads(pointer.read_text(encoding="utf-8"))["dir"]
+            if isinstance(name, str) and _CKPT_NAME.fullmatch(name):  # a name, never a path elsewhere
+                candidates.append(root / name)
+    candidates += sorted((p for p in root.glob("ckpt-*") if p.is_dir() and _CKPT_NAME.fullmatch(p.name)), reverse=True)
     for path in candidates:
         with contextlib.suppress(CheckpointError):
             return path, verify(path)
@@ -150,3 +182,10 @@ def load_tensors(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     model = load_file(str(path / MODEL_FILE))
     opt = load_file(str(path / OPTIMIZER_FILE)) if (path / OPTIMIZER_FILE).is_file() else None
     return model, opt
+
+
+def load_outer(path: Path) -> dict[str, Any] | None:
+    """The outer optimizer's momentum, if the checkpoint has one."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path / OUTER_FILE)) if (path / OUTER_FILE).is_file() else None

@@ -59,10 +59,10 @@ def load_corpus(root: Path | None = None, max_bytes: int = DEFAULT_MAX_BYTES) ->
         parts[held].append(data)
         sizes[held] += len(data)
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(data).digest())
-    train, held = b"".join(parts[False]), b"".join(parts[True])
+    train_text, held_text = b"".join(parts[False]), b"".join(parts[True])
     return Corpus(
-        train=torch.frombuffer(bytearray(train), dtype=torch.uint8),
-        heldout=torch.frombuffer(bytearray(held), dtype=torch.uint8),
+        train=torch.frombuffer(bytearray(train_text), dtype=torch.uint8),
+        heldout=torch.frombuffer(bytearray(held_text), dtype=torch.uint8),
         fingerprint=digest.hexdigest()[:16], files=len(parts[False]) + len(parts[True]),
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 
 
 class HeartbeatSender(threading.Thread):
-    """Worker side: send ``{"op": "hb", ...info()}`` every ``interval`` seconds until stopped."""
+    """Worker side: send ``{"kind": "hb", ...info()}`` every ``interval`` seconds until stopped."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None], interval: float, info: Callable[[], dict[str, Any]]):
         super().__init__(name="hwtui-heartbeat", daemon=True)
@@ -31,7 +31,7 @@ class HeartbeatSender(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
             try:
-                self._send({"op": "hb", **self._info()})
+                self._send({"kind": "hb", **self._info()})
             except OSError:  # the coordinator is gone; the main loop will notice and exit
                 return
 

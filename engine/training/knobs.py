@@ -2,16 +2,15 @@
 
 ``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
     Make worker RANK take FACTOR times as long per batch and per held-out evaluation (it sleeps
-    ``(FACTOR-1) x`` the measured compute time after each -- the thread's CPU time on a CPU
-    worker, so time other processes held the core is not scaled; calibration reports FACTOR
-    times less).
-    It scales the worker's own compute time, so it applies the same whether the worker runs alone
-    or beside others. The balancing benchmark uses it to build unequal workers on a
-    CPU-only machine; sleeping rather than spinning keeps the other worker's core free.
+    ``(FACTOR-1) x`` the wall time of each, waits for a busy core included, so beside a fast
+    worker that waits the same it is FACTOR times slower; calibration reports FACTOR times less).
+    The balancing benchmark uses it to build unequal workers on a CPU-only machine and prints
+    the slow/fast ratio it actually got; sleeping rather than spinning keeps the core free.
 
 ``HWTUI_TEST_FAULT=RANK:ACTION:WHEN[,...]``
     ACTION is ``kill`` (the worker SIGKILLs itself: an abrupt death, like an OOM kill or a driver
-    reset) or ``stall`` (it SIGSTOPs itself: a hang, heartbeats stop too). WHEN is ``chunk=N``
+    reset), ``stall`` (it SIGSTOPs itself: a hang, heartbeats stop too) or ``nan`` (it writes NaN
+    into its first weight: a diverged model, which must stop the run without a checkpoint). WHEN is ``chunk=N``
     (after its N-th trained chunk) or ``merge=N`` (on entering merge round N, while the others sit
     in the collective).
 
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Fault:
-    action: str  # kill | stall
+    action: str  # kill | stall | nan
     trigger: str  # chunk | merge
     at: int
 
@@ -54,7 +53,7 @@ def faults(rank: int, env: Mapping[str, str] | None = None) -> list[Fault]:
     for part in filter(None, env.get("HWTUI_TEST_FAULT", "").split(",")):
         r, action, when = part.split(":")
         trigger, _, at = when.partition("=")
-        if r.strip() == str(rank) and action in ("kill", "stall") and trigger in ("chunk", "merge"):
+        if r.strip() == str(rank) and action in ("kill", "stall", "nan") and trigger in ("chunk", "merge"):
             out.append(Fault(action, trigger, int(at)))
     return out
 

@@ -6,32 +6,14 @@ trained on one Python's standard library loads on another without a vocabulary f
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-VOCAB = 256
+from hwtui.engine.training.config import VOCAB, ModelConfig
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    context: int = 64
-    d_model: int = 64
-    layers: int = 2
-    heads: int = 4
-    vocab: int = VOCAB
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def param_count(self) -> int:
-        """Exact parameter count without building the model (the memory check runs before torch work)."""
-        d, v, c = self.d_model, self.vocab, self.context
-        per_layer = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
-        return v * d + c * d + self.layers * per_layer + 2 * d + d * v + v
+__all__ = ["VOCAB", "CharTransformer", "ModelConfig", "build_model"]
 
 
 class Block(nn.Module):
@@ -67,7 +49,8 @@ class CharTransformer(nn.Module):
         self.register_buffer("positions", torch.arange(cfg.context, dtype=torch.int64))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(self.positions[: idx.shape[1]])
+        positions: torch.Tensor = self.positions  # type: ignore[assignment]  # a registered buffer
+        x = self.tok(idx) + self.pos(positions[: idx.shape[1]])
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
                 x = _checkpoint(block, x, use_reentrant=False)

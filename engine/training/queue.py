@@ -20,10 +20,11 @@ round commits only when each of its chunks is done exactly once by a live worker
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-BALANCES = ("dynamic", "equal", "static")
+from hwtui.engine.training.config import BALANCES
 
 
 class QueueError(RuntimeError):
@@ -62,17 +63,27 @@ class ChunkQueue:
         self.chunks: dict[int, Chunk] = {}
         self.requeued_total = 0
 
-    def start_round(self, round_no: int, n_chunks: int, ranks: list[int], weights: dict[int, float] | None = None) -> None:
+    def start_round(self, round_no: int, n_chunks: int, ranks: list[int], weights: dict[int, float] | None = None,
+                    assignment: Mapping[int, Sequence[int]] | None = None) -> bool:
+        """Open the next round. ``assignment`` (rank -> chunk ids, as :meth:`assignment` recorded
+        it) replays a recorded round: each chunk is owned by the rank that trained it, which then
+        trains its own in the same (ascending) order. Returns whether the assignment was used: it
+        is ignored (balance as usual) unless it covers exactly this round's chunks and live ranks."""
         if self.chunks and not self.complete():
             raise QueueError(f"round {self.round_no} still has unfinished chunks")
         self.round_no = round_no
         ids = list(range(self.next_chunk, self.next_chunk + n_chunks))
         self.next_chunk += n_chunks
         owners: list[int | None]
-        if self.balance == "dynamic":
+        replayed = False
+        if assignment is not None and set(assignment) <= set(ranks) and \
+                sorted(c for cs in assignment.values() for c in cs) == ids:
+            owner_of = {c: r for r, cs in assignment.items() for c in cs}
+            owners, replayed = [owner_of[c] for c in ids], True
+        elif self.balance == "dynamic":
             owners = [None] * n_chunks
         else:
-            counts = shares_from_weights(n_chunks, ranks, weights if self.balance == "static" else {})
+            counts = shares_from_weights(n_chunks, ranks, (weights or {}) if self.balance == "static" else {})
             # Deal round-robin while a rank still has quota, so each rank's chunks are spread over the round.
             owners, left = [], dict(counts)
             while len(owners) < n_chunks:
@@ -81,6 +92,7 @@ class ChunkQueue:
                         owners.append(r)
                         left[r] -= 1
         self.chunks = {cid: Chunk(cid, owner) for cid, owner in zip(ids, owners, strict=True)}
+        return replayed
 
     def claim(self, rank: int) -> int | None:
         """The next chunk for ``rank``: its own pre-assigned ones first, then ownerless ones."""
@@ -140,17 +152,22 @@ class ChunkQueue:
 
     def done_by(self) -> dict[int, int]:
         """Chunks done this round per rank (the merge weights, in chunks)."""
-        out: dict[int, int] = {}
+        return {r: len(cs) for r, cs in self.assignment().items()}
+
+    def assignment(self) -> dict[int, tuple[int, ...]]:
+        """Who trained what this round: rank -> the chunk ids it did, ascending (its training order)."""
+        out: dict[int, list[int]] = {}
         for chunk in self.chunks.values():
-            if chunk.state == "done":
-                out[chunk.rank] = out.get(chunk.rank, 0) + 1
-        return out
+            if chunk.state == "done" and chunk.rank is not None:
+                out.setdefault(chunk.rank, []).append(chunk.id)
+        return {r: tuple(sorted(cs)) for r, cs in sorted(out.items())}
 
     def round_record(self) -> dict[str, Any]:
         return {
             "round": self.round_no,
             "chunks": [min(self.chunks), max(self.chunks)] if self.chunks else [],
             "done_by": {str(r): n for r, n in sorted(self.done_by().items())},
+            "assignment": {str(r): list(cs) for r, cs in self.assignment().items()},
             "retrained": sorted(c.id for c in self.chunks.values()
                                 if sum(a["outcome"] != "lost-unstarted" for a in c.attempts) > 1),
             "attempts": {str(c.id): c.attempts for c in self.chunks.values() if len(c.attempts) > 1},

@@ -50,6 +50,7 @@ def build_report(coord: Any) -> dict[str, Any]:
         "train_seconds": round(wall, 3),
         "samples_per_s": round(sum(w["samples"] for w in workers) / wall, 3) if wall > 0 else None,
         "final_loss": coord.final_loss,
+        "failure": coord.failure,
         "workers": workers,
         "rounds": coord.rounds,
         "checkpoints": coord.checkpoints,
@@ -57,4 +58,4 @@ def build_report(coord: Any) -> dict[str, Any]:
 
 
 def write_report(path: str, report: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(redact(report), indent=1, default=str) + "\n")
+    atomic_write_text(path, json.dumps(redact(report), indent=1, default=str, allow_nan=False) + "\n")

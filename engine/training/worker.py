@@ -1,9 +1,10 @@
 """The worker process: one per device, started by the coordinator as a fresh interpreter.
 
-``python -m hwtui.engine.training.worker`` with two pipes: commands arrive as JSON lines on stdin
-(the first one is the configuration), answers leave on the file descriptor named by
-``HWTUI_TRAIN_FD``. stdout is the coordinator's stderr, so anything a vendor library prints can
-never corrupt ``--events -``.
+``python -m hwtui.engine.training.worker --answer-fd N``, started through hwtui.core.supervisor,
+with two pipes: commands arrive as JSON lines on stdin (the first one is the frozen, versioned
+:class:`~hwtui.engine.training.config.WorkerConfig`), answers leave on the answer pipe ``N``. Every
+message is an object with a ``"kind"``. The worker points its stdout at its stderr first thing,
+so anything a vendor library prints can never corrupt ``--events -``.
 
 Loop: claim a chunk -> train one batch on it -> report and claim the next. The coordinator may
 answer a claim with ``merge`` (the round's data is all trained), ``regroup`` (the set of live
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import sys
@@ -28,6 +30,25 @@ from typing import Any
 
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
+from hwtui.engine.training.config import ConfigError, WorkerConfig
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or weight: training cannot go on, and nothing of it may be merged or saved."""
+
+    def __init__(self, what: str, value: float, chunk: int | None = None):
+        super().__init__(f"{what} is {value}")
+        self.what, self.value, self.chunk = what, value, chunk
+
+
+def first_non_finite(tensors: dict[str, Any]) -> str | None:
+    """The name of the first floating tensor holding a NaN or an infinity, else None."""
+    import torch
+
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def _die_with_parent() -> None:
@@ -37,22 +58,22 @@ def _die_with_parent() -> None:
 
 
 class Worker:
-    def __init__(self, cfg: dict[str, Any], chan: WorkerChannel):
+    def __init__(self, cfg: WorkerConfig, chan: WorkerChannel):
         import torch
 
         from hwtui.engine.training.backend import TrainDevice
         from hwtui.engine.training.data import load_corpus
-        from hwtui.engine.training.model import ModelConfig
 
-        self.cfg, self.chan, self.rank = cfg, chan, cfg["rank"]
-        if cfg["backend"] == "cpu":
-            torch.set_num_threads(max(1, int(cfg.get("cpu_threads", 1))))
-        self.dev = TrainDevice(cfg["backend"], cfg["index"])
+        self.cfg, self.chan, self.rank = cfg, chan, cfg.rank
+        if cfg.backend == "cpu":
+            torch.set_num_threads(max(1, cfg.cpu_threads))
+        self.dev = TrainDevice(cfg.backend, cfg.index)
         self.dev.set_device()
-        self.precision = self.dev.resolve_precision(cfg["precision"])
-        self.mcfg = ModelConfig(**cfg["model"])
+        self.precision = self.dev.resolve_precision(cfg.precision)
+        self.mcfg = cfg.model
         self.corpus = load_corpus()
-        self.reply_timeout = float(cfg["reply_timeout"])
+        self.reply_timeout = float(cfg.reply_timeout)
+        self.outer: Any = None  # merge.OuterNesterov with --merge outer-nesterov
         self.slowdown = knobs.slowdown(self.rank)
         self.faults = knobs.faults(self.rank)
         self.chunks_trained = 0
@@ -64,30 +85,36 @@ class Worker:
 
         free, _total = self.dev.memory()
         if self.dev.spec.name == "cpu":
-            free //= max(1, int(self.cfg.get("cpu_workers", 1)))  # CPU ranks share host RAM
-        return check_fits(self.dev.name, self.mcfg, self.cfg["batch_size"], self.precision,
-                          self.cfg["activation_checkpointing"], free)
+            free //= max(1, self.cfg.cpu_workers)  # CPU ranks share host RAM
+        return check_fits(self.dev.name, self.mcfg, self.cfg.batch_size, self.precision,
+                          self.cfg.activation_checkpointing, free)
 
     def build(self) -> None:
+        from datetime import timedelta
+        from pathlib import Path
+
         import torch
 
         from hwtui.engine.training import checkpoint, merge
         from hwtui.engine.training.model import build_model
 
-        self.model = build_model(self.mcfg, self.cfg["seed"], self.cfg["activation_checkpointing"]).to(self.dev.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
-        if self.cfg["optimizer_state"] == "average":
+        cfg = self.cfg
+        self.model = build_model(self.mcfg, cfg.seed, cfg.activation_checkpointing).to(self.dev.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        if cfg.optimizer_state == "average":
             merge.ensure_optimizer_state(self.opt)
-        if self.cfg.get("init_from"):
-            from pathlib import Path
-
-            model_t, opt_t = checkpoint.load_tensors(Path(self.cfg["init_from"]))
+        outer_state = None
+        if cfg.init_from:
+            model_t, opt_t = checkpoint.load_tensors(Path(cfg.init_from))
             merge.load_model_tensors(self.model, model_t)
-            if opt_t and self.cfg["optimizer_state"] == "average":
+            if opt_t and cfg.optimizer_state == "average":
                 merge.load_optimizer_tensors(self.opt, self.model, opt_t)
+            outer_state = checkpoint.load_outer(Path(cfg.init_from))
+        if cfg.merge == "outer-nesterov":  # the anchor is the model every worker starts from
+            self.outer = merge.OuterNesterov(self.model, cfg.outer_lr, cfg.outer_momentum, outer_state)
         self.scaler = self.dev.grad_scaler(self.precision)
-        self.store = torch.distributed.TCPStore(self.cfg["store_host"], self.cfg["store_port"], is_master=False,
-                                                timeout=__import__("datetime").timedelta(seconds=self.cfg["group_timeout"]))
+        self.store = torch.distributed.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
+                                                timeout=timedelta(seconds=cfg.group_timeout))
 
     def calibrate(self, batches: int = 3) -> float:
         """Samples/s of forward+backward on this device, weights untouched (for --balance static)."""
@@ -96,8 +123,8 @@ class Worker:
         self.model.train()
         rate = 0.0
         for i in range(batches + 1):  # the first batch warms up kernels and allocators
-            x, y = (t.to(self.dev.device) for t in chunk_batch(self.corpus, -1 - i, self.cfg["batch_size"],
-                                                              self.mcfg.context, self.cfg["seed"]))
+            x, y = (t.to(self.dev.device) for t in chunk_batch(self.corpus, -1 - i, self.cfg.batch_size,
+                                                              self.mcfg.context, self.cfg.seed))
             t0 = time.perf_counter()
             with self.dev.autocast(self.precision):
                 loss = self.model.loss(x, y)
@@ -105,14 +132,19 @@ class Worker:
             self.dev.synchronize()
             dt = (time.perf_counter() - t0) * self.slowdown
             if i:
-                rate += self.cfg["batch_size"] / dt / batches
+                rate += self.cfg.batch_size / dt / batches
         self.opt.zero_grad(set_to_none=True)
         return rate
 
     # -- work ----------------------------------------------------------------------------------
     def _fault(self, trigger: str, count: int) -> None:
         for fault in self.faults:
-            if fault.trigger == trigger and fault.at == count:
+            if fault.trigger == trigger and fault.at == count and fault.action == "nan":
+                import torch
+
+                with torch.no_grad():
+                    next(self.model.parameters()).fill_(math.nan)
+            elif fault.trigger == trigger and fault.at == count:
                 os.kill(os.getpid(), signal.SIGKILL if fault.action == "kill" else signal.SIGSTOP)
 
     def _clock(self) -> tuple[float, float]:
@@ -120,22 +152,21 @@ class Worker:
 
     def _slow_down(self, since: tuple[float, float]) -> None:
         """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
-        takes ``slowdown`` times its compute time, like a slower device would.
+        takes ``slowdown`` times its wall time, like a slower device would.
 
-        On CPU the compute time is this thread's CPU time (torch runs its single intra-op thread
-        inline): wall time would also count the time other processes held the core, and scaling
-        that would make the knob slow a worker more when it runs beside others than when alone.
-        An accelerator's work does not show in thread time, so there the wall time is used."""
+        Wall time, not this thread's CPU time: on a shared machine a batch's wall time includes
+        waiting for a core, which a faster device beside it waits for too; scaling only the CPU
+        time made a "3x" worker 1.47x slower than its fast peer at load 11 on 2 cores (benchmark,
+        issue 18). The benchmark prints the ratio it actually got either way."""
         if self.slowdown > 1:
-            wall, cpu = time.perf_counter() - since[0], time.thread_time() - since[1]
-            time.sleep((cpu if self.cfg["backend"] == "cpu" else wall) * (self.slowdown - 1))
+            time.sleep((time.perf_counter() - since[0]) * (self.slowdown - 1))
 
     def train_chunk(self, chunk_id: int) -> dict[str, Any]:
         from hwtui.engine.training.data import chunk_batch
 
         self.model.train()
         x, y = (t.to(self.dev.device, non_blocking=True) for t in
-                chunk_batch(self.corpus, chunk_id, self.cfg["batch_size"], self.mcfg.context, self.cfg["seed"]))
+                chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         since = self._clock()
         t0 = since[0]
         self.opt.zero_grad(set_to_none=True)
@@ -151,6 +182,8 @@ class Worker:
         value = float(loss.detach())  # .item() synchronises the device too
         self._slow_down(since)
         self.chunks_trained += 1
+        if not math.isfinite(value):
+            raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
         return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
 
@@ -160,22 +193,24 @@ class Worker:
         from hwtui.engine.training.data import heldout_batch
 
         self.model.eval()
-        x, y = heldout_batch(self.corpus, self.cfg["eval_windows"], self.mcfg.context)
+        x, y = heldout_batch(self.corpus, self.cfg.eval_windows, self.mcfg.context)
         since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
             value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
         self._slow_down(since)
+        if not math.isfinite(value):
+            raise Diverged("the held-out loss", value)
         return value
 
     def regroup(self, msg: dict[str, Any]) -> dict[str, Any]:
         from hwtui.engine.training.merge import join_group
 
         try:
-            join_group(self.store, msg["gen"], msg["group_rank"], msg["world_size"], self.cfg["group_timeout"])
+            join_group(self.store, msg["gen"], msg["group_rank"], msg["world_size"], self.cfg.group_timeout)
         except Exception as exc:  # a peer died during the rendezvous: the coordinator starts another generation
-            return {"op": "regroup_failed", "gen": msg["gen"], "error": f"{type(exc).__name__}: {exc}"}
+            return {"kind": "regroup_failed", "gen": msg["gen"], "error": f"{type(exc).__name__}: {exc}"}
         self.group_rank = msg["group_rank"]
-        return {"op": "claim", "done": None, "gen": msg["gen"]}
+        return {"kind": "claim", "done": None, "gen": msg["gen"]}
 
     def merge(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         """Two-phase merge. Returns the next message to send, or None to stop."""
@@ -184,54 +219,68 @@ class Worker:
         self._fault("merge", msg["round"])
         loss_local = self.evaluate() if msg.get("evaluate", True) else None  # only on evaluation rounds
         tensors = M.model_tensors(self.model)
-        averaged_opt = self.cfg["optimizer_state"] == "average"
+        bad = first_non_finite(tensors)
+        if bad is not None:  # checked before the collective: a poisoned copy never reaches the others
+            raise Diverged(f"weight {bad}", math.nan)
+        averaged_opt = self.cfg.optimizer_state == "average"
         if averaged_opt:
             tensors |= {f"opt:{k}": v for k, v in M.optimizer_tensors(self.opt, self.model).items()}
         try:
             merged, total = M.weighted_allreduce(tensors, msg["samples"])
         except Exception as exc:  # a peer died or hung: the group is broken, keep our own weights
-            reply = self.chan.request({"op": "merge_failed", "round": msg["round"], "error": f"{type(exc).__name__}: {exc}"},
+            reply = self.chan.request({"kind": "merge_failed", "round": msg["round"], "error": f"{type(exc).__name__}: {exc}"},
                                       self.reply_timeout)
             return self.dispatch(reply)
-        reply = self.chan.request({"op": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
+        if self.outer is not None and total > 0:  # the outer step on the averaged deltas (proposed, not applied)
+            merged |= self.outer.propose({k: v for k, v in merged.items() if not k.startswith("opt:")})
+        bad = first_non_finite(merged)
+        if bad is not None:  # finite inputs can still overflow when summed: never apply or save that
+            raise Diverged(f"merged tensor {bad}", math.nan)
+        reply = self.chan.request({"kind": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
                                   self.reply_timeout)
-        if reply["op"] != "commit":
+        if reply["kind"] != "commit":
+            if self.outer is not None:
+                self.outer.reject()
             return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
+        if self.outer is not None:
+            self.outer.accept()
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
         if averaged_opt:
             M.load_optimizer_tensors(self.opt, self.model, {k[4:]: v for k, v in merged.items() if k.startswith("opt:")})
-        elif self.cfg["optimizer_state"] == "reset":
+        elif self.cfg.optimizer_state == "reset":
             self.opt.state.clear()
         if reply.get("writer"):
             loss_merged = self.evaluate() if reply.get("evaluate", True) else None
-            done: dict[str, Any] = {"op": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None}
+            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None}
             ck = reply.get("checkpoint")
             if ck:
                 from hwtui.engine.training import checkpoint
 
                 model_t = {k: v for k, v in merged.items() if not k.startswith("opt:")}
                 opt_t = {k[4:]: v for k, v in merged.items() if k.startswith("opt:")} or None
-                path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3))
+                outer_t = self.outer.state() if self.outer is not None else None
+                path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3),
+                                       outer=outer_t)
                 done["checkpoint"] = str(path)
             self.chan.send(done)
-        return {"op": "claim", "done": None}
+        return {"kind": "claim", "done": None}
 
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:
-        op = msg.get("op")
-        if op == "chunk":
-            return {"op": "claim", "done": self.train_chunk(msg["chunk"])}
-        if op == "regroup":
+        kind = msg.get("kind")
+        if kind == "chunk":
+            return {"kind": "claim", "done": self.train_chunk(msg["chunk"])}
+        if kind == "regroup":
             return self.regroup(msg)
-        if op == "merge":
+        if kind == "merge":
             return self.merge(msg)
-        if op == "stop":
+        if kind == "stop":
             return None
         raise RuntimeError(f"unexpected command from the coordinator: {msg!r}")
 
     def loop(self) -> None:
         from collections import deque
 
-        depth = 1 if self.cfg.get("prefetch", True) and knobs.prefetch() else 0  # chunks to hold beyond the one training
+        depth = 1 if self.cfg.prefetch and knobs.prefetch() else 0  # chunks to hold beyond the one training
         ahead: deque[int] = deque()  # granted, not started
         result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
         control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
@@ -239,15 +288,15 @@ class Worker:
         while True:
             if waiting and control is None and (msg := self.chan.poll()) is not None:
                 waiting = False
-                if msg["op"] == "chunk":
+                if msg["kind"] == "chunk":
                     ahead.append(msg["chunk"])
                 else:
                     control = msg
             if not waiting and control is None and len(ahead) <= depth:
-                self.chan.send({"op": "claim", "done": result})  # the report rides on the next claim
+                self.chan.send({"kind": "claim", "done": result})  # the report rides on the next claim
                 result, waiting = None, True
             elif result is not None:
-                self.chan.send({"op": "done", "done": result})
+                self.chan.send({"kind": "done", "done": result})
                 result = None
             if ahead and control is None:
                 result = self.train_chunk(ahead.popleft())
@@ -255,7 +304,7 @@ class Worker:
             if control is None:  # nothing to train: there is always a claim out here
                 control, waiting = self.chan.recv(self.reply_timeout), False
             msg, control = control, None
-            if msg["op"] == "chunk":
+            if msg["kind"] == "chunk":
                 ahead.append(msg["chunk"])
                 continue
             # merge (only once every chunk of the round is reported), regroup (may come with a chunk
@@ -274,35 +323,53 @@ class Worker:
             return {"mem_used": None, "mem_total": None}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # Vendor libraries print on stdout; ours may be the user's --events stream. Point fd 1 at our
+    # stderr before anything is imported that could print.
+    os.dup2(2, 1)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when we stop
-    chan = WorkerChannel(sys.stdin.fileno(), int(os.environ["HWTUI_TRAIN_FD"]))
-    try:
-        cfg = chan.recv(timeout=120)["config"]
-    except (ChannelClosed, TimeoutError, KeyError):
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "--answer-fd" or not args[1].isdigit():
+        print("usage: python -m hwtui.engine.training.worker --answer-fd N (started by hwtui train)", file=sys.stderr)
         return 2
+    chan = WorkerChannel(sys.stdin.fileno(), int(args[1]))
+    try:
+        cfg = WorkerConfig.from_message(chan.recv(timeout=120))
+    except (ChannelClosed, TimeoutError):
+        return 2
+    except (ConfigError, TypeError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            chan.send({"kind": "error", "message": f"bad worker config: {exc}"})
+        return 2
+    worker: Worker | None = None
     try:
         worker = Worker(cfg, chan)
         refusal = worker.memory_refusal()
         if refusal:
-            chan.send({"op": "refuse", "message": refusal})
+            chan.send({"kind": "refuse", "message": refusal})
             return 0
         worker.build()
-        calib = worker.calibrate() if cfg["balance"] == "static" else None
+        calib = worker.calibrate() if cfg.balance == "static" else None
         from hwtui.engine.training.health import HeartbeatSender
 
-        HeartbeatSender(chan.send, cfg["heartbeat_interval"], worker.memory_info).start()
-        chan.send({"op": "hello", "rank": worker.rank, "pid": os.getpid(), "fingerprint": worker.corpus.fingerprint,
+        HeartbeatSender(chan.send, cfg.heartbeat_interval, worker.memory_info).start()
+        chan.send({"kind": "hello", "rank": worker.rank, "pid": os.getpid(), "fingerprint": worker.corpus.fingerprint,
                    "corpus": worker.corpus.describe(), "precision": worker.precision, "calibration": calib,
                    "params": sum(p.numel() for p in worker.model.parameters()), **worker.memory_info()})
         worker.loop()
         return 0
     except ChannelClosed:
         return 1
+    except Diverged as exc:
+        # Strings, not floats: a NaN is not JSON, and this message must get through.
+        with contextlib.suppress(OSError):
+            chan.send({"kind": "diverged", "what": exc.what, "value": str(exc.value), "chunk": exc.chunk,
+                       "worker_step": worker.chunks_trained if worker else 0})
+        return 1
     except Exception as exc:  # reported to the coordinator as one line, never a traceback on the user
         with contextlib.suppress(OSError):
-            chan.send({"op": "error", "message": f"{type(exc).__name__}: {exc}"})
+            chan.send({"kind": "error", "message": f"{type(exc).__name__}: {exc}"})
         if os.environ.get("HWTUI_DEBUG"):
             raise
         return 1

@@ -137,6 +137,10 @@ def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoin
     assert first_b["step"] == a_last["step"] + 10 and first_b["round"] == a_last["round"] + 1
     assert first_b["chunks"][0] == manifest["next_chunk"] == a_last["step"] * 2  # 2 workers: 2 chunks a step
     assert b["step"] == 60 and b["rounds"][-1]["step"] == 60
+    for rnd in b["rounds"]:  # who trained what, and how idle each worker was, recorded per round
+        lo, hi = rnd["chunks"]
+        assert sorted(c for cs in rnd["assignment"].values() for c in cs) == list(range(lo, hi + 1))
+        assert set(rnd["idle"]) == {"0", "1"} and all(0 <= v <= 1 for v in rnd["idle"].values())
     path, doc = checkpoint.latest(stop_resume["ckpt"])
     assert doc["step"] == 60 and doc["resumed_from"]["step"] == a_last["step"]
     assert {w["vendor"] for w in doc["workers"]} == {"CPU"} and all(w["samples"] > 0 for w in doc["workers"])

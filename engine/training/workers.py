@@ -1,0 +1,103 @@
+"""The coordinator's view of each worker process, and how one is started.
+
+Every worker is a :class:`hwtui.core.supervisor.Child` in its own session: commands go to its
+stdin, its answers come back on the supervisor's dedicated answer pipe (watched by one
+:class:`~hwtui.core.supervisor.Group`), and its output lands on our stderr (the worker points its
+stdout there itself, so ``--events -`` on our stdout stays clean).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hwtui.core.supervisor import Child, encode_message
+from hwtui.engine.training.config import WorkerConfig
+from hwtui.probes.vendor_envs import interpreter_for
+
+
+@dataclass
+class WorkerState:
+    rank: int
+    ref: Any  # DeviceRef
+    child: Child
+    alive: bool = True
+    hello: dict[str, Any] | None = None
+    gen: int = -1
+    pending: dict[str, Any] | None = None  # a request awaiting our answer
+    held: list[int] = field(default_factory=list)  # chunks granted, not reported done: [training, prefetched]
+    in_merge: bool = False
+    samples: int = 0
+    chunks_claimed: int = 0
+    chunks_done: int = 0
+    busy_seconds: float = 0.0
+    round_busy: float = 0.0  # seconds spent training chunks in the current round
+    losses: list[float] = field(default_factory=list)
+    mem_used: int | None = None
+    mem_total: int | None = None
+    lost_reason: str | None = None
+    requeued: int = 0
+    samples_discarded: int = 0
+    last_emit: float = 0.0
+    chunk_time: float | None = None  # moving average of its seconds per chunk
+    started_at: float = 0.0  # when the first chunk of ``held`` began (grant if idle, else the previous done)
+
+    @property
+    def device(self) -> str:
+        return str(self.ref.spec)
+
+    @property
+    def pending_kind(self) -> str | None:
+        return None if self.pending is None else self.pending.get("kind")
+
+    def send(self, msg: dict[str, Any]) -> None:
+        proc = self.child.proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write(encode_message(msg))
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it died; the liveness check reports it
+
+    def reply(self, msg: dict[str, Any]) -> None:
+        self.pending = None
+        self.send(msg)
+
+    def exit_code(self) -> int | None:
+        return self.child.poll()
+
+
+def worker_env(ref: Any, cpu_threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so torch's cuda:N is the N the inventory printed
+    env.setdefault("GLOO_SOCKET_IFNAME", loopback_ifname())  # every rank is on this machine
+    if ref.backend == "cpu":
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    return env
+
+
+def start_worker(config: WorkerConfig, ref: Any, cpu_threads: int) -> WorkerState:
+    """Start one worker (a fresh interpreter: nothing pickled) and send it its config, once."""
+    # HWTUI_PYTHON_<BACKEND>, else the environment `hwtui setup` recorded for it, else ours.
+    python = interpreter_for(ref.backend)
+    child = Child([python, "-m", "hwtui.engine.training.worker", "--answer-fd", "{answer_fd}"],
+                  name=f"train worker {config.rank} ({ref.spec})", env=worker_env(ref, cpu_threads),
+                  answer_pipe=True, stdin="pipe", stdout="inherit", stderr="inherit").start()
+    w = WorkerState(config.rank, ref, child, started_at=time.monotonic())
+    w.send(config.to_message())
+    return w
+
+
+def loopback_ifname() -> str:
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address == "127.0.0.1" for a in addrs):
+                return str(name)
+    except Exception:
+        pass
+    return "lo"
