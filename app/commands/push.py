@@ -68,7 +68,7 @@ def _why(exc: BaseException) -> str:
     return _error_text(exc)
 
 
-async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, targets: list[Any], token: str | None,
+async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list[Any], token: str | None,
                verify: Any) -> dict[str, Any]:
     from hwtui.app.agent.client import fetch_json
 
@@ -111,7 +111,8 @@ async def push(args: argparse.Namespace, plan_raw: dict[str, Any], plan: Any, ta
         # 2. Start every rank at once (a fresh group forms only when all of them are in it).
         async def start(i: int, t: Any) -> None:
             body = {"push_id": push_id, "rank": i, "world_size": len(targets), "world_key": world_key,
-                    "master_addr": master, "master_port": port, "fresh": not warm, "plan": plan_raw, "settings": settings}
+                    "master_addr": master, "master_port": port, "fresh": not warm, "plan": plan_b64, "plan_digest": plan.digest,
+                    "settings": settings}
             try:
                 status, doc = await client.post(f"{t.url}/v1/push/start", body, timeout=180)
             except Exception as exc:  # noqa: BLE001
@@ -216,11 +217,12 @@ def run(args: argparse.Namespace) -> int:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
-    plan = load_plan(args.plan)
+    plan = load_plan(args.plan)  # validated here, once; the agents check its digest
+    plan_b64 = _plan_payload(args.plan)
     token, verify = client_settings(args)
     if args.deadline is None:
         args.deadline = args.init_timeout + 120 + 60 * plan["total_bytes"] / 1e9
-    doc = asyncio.run(push(args, plan.raw, plan, targets, token, verify))
+    doc = asyncio.run(push(args, plan_b64, plan, targets, token, verify))
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -235,6 +237,28 @@ def run(args: argparse.Namespace) -> int:
     if any(r.get("status") == 400 for r in doc["nodes"]):
         return EXIT_USAGE
     return EXIT_FAILED
+
+
+def _plan_payload(path: str) -> str:
+    """The plan file's own bytes, base64-encoded for the JSON body: the agents load exactly the file
+    that was validated here: they refuse it if its digest is not the validated one (a file replaced
+    between the two reads included). Bounded by what an agent accepts in one body."""
+    import base64
+
+    from hwtui.app.agent.server import MAX_BODY
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BODY)
+            if fh.read(1):
+                raise HwtuiError(f"plan {path} is larger than an agent accepts in one push ({MAX_BODY >> 20} MiB)")
+    except OSError as exc:
+        raise HwtuiError(f"cannot read plan {path}: {exc.strerror or exc}") from None
+    encoded = base64.b64encode(raw).decode("ascii")
+    if len(encoded) + 4096 > MAX_BODY:
+        raise HwtuiError(f"plan {path} ({len(raw)} bytes) is larger than an agent accepts in one push "
+                         f"({MAX_BODY >> 20} MiB of base64)")
+    return encoded
 
 
 def final_line(doc: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ Layout under the agent's ``--out DIR``::
     ranks/rank<R> -> ../served                the worker keeps a rank's versions in OUT/rank<R>; the
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
-    pushes/<push id>.json                     the plan of a push (validated before it is accepted)
+    pushes/<push id>.plan                     the plan file of a push (its digest checked before it is accepted)
 
 A push writes the new version next to the served one (the slot not serving); only after every rank
 voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
@@ -16,6 +16,8 @@ node always has its served version intact and at most two versions on disk.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import os
@@ -25,16 +27,21 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hwtui.core.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_open, atomic_write_text
 from hwtui.core.errors import HwtuiError
 from hwtui.core.redact import redact_text
 from hwtui.core.supervisor import Child, Group, exit_text
 
+if TYPE_CHECKING:
+    from hwtui.engine.replication.config import WorkerConfig
+
+_DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
 
@@ -122,8 +129,6 @@ class ResidentRank:
                 "port": free_port(self.advertise), "serving": self.serving()}
 
     def start(self, body: dict[str, Any]) -> dict[str, Any]:
-        from hwtui.engine.replication.plan import validate_plan
-
         push_id: Any = body.get("push_id")
         rank: Any = body.get("rank")
         world: Any = body.get("world_size")
@@ -136,20 +141,21 @@ class ResidentRank:
               "master_addr must be a host name or an address")
         _need(type(port) is int and 0 < port < 65536, "master_port must be an integer from 1 to 65535")
         _need(isinstance(body.get("world_key"), str), "world_key must be a string")
-        _need(isinstance(body.get("plan"), dict), "plan must be a JSON object")
         settings = body.get("settings") or {}
         _need(isinstance(settings, dict), "settings must be an object")
-        try:
-            plan = validate_plan(body["plan"], f"push {push_id}")
-        except HwtuiError as exc:
-            raise PushRefused(400, f"the plan is invalid: {exc}") from None
-        plan_path = self.out / "pushes" / f"{push_id}.json"
+        digest: Any = body.get("plan_digest")
+        _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "plan_digest must be the plan's hex digest")
+        incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
+        plan_path = self.out / "pushes" / f"{push_id}.plan"
         with self._lock:
             if self.busy:
+                with contextlib.suppress(OSError):
+                    incoming.unlink()
                 raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
             self.busy = True
         try:
-            atomic_write_text(plan_path, json.dumps(body["plan"], separators=(",", ":")))
+            # The resident rank loads it from here and checks the digest again (the worker's load).
+            os.replace(incoming, plan_path)
             if rank != 0:
                 link = self.out / "ranks" / f"rank{rank}"
                 if not (link.is_symlink() and os.readlink(link) == "../served"):
@@ -159,7 +165,7 @@ class ResidentRank:
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
-            cfg = self._worker_cfg(body, settings, plan_path, rank, world, master, port)
+            cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
@@ -168,11 +174,13 @@ class ResidentRank:
                 self._result = None
             assert self.child is not None
             self._flight_child = self.child
-            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg})
+            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json()})
         except BaseException:
             with self._lock:
                 self.busy = False
                 self.in_flight = None
+            with contextlib.suppress(OSError):
+                plan_path.unlink()
             raise
         return {"node": self.node, "accepted": True, "warm": warm}
 
@@ -186,8 +194,41 @@ class ResidentRank:
             self._stop_child(wait_reader=True)
         return {"node": self.node, "aborted": mine, "serving": self.serving()}
 
-    def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, rank: int, world: int,
-                    master: str, port: int) -> dict[str, Any]:
+    def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
+        """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
+
+        Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
+        another plan, is refused before anything else happens. Only the agent of rank 0 (the
+        coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
+        which every rank compares with rank 0's again before any byte moves (worker._agree).
+        """
+        from hwtui.engine.replication.plan import load_plan
+
+        _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise PushRefused(400, "plan is not valid base64") from None
+        incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
+        try:
+            with atomic_open(incoming, "wb", encoding=None) as fh:
+                fh.write(raw)
+            del raw
+            plan = load_plan(incoming, validate=validate, expect_digest=digest)
+        except HwtuiError as exc:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            why = str(exc).replace(f"plan {incoming}", "the pushed plan").replace(str(incoming), "the pushed plan")
+            raise PushRefused(400, f"the plan is refused: {why}") from None
+        except BaseException:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            raise
+        return incoming, plan
+
+    def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
+                    world: int, master: str, port: int) -> WorkerConfig:
+        from hwtui.engine.replication.config import Timeouts, WorkerConfig
         from hwtui.engine.replication.transport import choose_transport
 
         def number(key: str, default: float, lo: float, hi: float) -> float:
@@ -199,14 +240,15 @@ class ResidentRank:
         device = settings.get("device", "cpu")
         _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
         choice = choose_transport("cpu", None, multi_node=True)
-        return {"plan": str(plan_path), "device": "cpu", "transport": choice.to_dict(), "world_size": world,
-                "rank": rank, "local_rank": 0, "master_addr": master, "master_port": port,
-                "inflight": int(number("inflight", 4, 1, 64)), "max_inflight_bytes": None, "adaptive": False,
-                "target_bucket_s": 0.05, "chunk_bytes": int(number("chunk_mb", 64, 1, 4096) * (1 << 20)),
-                "verify": bool(settings.get("verify", True)), "commit": True, "out": str(self.out / "ranks"),
-                "timeouts": {"init": number("init_timeout", 60, 1, 3600), "bucket": number("timeout", 20, 0.5, 3600),
-                             "commit": number("timeout", 20, 0.5, 3600)},
-                "fault": os.environ.get("HWTUI_TEST_FAULT")}
+        return WorkerConfig(plan=str(plan_path), plan_digest=digest, device="cpu", transport=choice, world_size=world,
+                            rank=rank, local_rank=0, master_addr=master, master_port=port,
+                            inflight=int(number("inflight", 4, 1, 64)), max_inflight_bytes=None, adaptive=False,
+                            target_bucket_s=0.05, chunk_bytes=int(number("chunk_mb", 64, 1, 4096) * (1 << 20)),
+                            verify=bool(settings.get("verify", True)), commit=True, out=str(self.out / "ranks"),
+                            timeouts=Timeouts(init=number("init_timeout", 60, 1, 3600),
+                                              bucket=number("timeout", 20, 0.5, 3600),
+                                              commit=number("timeout", 20, 0.5, 3600)),
+                            fault=os.environ.get("HWTUI_TEST_FAULT"))
 
     # ------------------------------------------------------------------ the resident child
 
@@ -289,8 +331,8 @@ class ResidentRank:
                 if what in ("init", "ready", "prepared", "decided"):
                     flight["phase"] = {"init": "joining", "ready": "transfer", "prepared": "voting",
                                        "decided": "committing"}[what]
-                if what == "decided":
-                    flight["committed"] = bool(msg.get("committed"))
+                if what == "decided":  # the worker's record of the vote: decision "commit" or "abort"
+                    flight["committed"] = msg.get("decision") == "commit"
                 if what == "result":
                     self._result = msg
             elif kind == "error" and flight is not None:
@@ -319,7 +361,7 @@ class ResidentRank:
         self.in_flight = None
         self.busy = False
         with contextlib.suppress(OSError):
-            (self.out / "pushes" / f"{flight.get('push_id')}.json").unlink()
+            (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
 
     def _child_gone(self, child: Child) -> None:
         with self._lock:

@@ -2,8 +2,9 @@
 
 It reads push commands (JSON lines) on stdin and answers on its answer pipe. The first push of a
 world forms the process group (``init_process_group``); every later push into the same world reuses
-it -- only the plan digests are exchanged -- which is what makes a second push cost little more
-than its transfer. Each push runs the replication worker's own phases (``engine.replication.worker``:
+it -- only the settings and the plan digest are agreed again (worker._agree) -- which is what
+makes a second push cost little more than its transfer. The plan is a file the agent wrote and
+checked; this rank loads it with the digest the agent put in its ``WorkerConfig``. Each push runs the replication worker's own phases (``engine.replication.worker``:
 load, setup, barrier, transfer, prepare with verification, the unanimous vote and the two-phase
 commit), so verification and all-or-nothing commit are exactly those of ``hwtui replicate``.
 
@@ -14,6 +15,7 @@ agent (PR_SET_PDEATHSIG), so a killed agent never leaves a rank behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -22,6 +24,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
 from hwtui.core.supervisor import LineReader, decode_message, encode_message
+from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.worker import (
     EXIT_ABORTED,
     EXIT_BAD_INPUT,
@@ -31,7 +34,6 @@ from hwtui.engine.replication.worker import (
     TransportFailure,
     Worker,
     _die_with_parent,
-    _now,
 )
 
 # Largest command line (a plan path and settings, never the plan itself): anything longer is garbage.
@@ -39,32 +41,38 @@ MAX_COMMAND = 1 << 20
 
 
 class ResidentWorker(Worker):
-    """The replication worker, joining a process group that may already exist."""
+    """The replication worker in a resident process: the first push forms the group, later ones reuse it.
 
-    def init(self, plan: Any) -> None:
-        import torch
+    Only the worker's own seams are used: ``reuse_world`` (init agrees settings and the plan digest
+    again, nothing else) and ``staging_factory`` (the pre-made spare staging file, engine.agent.spare).
+    """
+
+    def __init__(self, cfg: WorkerConfig, emit: Any):
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            super().init(plan)  # forms the group and exchanges plan digests
-            return
-        t = _now()
-        # Warm: the group exists; every rank must still hold the same plan before any byte moves.
-        mine = torch.tensor(list(plan.digest.encode()), dtype=torch.uint8, device=self.comm_device())
-        theirs = mine.clone()
-        self._wait(dist.broadcast(theirs, SRC, async_op=True), "init", "plan digest exchange")
-        if not torch.equal(mine.cpu(), theirs.cpu()):
-            raise HwtuiError(f"rank {self.rank} holds a different plan than rank {SRC}")
-        self.internal("init", seconds=_now() - t, warm=True)
-        self.phases["init"] = _now() - t
+        from hwtui.engine.agent.spare import SpareStaging
+
+        super().__init__(cfg, emit)
+        self.reuse_world = dist.is_initialized()
+        self.staging_factory = SpareStaging
+
+    def release_groups(self) -> None:
+        """Drop this push's sub-groups (same-host/hierarchical paths): the next push makes its own."""
+        import torch.distributed as dist
+
+        for group in {id(g): g for g in (self.net_group, self.host_group) if g is not None}.values():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(group)
+        self.net_group = self.host_group = None
 
 
-def run_push(cfg: dict[str, Any], emit: Any) -> tuple[int, bool]:
+def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
     """One push on this rank; (exit code as the worker's EXIT_*, whether the group is still usable)."""
     w = ResidentWorker(cfg, emit)
     try:
+        if not w.reuse_world:
+            w.start_world()  # torch is imported already; the rendezvous overlaps the plan load
         plan = w.load()
-        cfg["plan_version"] = plan["version"]
         w.init(plan)
         w.setup(plan)
         w.barrier()
@@ -72,9 +80,11 @@ def run_push(cfg: dict[str, Any], emit: Any) -> tuple[int, bool]:
         w.transfer(plan)
         ok = w.prepare(plan)
         unanimous = w.vote_and_commit(plan, ok)
+        w.remove_shm()
         w.result(ok=unanimous, clean=True)
         if w.staging is not None:
             w.staging.close()
+        w.release_groups()
         return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True
     except HwtuiError as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
@@ -94,16 +104,21 @@ def run_push(cfg: dict[str, Any], emit: Any) -> tuple[int, bool]:
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         return EXIT_BROKEN, False
+    finally:
+        if w._hash_pool is not None:
+            w._hash_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _make_spare(cfg: dict[str, Any], emit: Any) -> None:
+def _make_spare(cfg: WorkerConfig, emit: Any) -> None:
     """Idle work after a committed push: the next push's staging file, the size of this version."""
     from hwtui.engine.agent.spare import make_spare
     from hwtui.engine.replication.commit import ServedDir
 
-    served = ServedDir(cfg["out"], cfg["rank"])
     t = time.perf_counter()
     try:
+        if cfg.out is None:
+            raise KeyError("out")
+        served = ServedDir(cfg.out, cfg.rank)
         cur = served.current() or {}
         size = os.path.getsize(served.root / cur["file"]) if cur.get("file") else 0
         make_spare(served.root.resolve(), size)
@@ -127,9 +142,6 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401 - the point of a resident rank: paid once, here
     import torch.distributed  # noqa: F401
 
-    from hwtui.engine.agent import spare
-
-    spare.install()
     emit({"kind": "resident.ready", "import_s": round(time.perf_counter() - t, 3), "pid": os.getpid()})
     reader = LineReader(MAX_COMMAND)
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
@@ -139,13 +151,20 @@ def main(argv: list[str]) -> int:
             break  # the agent closed the channel (or died): nothing more to do
         for line in reader.feed(chunk):
             cmd = decode_message(line)
-            if not cmd or cmd.get("kind") != "resident.push" or not isinstance(cmd.get("cfg"), dict):
+            if not cmd or cmd.get("kind") != "resident.push" or not isinstance(cmd.get("cfg"), str):
                 continue
             push_id = cmd.get("push_id")
-            code, usable = run_push(cmd["cfg"], emit)
+            try:
+                cfg = WorkerConfig.from_json(cmd["cfg"])
+            except HwtuiError as exc:
+                # The agent built it: a mismatch means two hwtui installs; this rank cannot take part.
+                emit(ErrorEvent(message=f"resident rank: {exc}", where="input").to_dict())
+                code, usable = EXIT_BAD_INPUT, False
+            else:
+                code, usable = run_push(cfg, emit)
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
-            if usable and code == EXIT_OK and cmd["cfg"].get("rank") != SRC:
-                _make_spare(cmd["cfg"], emit)
+            if usable and code == EXIT_OK and cfg.rank != SRC:
+                _make_spare(cfg, emit)
             if not usable:
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -1,13 +1,14 @@
 """A spare staging file, made between pushes, so a push never waits for pages to be allocated.
 
-Creating a receiver's staging copy means allocating and faulting in the whole model on disk (the
-worker zero-fills a fresh memory-mapped file so the transfer never page-faults): 1 GB costs 3-13 s
-on a loaded node, several times the transfer itself. A resident receiver does that work while it
+Creating a receiver's staging copy means allocating the whole model on disk: the worker no longer
+pre-faults it, so the transfer pays for every page it first touches instead (1 GB was 3-13 s on a
+loaded node, several times the transfer itself). A resident receiver does that work while it
 is idle instead: after each committed push it makes ``<served>/spare/model.safetensors`` the size
 of the version it now serves, zero-filled and synced. The next push's staging copy *is* that file
 (renamed into ``staging/<v>/``, resized if the model grew or shrank, its header rewritten): writing
 over cached pages costs ~0.15 s per GB. Every byte of the data is then written by the transfer or
-copied from the served version and verified against the plan, as with a fresh file.
+copied from the served version and verified against the plan, as with a fresh file. The resident
+rank hands this class to the worker through its ``staging_factory`` seam.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.replication.staging import Staging, safetensors_layout
+from hwtui.engine.replication.staging import Staging, header_layout, safetensors_layout
 
 
 def spare_path(served_root: str | os.PathLike[str]) -> Path:
@@ -48,16 +49,21 @@ class SpareStaging(Staging):
     """``Staging`` that takes the spare file when there is one (host memory, file-backed only)."""
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
-                 file: str | os.PathLike[str] | None = None, first: list[str] | None = None):
+                 file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
+                 header: bytes | None = None):
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
         if device != "cpu" or file is None or spare is None or not spare.is_file():
-            super().__init__(tensors, metadata, device=device, file=file, first=first)
+            super().__init__(tensors, metadata, device=device, file=file, first=first, header=header)
             return
         import torch
 
         self.tensors = {t["name"]: t for t in tensors}
-        self.header, self.layout = safetensors_layout(tensors, metadata, first)
-        self.data_bytes = sum(n for _, n in self.layout.values())
+        if header is not None:  # the source's own header: the replica is the source file, byte for byte
+            self.header, self.layout = header, header_layout(header)
+        else:
+            self.header, self.layout = safetensors_layout(tensors, metadata, first)
+        # As Staging: the data runs to the end of the last tensor (a source header may leave gaps).
+        self.data_bytes = max((off + n for off, n in self.layout.values()), default=0)
         self.device = device
         self.file = Path(file)
         self.file.parent.mkdir(parents=True, exist_ok=True)
@@ -72,17 +78,6 @@ class SpareStaging(Staging):
         whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
         self.data = whole[len(self.header):]
         self.used_spare = True
-
-
-def install() -> None:
-    """Make the replication worker's receivers use SpareStaging in this (resident) process.
-
-    The worker imports ``Staging`` from its module when it sets a rank up, so replacing the module
-    attribute here reaches it without copying the worker; only the resident rank's process does this.
-    """
-    from hwtui.engine.replication import staging
-
-    staging.Staging = SpareStaging  # type: ignore[misc]
 
 
 def remove_spare(served_root: str | os.PathLike[str]) -> None:

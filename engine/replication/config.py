@@ -48,6 +48,10 @@ class WorkerConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     fault: str | None = None  # HWTUI_TEST_FAULT, test-only (see faults.py)
     parent_pid: int | None = None  # local mode: the launcher; a worker whose parent changed exits
+    # The digest of the plan the coordinator (the launcher, or the agent of rank 0) validated. A rank
+    # given one loads the plan without re-validating it and refuses a plan whose digest differs;
+    # without one (a hand-written config) the rank validates the plan itself.
+    plan_digest: str | None = None
     version: int = CONFIG_VERSION
 
     def for_rank(self, rank: int, local_rank: int | None = None, **changes: Any) -> WorkerConfig:

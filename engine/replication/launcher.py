@@ -356,7 +356,7 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
                    transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
     coord = Coordinator(plan, ranks, sink)
     cfg_base = WorkerConfig(
-        plan=os.path.abspath(opts.plan), device=opts.device, transport=choice, world_size=world, rank=0,
+        plan=os.path.abspath(opts.plan), plan_digest=plan.digest, device=opts.device, transport=choice, world_size=world, rank=0,
         inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
         target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
         same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,

@@ -147,6 +147,11 @@ class Worker:
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
+        # Seams for a resident rank (engine.agent.resident_child), both off for `hwtui replicate`:
+        # reuse_world: the process group already exists (a warm push): init() only agrees the
+        # settings and the plan digest again; staging_factory: what builds a receiver's staging copy.
+        self.reuse_world = False
+        self.staging_factory: Callable[..., Any] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -188,7 +193,12 @@ class Worker:
 
     def load(self) -> Plan:
         t = _now()
-        plan = load_plan(self.cfg.plan)
+        # Validated once, by the coordinator that built this config (it passes the digest of what it
+        # validated): this rank checks the digest and maps the tables, nothing more. The digest is
+        # checked before anything is staged, so a rank handed another plan refuses it before any
+        # byte moves (and _agree compares every rank's digest with rank 0's again).
+        digest = self.cfg.plan_digest
+        plan = load_plan(self.cfg.plan, validate=digest is None, expect_digest=digest)
         if self.rank == SRC:
             preflight_sources(plan)
         elif self.cfg.out and self.cfg.commit:
@@ -234,6 +244,15 @@ class Worker:
 
     def init(self, plan: Plan) -> None:
         t = _now()
+        if self.reuse_world:
+            self.internal("init", seconds=0.0, warm=True)
+        else:
+            self._join_world()
+        self._agree(plan)
+        self.source_header = self._exchange_header(plan)
+        self.phases["init"] = _now() - t
+
+    def _join_world(self) -> None:
         if self._world_thread is None:
             self.start_world()
         assert self._world_thread is not None
@@ -249,9 +268,6 @@ class Worker:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TransportFailure(f"rank {self.rank}: forming the world failed ({msg})")
         self.internal("init", seconds=self._world_seconds)
-        self._agree(plan)
-        self.source_header = self._exchange_header(plan)
-        self.phases["init"] = _now() - t
 
     def _agree(self, plan: Plan) -> None:
         """Every rank's effective settings against rank 0's, before any byte moves (see agree.py)."""
@@ -396,7 +412,7 @@ class Worker:
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
-            self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file, first=stream_order(plan),
+            self.staging = (self.staging_factory or Staging)(plan["tensors"], {"format": "pt"}, device=device, file=file, first=stream_order(plan),
                                    header=self.source_header)
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from hwtui.core.net import free_loopback_port
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
-from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic
+from hwtui.engine.replication.plan import build_plan_from_files, load_plan, manifest_of, write_json_atomic
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -59,7 +59,7 @@ def test_full_and_delta_replicas_are_the_source_file_byte_for_byte(tmp_path):
     assert manifest["version"] == "v1" and manifest["plan_digest"] == result.report["plan_digest"]
 
     # A delta: only block.2 travels; the replica (kept tensors on both sides of it) is still the file.
-    write_json_atomic(tmp_path / "v1.manifest.json", manifest_of(json.loads((tmp_path / "v1.json").read_text())))
+    write_json_atomic(tmp_path / "v1.manifest.json", manifest_of(load_plan(tmp_path / "v1.json")))
     weights["block.2.w"] = weights["block.2.w"] + 1
     save_file(weights, str(src), metadata={"format": "pt", "note": "kept as is"})
     plan = _plan(src, tmp_path / "v2.json", "v2", bucket_kib=1, prev=tmp_path / "v1.manifest.json")

@@ -1,0 +1,92 @@
+"""A push's plan as an agent receives it: the plan file's bytes, checked against the announced digest.
+
+Everything here is refused in the HTTP handler's thread, before the agent takes the push (it stays
+free), starts a resident rank or keeps a byte of the plan on disk.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from hwtui.engine.agent.resident import PushRefused, ResidentRank  # noqa: E402
+from hwtui.engine.replication import plan_format  # noqa: E402
+from hwtui.engine.replication.plan import _meta_for_file, load_plan  # noqa: E402
+from tests.engine.replication.helpers import make_model, write_plan  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    make_model(d / "m", seed=4, big=2000, n=3)
+    write_plan(d / "m", d / "p.plan", version="v1", bucket_kib=4)
+    return d / "p.plan"
+
+
+def _body(raw: bytes | str, digest: str, rank: int = 1) -> dict:
+    return {"push_id": "p-1", "rank": rank, "world_size": 2, "world_key": "k", "master_addr": "127.0.0.1",
+            "master_port": 29999, "plan": raw if isinstance(raw, str) else base64.b64encode(raw).decode(),
+            "plan_digest": digest, "settings": {}}
+
+
+def _refused(node: ResidentRank, body: dict) -> str:
+    with pytest.raises(PushRefused) as info:
+        node.start(body)
+    assert info.value.status == 400
+    msg = str(info.value)
+    assert "\n" not in msg and "Traceback" not in msg
+    # Nothing taken: the node is free, no rank was started, no plan bytes are left behind.
+    assert not node.busy and node.child is None and node.in_flight is None
+    assert list((node.out / "pushes").iterdir()) == []
+    return msg
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = ResidentRank(node="n1", out=tmp_path / "agent", advertise="127.0.0.1")
+    yield n
+    n.close()
+
+
+def test_a_plan_whose_bytes_are_not_the_announced_digest_is_refused(node, plan_file):
+    raw = plan_file.read_bytes()
+    digest = load_plan(plan_file).digest
+    other = "0" * len(digest)
+    assert "digest" in _refused(node, _body(raw, other))
+    # One byte flipped in the tables: the file's own digest no longer matches its bytes.
+    edited = bytearray(raw)
+    edited[-9] ^= 0xFF
+    assert "digest" in _refused(node, _body(bytes(edited), digest))
+    assert "digest mismatch" in _refused(node, _body(raw[: len(raw) // 2], digest))
+    assert "truncated" in _refused(node, _body(raw[:10], digest))
+
+
+def test_garbage_and_malformed_fields_are_one_line_400s(node, plan_file):
+    digest = load_plan(plan_file).digest
+    assert "base64" in _refused(node, _body("not base64 at all!", digest))
+    assert "the pushed plan is not valid JSON" in _refused(node, _body(b"\x00" * 64, digest))
+    assert "plan_digest" in _refused(node, _body(plan_file.read_bytes(), "../etc/passwd"))
+    body = _body(plan_file.read_bytes(), digest)
+    body["plan"] = {"schema": "hwtui.plan/1"}  # the old JSON-object form is not accepted
+    assert "base64" in _refused(node, body)
+
+
+def test_only_the_coordinator_s_agent_validates_the_plan(node, plan_file):
+    """A plan whose digest is right but whose tables break an invariant: rank 0's agent refuses it;
+    a receiver's agent does not re-validate (its rank compares the digest with rank 0's before any
+    byte moves, see tests/engine/replication/test_plan_digest.py)."""
+    good = load_plan(plan_file)
+    sections = good.sections()
+    sections["i_bucket"] = np.full_like(sections["i_bucket"], len(good.buckets) + 7)  # a bucket that does not exist
+    bad_path = plan_file.with_name("bad.plan")
+    digest = plan_format.write(bad_path, _meta_for_file(good.meta), sections)
+    raw = bad_path.read_bytes()
+    msg = _refused(node, _body(raw, digest, rank=0))
+    assert "refused" in msg and "bucket" in msg
+    incoming, plan = node._receive_plan(base64.b64encode(raw).decode(), digest, validate=False)
+    assert plan.digest == digest
+    incoming.unlink()
