@@ -307,7 +307,7 @@ def test_cli_gpu_ids_bad_input_is_exit_2(tree):
 
 
 def test_the_caps_are_documented():
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "readme" / "probes.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trust.md").read_text()
     for words in ("4 MiB", "64 MiB", "FIFO"):
         assert words in doc
 
