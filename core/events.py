@@ -165,7 +165,7 @@ EventSink = Callable[[Event], None]
 class Fanout:
     """Send each event to several sinks (the CLI printer, a JSONL file, an in-process list)."""
 
-    def __init__(self, *sinks: EventSink):
+    def __init__(self, *sinks: EventSink | None):
         self.sinks = [s for s in sinks if s is not None]
 
     def __call__(self, ev: Event) -> None:

@@ -57,7 +57,7 @@ def is_loopback(address: str) -> bool:
     return ip.is_loopback
 
 
-def parse_json_body(raw: bytes) -> dict[str, Any]:
+def parse_json_body(raw: bytes | bytearray) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):

@@ -244,7 +244,7 @@ def _test(args: argparse.Namespace) -> int:
 
     from hwtui.app.output.style import Painter, use_color
     from hwtui.app.output.text_report import render
-    from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
+    from hwtui.core.events import ErrorEvent, EventSink, Fanout, JsonlWriter
     from hwtui.core.finding import Finding, summarize
     from hwtui.engine.cluster import smoke
     from hwtui.engine.cluster.report import LivePrinter, write_report
@@ -255,7 +255,7 @@ def _test(args: argparse.Namespace) -> int:
         raise HwtuiError(str(exc)) from None
     human = sys.stderr if (args.json or args.events == "-") else sys.stdout
     writer = None
-    sinks = []
+    sinks: list[EventSink] = []
     if rank == 0:
         if args.events:
             try:

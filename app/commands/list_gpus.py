@@ -27,9 +27,9 @@ def format_table(devices) -> str:
             "-" if d.id is None else str(d.id), d.vendor, d.name, _vram(d.vram_total), d.backend,
             d.device or f"({d.reason})", d.pci, d.driver or "-",
         ))
-    rows = [tuple(printable(str(c)).replace("\n", "\\n") for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    shown = [tuple(printable(str(c)).replace("\n", "\\n") for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in shown) for i in range(len(shown[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in shown)
 
 
 def run(args: argparse.Namespace) -> int:
