@@ -14,7 +14,7 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-# Keyed by the state names (the TUI's BucketState is a StrEnum with these values).
+# Keyed by the state names (engine.replication.events.BucketState values).
 GLYPH = {"pending": ("·", "dim"), "staged": ("░", "blue"), "inflight": ("▒", "yellow"),
          "verifying": ("▓", "magenta"), "done": ("█", "green"), "failed": ("✗", "bold red")}
 SOURCE_STAGES = ("staged", "inflight")

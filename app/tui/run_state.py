@@ -25,12 +25,11 @@ import re
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from hwtui.core.events import ErrorEvent, Event, LogEvent, UnknownEvent, from_dict
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
-from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
+from hwtui.engine.replication.events import BucketState, ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
 from hwtui.engine.training.events import (
     TrainCheckpoint,
     TrainDone,
@@ -43,21 +42,6 @@ from hwtui.engine.training.events import (
 _ALARMING = re.compile(r"error|warn|traceback|exception|fatal|killed|not found|refused", re.IGNORECASE)
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
 SOURCE_RANK = 0  # the replication source: its window is the window
-
-
-class BucketState(StrEnum):
-    """A bucket's world-level state, in pipeline order ("failed" is terminal like "done")."""
-
-    PENDING = "pending"
-    STAGED = "staged"
-    INFLIGHT = "inflight"
-    VERIFYING = "verifying"
-    DONE = "done"
-    FAILED = "failed"
-
-    @property
-    def order(self) -> int:
-        return list(BucketState).index(self)
 
 
 def _size(n: float) -> str:

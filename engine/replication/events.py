@@ -8,11 +8,36 @@ The transport decision line is a shared :class:`~hwtui.core.events.LogEvent` and
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 from hwtui.core.events import ErrorEvent, Event, LogEvent, event
 
-BUCKET_STATES = ("staged", "inflight", "verifying", "done", "failed")
+
+class BucketState(str, enum.Enum):
+    """A bucket's state, in pipeline order ("failed" is terminal like "done"); the one definition.
+
+    On the wire (``ReplBucket.state``) a state is its value, a plain string; ``pending`` is never
+    sent (a bucket nobody has touched yet) but readers such as the TUI start every bucket there.
+    """
+
+    PENDING = "pending"
+    STAGED = "staged"
+    INFLIGHT = "inflight"
+    VERIFYING = "verifying"
+    DONE = "done"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def order(self) -> int:
+        return list(BucketState).index(self)
+
+
+# The states a worker sends (everything but PENDING).
+BUCKET_STATES = tuple(s.value for s in BucketState if s is not BucketState.PENDING)
 COMMIT_PHASES = ("prepare", "commit", "abort")
 
 
@@ -73,4 +98,4 @@ class ReplDone(Event):
 
 
 __all__ = ["ReplStart", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
-           "BUCKET_STATES", "COMMIT_PHASES"]
+           "BUCKET_STATES", "BucketState", "COMMIT_PHASES"]
