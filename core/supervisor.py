@@ -383,3 +383,49 @@ def run_for_answer(argv: Sequence[str], *, timeout: float, env: Mapping[str, str
 def python_module(module: str, *args: str) -> list[str]:
     """argv for ``python -m module args...`` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+@dataclass
+class Captured:
+    """What ``run_capture`` saw: exit code (None on a timeout), bounded stdout and stderr."""
+
+    code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+def run_capture(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                cwd: str | None = None, limit: int = 1 << 20) -> Captured:
+    """Run a short command to completion in its own session, its output captured and capped.
+
+    For the tools hwtui asks a question (``timedatectl``, ``hl-smi``, ``hwtui cluster init`` from
+    the TUI): unlike ``subprocess.run(timeout=...)``, a timeout kills the command's whole group,
+    and a command that prints without end cannot grow our memory past ``limit`` bytes a stream.
+    Raises OSError when the command cannot be started.
+    """
+    import threading
+
+    child = Child(argv, name=Path(argv[0]).name, env=env, cwd=cwd, stdout="pipe", stderr="pipe").start()
+    assert child.proc is not None and child.proc.stdout is not None and child.proc.stderr is not None
+    kept: dict[str, bytearray] = {"out": bytearray(), "err": bytearray()}
+
+    def drain(name: str, stream: IO[bytes]) -> None:
+        while block := stream.read(65536):
+            room = limit - len(kept[name])
+            if room > 0:
+                kept[name] += block[:room]
+
+    readers = [threading.Thread(target=drain, args=(n, s), daemon=True)
+               for n, s in (("out", child.proc.stdout), ("err", child.proc.stderr))]
+    for r in readers:
+        r.start()
+    timed_out = False
+    try:
+        code: int | None = child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out, code = True, None
+    child.kill()  # the group: whatever the command left behind, and the command itself on a timeout
+    for r in readers:
+        r.join(1.0)
+    return Captured(code, kept["out"].decode(errors="replace"), kept["err"].decode(errors="replace"), timed_out)

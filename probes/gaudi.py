@@ -7,11 +7,11 @@ after the import they are silently ignored and every process believes it is rank
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 from hwtui.core.finding import Finding, fail, passed, warn
+from hwtui.core.supervisor import run_capture
 from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
@@ -21,11 +21,13 @@ HCCL_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 def _hl_smi_live(path: str) -> dict[str, Any]:
     try:
-        out = subprocess.run([path, "-Q", "index,name,bus_id,memory.total,memory.used,driver_version", "-f", "csv,noheader"],
-                             capture_output=True, text=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = run_capture([path, "-Q", "index,name,bus_id,memory.total,memory.used,driver_version", "-f", "csv,noheader"],
+                          timeout=15)
+    except OSError as exc:
         return {"ok": False, "error": str(exc)}
-    if out.returncode != 0:
+    if out.timed_out:
+        return {"ok": False, "error": f"{path} did not answer within 15 s (killed)"}
+    if out.code != 0:
         return {"ok": False, "error": (out.stderr or out.stdout).strip()[-500:]}
     rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
     return {"ok": True, "rows": rows}

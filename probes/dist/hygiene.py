@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import posixpath
 import shutil
-import subprocess
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hwtui.core.supervisor import run_capture
 from hwtui.probes.dist.launcher import job_shape
 from hwtui.probes.dist.parsers import Mount, parse_chrony_tracking, parse_key_values, parse_mounts
 from hwtui.core.finding import Finding, fail, passed, skip, warn
@@ -78,10 +78,10 @@ def _run(argv: list[str]) -> str | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=3, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        out = run_capture([exe, *argv[1:]], timeout=3)
+    except OSError:
         return None
-    return out.stdout if out.returncode == 0 else None
+    return out.stdout if out.code == 0 else None
 
 
 def _live_clock() -> dict[str, Any]:

@@ -185,3 +185,24 @@ def test_children_import_the_parents_tree(tmp_path):
 def test_python_module_uses_this_interpreter():
     assert python_module("hwtui.app", "--version") == [sys.executable, "-m", "hwtui.app", "--version"]
     assert json.loads(json.dumps(python_module("x")))[0] == sys.executable
+
+
+def test_run_capture_caps_output_and_kills_the_group_on_timeout(tmp_path):
+    from hwtui.core.supervisor import run_capture
+
+    loud = run_capture(_script("import sys\nfor _ in range(200):\n    sys.stdout.write('x' * 65536)\nprint('err', file=sys.stderr)"),
+                       timeout=30, limit=1000)
+    assert loud.code == 0 and len(loud.stdout) == 1000 and loud.stderr.strip() == "err" and not loud.timed_out
+    pidfile = tmp_path / "grandchild.pid"
+    slow = run_capture(_script(f"""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        open({str(pidfile)!r}, "w").write(str(p.pid))
+        print("started", flush=True)
+        time.sleep(3600)
+    """), timeout=3)
+    assert slow.timed_out and slow.code is None and slow.stdout.strip() == "started"
+    grandchild = int(pidfile.read_text())
+    assert _wait_until(lambda: not _alive(grandchild)), "the grandchild outlived its group"
+    with pytest.raises(OSError):
+        run_capture([str(tmp_path / "no-such-program")], timeout=5)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any, ClassVar
 
@@ -27,6 +26,7 @@ from textual.widgets import Input, Label, Static
 from hwtui.app.tui import engine_process
 from hwtui.app.tui.messages import ClusterFilesWritten, InterfacesDetected, RunRequested
 from hwtui.app.tui.screens._step import WizardStep
+from hwtui.core.supervisor import run_capture
 from hwtui.widgets.choice_toggle import ChoiceToggle
 from hwtui.widgets.launch_commands import LaunchCommands
 
@@ -317,16 +317,15 @@ class EngineScreen(WizardStep):
     @work(thread=True, exclusive=True, group="cluster-init", exit_on_error=False)
     def _write_cluster(self, argv: list[str], out: str) -> None:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=INIT_TIMEOUT_S,  # noqa: S603 - argv list
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            self.post_message(ClusterFilesWritten(False, out, error=f"hwtui cluster init did not finish within {INIT_TIMEOUT_S} s"))
-            return
+            done = run_capture(argv, timeout=INIT_TIMEOUT_S)
         except OSError as exc:
             self.post_message(ClusterFilesWritten(False, out, error=str(exc)))
             return
-        if done.returncode != 0:
-            lines = [ln for ln in done.stderr.splitlines() if ln.strip()] or [f"exit status {done.returncode}"]
+        if done.timed_out:
+            self.post_message(ClusterFilesWritten(False, out, error=f"hwtui cluster init did not finish within {INIT_TIMEOUT_S} s"))
+            return
+        if done.code != 0:
+            lines = [ln for ln in done.stderr.splitlines() if ln.strip()] or [f"exit status {done.code}"]
             last = lines[-1].removeprefix("hwtui: ")
             self.post_message(ClusterFilesWritten(False, out, error=last, exists="already exists" in last))
             return

@@ -6,7 +6,6 @@ CLI uses (one builder, one set of redaction rules), and a slow probe cannot bloc
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import ClassVar
 
@@ -18,6 +17,7 @@ from textual.widgets import Input, Label, Static
 
 from hwtui.app.tui.messages import ExportWritten
 from hwtui.app.tui.screens._step import ChecksStep
+from hwtui.core.supervisor import run_capture
 
 EXPORT_TIMEOUT_S = 120
 
@@ -59,14 +59,15 @@ class EnvironmentScreen(ChecksStep):
     def _write_export(self, path: str) -> None:
         argv = [sys.executable, "-m", "hwtui.app", *self.hw.host_args, "env", "--write", path]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S,  # noqa: S603 - argv list
-                                  stdin=subprocess.DEVNULL)
-            out = (done.stderr.strip() or done.stdout.strip())[-2000:]
-            self.post_message(ExportWritten(path, done.returncode == 0, out))
-        except subprocess.TimeoutExpired:
-            self.post_message(ExportWritten(path, False, f"hwtui env did not finish within {EXPORT_TIMEOUT_S} s"))
+            done = run_capture(argv, timeout=EXPORT_TIMEOUT_S)
         except OSError as exc:
             self.post_message(ExportWritten(path, False, str(exc)))
+            return
+        if done.timed_out:
+            self.post_message(ExportWritten(path, False, f"hwtui env did not finish within {EXPORT_TIMEOUT_S} s"))
+            return
+        out = (done.stderr.strip() or done.stdout.strip())[-2000:]
+        self.post_message(ExportWritten(path, done.code == 0, out))
 
     def on_export_written(self, msg: ExportWritten) -> None:
         status = self.query_one("#export-status", Static)
