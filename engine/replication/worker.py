@@ -1109,11 +1109,16 @@ def run_worker(cfg: WorkerConfig, emit: Emit) -> int:
         code = EXIT_BROKEN
     if w._hash_pool is not None:
         w._hash_pool.shutdown(wait=False, cancel_futures=True)
-    if joined and code in (EXIT_OK, EXIT_ABORTED, EXIT_BAD_INPUT):
+    # A world formed but refused at the settings agreement (bad input) must be torn down too:
+    # left to the interpreter's exit, gloo's destructor aborts the process (SIGABRT) once a peer
+    # has gone, and a clean exit 2 would read as a crash.
+    world_formed = joined or (w._world_thread is not None and not w._world_thread.is_alive() and w._world_error is None)
+    if world_formed and code in (EXIT_OK, EXIT_ABORTED, EXIT_BAD_INPUT):
         import torch.distributed as dist
 
         try:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
         except Exception:  # noqa: BLE001, S110 - best effort on the way out
             pass
     return code

@@ -84,7 +84,7 @@ def test_a_node_that_dies_turns_stale_after_two_intervals():
                 return snap
 
         snap = asyncio.run(main())
-        assert snap["b"]["stale"] and snap["b"]["age_s"] > 2 * 0.2 and snap["b"]["devices"][0]["name"] == "GPU1"
+        assert snap["b"]["stale"] and snap["b"]["age_s"] >= 2 * 0.2 and snap["b"]["devices"][0]["name"] == "GPU1"
         assert not snap["a"]["stale"]
     finally:
         stop_agent(a)

@@ -162,9 +162,10 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
         world.kill(2)
         t_kill = time.monotonic()
         out, err = push.communicate(timeout=90)
-        # Bounded by the push's own timeouts (init 20 s, bucket 10 s) plus the 3 s of silence that
-        # names a dead node; usually far less, as the survivors are stopped at once (/v1/push/abort).
-        assert time.monotonic() - t_kill < 20 + 10 + 5, (out, err)
+        # Bounded by the push's --deadline (80 s). Usually far less, as the survivors are stopped at
+        # once (/v1/push/abort), but a survivor blocked in a gloo wait can sit out the process
+        # group's timeout first (seen: 77 s on a loaded 2-core CI box); the deadline is the promise.
+        assert time.monotonic() - t_kill < 80 + 5, (out, err)
     finally:
         if push.poll() is None:
             os.killpg(push.pid, signal.SIGKILL)
