@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import threading
 import time
@@ -37,7 +38,26 @@ class Event:
         return {"kind": self.kind, **dataclasses.asdict(self)}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"), default=str)
+        """Strict JSON (RFC 8259): a non-finite float, which bare JSON cannot hold, travels as null.
+
+        Engines refuse non-finite values where they mean something (training stops on a NaN loss);
+        this keeps a stray one (a rate over zero seconds) from ever writing ``NaN`` into a stream.
+        """
+        raw = self.to_dict()
+        try:
+            return json.dumps(raw, separators=(",", ":"), default=str, allow_nan=False)
+        except ValueError:
+            return json.dumps(_finite(raw), separators=(",", ":"), default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 @dataclass_transform(field_specifiers=(field,))

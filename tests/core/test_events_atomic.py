@@ -50,3 +50,12 @@ def test_atomic_write_permissions(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "public.xml").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "secret.env").stat().st_mode) == 0o600
+
+
+def test_events_are_strict_json_even_with_a_stray_nan():
+    from hwtui.core.events import LogEvent, UnknownEvent
+
+    line = UnknownEvent(kind_name="x", payload={"rate": float("inf"), "xs": [1.0, float("nan")]}).to_json()
+    raw = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert raw["payload"] == {"rate": None, "xs": [1.0, None]}
+    assert json.loads(LogEvent(message="ok").to_json())["message"] == "ok"
