@@ -174,7 +174,9 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     doc = json.loads(out)
     by = {n["node"]: n for n in doc["nodes"]}
     assert not doc["ok"] and by["node2"]["outcome"] == "died"
-    assert by["node1"]["outcome"] in ("aborted", "failed")
+    # The survivor is stopped (aborted), fails its collective, or, on a loaded box, times out in
+    # it first; whichever, it must not commit (below).
+    assert by["node1"]["outcome"] in ("aborted", "failed", "timed out")
     have, tensors = world.served(1)
     assert have == "v2"  # all or nothing: the survivor still serves the old version, byte for byte
     assert_bytes_equal(tensors, models["v2"][1])
