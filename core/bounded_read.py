@@ -46,16 +46,34 @@ def _refuse(path: str | os.PathLike[str], mode: int) -> NotRegularFile:
     return NotRegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", os.fspath(path))
 
 
-def read_bounded(path: str | os.PathLike[str], cap: int) -> tuple[bytes, bool]:
-    """(at most ``cap`` bytes of the file, whether there was more). Raises OSError (incl. NotRegularFile)."""
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """Open a regular file for reading -> (fd, its fstat); the caller closes the fd.
+
+    The one place hwtui opens a file someone else named (weights, plans, snapshots, cluster
+    specs, /proc and /sys): the name is checked without opening it, the open is ``O_NONBLOCK``
+    (a FIFO would otherwise wait for a writer) and the *opened* descriptor is checked again, so a
+    file swapped for a FIFO or a device in between is still refused. The fd is left blocking, as a
+    regular file's reads expect. Raises NotRegularFile or another OSError (ValueError: a NUL byte).
+    """
     mode = os.stat(path).st_mode  # follows symlinks, opens nothing
     if not stat.S_ISREG(mode):
         raise _refuse(path, mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise _refuse(path, mode)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse(path, st.st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(path: str | os.PathLike[str], cap: int) -> tuple[bytes, bool]:
+    """(at most ``cap`` bytes of the file, whether there was more). Raises OSError (incl. NotRegularFile)."""
+    fd, _ = open_regular(path)
+    try:
         chunks: list[bytes] = []
         total = 0
         while total <= cap:

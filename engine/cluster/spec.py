@@ -264,25 +264,20 @@ MAX_SPEC_BYTES = 1 << 20  # a description of 1,000 nodes is ~100 KiB
 
 def load(path: str | Path) -> ClusterSpec:
     """Read and validate a description; every problem is one SpecError line, nothing blocks."""
-    import os
-    import stat
+
+    from hwtui.core.bounded_read import NotRegularFile, read_bounded
 
     try:
-        # O_NONBLOCK: a FIFO named as --spec must be refused, not wait forever for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        # Through core.bounded_read: a FIFO named as --spec is refused, never waited on.
+        data, more = read_bounded(path, MAX_SPEC_BYTES)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file (create it with `hwtui cluster init`)") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecError(f"{path}: not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
+    except NotRegularFile:
+        raise SpecError(f"{path}: not a regular file") from None
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if more:
+        data += b"?"  # the size check below names the cap
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES} bytes; not a cluster description")
     try:

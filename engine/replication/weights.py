@@ -15,11 +15,11 @@ import json
 import math
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from hwtui.core import bounded_read
 from hwtui.core.errors import HwtuiError
 
 # safetensors dtype name -> (itemsize, torch dtype attribute)
@@ -62,33 +62,17 @@ def file_format(path: str | os.PathLike[str]) -> str:
 
 
 def open_regular(path: str | os.PathLike[str], what: str = "weight file") -> tuple[int, os.stat_result]:
-    """Open a user-named file for reading -> (fd, its fstat); refuses anything but a regular file.
-
-    O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer, and the
-    S_ISREG check on the *opened* descriptor (not a stat of the name before it) means a file swapped
-    for a FIFO, /dev/zero or a directory between a check and the open is still refused.
-    """
+    """Open a user-named file for reading -> (fd, its fstat): core.bounded_read's rules, our words."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return bounded_read.open_regular(path)
     except FileNotFoundError:
         raise HwtuiError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise HwtuiError(f"{what} {path} is a directory, not a file") from None
+    except bounded_read.NotRegularFile as exc:
+        raise HwtuiError(f"{what} {path} is {(exc.strerror or '').split(',')[0]}; only regular files are read") from None
     except OSError as exc:
         raise HwtuiError(f"cannot open {what} {path}: {exc.strerror}") from None
     except ValueError:  # an embedded NUL byte
         raise HwtuiError(f"{what} {str(path)[:80]!r} is not a valid path") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
-            raise HwtuiError(f"{what} {path} is {kind}; only regular files are read")
-        os.set_blocking(fd, True)  # a regular file never blocks; later reads expect normal semantics
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
 
 
 def read_capped(path: str | os.PathLike[str], cap: int, what: str) -> bytes:

@@ -179,7 +179,7 @@ def fifo(tmp_path) -> Path:
 @pytest.mark.timeout(30)
 def test_fifo_device_and_directory_are_refused_without_blocking(tmp_path, fifo):
     (tmp_path / "dir.safetensors").mkdir()
-    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device"), (tmp_path / "dir.safetensors", "directory")):
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "device"), (tmp_path / "dir.safetensors", "directory")):
         with pytest.raises(HwtuiError) as exc:
             build_plan_from_files([str(path)], model="m", version="v1", bucket_bytes=8)
         assert kind in _one_line(exc)
