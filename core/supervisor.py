@@ -27,6 +27,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,26 @@ def decode_message(line: bytes | str) -> dict[str, Any] | None:
 def encode_message(msg: Mapping[str, Any]) -> bytes:
     # allow_nan=False: a NaN in a message is a bug upstream, and bare NaN is not JSON.
     return (json.dumps(msg, separators=(",", ":"), default=str, allow_nan=False) + "\n").encode()
+
+
+class AnswerPipe:
+    """The child's end of the answer pipe: one JSON-lines message per ``send``, thread-safe.
+
+    A write to a pipe may be partial (a message larger than the pipe's buffer, a signal), so the
+    rest is written until the whole line is out; the lock keeps two threads' lines from interleaving.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._lock = threading.Lock()
+
+    def send(self, msg: Mapping[str, Any]) -> None:
+        view = memoryview(encode_message(msg))
+        with self._lock:
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    __call__ = send
 
 
 class Child:
@@ -404,7 +425,6 @@ def run_capture(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
     and a command that prints without end cannot grow our memory past ``limit`` bytes a stream.
     Raises OSError when the command cannot be started.
     """
-    import threading
 
     child = Child(argv, name=Path(argv[0]).name, env=env, cwd=cwd, stdout="pipe", stderr="pipe").start()
     assert child.proc is not None and child.proc.stdout is not None and child.proc.stderr is not None

@@ -23,7 +23,7 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
-from hwtui.core.supervisor import LineReader, decode_message, encode_message
+from hwtui.core.supervisor import AnswerPipe, LineReader, decode_message
 from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.worker import (
     EXIT_ABORTED,
@@ -132,11 +132,7 @@ def main(argv: list[str]) -> int:
     fd = int(argv[0])
     _die_with_parent()
 
-    def emit(raw: dict[str, Any]) -> None:
-        view = memoryview(encode_message(raw))
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+    emit = AnswerPipe(fd).send
 
     t = time.perf_counter()
     import torch  # noqa: F401 - the point of a resident rank: paid once, here

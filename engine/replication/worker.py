@@ -32,7 +32,7 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent, Event, LogEvent
-from hwtui.core.supervisor import encode_message
+from hwtui.core.supervisor import AnswerPipe
 from hwtui.engine.replication.agree import (
     decode_slot,
     encode_slot,
@@ -1143,11 +1143,7 @@ def main(argv: list[str]) -> int:
     fd = int(argv[0])
     _die_with_parent()
 
-    def emit(raw: dict[str, Any]) -> None:
-        view = memoryview(encode_message(raw))
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+    emit = AnswerPipe(fd).send
 
     stopping: list[int] = []
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import select
-import threading
 import time
 from typing import Any
 
-from hwtui.core.supervisor import LineReader, decode_message, encode_message
+from hwtui.core.supervisor import AnswerPipe, LineReader, decode_message
 
 
 class ChannelClosed(EOFError):
@@ -28,16 +27,12 @@ class WorkerChannel:
     def __init__(self, in_fd: int, out_fd: int):
         self.in_fd = in_fd
         self.reader = LineReader()
-        self.out_fd = out_fd
-        self.lock = threading.Lock()
+        self.out = AnswerPipe(out_fd)
         self.pending: list[dict[str, Any]] = []
         self.closed = False
 
     def send(self, msg: dict[str, Any]) -> None:
-        data = encode_message(msg)
-        with self.lock:
-            while data:
-                data = data[os.write(self.out_fd, data):]
+        self.out.send(msg)
 
     def _read(self) -> None:
         chunk = os.read(self.in_fd, 1 << 16)
