@@ -230,4 +230,5 @@ def test_redaction_benchmark_runs_at_toy_size():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line.split() for line in r.stdout.splitlines()[1:]]
-    assert len(rows) >= 10 and all(float(row[-1]) > 0 for row in rows)
+    # Every shape prints its two times and their ratio (the figures themselves are the benchmark's, not a test's).
+    assert len(rows) >= 10 and all(float(row[-1]) >= 0 and float(row[-2]) >= 0 for row in rows)

@@ -30,3 +30,15 @@ def test_nested_structures():
 def test_redact_text_never_raises_and_is_idempotent(s):
     once = redact_text(s)
     assert redact_text(once) == once
+
+
+def test_a_value_of_many_bare_credentials_is_masked_whole():
+    # The one-scan path for `user:password@host` tokens must mask exactly what the token-by-token
+    # path masks, in every position (start, middle, end, beside URLs and assignments).
+    from hwtui.core.redact import MASK, redact_text
+
+    creds = " ".join(f"u{i}:pw{i}@h{i}" for i in range(2000))
+    out = redact_text(f"MASTER_ADDR=admin:root@m {creds} https://x:y@z/p git@github.com:r")
+    assert "pw" not in out and "root" not in out and ":y@" not in out
+    assert out.count(f"{MASK}@h") == 2000 and "git@github.com:r" in out and f"MASTER_ADDR={MASK}@m" in out
+    assert redact_text(out) == out
