@@ -10,17 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 
+from hwtui.app.commands._checkpoint import add_checkpoint_arguments, load_checkpoint
+
 HELP = "held-out loss of a trained checkpoint (hwtui train --checkpoint-dir)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint-dir", metavar="DIR", required=True,
-                        help="a --checkpoint-dir of hwtui train (its newest good checkpoint) or one ckpt-* directory")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--windows", type=int, metavar="N",
                         help="evaluate N windows spread over the held-out text (default: all of it, about 8,000 "
                              "windows of 64 bytes; N windows are only good to about +-0.6/sqrt(N))")
-    parser.add_argument("--threads", type=int, default=0, metavar="N",
-                        help="torch CPU threads (default 0: torch's own choice; 1 is far faster on a busy machine)")
     parser.add_argument("--seed", type=int, default=0, help="with --windows: where in each stretch the window falls")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -30,16 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.windows is not None and not 2 <= args.windows <= 1_000_000:
         raise HwtuiError(f"--windows must be between 2 and 1000000 (got {args.windows})")
-    if args.threads < 0:
-        raise HwtuiError(f"--threads must be >= 0 (got {args.threads})")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from hwtui.engine.training.evaluate import EvalError, heldout_loss, load
+    loaded = load_checkpoint(args)
+    from hwtui.engine.training.evaluate import EvalError, heldout_loss
 
     try:
-        loaded = load(args.checkpoint_dir)
         result = heldout_loss(loaded.model, args.windows, args.seed)
     except EvalError as exc:
         raise HwtuiError(str(exc)) from None

@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hwtui.app.commands._checkpoint import add_checkpoint_arguments, load_checkpoint
+
 HELP = "generate text with a trained checkpoint (hwtui train --checkpoint-dir)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint-dir", metavar="DIR", required=True,
-                        help="a --checkpoint-dir of hwtui train (its newest good checkpoint) or one ckpt-* directory")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--prompt", default="def ", help="text to continue (default 'def ')")
     parser.add_argument("--length", type=int, default=200, metavar="BYTES", help="bytes to generate (default 200)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = always the likeliest byte (default 0.8)")
     parser.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest bytes (0 = all)")
-    parser.add_argument("--threads", type=int, default=0, metavar="N",
-                        help="torch CPU threads (default 0: torch's own choice; 1 is far faster on a busy machine)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -31,18 +30,8 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError(f"--temperature must be a finite number >= 0 (got {args.temperature})")
     if args.top_k < 0:
         raise HwtuiError(f"--top-k must be >= 0 (got {args.top_k})")
-    if args.threads < 0:
-        raise HwtuiError(f"--threads must be >= 0 (got {args.threads})")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from hwtui.engine.training.evaluate import EvalError, generate, load
-
-    try:
-        loaded = load(args.checkpoint_dir)
-    except EvalError as exc:
-        raise HwtuiError(str(exc)) from None
+    loaded = load_checkpoint(args)
+    from hwtui.engine.training.evaluate import generate
     prompt = args.prompt.encode("utf-8", "surrogateescape")
     out = generate(loaded.model, prompt, args.length, args.temperature, args.top_k, args.seed)
     sys.stdout.buffer.write(prompt + out + b"\n")

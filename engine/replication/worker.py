@@ -734,12 +734,7 @@ class Worker:
             hbuf[:size].copy_(data)
             got = xxh3_hex(hbuf[:size].numpy())
             self._host_pooled().release(hbuf)
-        if got == plan.buckets[ob]["checksum"]:
-            return True
-        self.failures.append(f"bucket {ob} failed verification on rank {self.rank} "
-                             f"(xxh3 {got} != plan {plan.buckets[ob]['checksum']})")
-        self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="verify"))
-        return False
+        return self._verify_digest(plan, ob, got)
 
     # ------------------------------------------------------------------ commit
 
