@@ -54,9 +54,9 @@ class ProcessTable(DataTable):
             for key, new in zip(keys, rows, strict=True):
                 old = before[key]
                 if old.mem_bytes != new.mem_bytes:
-                    self.update_cell(key, "mem", Text(_mem(new.mem_bytes), justify="right"))
+                    self.update_cell(key, "mem", Text(_mem(new.mem_bytes), justify="right"), update_width=True)
                 if old.command != new.command:
-                    self.update_cell(key, "command", new.command)
+                    self.update_cell(key, "command", new.command, update_width=True)
             if keys != list(before):
                 order = {(p.device, str(p.pid)): i for i, p in enumerate(rows)}
                 self.sort("device", "pid", key=lambda cells: order[(str(cells[0]), str(cells[1]))])

@@ -41,5 +41,7 @@ class WorkerTable(DataTable):
                 self.add_row(*texts.values(), key=str(rank))
                 self._keys.add(rank)
             else:
+                # update_width: the first row may have been added before the first loss and memory
+                # figures arrived ("-"), and a column never widens on its own: "0.2262" showed as "0.22".
                 for col, value in texts.items():
-                    self.update_cell(str(rank), col, value)
+                    self.update_cell(str(rank), col, value, update_width=True)
