@@ -56,6 +56,24 @@ class ReplStart(Event):
     chunk_bytes: int
 
 
+# Start-up phases a rank passes before the first byte moves, in order (``ReplRanks.counts`` keys).
+RANK_PHASES = ("started", "plan loaded", "world joined", "ready")
+
+
+@event("repl.ranks")
+class ReplRanks(Event):
+    """Rank start-up: how many ranks reached each phase, so a view can say "ranks ready 2/4 (world joined)".
+
+    The launcher sends one whenever a rank moves on (aggregated from the ranks' own reports, never
+    guessed from time). ``phase`` is the furthest phase *every* rank has reached.
+    """
+
+    world_size: int
+    ready: int  # ranks that finished set-up and wait for (or run) the transfer
+    phase: str  # one of RANK_PHASES
+    counts: dict[str, int]  # phase -> ranks that reached it (a rank past a phase counts for it)
+
+
 @event("repl.bucket")
 class ReplBucket(Event):
     bucket_id: int
@@ -97,5 +115,5 @@ class ReplDone(Event):
     report: dict[str, Any] | None = None
 
 
-__all__ = ["ReplStart", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
+__all__ = ["ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
            "BUCKET_STATES", "BucketState", "COMMIT_PHASES"]
