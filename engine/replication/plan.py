@@ -42,6 +42,7 @@ import xxhash
 from hwtui.core.atomic import atomic_write_text
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication import plan_format
+from hwtui.engine.replication import st_header
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.plan_legacy import PLAN_SCHEMA as PLAN_SCHEMA_V1
 from hwtui.engine.replication.plan_legacy import canonical, check_version, validate_v1
@@ -54,7 +55,6 @@ from hwtui.engine.replication.weights import (
     load_torch_state,
     open_regular,
     read_capped,
-    safetensors_columns,
     strict_json,
     tensor_bytes,
     torch_tensor_infos,
@@ -287,7 +287,7 @@ class Plan:
     def sections(self) -> dict[str, np.ndarray]:
         t = self.tables
         text = "".join(t.names).encode("utf-8", "surrogatepass")
-        name_end = np.cumsum(np.fromiter((len(n) for n in t.names), dtype=np.int64, count=len(t.names)))
+        name_end = np.cumsum(np.fromiter(map(len, t.names), dtype=np.int64, count=len(t.names)))
         out: dict[str, np.ndarray] = {"name_text": np.frombuffer(text, dtype=np.uint8), "name_end": name_end}
         for key in _SECTION_DTYPES:
             out[key] = getattr(t, key)
@@ -390,6 +390,8 @@ class Columns:
     dims: Any = None  # np.int64, all shapes end to end
     nbytes: Any = None  # np.int64
     offset: Any = None  # np.int64: absolute offset in a safetensors file; 0 for torch files
+    sort_keys: Any = None  # (n, 8k) uint8: each name's UTF-8 bytes zero-padded (st_header.name_keys), or None
+    name_order: Any = None  # the order that sorts sort_keys, when known
 
     @staticmethod
     def of(file: int, infos: Iterable[TensorInfo]) -> Columns:
@@ -407,10 +409,14 @@ class Columns:
         if not parts:
             return Columns.of(0, [])
         cat = np.concatenate
+        keys = None
+        if all(p.sort_keys is not None for p in parts):
+            width = max(p.sort_keys.shape[1] for p in parts)
+            keys = cat([np.pad(p.sort_keys, ((0, 0), (0, width - p.sort_keys.shape[1]))) for p in parts])
         return Columns(name=[n for p in parts for n in p.name], file=cat([p.file for p in parts]),
                        dtype=cat([p.dtype for p in parts]), ndims=cat([p.ndims for p in parts]),
                        dims=cat([p.dims for p in parts]), nbytes=cat([p.nbytes for p in parts]),
-                       offset=cat([p.offset for p in parts]))
+                       offset=cat([p.offset for p in parts]), sort_keys=keys)
 
 
 @dataclass
@@ -450,24 +456,23 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
     return cols, lambda k: reader(flat[k])
 
 
-def _sort_names(names: list[str]) -> tuple[list[int], list[str]]:
-    """(source indexes in name order, the names in that order)."""
-    if names and max(map(len, names)) <= 256:
-        # numpy sorts a fixed-width copy without touching a million scattered str objects; bounded
-        # width so a hostile 1 MB name cannot make the copy huge
-        arr = np.array(names)
-        perm = np.argsort(arr, kind="stable")
-        ordered = arr[perm]
-        dup = np.nonzero(ordered[1:] == ordered[:-1])[0]
-        if len(dup):
-            raise HwtuiError(f"tensor {str(ordered[dup[0]])[:80]!r} appears in more than one weight file")
-        return perm.tolist(), ordered.tolist()
-    by_name = sorted(range(len(names)), key=names.__getitem__)
-    ordered_names = [names[k] for k in by_name]
-    for i in range(1, len(ordered_names)):
-        if ordered_names[i] == ordered_names[i - 1]:
-            raise HwtuiError(f"tensor {ordered_names[i][:80]!r} appears in more than one weight file")
-    return by_name, ordered_names
+def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str]]:
+    """(source indexes in name order, the names in that order); a name twice is refused."""
+    names = cols.name
+    keys = cols.sort_keys if cols.sort_keys is not None else st_header.name_keys(names)
+    if keys is None:  # a name over 256 bytes or with a NUL: compare the strings themselves
+        perm = np.asarray(sorted(range(len(names)), key=names.__getitem__), dtype=np.int64)
+        ordered = list(map(names.__getitem__, perm.tolist()))
+        dup = next((i for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]), None)
+        if dup is not None:
+            raise HwtuiError(f"tensor {ordered[dup][:80]!r} appears in more than one weight file")
+        return perm, ordered
+    # Fixed-width byte rows sort without touching a million scattered str objects.
+    perm = cols.name_order if cols.name_order is not None else st_header.sort_order(keys)
+    dup = st_header.first_duplicate(keys, perm)
+    if dup is not None:
+        raise HwtuiError(f"tensor {names[dup][:80]!r} appears in more than one weight file")
+    return perm, list(map(names.__getitem__, perm.tolist()))
 
 
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
@@ -482,12 +487,14 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     cols, fetch = _columns(inputs)
     names, n_tensors = cols.name, len(cols.name)
 
-    by_name, sorted_names = _sort_names(names)
-    perm = np.asarray(by_name, dtype=np.int64)
+    perm, sorted_names = _sort_names(cols)
     rank = np.empty(n_tensors, dtype=np.int64)
     rank[perm] = np.arange(n_tensors, dtype=np.int64)
     file_arr, off_arr, nb_arr = cols.file, cols.offset, cols.nbytes
-    order = np.lexsort((rank, off_arr, file_arr))  # stream order: (file, offset, name)
+    if n_tensors and (file_arr[1:] == file_arr[0]).all() and (off_arr[1:] > off_arr[:-1]).all():
+        order = np.arange(n_tensors, dtype=np.int64)  # one file, already by offset: the usual header order
+    else:
+        order = np.lexsort((rank, off_arr, file_arr))  # stream order: (file, offset, name)
 
     # Every tensor's checksum, in stream order (sequential reads of the page cache).
     is_st = [f["format"] == "safetensors" for f in inputs.files]
@@ -498,8 +505,11 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         idx = order[bounds[f]:bounds[f + 1]]
         mv = inputs.buffers.get(f) if is_st[f] else None
         if mv is not None:
-            offs, ns = off_arr[idx].tolist(), nb_arr[idx].tolist()
-            checksum[idx] = [digest64(mv[o:o + n]) for o, n in zip(offs, ns, strict=True)]
+            # C-level iteration (map over slices), no bytecode per tensor: a million tiny tensors
+            # hash at the cost of the hash calls themselves
+            lo = off_arr[idx]
+            slices = map(slice, lo.tolist(), (lo + nb_arr[idx]).tolist())
+            checksum[idx] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64, count=len(idx))
         else:
             checksum[idx] = [digest64(fetch(k)) for k in idx.tolist()]
 
@@ -682,14 +692,16 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
         fmt = file_format(path)
         entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": st.st_size}
         if fmt == "safetensors":
-            c, raw_header, start = safetensors_columns(path)
+            header, raw_header, start = st_header.safetensors_header(str(path))
+            c = header.columns
             entry.update(header_xxh3=xxh3_hex(raw_header), data_start=start)
             mapped = MappedArray(path)
             inputs.closers.append(mapped.close)
             inputs.buffers[idx] = memoryview(mapped.array) if mapped.array.size else memoryview(b"")
             inputs.source_headers[idx] = raw_header
             parts.append(Columns(name=c.names, file=np.full(len(c.names), idx, dtype=np.int64), dtype=c.dtype,
-                                 ndims=c.ndims, dims=c.dims, nbytes=c.nbytes, offset=c.offset))
+                                 ndims=c.ndims, dims=c.dims, nbytes=c.nbytes, offset=c.offset,
+                                 sort_keys=header.sort_keys, name_order=header.name_order))
         else:
             state = load_torch_state(path)
             inputs.by_name[idx] = {k: tensor_bytes(v).numpy() for k, v in state.items()}
@@ -945,8 +957,6 @@ def preflight_sources(plan: Plan) -> None:
     Content changes that keep size and header are caught when the source hashes each bucket
     before sending it (a mismatch names the bucket and stops the run before any commit).
     """
-    from hwtui.engine.replication.weights import read_safetensors_header
-
     for f in plan["files"]:
         p = Path(f["path"])
         try:
@@ -957,7 +967,7 @@ def preflight_sources(plan: Plan) -> None:
         if st.st_size != f["size"]:
             raise HwtuiError(f"weight file {p} changed since planning: {st.st_size} bytes, plan says {f['size']}")
         if f["format"] == "safetensors":
-            _, raw_header, _ = read_safetensors_header(p)
+            raw_header = st_header.header_bytes(str(p))  # compared whole: no need to parse a million entries
             if xxh3_hex(raw_header) != f.get("header_xxh3"):
                 raise HwtuiError(f"weight file {p} changed since planning: its safetensors header differs")
 

@@ -1,0 +1,344 @@
+"""A vectorised reader for the regular form of a safetensors header (the planner's fast path).
+
+Every safetensors writer in practice (the Rust library behind ``safetensors``, and ``json.dumps``
+with compact separators) writes the header in one shape::
+
+    {"__metadata__":{...},"NAME":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]},...}   + spaces
+
+The general reader (``weights.parse_safetensors_columns``) builds a dict and two lists per tensor
+with the stdlib JSON parser: about 3 CPU-s for a million tensors. Here the header is scanned as a
+numpy byte array instead: every quote is located, each entry's fixed text (``":{"dtype":"`` and so
+on) is compared at the positions the quotes imply, and the numbers are parsed column by column.
+No Python object is made per tensor but its name.
+
+Hostile input cannot get further here than through the general reader: this reader accepts only
+headers it has checked byte for byte to be in the regular form (no escapes, no whitespace, no
+control characters, no leading zeros, numbers of at most 18 digits, every entry's keys in that
+order, no duplicate names) and that satisfy every check the general reader makes (known dtype,
+at most 64 dims, offsets inside the file matching dtype and shape, no two tensors overlapping).
+Anything else returns ``None`` and the general reader decides, so an irregular but valid header
+is read the slow way and a bad one gets the general reader's one-line error, exactly as before.
+The tests compare both readers on generated and corrupted headers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from hwtui.engine.replication.weights import (
+    DTYPE_NAMES,
+    DTYPES,
+    MAX_HEADER,
+    SafetensorsColumns,
+    _read_header_bytes,
+    parse_safetensors_columns,
+)
+
+_MAX_DIMS = 64  # as the general reader
+_MAX_DIGITS = 18  # 10**18 < 2**63: a column of such numbers never wraps int64
+MAX_KEY_BYTES = 256  # longest name kept as a fixed-width sort key (longer: the planner sorts the strings)
+
+# A flat object of strings to strings, no whitespace: the regular __metadata__. Possessive
+# quantifiers: linear on any input, no backtracking.
+_STR = rb'"(?:[^"\\\x00-\x1f]++|\\.)*+"'
+_META = re.compile(rb'\{"__metadata__":(\{(?:' + _STR + b":" + _STR + b"(?:," + _STR + b":" + _STR + rb")*+)?\})")
+
+_OPEN = np.frombuffer(b'":{"dtype":"', dtype=np.uint8)  # name's closing quote .. dtype's opening quote
+_SHAPE = np.frombuffer(b'","shape":[', dtype=np.uint8)  # dtype's closing quote .. the dims
+_OFFSETS = np.frombuffer(b'],"data_offsets":[', dtype=np.uint8)  # after the dims .. the offsets
+_NEXT = np.frombuffer(b']},"', dtype=np.uint8)  # after the offsets .. the next name's opening quote
+_LAST = np.frombuffer(b"]}", dtype=np.uint8)  # after the last entry's offsets, before the header's "}"
+
+
+def _dtype_keys() -> tuple[np.ndarray, np.ndarray]:
+    """Each dtype name as a little-endian u8 of its bytes zero-padded to 8, sorted, with its code."""
+    keys = np.asarray([int.from_bytes(d.encode().ljust(8, b"\0"), "little") for d in DTYPE_NAMES], dtype=np.uint64)
+    order = np.argsort(keys)
+    return keys[order], order.astype(np.uint8)
+
+
+_DT_KEYS, _DT_CODES = _dtype_keys()
+_ITEMSIZE = np.asarray([DTYPES[d][0] for d in DTYPE_NAMES], dtype=np.int64)
+
+
+@dataclass
+class Header:
+    """A parsed header: its columns, and (fast path only) each name's UTF-8 bytes as a row of a
+    zero-padded byte matrix in header order (see :func:`name_keys`) with the order that sorts them."""
+
+    columns: SafetensorsColumns
+    sort_keys: np.ndarray | None = None
+    name_order: np.ndarray | None = None  # stable argsort of sort_keys: the names in sorted order
+
+
+class _Irregular(Exception):
+    """Not in the regular form, or not valid: the general reader decides."""
+
+
+def _windows(buf: np.ndarray, at: np.ndarray, lit: np.ndarray) -> None:
+    """Every ``buf[at[k]:at[k] + len(lit)]`` equals ``lit`` (else irregular)."""
+    w = len(lit)
+    if len(at) and (at.min() < 0 or at.max() > len(buf) - w):
+        raise _Irregular
+    if len(at) and not (sliding_window_view(buf, w)[at] == lit).all():
+        raise _Irregular
+
+
+def regular_columns(raw: bytes, start: int, size: int) -> Header | None:
+    """The header's columns when it is in the regular form and valid; None otherwise."""
+    try:
+        return _scan(raw, start, size)
+    except _Irregular:
+        return None
+
+
+def read_columns(raw: bytes, start: int, size: int, where: str) -> Header:
+    """The regular form the fast way, anything else through the general reader (its errors)."""
+    fast = regular_columns(raw, start, size)
+    if fast is not None:
+        return fast
+    return Header(parse_safetensors_columns(raw, start, size, where))
+
+
+def safetensors_header(path: str) -> tuple[Header, bytes, int]:
+    """-> (the header's columns, its exact bytes, the data start) of a safetensors file."""
+    raw, start, size = _read_header_bytes(path)
+    return read_columns(raw, start, size, str(path)), raw, start
+
+
+def header_bytes(path: str) -> bytes:
+    """The exact header bytes of a safetensors file, not parsed (what preflight compares)."""
+    return _read_header_bytes(path)[0]
+
+
+def _body_bounds(raw: bytes) -> tuple[int, int]:
+    """[p0, p1): the tensor entries, between the metadata (or the opening brace) and the closing brace."""
+    e = len(raw)
+    tail = np.frombuffer(raw, dtype=np.uint8, count=min(e, 64), offset=e - min(e, 64))
+    pad = np.flatnonzero(tail != 0x20)
+    if not len(pad):
+        raise _Irregular
+    e -= len(tail) - 1 - int(pad[-1])  # the header may be padded with spaces (to 8 bytes) after the brace
+    if e < 2 or raw[0] != 0x7B or raw[e - 1] != 0x7D:
+        raise _Irregular
+    p0 = 1
+    if raw.startswith(b'{"__metadata__":'):
+        m = _META.match(raw)
+        if m is None or raw[m.end():m.end() + 1] != b",":
+            raise _Irregular
+        try:
+            json.loads(m.group(1))  # its escapes and UTF-8; values are strings by the pattern
+        except (ValueError, RecursionError):
+            raise _Irregular from None
+        p0 = m.end() + 1
+    return p0, e - 1
+
+
+def _scan(raw: bytes, start: int, size: int) -> Header:
+    if len(raw) > MAX_HEADER:
+        raise _Irregular
+    p0, p1 = _body_bounds(raw)
+    if raw.find(b"\\", p0, p1) >= 0:  # an escape anywhere in the entries: the general reader
+        raise _Irregular
+    body = np.frombuffer(raw, dtype=np.uint8, count=p1 - p0, offset=p0)
+    if not len(body) or body.min() < 0x20:
+        raise _Irregular
+    q = np.flatnonzero(body == 0x22)
+    if len(q) % 10 or not len(q) or q[0] != 0:
+        raise _Irregular
+    n = len(q) // 10
+    quotes = q.reshape(n, 10)
+    name_lo, name_hi = quotes[:, 0] + 1, quotes[:, 1]  # [lo, hi): the name's bytes
+    dt_lo, dt_hi = quotes[:, 4] + 1, quotes[:, 5]
+    dims_lo, dims_hi = quotes[:, 5] + len(_SHAPE), quotes[:, 8] - 2
+    off_lo = quotes[:, 8] + len(_OFFSETS) - 2
+    off_hi = np.empty(n, dtype=np.int64)
+    off_hi[:-1] = quotes[1:, 0] - 3
+    off_hi[-1] = len(body) - 2
+    del q, quotes
+    # The fixed text at the positions the quotes imply (each literal's quotes are then exactly the
+    # ones counted: the ten quotes of an entry are its name, "dtype", the dtype, "shape", "data_offsets").
+    _windows(body, name_hi, _OPEN)
+    _windows(body, dt_hi, _SHAPE)
+    _windows(body, dims_hi, _OFFSETS)
+    _windows(body, off_hi[:-1], _NEXT)
+    _windows(body, off_hi[-1:], _LAST)
+    if (dims_hi < dims_lo).any() or (off_hi < off_lo).any():
+        raise _Irregular
+
+    codes = _dtype_codes(body, dt_lo, dt_hi)
+    ndims, dims, a, b = _numbers(body, dims_lo, dims_hi, off_lo, off_hi)
+    names, keys = _names(body, name_lo, name_hi)
+    cols, order = _validated(names, codes, ndims, dims, a, b, start, size, keys)
+    return Header(cols, keys, order)
+
+
+def _gather(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The byte ranges [lo, hi) of ``body`` end to end (int32 indexes: a header is at most 100 MB)."""
+    length = (hi - lo).astype(np.int32)
+    out_start = np.cumsum(length, dtype=np.int64) - length
+    total = int(out_start[-1] + length[-1]) if len(length) else 0
+    idx = np.repeat((lo - out_start).astype(np.int32), length)
+    idx += np.arange(total, dtype=np.int32)
+    return body[idx]
+
+
+def _dtype_codes(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    length = hi - lo
+    if length.min() < 1 or length.max() > 8:
+        raise _Irregular
+    win = sliding_window_view(body, 8)[lo].copy()  # in range: 11 bytes of fixed text follow a dtype
+    win[np.arange(8) >= length[:, None]] = 0
+    key = win.view("<u8").ravel()
+    pos = np.minimum(np.searchsorted(_DT_KEYS, key), len(_DT_KEYS) - 1)
+    if not (_DT_KEYS[pos] == key).all():
+        raise _Irregular
+    return _DT_CODES[pos]
+
+
+def _numbers(body: np.ndarray, dims_lo: np.ndarray, dims_hi: np.ndarray, off_lo: np.ndarray,
+             off_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Parse every entry's dims and its two offsets: (ndims, dims end to end, begin, end)."""
+    n = len(dims_lo)
+    seg_lo = np.empty(2 * n, dtype=np.int64)  # segments alternate: dims of entry k, offsets of entry k
+    seg_lo[0::2], seg_lo[1::2] = dims_lo, off_lo
+    seg_hi = np.empty(2 * n, dtype=np.int64)
+    seg_hi[0::2], seg_hi[1::2] = dims_hi, off_hi
+    text = _gather(body, seg_lo, seg_hi)
+    seg_len = seg_hi - seg_lo
+    seg_start = np.cumsum(seg_len) - seg_len  # in ``text``
+    digit = (text - np.uint8(0x30)) < 10
+    comma = text == 0x2C
+    if not (digit | comma).all():
+        raise _Irregular
+    first = np.zeros(len(text) + 1, dtype=bool)
+    first[seg_start] = True  # a segment's first byte (empty segments leave no trace in ``text``)
+    last = np.zeros(len(text) + 1, dtype=bool)
+    last[(seg_start + seg_len - 1)[seg_len > 0]] = True
+    # A comma sits between two digits of its own segment: no leading, trailing or double commas.
+    cp = np.flatnonzero(comma)
+    if len(cp) and (first[cp] | last[cp] | ~digit[np.maximum(cp - 1, 0)]
+                    | ~digit[np.minimum(cp + 1, len(text) - 1)]).any():
+        raise _Irregular
+    starts = np.flatnonzero(digit & (first[:-1] | np.concatenate(([True], ~digit[:-1]))))
+    ends = np.flatnonzero(digit & (last[:-1] | np.concatenate((~digit[1:], [True])))) + 1
+    del digit, comma, first, last
+    width = ends - starts
+    if len(width) and (width.max() > _MAX_DIGITS or ((width > 1) & (text[starts] == 0x30)).any()):
+        raise _Irregular  # a leading zero is not JSON; 19+ digits: the general reader's big-int checks
+    # Each number, one digit column at a time (at most 18 passes over the numbers, not the bytes).
+    values = np.zeros(len(starts), dtype=np.int64)
+    padded = np.concatenate((np.full(_MAX_DIGITS, 0x30, dtype=np.uint8), text))
+    right = ends + _MAX_DIGITS  # in ``padded``
+    top = int(width.max()) if len(width) else 0
+    for j in range(top, 0, -1):
+        col = padded[right - j].astype(np.int64) - 0x30
+        col[width < j] = 0
+        values = values * 10 + col
+    # Which segment each number is in: numbers and segments are both in text order.
+    seg_of = np.searchsorted(seg_start, starts, side="right") - 1
+    counts = np.bincount(seg_of, minlength=2 * n)
+    ndims = counts[0::2]
+    if (counts[1::2] != 2).any() or ndims.max() > _MAX_DIMS:
+        raise _Irregular
+    is_off = (seg_of & 1).astype(bool)
+    offs = values[is_off].reshape(n, 2)
+    return ndims.astype(np.int64), values[~is_off], offs[:, 0].copy(), offs[:, 1].copy()
+
+
+def _names(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list[str], np.ndarray | None]:
+    """The names as str (one decode and one split for all of them) and as fixed-width sort keys."""
+    joined = _gather(body, lo, hi + 1).tobytes()  # each closing quote comes along: it separates the names
+    try:
+        text = joined[:-1].decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Irregular from None
+    names = text.split('"')
+    del text, joined
+    blen = hi - lo
+    width = -(-max(int(blen.max()), 1) // 8) * 8
+    keys = None
+    if width <= MAX_KEY_BYTES:  # in range: 12 bytes of fixed text follow a name, 7 of them are enough
+        keys = sliding_window_view(body, width)[lo].copy()
+        keys[np.arange(width) >= blen[:, None]] = 0
+    return names, keys
+
+
+def name_keys(names: list[str]) -> np.ndarray | None:
+    """Each name's UTF-8 bytes (lone surrogates passed through) as one row of a zero-padded
+    ``(n, 8k)`` byte matrix: rows in byte order are the names in ``sorted()`` order (UTF-8 keeps
+    code point order). None when a name is longer than ``MAX_KEY_BYTES`` or holds a NUL."""
+    raw = [n.encode("utf-8", "surrogatepass") for n in names]
+    width = -(-max(map(len, raw), default=1) // 8) * 8 or 8
+    if width > MAX_KEY_BYTES or any(b"\0" in r for r in raw):
+        return None
+    keys = np.zeros((len(raw), width), dtype=np.uint8)
+    if raw:
+        keys.view(f"S{width}").ravel()[:] = raw
+    return keys
+
+
+def sort_order(keys: np.ndarray) -> np.ndarray:
+    """The stable order that sorts the rows of a ``name_keys`` matrix bytewise.
+
+    The rows are read as big-endian 8-byte integers and sorted column by column (``lexsort``):
+    several times faster than comparing byte strings, and columns every row shares (a common
+    prefix such as ``model.layers.``) are skipped."""
+    cols = np.ascontiguousarray(keys).view(">u8")
+    varying = [j for j in range(cols.shape[1]) if len(cols) and not (cols[:, j] == cols[0, j]).all()]
+    if not varying:
+        return np.arange(len(keys), dtype=np.int64)
+    return np.lexsort([cols[:, j].astype(np.uint64) for j in reversed(varying)]).astype(np.int64)
+
+
+def first_duplicate(keys: np.ndarray, order: np.ndarray) -> int | None:
+    """The index (into ``keys``) of a row equal to the row sorted before it, or None."""
+    cols = np.ascontiguousarray(keys).view(">u8")[order]
+    same = (cols[1:] == cols[:-1]).all(axis=1)
+    hit = np.flatnonzero(same)
+    return int(order[hit[0] + 1]) if len(hit) else None
+
+
+def _validated(names: list[str], codes: np.ndarray, ndims: np.ndarray, dims: np.ndarray, a: np.ndarray, b: np.ndarray,
+               start: int, size: int, keys: np.ndarray | None) -> tuple[SafetensorsColumns, np.ndarray | None]:
+    """The general reader's checks, vectorised; any failure lets the general reader word the error."""
+    n = len(names)
+    if "__metadata__" in names:
+        raise _Irregular
+    ends = np.cumsum(ndims)
+    begins = ends - ndims
+    cum = np.concatenate(([0.0], np.cumsum(np.log2(dims.astype(np.float64) + 1))))
+    if len(dims) and (cum[ends] - cum[begins]).max() > 58:  # the product could reach 2**62 x itemsize
+        raise _Irregular
+    prods = np.ones(n, dtype=np.int64)
+    nz = ndims > 0
+    if nz.any():
+        prods[nz] = np.multiply.reduceat(dims, begins[nz])
+    nbytes = prods * _ITEMSIZE[codes]
+    if not ((a >= 0) & (a <= b) & (b <= size - start) & (b - a == nbytes)).all() or nbytes.max() >= 1 << 62:
+        raise _Irregular
+    if (a[1:] >= a[:-1] + nbytes[:-1]).all():  # a writer's usual order: by offset
+        o, m = a, nbytes
+    else:
+        order = np.argsort(a, kind="stable")
+        o, m = a[order], nbytes[order]
+    if (o[1:] < o[:-1] + m[:-1]).any():
+        raise _Irregular  # overlapping tensors: the general reader names them
+    # Duplicate names: a JSON object keeps the last one; the general reader decides what that means.
+    # Sorting the fixed-width keys (timsort: a writer's already sorted runs cost one pass) also
+    # gives the planner its name order.
+    name_order = None
+    if keys is not None:
+        name_order = sort_order(keys)
+        if first_duplicate(keys, name_order) is not None:
+            raise _Irregular
+    elif len(set(names)) != n:
+        raise _Irregular
+    cols = SafetensorsColumns(names=names, dtype=codes.astype(np.uint8), ndims=ndims, dims=dims, nbytes=nbytes,
+                              offset=a + start)
+    return cols, name_order
