@@ -177,6 +177,7 @@ class Plan:
         self._views: dict[str, Any] = {}
         self._bucket_items: _BucketItems | None = None
         self._encoded: tuple[list[Any], str] | None = None
+        self._name_sections: tuple[np.ndarray, np.ndarray] | None = None  # (name_text, name_end) when known
 
     # -- the API the worker and launcher use
     @property
@@ -286,9 +287,13 @@ class Plan:
 
     def sections(self) -> dict[str, np.ndarray]:
         t = self.tables
-        text = "".join(t.names).encode("utf-8", "surrogatepass")
-        name_end = np.cumsum(np.fromiter(map(len, t.names), dtype=np.int64, count=len(t.names)))
-        out: dict[str, np.ndarray] = {"name_text": np.frombuffer(text, dtype=np.uint8), "name_end": name_end}
+        if self._name_sections is not None:
+            name_text, name_end = self._name_sections
+        else:
+            text = "".join(t.names).encode("utf-8", "surrogatepass")
+            name_text = np.frombuffer(text, dtype=np.uint8)
+            name_end = np.cumsum(np.fromiter(map(len, t.names), dtype=np.int64, count=len(t.names)))
+        out: dict[str, np.ndarray] = {"name_text": name_text, "name_end": name_end}
         for key in _SECTION_DTYPES:
             out[key] = getattr(t, key)
         for f, raw in sorted(self.source_headers.items()):
@@ -456,8 +461,9 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
     return cols, lambda k: reader(flat[k])
 
 
-def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str]]:
-    """(source indexes in name order, the names in that order); a name twice is refused."""
+def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray, np.ndarray] | None]:
+    """(source indexes in name order, the names in that order, their name_text / name_end sections
+    when known); a name twice is refused."""
     names = cols.name
     keys = cols.sort_keys if cols.sort_keys is not None else st_header.name_keys(names)
     if keys is None:  # a name over 256 bytes or with a NUL: compare the strings themselves
@@ -466,13 +472,14 @@ def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str]]:
         dup = next((i for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]), None)
         if dup is not None:
             raise HwtuiError(f"tensor {ordered[dup][:80]!r} appears in more than one weight file")
-        return perm, ordered
+        return perm, ordered, None
     # Fixed-width byte rows sort without touching a million scattered str objects.
     perm = cols.name_order if cols.name_order is not None else st_header.sort_order(keys)
     dup = st_header.first_duplicate(keys, perm)
     if dup is not None:
         raise HwtuiError(f"tensor {names[dup][:80]!r} appears in more than one weight file")
-    return perm, list(map(names.__getitem__, perm.tolist()))
+    ordered, text, ends = st_header.sorted_names(keys, perm)
+    return perm, ordered, (text, ends)
 
 
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
@@ -487,7 +494,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     cols, fetch = _columns(inputs)
     names, n_tensors = cols.name, len(cols.name)
 
-    perm, sorted_names = _sort_names(cols)
+    perm, sorted_names, name_sections = _sort_names(cols)
     rank = np.empty(n_tensors, dtype=np.int64)
     rank[perm] = np.arange(n_tensors, dtype=np.int64)
     file_arr, off_arr, nb_arr = cols.file, cols.offset, cols.nbytes
@@ -562,6 +569,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         "counts": {"tensors": n_tensors, "buckets": len(b_size), "items": len(i_src)},
     }
     plan = Plan(meta, tables, "", "<new plan>", dict(inputs.source_headers))
+    plan._name_sections = name_sections
     plan._encoded = _encode(plan)
     plan._digest = plan._encoded[1]
     return plan

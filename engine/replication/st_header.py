@@ -209,44 +209,37 @@ def _numbers(body: np.ndarray, dims_lo: np.ndarray, dims_hi: np.ndarray, off_lo:
     seg_lo[0::2], seg_lo[1::2] = dims_lo, off_lo
     seg_hi = np.empty(2 * n, dtype=np.int64)
     seg_hi[0::2], seg_hi[1::2] = dims_hi, off_hi
-    text = _gather(body, seg_lo, seg_hi)
     seg_len = seg_hi - seg_lo
-    seg_start = np.cumsum(seg_len) - seg_len  # in ``text``
+    # Every segment with the "]" that closes it (the fixed text checked that one does).
+    text = _gather(body, seg_lo, seg_hi + 1)
+    close_at = np.cumsum(seg_len + 1) - 1  # each segment's "]" in ``text``
     digit = (text - np.uint8(0x30)) < 10
     comma = text == 0x2C
-    if not (digit | comma).all():
+    if not (digit | comma | (text == 0x5D)).all() or np.count_nonzero(text == 0x5D) != len(seg_lo):
+        raise _Irregular  # only digits and commas inside: no sign, fraction, exponent, space or bracket
+    # A comma between two digits (no leading, trailing or double comma, none in an empty list); no
+    # number with a leading zero (not JSON). Every segment starts after a "]" or at 0 and ends at one.
+    if len(text) < 2 or comma[0] or (comma[1:-1] & ~(digit[:-2] & digit[2:])).any():
         raise _Irregular
-    first = np.zeros(len(text) + 1, dtype=bool)
-    first[seg_start] = True  # a segment's first byte (empty segments leave no trace in ``text``)
-    last = np.zeros(len(text) + 1, dtype=bool)
-    last[(seg_start + seg_len - 1)[seg_len > 0]] = True
-    # A comma sits between two digits of its own segment: no leading, trailing or double commas.
-    cp = np.flatnonzero(comma)
-    if len(cp) and (first[cp] | last[cp] | ~digit[np.maximum(cp - 1, 0)]
-                    | ~digit[np.minimum(cp + 1, len(text) - 1)]).any():
+    zero = text == 0x30
+    if (zero[0] & digit[1]) or (zero[1:-1] & ~digit[:-2] & digit[2:]).any():
         raise _Irregular
-    starts = np.flatnonzero(digit & (first[:-1] | np.concatenate(([True], ~digit[:-1]))))
-    ends = np.flatnonzero(digit & (last[:-1] | np.concatenate((~digit[1:], [True])))) + 1
-    del digit, comma, first, last
-    width = ends - starts
-    if len(width) and (width.max() > _MAX_DIGITS or ((width > 1) & (text[starts] == 0x30)).any()):
-        raise _Irregular  # a leading zero is not JSON; 19+ digits: the general reader's big-int checks
-    # Each number, one digit column at a time (at most 18 passes over the numbers, not the bytes).
-    values = np.zeros(len(starts), dtype=np.int64)
-    padded = np.concatenate((np.full(_MAX_DIGITS, 0x30, dtype=np.uint8), text))
-    right = ends + _MAX_DIGITS  # in ``padded``
-    top = int(width.max()) if len(width) else 0
-    for j in range(top, 0, -1):
-        col = padded[right - j].astype(np.int64) - 0x30
-        col[width < j] = 0
-        values = values * 10 + col
-    # Which segment each number is in: numbers and segments are both in text order.
-    seg_of = np.searchsorted(seg_start, starts, side="right") - 1
-    counts = np.bincount(seg_of, minlength=2 * n)
-    ndims = counts[0::2]
-    if (counts[1::2] != 2).any() or ndims.max() > _MAX_DIMS:
+    del zero
+    commas = np.bincount(np.searchsorted(close_at, np.flatnonzero(comma)), minlength=len(seg_lo))
+    count = (commas + 1) * (seg_len > 0)
+    del digit, comma
+    ndims = count[0::2]
+    if (count[1::2] != 2).any() or ndims.max() > _MAX_DIMS:
         raise _Irregular
-    is_off = (seg_of & 1).astype(bool)
+    # numpy's C text reader, once the text is known to be digits and commas: each "]" becomes the
+    # comma that ends its segment's last number (a space for an empty segment, which has none).
+    text[close_at] = 0x2C
+    text[close_at[seg_len == 0]] = 0x20
+    values = np.fromstring(text.tobytes(), dtype=np.int64, sep=",")
+    del text
+    if len(values) != int(count.sum()) or (len(values) and values.max() >= 10**_MAX_DIGITS):
+        raise _Irregular  # 19 digits or more (the reader saturates): the general reader's big-int checks
+    is_off = np.repeat(np.tile(np.array([False, True]), n), count)
     offs = values[is_off].reshape(n, 2)
     return ndims.astype(np.int64), values[~is_off], offs[:, 0].copy(), offs[:, 1].copy()
 
@@ -261,9 +254,9 @@ def _names(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list[str],
     names = text.split('"')
     del text, joined
     blen = hi - lo
-    width = -(-max(int(blen.max()), 1) // 8) * 8
+    width = (int(blen.max()) // 8 + 1) * 8  # at least one NUL after every name
     keys = None
-    if width <= MAX_KEY_BYTES:  # in range: 12 bytes of fixed text follow a name, 7 of them are enough
+    if width <= MAX_KEY_BYTES:  # in range: 12 bytes of fixed text follow a name, 8 of them are enough
         keys = sliding_window_view(body, width)[lo].copy()
         keys[np.arange(width) >= blen[:, None]] = 0
     return names, keys
@@ -271,10 +264,10 @@ def _names(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list[str],
 
 def name_keys(names: list[str]) -> np.ndarray | None:
     """Each name's UTF-8 bytes (lone surrogates passed through) as one row of a zero-padded
-    ``(n, 8k)`` byte matrix: rows in byte order are the names in ``sorted()`` order (UTF-8 keeps
+    ``(n, 8k)`` byte matrix with at least one NUL after every name: rows in byte order are the names in ``sorted()`` order (UTF-8 keeps
     code point order). None when a name is longer than ``MAX_KEY_BYTES`` or holds a NUL."""
     raw = [n.encode("utf-8", "surrogatepass") for n in names]
-    width = -(-max(map(len, raw), default=1) // 8) * 8 or 8
+    width = (max(map(len, raw), default=0) // 8 + 1) * 8  # at least one NUL after every name
     if width > MAX_KEY_BYTES or any(b"\0" in r for r in raw):
         return None
     keys = np.zeros((len(raw), width), dtype=np.uint8)
@@ -294,6 +287,23 @@ def sort_order(keys: np.ndarray) -> np.ndarray:
     if not varying:
         return np.arange(len(keys), dtype=np.int64)
     return np.lexsort([cols[:, j].astype(np.uint64) for j in reversed(varying)]).astype(np.int64)
+
+
+def sorted_names(keys: np.ndarray, order: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The names of the rows in ``order``: (the str list, their UTF-8 text end to end, the end of
+    each name in that text counted in code points). Decoded in one call and split in one call: new
+    str objects side by side in memory, not a million scattered ones picked one by one."""
+    rows = keys[order]
+    nonzero = rows != 0
+    blen = np.count_nonzero(nonzero, axis=1)
+    text = rows[nonzero].tobytes()
+    nonzero[np.arange(len(rows)), blen] = True  # each name's first NUL: the separator
+    names = rows[nonzero].tobytes().decode("utf-8", "surrogatepass").split("\0")[:-1]
+    if len(text) == int(blen.sum()) and text.isascii():
+        chars = blen
+    else:  # code points: every byte that is not a UTF-8 continuation byte
+        chars = np.count_nonzero(nonzero & (rows & 0xC0 != 0x80) & (rows != 0), axis=1)
+    return names, np.frombuffer(text, dtype=np.uint8), np.cumsum(chars, dtype=np.int64)
 
 
 def first_duplicate(keys: np.ndarray, order: np.ndarray) -> int | None:
