@@ -388,7 +388,7 @@ class SourceTensor:
 class Columns:
     """Source tensors as columns (what the planner reads; no Python object per tensor but its name)."""
 
-    name: list[str] = field(default_factory=list)
+    name: list[str] | None = field(default_factory=list)  # None: the names are the rows of sort_keys
     file: Any = None  # np.int64
     dtype: Any = None  # np.uint8 codes into DTYPE_NAMES
     ndims: Any = None  # np.int64
@@ -409,6 +409,12 @@ class Columns:
             nbytes=np.asarray([i.nbytes for i in infos], dtype=np.int64),
             offset=np.asarray([i.file_offset for i in infos], dtype=np.int64))
 
+    def names(self) -> list[str]:
+        """The names in source order (decoded from the key rows when only those were read)."""
+        if self.name is None:
+            self.name = st_header.sorted_names(self.sort_keys, np.arange(len(self.sort_keys)))[0]
+        return self.name
+
     @staticmethod
     def concat(parts: list[Columns]) -> Columns:
         if not parts:
@@ -418,7 +424,7 @@ class Columns:
         if all(p.sort_keys is not None for p in parts):
             width = max(p.sort_keys.shape[1] for p in parts)
             keys = cat([np.pad(p.sort_keys, ((0, 0), (0, width - p.sort_keys.shape[1]))) for p in parts])
-        return Columns(name=[n for p in parts for n in p.name], file=cat([p.file for p in parts]),
+        return Columns(name=[n for p in parts for n in p.names()], file=cat([p.file for p in parts]),
                        dtype=cat([p.dtype for p in parts]), ndims=cat([p.ndims for p in parts]),
                        dims=cat([p.dims for p in parts]), nbytes=cat([p.nbytes for p in parts]),
                        offset=cat([p.offset for p in parts]), sort_keys=keys)
@@ -447,8 +453,8 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
         cols = inputs.columns
         files = cols.file
 
-        def fetch(k: int) -> Any:
-            return inputs.by_name[int(files[k])][cols.name[k]]
+        def fetch(k: int) -> Any:  # torch files only, whose names are always read
+            return inputs.by_name[int(files[k])][cols.names()[k]]
 
         return cols, fetch
     by_file: dict[int, list[TensorInfo]] = {}
@@ -464,9 +470,9 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
 def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray, np.ndarray] | None]:
     """(source indexes in name order, the names in that order, their name_text / name_end sections
     when known); a name twice is refused."""
-    names = cols.name
-    keys = cols.sort_keys if cols.sort_keys is not None else st_header.name_keys(names)
+    keys = cols.sort_keys if cols.sort_keys is not None else st_header.name_keys(cols.names())
     if keys is None:  # a name over 256 bytes or with a NUL: compare the strings themselves
+        names = cols.names()
         perm = np.asarray(sorted(range(len(names)), key=names.__getitem__), dtype=np.int64)
         ordered = list(map(names.__getitem__, perm.tolist()))
         dup = next((i for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]), None)
@@ -477,7 +483,8 @@ def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray,
     perm = cols.name_order if cols.name_order is not None else st_header.sort_order(keys)
     dup = st_header.first_duplicate(keys, perm)
     if dup is not None:
-        raise HwtuiError(f"tensor {names[dup][:80]!r} appears in more than one weight file")
+        name = st_header.sorted_names(keys, np.asarray([dup]))[0][0]
+        raise HwtuiError(f"tensor {name[:80]!r} appears in more than one weight file")
     ordered, text, ends = st_header.sorted_names(keys, perm)
     return perm, ordered, (text, ends)
 
@@ -492,7 +499,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         raise HwtuiError(f"--align {align} must be a power of two (at most 1 GiB)")
     prev_version, prev_tensors = prev if prev is not None else (None, {})
     cols, fetch = _columns(inputs)
-    names, n_tensors = cols.name, len(cols.name)
+    n_tensors = len(cols.nbytes)
 
     perm, sorted_names, name_sections = _sort_names(cols)
     rank = np.empty(n_tensors, dtype=np.int64)
@@ -524,7 +531,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     if prev_tensors:
         ends = np.cumsum(cols.ndims).tolist()
         cks, codes, nds, all_dims = checksum.tolist(), cols.dtype.tolist(), cols.ndims.tolist(), cols.dims.tolist()
-        for k, name in enumerate(names):
+        for k, name in zip(perm.tolist(), sorted_names, strict=True):
             old = prev_tensors.get(name)
             if (old is not None and _is_hex16(old[2]) and int(old[2], 16) == cks[k]
                     and old[0] == _DTYPE_NAMES[codes[k]] and list(old[1]) == all_dims[ends[k] - nds[k]:ends[k]]):
@@ -565,7 +572,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     meta = {
         "model": model, "version": version, "prev_version": prev_version, "bucket_bytes": bucket_bytes,
         "align": align, "total_bytes": int(b_size.sum()), "model_bytes": int(nb_arr.sum()),
-        "dtypes": _DTYPE_NAMES, "files": inputs.files, "deleted": sorted(set(prev_tensors) - set(names)),
+        "dtypes": _DTYPE_NAMES, "files": inputs.files, "deleted": sorted(set(prev_tensors) - set(sorted_names)) if prev_tensors else [],
         "counts": {"tensors": n_tensors, "buckets": len(b_size), "items": len(i_src)},
     }
     plan = Plan(meta, tables, "", "<new plan>", dict(inputs.source_headers))
@@ -657,16 +664,18 @@ def _bucket_checksums(inputs: PlanInputs, fetch: Callable[[int], Any], is_st: li
         & (i_off[first_piece] == 0)
     flat &= (i_off[np.asarray(bounds[1:]) - 1] + i_n[np.asarray(bounds[1:]) - 1]) == b_size
     digest64 = xxhash.xxh3_64_intdigest
-    src, toff, ns, offs, fl, fp = (i_src.tolist(), i_toff.tolist(), i_n.tolist(), i_off.tolist(), f.tolist(),
-                                   fpos.tolist())
     sizes = b_size.tolist()
-    for b in range(nb):
+    flat_b = np.flatnonzero(flat)
+    first = first_piece[flat_b]
+    for b, f0, p0 in zip(flat_b.tolist(), f[first].tolist(), fpos[first].tolist(), strict=True):
+        out[b] = digest64(inputs.buffers[f0][p0:p0 + sizes[b]])
+    # The rest piece by piece; only their pieces become Python ints.
+    for b in np.flatnonzero(~flat).tolist():
         lo, hi = bounds[b], bounds[b + 1]
-        if flat[b]:
-            out[b] = digest64(inputs.buffers[fl[lo]][fp[lo]:fp[lo] + sizes[b]])
-            continue
+        src, toff, ns, offs = (a[lo:hi].tolist() for a in (i_src, i_toff, i_n, i_off))
+        fl, fp = f[lo:hi].tolist(), fpos[lo:hi].tolist()
         h, pos = Streaming(), 0
-        for i in range(lo, hi):
+        for i in range(hi - lo):
             h.pad(offs[i] - pos)
             mv = inputs.buffers.get(fl[i]) if is_st[fl[i]] else None
             if mv is not None:
@@ -700,16 +709,15 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
         fmt = file_format(path)
         entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": st.st_size}
         if fmt == "safetensors":
-            header, raw_header, start = st_header.safetensors_header(str(path))
-            c = header.columns
+            c, raw_header, start = st_header.safetensors_header(str(path))
             entry.update(header_xxh3=xxh3_hex(raw_header), data_start=start)
             mapped = MappedArray(path)
             inputs.closers.append(mapped.close)
             inputs.buffers[idx] = memoryview(mapped.array) if mapped.array.size else memoryview(b"")
             inputs.source_headers[idx] = raw_header
-            parts.append(Columns(name=c.names, file=np.full(len(c.names), idx, dtype=np.int64), dtype=c.dtype,
+            parts.append(Columns(name=c.names, file=np.full(len(c.nbytes), idx, dtype=np.int64), dtype=c.dtype,
                                  ndims=c.ndims, dims=c.dims, nbytes=c.nbytes, offset=c.offset,
-                                 sort_keys=header.sort_keys, name_order=header.name_order))
+                                 sort_keys=c.sort_keys, name_order=c.name_order))
         else:
             state = load_torch_state(path)
             inputs.by_name[idx] = {k: tensor_bytes(v).numpy() for k, v in state.items()}

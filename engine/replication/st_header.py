@@ -63,17 +63,37 @@ def _dtype_keys() -> tuple[np.ndarray, np.ndarray]:
 
 
 _DT_KEYS, _DT_CODES = _dtype_keys()
+_META_KEY = np.frombuffer(b"__metadata__\0", dtype=np.uint8)  # as a key row begins (NUL: the name ends)
 _ITEMSIZE = np.asarray([DTYPES[d][0] for d in DTYPE_NAMES], dtype=np.int64)
 
 
 @dataclass
 class Header:
-    """A parsed header: its columns, and (fast path only) each name's UTF-8 bytes as a row of a
-    zero-padded byte matrix in header order (see :func:`name_keys`) with the order that sorts them."""
+    """A parsed header as columns, in header order.
 
-    columns: SafetensorsColumns
+    The fast path gives each name as a row of ``sort_keys`` (its UTF-8 bytes zero-padded, see
+    :func:`name_keys`) with the order that sorts them, and no str at all (``names`` is None): the
+    planner decodes the names once, already sorted. The general reader gives ``names``."""
+
+    names: list[str] | None
+    dtype: np.ndarray  # u1 codes into DTYPE_NAMES
+    ndims: np.ndarray  # i8
+    dims: np.ndarray  # i8, all shapes end to end
+    nbytes: np.ndarray  # i8
+    offset: np.ndarray  # i8, absolute offset in the file
     sort_keys: np.ndarray | None = None
-    name_order: np.ndarray | None = None  # stable argsort of sort_keys: the names in sorted order
+    name_order: np.ndarray | None = None  # stable argsort of sort_keys' rows
+
+    @staticmethod
+    def of(c: SafetensorsColumns) -> Header:
+        return Header(c.names, c.dtype, c.ndims, c.dims, c.nbytes, c.offset)
+
+    def name_list(self) -> list[str]:
+        """The names in header order (decoded from the keys when the fast path read them)."""
+        if self.names is None:
+            assert self.sort_keys is not None
+            self.names = sorted_names(self.sort_keys, np.arange(len(self.sort_keys)))[0]
+        return self.names
 
 
 class _Irregular(Exception):
@@ -89,7 +109,7 @@ def _windows(buf: np.ndarray, at: np.ndarray, lit: np.ndarray) -> None:
         raise _Irregular
 
 
-def regular_columns(raw: bytes, start: int, size: int) -> Header | None:
+def regular_header(raw: bytes, start: int, size: int) -> Header | None:
     """The header's columns when it is in the regular form and valid; None otherwise."""
     try:
         return _scan(raw, start, size)
@@ -99,10 +119,10 @@ def regular_columns(raw: bytes, start: int, size: int) -> Header | None:
 
 def read_columns(raw: bytes, start: int, size: int, where: str) -> Header:
     """The regular form the fast way, anything else through the general reader (its errors)."""
-    fast = regular_columns(raw, start, size)
+    fast = regular_header(raw, start, size)
     if fast is not None:
         return fast
-    return Header(parse_safetensors_columns(raw, start, size, where))
+    return Header.of(parse_safetensors_columns(raw, start, size, where))
 
 
 def safetensors_header(path: str) -> tuple[Header, bytes, int]:
@@ -173,9 +193,13 @@ def _scan(raw: bytes, start: int, size: int) -> Header:
 
     codes = _dtype_codes(body, dt_lo, dt_hi)
     ndims, dims, a, b = _numbers(body, dims_lo, dims_hi, off_lo, off_hi)
+    if body.max() >= 0x80:  # names beyond ASCII (all else is checked ASCII): they must be UTF-8
+        try:
+            raw[p0:p1].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Irregular from None
     names, keys = _names(body, name_lo, name_hi)
-    cols, order = _validated(names, codes, ndims, dims, a, b, start, size, keys)
-    return Header(cols, keys, order)
+    return _validated(names, codes, ndims, dims, a, b, start, size, keys)
 
 
 def _gather(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -244,22 +268,16 @@ def _numbers(body: np.ndarray, dims_lo: np.ndarray, dims_hi: np.ndarray, off_lo:
     return ndims.astype(np.int64), values[~is_off], offs[:, 0].copy(), offs[:, 1].copy()
 
 
-def _names(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list[str], np.ndarray | None]:
-    """The names as str (one decode and one split for all of them) and as fixed-width sort keys."""
-    joined = _gather(body, lo, hi + 1).tobytes()  # each closing quote comes along: it separates the names
-    try:
-        text = joined[:-1].decode("utf-8")
-    except UnicodeDecodeError:
-        raise _Irregular from None
-    names = text.split('"')
-    del text, joined
+def _names(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[list[str] | None, np.ndarray | None]:
+    """The names as fixed-width sort keys (no str made); as str when one is too long for a key."""
     blen = hi - lo
     width = (int(blen.max()) // 8 + 1) * 8  # at least one NUL after every name
-    keys = None
     if width <= MAX_KEY_BYTES:  # in range: 12 bytes of fixed text follow a name, 8 of them are enough
         keys = sliding_window_view(body, width)[lo].copy()
         keys[np.arange(width) >= blen[:, None]] = 0
-    return names, keys
+        return None, keys
+    joined = _gather(body, lo, hi + 1).tobytes()  # each closing quote comes along: it separates the names
+    return joined[:-1].decode("utf-8").split('"'), None
 
 
 def name_keys(names: list[str]) -> np.ndarray | None:
@@ -314,11 +332,14 @@ def first_duplicate(keys: np.ndarray, order: np.ndarray) -> int | None:
     return int(order[hit[0] + 1]) if len(hit) else None
 
 
-def _validated(names: list[str], codes: np.ndarray, ndims: np.ndarray, dims: np.ndarray, a: np.ndarray, b: np.ndarray,
-               start: int, size: int, keys: np.ndarray | None) -> tuple[SafetensorsColumns, np.ndarray | None]:
+def _validated(names: list[str] | None, codes: np.ndarray, ndims: np.ndarray, dims: np.ndarray, a: np.ndarray,
+               b: np.ndarray, start: int, size: int, keys: np.ndarray | None) -> Header:
     """The general reader's checks, vectorised; any failure lets the general reader word the error."""
-    n = len(names)
-    if "__metadata__" in names:
+    n = len(a)
+    if keys is not None and keys.shape[1] > len(_META_KEY):
+        if (keys[:, :len(_META_KEY)] == _META_KEY).all(axis=1).any():
+            raise _Irregular
+    elif names is not None and "__metadata__" in names:
         raise _Irregular
     ends = np.cumsum(ndims)
     begins = ends - ndims
@@ -347,8 +368,6 @@ def _validated(names: list[str], codes: np.ndarray, ndims: np.ndarray, dims: np.
         name_order = sort_order(keys)
         if first_duplicate(keys, name_order) is not None:
             raise _Irregular
-    elif len(set(names)) != n:
+    elif names is None or len(set(names)) != n:
         raise _Irregular
-    cols = SafetensorsColumns(names=names, dtype=codes.astype(np.uint8), ndims=ndims, dims=dims, nbytes=nbytes,
-                              offset=a + start)
-    return cols, name_order
+    return Header(names, codes.astype(np.uint8), ndims, dims, nbytes, a + start, keys, name_order)
