@@ -41,8 +41,7 @@ import xxhash
 
 from hwtui.core.atomic import atomic_write_text
 from hwtui.core.errors import HwtuiError
-from hwtui.engine.replication import plan_format
-from hwtui.engine.replication import st_header
+from hwtui.engine.replication import plan_format, st_header
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.plan_legacy import PLAN_SCHEMA as PLAN_SCHEMA_V1
 from hwtui.engine.replication.plan_legacy import canonical, check_version, validate_v1
