@@ -41,7 +41,7 @@ import xxhash
 
 from hwtui.core.atomic import atomic_write_text
 from hwtui.core.errors import HwtuiError
-from hwtui.engine.replication import plan_format, st_header
+from hwtui.engine.replication import plan_format, st_header, xxh3_small
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.plan_legacy import PLAN_SCHEMA as PLAN_SCHEMA_V1
 from hwtui.engine.replication.plan_legacy import canonical, check_version, validate_v1
@@ -479,8 +479,11 @@ def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray,
             raise HwtuiError(f"tensor {ordered[dup][:80]!r} appears in more than one weight file")
         return perm, ordered, None
     # Fixed-width byte rows sort without touching a million scattered str objects.
-    perm = cols.name_order if cols.name_order is not None else st_header.sort_order(keys)
-    dup = st_header.first_duplicate(keys, perm)
+    if cols.name_order is not None:  # one safetensors file read the fast way: sorted, no name twice
+        perm, dup = cols.name_order, None
+    else:
+        perm = st_header.sort_order(keys)
+        dup = st_header.first_duplicate(keys, perm)
     if dup is not None:
         name = st_header.sorted_names(keys, np.asarray([dup]))[0][0]
         raise HwtuiError(f"tensor {name[:80]!r} appears in more than one weight file")
@@ -518,11 +521,18 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         idx = order[bounds[f]:bounds[f + 1]]
         mv = inputs.buffers.get(f) if is_st[f] else None
         if mv is not None:
-            # C-level iteration (map over slices), no bytecode per tensor: a million tiny tensors
-            # hash at the cost of the hash calls themselves
-            lo = off_arr[idx]
-            slices = map(slice, lo.tolist(), (lo + nb_arr[idx]).tolist())
-            checksum[idx] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64, count=len(idx))
+            # Tensors of at most 16 bytes: XXH3 column-wise over all of them (xxh3_small.py). The rest
+            # through C-level iteration (map over slices): no bytecode per tensor.
+            lo, ns = off_arr[idx], nb_arr[idx]
+            short = ns <= xxh3_small.MAX_LEN
+            if short.any():
+                buf = np.frombuffer(mv, dtype=np.uint8)
+                checksum[idx[short]] = xxh3_small.xxh3_64_short(buf, lo[short], ns[short])
+            if not short.all():
+                rest, lo = idx[~short], lo[~short]
+                slices = map(slice, lo.tolist(), (lo + nb_arr[rest]).tolist())
+                checksum[rest] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
+                                             count=len(rest))
         else:
             checksum[idx] = [digest64(fetch(k)) for k in idx.tolist()]
 

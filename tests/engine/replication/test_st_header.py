@@ -233,3 +233,23 @@ def test_plan_is_byte_for_byte_deterministic_whichever_reader_reads_it(tmp_path,
     subprocess.run([sys.executable, "-c", code, path, str(tmp_path / "child.plan")], check=True, env=env, timeout=120)
     blobs = {p.name: p.read_bytes() for p in tmp_path.glob("*.plan")}
     assert len(blobs) == 4 and len(set(blobs.values())) == 1
+
+
+# ------------------------------------------------------------------ short-input XXH3
+
+
+def test_vectorised_xxh3_matches_xxhash_at_every_short_length():
+    import xxhash
+
+    from hwtui.engine.replication.xxh3_small import MAX_LEN, xxh3_64_short
+
+    rng = np.random.default_rng(3)
+    buf = rng.integers(0, 256, 4096, dtype=np.uint8)
+    length = np.repeat(np.arange(MAX_LEN + 1), 60)
+    offset = rng.integers(0, len(buf) - MAX_LEN, len(length))
+    got = xxh3_64_short(buf, offset, length)
+    want = [xxhash.xxh3_64_intdigest(buf[o:o + n].tobytes()) for o, n in
+            zip(offset.tolist(), length.tolist(), strict=True)]
+    assert got.tolist() == want
+    with pytest.raises(ValueError):
+        xxh3_64_short(buf, np.array([0]), np.array([MAX_LEN + 1]))
