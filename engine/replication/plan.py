@@ -821,7 +821,7 @@ def _validate_tables(plan: Plan) -> None:
             _fail(path, "bad send flag")
         if t.file.min() < -1 or t.file.max() >= nfiles:
             _fail(path, "a tensor points at a file the plan does not list")
-    names = set(t.names)
+    names = set(t.names) if meta["deleted"] else set()  # a million-entry set only when there is something to check
     for gone in meta["deleted"]:
         if not isinstance(gone, str) or gone in names:
             _fail(path, f"deleted tensor {str(gone)[:80]!r} is also in the next version (or not a name)")
