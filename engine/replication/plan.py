@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hwtui.core.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_open, atomic_write_text
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication import plan_format, st_header, xxh3_small
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
@@ -332,6 +332,10 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write a manifest (or any JSON object) atomically; a :class:`Plan` is written as a plan file."""
     if isinstance(obj, Plan):
         write_plan(path, obj)
+        return
+    if isinstance(obj, _PlanManifest) and not obj.materialised:
+        with atomic_open(path, "wb") as fh:
+            obj.write(fh)
         return
     atomic_write_text(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
 
@@ -751,10 +755,90 @@ def build_plan_from_files(paths: list[str], *, model: str | None, version: str |
 
 
 def manifest_of(plan: Plan | dict[str, Any], plan_digest_: str | None = None) -> dict[str, Any]:
-    """The manifest of the version a plan produces: the input of the next delta plan."""
+    """The manifest of the version a plan produces: the input of the next delta plan.
+
+    Of a :class:`Plan`, the tensor list is built only if someone reads it: ``write_json_atomic``
+    streams it from the tables (a million dicts cost seconds and half a GB)."""
+    if isinstance(plan, Plan):
+        return _PlanManifest(plan, plan_digest_ or plan.digest)
     return {"schema": MANIFEST_SCHEMA, "model": plan["model"], "version": plan["version"],
-            "plan_digest": plan_digest_ or plan.get("digest"),
-            "tensors": [{k: t[k] for k in ("name", "dtype", "shape", "nbytes", "checksum")} for t in plan["tensors"]]}
+            "plan_digest": plan_digest_ or plan.get("digest"), "tensors": _manifest_tensors(plan)}
+
+
+def _manifest_tensors(plan: Plan | dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: t[k] for k in ("name", "dtype", "shape", "nbytes", "checksum")} for t in plan["tensors"]]
+
+
+class _PlanManifest(dict[str, Any]):
+    """A manifest dict whose "tensors" is made on first use (every read path materialises it)."""
+
+    def __init__(self, plan: Plan, digest: str):
+        super().__init__(schema=MANIFEST_SCHEMA, model=plan["model"], version=plan["version"], plan_digest=digest)
+        self.plan = plan
+
+    @property
+    def materialised(self) -> bool:
+        return dict.__contains__(self, "tensors")
+
+    def _full(self) -> _PlanManifest:
+        if not self.materialised:
+            dict.__setitem__(self, "tensors", _manifest_tensors(self.plan))
+        return self
+
+    def __missing__(self, key: str) -> Any:
+        if key == "tensors":
+            return dict.__getitem__(self._full(), key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key == "tensors" or dict.__contains__(self, key)
+
+    def __len__(self) -> int:
+        return dict.__len__(self._full())
+
+    def __iter__(self) -> Iterator[str]:
+        return dict.__iter__(self._full())
+
+    def __eq__(self, other: object) -> bool:
+        return dict.__eq__(self._full(), other)
+
+    __hash__ = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def keys(self) -> Any:
+        return dict.keys(self._full())
+
+    def values(self) -> Any:
+        return dict.values(self._full())
+
+    def items(self) -> Any:
+        return dict.items(self._full())
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self._full())
+
+    def write(self, fh: Any) -> None:
+        """The manifest's JSON, byte for byte what ``json.dumps(manifest, separators=(",", ":"))``
+        gives, in chunks straight from the plan's tables."""
+        head = {k: dict.__getitem__(self, k) for k in ("schema", "model", "version", "plan_digest")}
+        fh.write(json.dumps(head, separators=(",", ":"), allow_nan=False)[:-1].encode() + b',"tensors":[')
+        t, dn = self.plan.tables, self.plan.meta["dtypes"]
+        quote = json.encoder.encode_basestring_ascii  # what json.dumps uses
+        ends, dims = t.shape_end.tolist(), t.dims.tolist()
+        n, step = len(t.names), 1 << 16
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            names, codes = t.names[lo:hi], t.dtype[lo:hi].tolist()
+            nbytes, cks = t.nbytes[lo:hi].tolist(), t.checksum[lo:hi].tolist()
+            starts = [ends[lo - 1] if lo else 0, *ends[lo:hi - 1]]
+            chunk = ",".join(
+                f'{{"name":{quote(name)},"dtype":"{dn[c]}","shape":[{",".join(map(str, dims[a:b]))}],'
+                f'"nbytes":{nb},"checksum":"{ck:016x}"}}'
+                for name, c, a, b, nb, ck in zip(names, codes, starts, ends[lo:hi], nbytes, cks, strict=True))
+            fh.write((b"," if lo else b"") + chunk.encode())
+        fh.write(b"]}\n")
 
 
 # ---------------------------------------------------------------- validation

@@ -253,3 +253,22 @@ def test_vectorised_xxh3_matches_xxhash_at_every_short_length():
     assert got.tolist() == want
     with pytest.raises(ValueError):
         xxh3_64_short(buf, np.array([0]), np.array([MAX_LEN + 1]))
+
+
+def test_streamed_manifest_is_the_json_of_the_manifest(tmp_path):
+    from hwtui.engine.replication.plan import load_previous, manifest_of, write_json_atomic
+
+    es = [(f"layer.{i}.w", "F32", [2, 3]) for i in range(70_000)]  # more than one 65,536-tensor chunk
+    es += [("ünï\tcode\"\\", "BF16", []), ("zero", "I8", [0]), ("deep", "U8", [1, 2, 1, 2, 1])]
+    raw, data = _header(es)
+    path = _file(tmp_path / "m.safetensors", raw, bytes(data))
+    plan = build_plan_from_files([path], model="m", version="v1", bucket_bytes=1 << 16)
+    write_json_atomic(tmp_path / "streamed.json", manifest_of(plan))
+    full = manifest_of(plan)
+    assert full["tensors"][0]["name"] == "deep" and len(full) == 5  # reading it materialises the list
+    write_json_atomic(tmp_path / "dumped.json", full)
+    streamed = (tmp_path / "streamed.json").read_bytes()
+    assert streamed == (tmp_path / "dumped.json").read_bytes()
+    assert streamed == (json.dumps(dict(full), separators=(",", ":")) + "\n").encode()
+    version, tensors = load_previous(tmp_path / "streamed.json")
+    assert version == "v1" and tensors["ünï\tcode\"\\"] == ("BF16", [], full["tensors"][-1]["checksum"])
