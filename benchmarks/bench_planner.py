@@ -52,7 +52,7 @@ def one_run(n: int, workdir: Path, reader: str = "auto") -> dict[str, float]:
     if reader == "general":
         from hwtui.engine.replication import st_header
 
-        st_header.regular_header = lambda *a: None  # type: ignore[assignment]
+        st_header.regular_header = lambda *a: None
 
     model = workdir / f"m{n}.safetensors"
     if not model.exists():
