@@ -203,12 +203,20 @@ def _scan(raw: bytes, start: int, size: int) -> Header:
 
 
 def _gather(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The byte ranges [lo, hi) of ``body`` end to end (int32 indexes: a header is at most 100 MB)."""
-    length = (hi - lo).astype(np.int32)
-    out_start = np.cumsum(length, dtype=np.int64) - length
-    total = int(out_start[-1] + length[-1]) if len(length) else 0
-    idx = np.repeat((lo - out_start).astype(np.int32), length)
-    idx += np.arange(total, dtype=np.int32)
+    """The byte ranges [lo, hi) of ``body`` (in increasing order, disjoint) end to end.
+
+    The index of every byte is one running sum over steps of 1 that jump to each next range:
+    a single int32 array (a header is at most 100 MB), no index arithmetic temporaries."""
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return body[:0]
+    length = hi - lo
+    out_start = np.cumsum(length) - length
+    idx = np.ones(int(out_start[-1] + length[-1]), dtype=np.int32)
+    idx[0] = lo[0]
+    idx[out_start[1:]] = lo[1:] - hi[:-1] + 1
+    np.cumsum(idx, out=idx)
     return body[idx]
 
 
