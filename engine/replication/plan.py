@@ -20,6 +20,11 @@ last is full, so the window bounds memory tightly, and with ``--align 1`` (or te
 aligned in the file) a bucket is one contiguous range of a safetensors file, which the source
 broadcasts from the page cache without packing. Sorting is the only super-linear step.
 
+Safetensors headers are read by ``st_header.py``: the regular form every writer produces is scanned
+as a byte array (no dict, no str per tensor; names sort as fixed-width byte rows), anything else goes
+to the general reader in ``weights.py``, which words every error. Tensors of at most 16 bytes are
+hashed column-wise (``xxh3_small.py``).
+
 Tables are numpy columns, not a million dicts: the planner fills them in one pass, the
 coordinator validates them with vectorised checks, a rank maps them and checks the digest. The
 dict views (``plan["tensors"]``, ``plan.bucket_items[b]``) are built on first use.
