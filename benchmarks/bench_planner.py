@@ -9,8 +9,10 @@ file of n small F32 tensors in shuffled name order:
   rank_load_s  a rank's load: the digest and the tables, no re-validation (rank_cpu_s: its CPU seconds)
   peak_rss_mb  the child's peak resident memory (ru_maxrss) over all of the above
 Medians of --runs runs. Targets: 1M planned in < 5 s and < 1 GB; 100k in < 0.5 s; 1M loaded < 2 s.
+``--reader general`` plans with the stdlib-JSON header reader only (the fast reader switched off),
+for a side-by-side comparison in one run.
 
-    .venv/bin/python benchmarks/bench_planner.py [--sizes 10000,100000,1000000] [--runs 3]
+    .venv/bin/python benchmarks/bench_planner.py [--sizes 10000,100000,1000000] [--runs 3] [--reader auto|general]
 """
 
 from __future__ import annotations
@@ -44,8 +46,13 @@ def make_safetensors(path: Path, n: int) -> None:
         fh.write(os.urandom(16 * n))
 
 
-def one_run(n: int, workdir: Path) -> dict[str, float]:
+def one_run(n: int, workdir: Path, reader: str = "auto") -> dict[str, float]:
     from hwtui.engine.replication import plan as P
+
+    if reader == "general":
+        from hwtui.engine.replication import st_header
+
+        st_header.regular_header = lambda *a: None
 
     model = workdir / f"m{n}.safetensors"
     if not model.exists():
@@ -72,12 +79,14 @@ def one_run(n: int, workdir: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        print(json.dumps(one_run(int(sys.argv[2]), Path(sys.argv[3]))))
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        print(json.dumps(one_run(int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--reader", choices=["auto", "general"], default="auto",
+                    help="general: the stdlib-JSON safetensors header reader only (for comparison)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     with tempfile.TemporaryDirectory(prefix="hwtui-bench-planner-") as tmp:
@@ -86,7 +95,7 @@ def main() -> int:
         for n in (int(s) for s in args.sizes.split(",") if s.strip()):
             rows = []
             for _ in range(args.runs):
-                r = subprocess.run([sys.executable, __file__, "--child", str(n), tmp], capture_output=True, text=True,
+                r = subprocess.run([sys.executable, __file__, "--child", str(n), tmp, args.reader], capture_output=True, text=True,
                                    env=env, timeout=600)
                 if r.returncode != 0:
                     raise SystemExit(f"planner run at {n} tensors failed: {r.stderr[-1500:]}")

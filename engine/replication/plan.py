@@ -20,6 +20,11 @@ last is full, so the window bounds memory tightly, and with ``--align 1`` (or te
 aligned in the file) a bucket is one contiguous range of a safetensors file, which the source
 broadcasts from the page cache without packing. Sorting is the only super-linear step.
 
+Safetensors headers are read by ``st_header.py``: the regular form every writer produces is scanned
+as a byte array (no dict, no str per tensor; names sort as fixed-width byte rows), anything else goes
+to the general reader in ``weights.py``, which words every error. Tensors of at most 16 bytes are
+hashed column-wise (``xxh3_small.py``).
+
 Tables are numpy columns, not a million dicts: the planner fills them in one pass, the
 coordinator validates them with vectorised checks, a rank maps them and checks the digest. The
 dict views (``plan["tensors"]``, ``plan.bucket_items[b]``) are built on first use.
@@ -39,9 +44,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hwtui.core.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_open, atomic_write_text
 from hwtui.core.errors import HwtuiError
-from hwtui.engine.replication import plan_format
+from hwtui.engine.replication import plan_format, st_header, xxh3_small
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
 from hwtui.engine.replication.plan_legacy import PLAN_SCHEMA as PLAN_SCHEMA_V1
 from hwtui.engine.replication.plan_legacy import canonical, check_version, validate_v1
@@ -54,7 +59,6 @@ from hwtui.engine.replication.weights import (
     load_torch_state,
     open_regular,
     read_capped,
-    safetensors_columns,
     strict_json,
     tensor_bytes,
     torch_tensor_infos,
@@ -177,6 +181,7 @@ class Plan:
         self._views: dict[str, Any] = {}
         self._bucket_items: _BucketItems | None = None
         self._encoded: tuple[list[Any], str] | None = None
+        self._name_sections: tuple[np.ndarray, np.ndarray] | None = None  # (name_text, name_end) when known
 
     # -- the API the worker and launcher use
     @property
@@ -286,9 +291,13 @@ class Plan:
 
     def sections(self) -> dict[str, np.ndarray]:
         t = self.tables
-        text = "".join(t.names).encode("utf-8", "surrogatepass")
-        name_end = np.cumsum(np.fromiter((len(n) for n in t.names), dtype=np.int64, count=len(t.names)))
-        out: dict[str, np.ndarray] = {"name_text": np.frombuffer(text, dtype=np.uint8), "name_end": name_end}
+        if self._name_sections is not None:
+            name_text, name_end = self._name_sections
+        else:
+            text = "".join(t.names).encode("utf-8", "surrogatepass")
+            name_text = np.frombuffer(text, dtype=np.uint8)
+            name_end = np.cumsum(np.fromiter(map(len, t.names), dtype=np.int64, count=len(t.names)))
+        out: dict[str, np.ndarray] = {"name_text": name_text, "name_end": name_end}
         for key in _SECTION_DTYPES:
             out[key] = getattr(t, key)
         for f, raw in sorted(self.source_headers.items()):
@@ -328,6 +337,10 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write a manifest (or any JSON object) atomically; a :class:`Plan` is written as a plan file."""
     if isinstance(obj, Plan):
         write_plan(path, obj)
+        return
+    if isinstance(obj, _PlanManifest) and not obj.materialised:
+        with atomic_open(path, "wb") as fh:
+            obj.write(fh)
         return
     atomic_write_text(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
 
@@ -383,13 +396,15 @@ class SourceTensor:
 class Columns:
     """Source tensors as columns (what the planner reads; no Python object per tensor but its name)."""
 
-    name: list[str] = field(default_factory=list)
+    name: list[str] | None = field(default_factory=list)  # None: the names are the rows of sort_keys
     file: Any = None  # np.int64
     dtype: Any = None  # np.uint8 codes into DTYPE_NAMES
     ndims: Any = None  # np.int64
     dims: Any = None  # np.int64, all shapes end to end
     nbytes: Any = None  # np.int64
     offset: Any = None  # np.int64: absolute offset in a safetensors file; 0 for torch files
+    sort_keys: Any = None  # (n, 8k) uint8: each name's UTF-8 bytes zero-padded (st_header.name_keys), or None
+    name_order: Any = None  # the order that sorts sort_keys, when known
 
     @staticmethod
     def of(file: int, infos: Iterable[TensorInfo]) -> Columns:
@@ -402,15 +417,25 @@ class Columns:
             nbytes=np.asarray([i.nbytes for i in infos], dtype=np.int64),
             offset=np.asarray([i.file_offset for i in infos], dtype=np.int64))
 
+    def names(self) -> list[str]:
+        """The names in source order (decoded from the key rows when only those were read)."""
+        if self.name is None:
+            self.name = st_header.sorted_names(self.sort_keys, np.arange(len(self.sort_keys)))[0]
+        return self.name
+
     @staticmethod
     def concat(parts: list[Columns]) -> Columns:
         if not parts:
             return Columns.of(0, [])
         cat = np.concatenate
-        return Columns(name=[n for p in parts for n in p.name], file=cat([p.file for p in parts]),
+        keys = None
+        if all(p.sort_keys is not None for p in parts):
+            width = max(p.sort_keys.shape[1] for p in parts)
+            keys = cat([np.pad(p.sort_keys, ((0, 0), (0, width - p.sort_keys.shape[1]))) for p in parts])
+        return Columns(name=[n for p in parts for n in p.names()], file=cat([p.file for p in parts]),
                        dtype=cat([p.dtype for p in parts]), ndims=cat([p.ndims for p in parts]),
                        dims=cat([p.dims for p in parts]), nbytes=cat([p.nbytes for p in parts]),
-                       offset=cat([p.offset for p in parts]))
+                       offset=cat([p.offset for p in parts]), sort_keys=keys)
 
 
 @dataclass
@@ -436,8 +461,8 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
         cols = inputs.columns
         files = cols.file
 
-        def fetch(k: int) -> Any:
-            return inputs.by_name[int(files[k])][cols.name[k]]
+        def fetch(k: int) -> Any:  # torch files only, whose names are always read
+            return inputs.by_name[int(files[k])][cols.names()[k]]
 
         return cols, fetch
     by_file: dict[int, list[TensorInfo]] = {}
@@ -450,24 +475,29 @@ def _columns(inputs: PlanInputs) -> tuple[Columns, Callable[[int], Any]]:
     return cols, lambda k: reader(flat[k])
 
 
-def _sort_names(names: list[str]) -> tuple[list[int], list[str]]:
-    """(source indexes in name order, the names in that order)."""
-    if names and max(map(len, names)) <= 256:
-        # numpy sorts a fixed-width copy without touching a million scattered str objects; bounded
-        # width so a hostile 1 MB name cannot make the copy huge
-        arr = np.array(names)
-        perm = np.argsort(arr, kind="stable")
-        ordered = arr[perm]
-        dup = np.nonzero(ordered[1:] == ordered[:-1])[0]
-        if len(dup):
-            raise HwtuiError(f"tensor {str(ordered[dup[0]])[:80]!r} appears in more than one weight file")
-        return perm.tolist(), ordered.tolist()
-    by_name = sorted(range(len(names)), key=names.__getitem__)
-    ordered_names = [names[k] for k in by_name]
-    for i in range(1, len(ordered_names)):
-        if ordered_names[i] == ordered_names[i - 1]:
-            raise HwtuiError(f"tensor {ordered_names[i][:80]!r} appears in more than one weight file")
-    return by_name, ordered_names
+def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray, np.ndarray] | None]:
+    """(source indexes in name order, the names in that order, their name_text / name_end sections
+    when known); a name twice is refused."""
+    keys = cols.sort_keys if cols.sort_keys is not None else st_header.name_keys(cols.names())
+    if keys is None:  # a name over 256 bytes or with a NUL: compare the strings themselves
+        names = cols.names()
+        perm = np.asarray(sorted(range(len(names)), key=names.__getitem__), dtype=np.int64)
+        ordered = list(map(names.__getitem__, perm.tolist()))
+        dup = next((i for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]), None)
+        if dup is not None:
+            raise HwtuiError(f"tensor {ordered[dup][:80]!r} appears in more than one weight file")
+        return perm, ordered, None
+    # Fixed-width byte rows sort without touching a million scattered str objects.
+    if cols.name_order is not None:  # one safetensors file read the fast way: sorted, no name twice
+        perm, dup = cols.name_order, None
+    else:
+        perm = st_header.sort_order(keys)
+        dup = st_header.first_duplicate(keys, perm)
+    if dup is not None:
+        name = st_header.sorted_names(keys, np.asarray([dup]))[0][0]
+        raise HwtuiError(f"tensor {name[:80]!r} appears in more than one weight file")
+    ordered, text, ends = st_header.sorted_names(keys, perm)
+    return perm, ordered, (text, ends)
 
 
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
@@ -480,14 +510,16 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         raise HwtuiError(f"--align {align} must be a power of two (at most 1 GiB)")
     prev_version, prev_tensors = prev if prev is not None else (None, {})
     cols, fetch = _columns(inputs)
-    names, n_tensors = cols.name, len(cols.name)
+    n_tensors = len(cols.nbytes)
 
-    by_name, sorted_names = _sort_names(names)
-    perm = np.asarray(by_name, dtype=np.int64)
+    perm, sorted_names, name_sections = _sort_names(cols)
     rank = np.empty(n_tensors, dtype=np.int64)
     rank[perm] = np.arange(n_tensors, dtype=np.int64)
     file_arr, off_arr, nb_arr = cols.file, cols.offset, cols.nbytes
-    order = np.lexsort((rank, off_arr, file_arr))  # stream order: (file, offset, name)
+    if n_tensors and (file_arr[1:] == file_arr[0]).all() and (off_arr[1:] > off_arr[:-1]).all():
+        order = np.arange(n_tensors, dtype=np.int64)  # one file, already by offset: the usual header order
+    else:
+        order = np.lexsort((rank, off_arr, file_arr))  # stream order: (file, offset, name)
 
     # Every tensor's checksum, in stream order (sequential reads of the page cache).
     is_st = [f["format"] == "safetensors" for f in inputs.files]
@@ -498,8 +530,18 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         idx = order[bounds[f]:bounds[f + 1]]
         mv = inputs.buffers.get(f) if is_st[f] else None
         if mv is not None:
-            offs, ns = off_arr[idx].tolist(), nb_arr[idx].tolist()
-            checksum[idx] = [digest64(mv[o:o + n]) for o, n in zip(offs, ns, strict=True)]
+            # Tensors of at most 16 bytes: XXH3 column-wise over all of them (xxh3_small.py). The rest
+            # through C-level iteration (map over slices): no bytecode per tensor.
+            lo, ns = off_arr[idx], nb_arr[idx]
+            short = ns <= xxh3_small.MAX_LEN
+            if short.any():
+                buf = np.frombuffer(mv, dtype=np.uint8)
+                checksum[idx[short]] = xxh3_small.xxh3_64_short(buf, lo[short], ns[short])
+            if not short.all():
+                rest, lo = idx[~short], lo[~short]
+                slices = map(slice, lo.tolist(), (lo + nb_arr[rest]).tolist())
+                checksum[rest] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
+                                             count=len(rest))
         else:
             checksum[idx] = [digest64(fetch(k)) for k in idx.tolist()]
 
@@ -507,7 +549,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     if prev_tensors:
         ends = np.cumsum(cols.ndims).tolist()
         cks, codes, nds, all_dims = checksum.tolist(), cols.dtype.tolist(), cols.ndims.tolist(), cols.dims.tolist()
-        for k, name in enumerate(names):
+        for k, name in zip(perm.tolist(), sorted_names, strict=True):
             old = prev_tensors.get(name)
             if (old is not None and _is_hex16(old[2]) and int(old[2], 16) == cks[k]
                     and old[0] == _DTYPE_NAMES[codes[k]] and list(old[1]) == all_dims[ends[k] - nds[k]:ends[k]]):
@@ -548,10 +590,11 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     meta = {
         "model": model, "version": version, "prev_version": prev_version, "bucket_bytes": bucket_bytes,
         "align": align, "total_bytes": int(b_size.sum()), "model_bytes": int(nb_arr.sum()),
-        "dtypes": _DTYPE_NAMES, "files": inputs.files, "deleted": sorted(set(prev_tensors) - set(names)),
+        "dtypes": _DTYPE_NAMES, "files": inputs.files, "deleted": sorted(set(prev_tensors) - set(sorted_names)) if prev_tensors else [],
         "counts": {"tensors": n_tensors, "buckets": len(b_size), "items": len(i_src)},
     }
     plan = Plan(meta, tables, "", "<new plan>", dict(inputs.source_headers))
+    plan._name_sections = name_sections
     plan._encoded = _encode(plan)
     plan._digest = plan._encoded[1]
     return plan
@@ -639,16 +682,18 @@ def _bucket_checksums(inputs: PlanInputs, fetch: Callable[[int], Any], is_st: li
         & (i_off[first_piece] == 0)
     flat &= (i_off[np.asarray(bounds[1:]) - 1] + i_n[np.asarray(bounds[1:]) - 1]) == b_size
     digest64 = xxhash.xxh3_64_intdigest
-    src, toff, ns, offs, fl, fp = (i_src.tolist(), i_toff.tolist(), i_n.tolist(), i_off.tolist(), f.tolist(),
-                                   fpos.tolist())
     sizes = b_size.tolist()
-    for b in range(nb):
+    flat_b = np.flatnonzero(flat)
+    first = first_piece[flat_b]
+    for b, f0, p0 in zip(flat_b.tolist(), f[first].tolist(), fpos[first].tolist(), strict=True):
+        out[b] = digest64(inputs.buffers[f0][p0:p0 + sizes[b]])
+    # The rest piece by piece; only their pieces become Python ints.
+    for b in np.flatnonzero(~flat).tolist():
         lo, hi = bounds[b], bounds[b + 1]
-        if flat[b]:
-            out[b] = digest64(inputs.buffers[fl[lo]][fp[lo]:fp[lo] + sizes[b]])
-            continue
+        src, toff, ns, offs = (a[lo:hi].tolist() for a in (i_src, i_toff, i_n, i_off))
+        fl, fp = f[lo:hi].tolist(), fpos[lo:hi].tolist()
         h, pos = Streaming(), 0
-        for i in range(lo, hi):
+        for i in range(hi - lo):
             h.pad(offs[i] - pos)
             mv = inputs.buffers.get(fl[i]) if is_st[fl[i]] else None
             if mv is not None:
@@ -682,14 +727,15 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
         fmt = file_format(path)
         entry: dict[str, Any] = {"path": str(path), "format": fmt, "size": st.st_size}
         if fmt == "safetensors":
-            c, raw_header, start = safetensors_columns(path)
+            c, raw_header, start = st_header.safetensors_header(str(path))
             entry.update(header_xxh3=xxh3_hex(raw_header), data_start=start)
             mapped = MappedArray(path)
             inputs.closers.append(mapped.close)
             inputs.buffers[idx] = memoryview(mapped.array) if mapped.array.size else memoryview(b"")
             inputs.source_headers[idx] = raw_header
-            parts.append(Columns(name=c.names, file=np.full(len(c.names), idx, dtype=np.int64), dtype=c.dtype,
-                                 ndims=c.ndims, dims=c.dims, nbytes=c.nbytes, offset=c.offset))
+            parts.append(Columns(name=c.names, file=np.full(len(c.nbytes), idx, dtype=np.int64), dtype=c.dtype,
+                                 ndims=c.ndims, dims=c.dims, nbytes=c.nbytes, offset=c.offset,
+                                 sort_keys=c.sort_keys, name_order=c.name_order))
         else:
             state = load_torch_state(path)
             inputs.by_name[idx] = {k: tensor_bytes(v).numpy() for k, v in state.items()}
@@ -714,10 +760,90 @@ def build_plan_from_files(paths: list[str], *, model: str | None, version: str |
 
 
 def manifest_of(plan: Plan | dict[str, Any], plan_digest_: str | None = None) -> dict[str, Any]:
-    """The manifest of the version a plan produces: the input of the next delta plan."""
+    """The manifest of the version a plan produces: the input of the next delta plan.
+
+    Of a :class:`Plan`, the tensor list is built only if someone reads it: ``write_json_atomic``
+    streams it from the tables (a million dicts cost seconds and half a GB)."""
+    if isinstance(plan, Plan):
+        return _PlanManifest(plan, plan_digest_ or plan.digest)
     return {"schema": MANIFEST_SCHEMA, "model": plan["model"], "version": plan["version"],
-            "plan_digest": plan_digest_ or plan.get("digest"),
-            "tensors": [{k: t[k] for k in ("name", "dtype", "shape", "nbytes", "checksum")} for t in plan["tensors"]]}
+            "plan_digest": plan_digest_ or plan.get("digest"), "tensors": _manifest_tensors(plan)}
+
+
+def _manifest_tensors(plan: Plan | dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: t[k] for k in ("name", "dtype", "shape", "nbytes", "checksum")} for t in plan["tensors"]]
+
+
+class _PlanManifest(dict[str, Any]):
+    """A manifest dict whose "tensors" is made on first use (every read path materialises it)."""
+
+    def __init__(self, plan: Plan, digest: str):
+        super().__init__(schema=MANIFEST_SCHEMA, model=plan["model"], version=plan["version"], plan_digest=digest)
+        self.plan = plan
+
+    @property
+    def materialised(self) -> bool:
+        return dict.__contains__(self, "tensors")
+
+    def _full(self) -> _PlanManifest:
+        if not self.materialised:
+            dict.__setitem__(self, "tensors", _manifest_tensors(self.plan))
+        return self
+
+    def __missing__(self, key: str) -> Any:
+        if key == "tensors":
+            return dict.__getitem__(self._full(), key)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key == "tensors" or dict.__contains__(self, key)
+
+    def __len__(self) -> int:
+        return dict.__len__(self._full())
+
+    def __iter__(self) -> Iterator[str]:
+        return dict.__iter__(self._full())
+
+    def __eq__(self, other: object) -> bool:
+        return dict.__eq__(self._full(), other)
+
+    __hash__ = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def keys(self) -> Any:
+        return dict.keys(self._full())
+
+    def values(self) -> Any:
+        return dict.values(self._full())
+
+    def items(self) -> Any:
+        return dict.items(self._full())
+
+    def copy(self) -> dict[str, Any]:
+        return dict(self._full())
+
+    def write(self, fh: Any) -> None:
+        """The manifest's JSON, byte for byte what ``json.dumps(manifest, separators=(",", ":"))``
+        gives, in chunks straight from the plan's tables."""
+        head = {k: dict.__getitem__(self, k) for k in ("schema", "model", "version", "plan_digest")}
+        fh.write(json.dumps(head, separators=(",", ":"), allow_nan=False)[:-1].encode() + b',"tensors":[')
+        t, dn = self.plan.tables, self.plan.meta["dtypes"]
+        quote = json.encoder.encode_basestring_ascii  # what json.dumps uses
+        ends, dims = t.shape_end.tolist(), t.dims.tolist()
+        n, step = len(t.names), 1 << 16
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            names, codes = t.names[lo:hi], t.dtype[lo:hi].tolist()
+            nbytes, cks = t.nbytes[lo:hi].tolist(), t.checksum[lo:hi].tolist()
+            starts = [ends[lo - 1] if lo else 0, *ends[lo:hi - 1]]
+            chunk = ",".join(
+                f'{{"name":{quote(name)},"dtype":"{dn[c]}","shape":[{",".join(map(str, dims[a:b]))}],'
+                f'"nbytes":{nb},"checksum":"{ck:016x}"}}'
+                for name, c, a, b, nb, ck in zip(names, codes, starts, ends[lo:hi], nbytes, cks, strict=True))
+            fh.write((b"," if lo else b"") + chunk.encode())
+        fh.write(b"]}\n")
 
 
 # ---------------------------------------------------------------- validation
@@ -784,7 +910,7 @@ def _validate_tables(plan: Plan) -> None:
             _fail(path, "bad send flag")
         if t.file.min() < -1 or t.file.max() >= nfiles:
             _fail(path, "a tensor points at a file the plan does not list")
-    names = set(t.names)
+    names = set(t.names) if meta["deleted"] else set()  # a million-entry set only when there is something to check
     for gone in meta["deleted"]:
         if not isinstance(gone, str) or gone in names:
             _fail(path, f"deleted tensor {str(gone)[:80]!r} is also in the next version (or not a name)")
@@ -945,8 +1071,6 @@ def preflight_sources(plan: Plan) -> None:
     Content changes that keep size and header are caught when the source hashes each bucket
     before sending it (a mismatch names the bucket and stops the run before any commit).
     """
-    from hwtui.engine.replication.weights import read_safetensors_header
-
     for f in plan["files"]:
         p = Path(f["path"])
         try:
@@ -957,7 +1081,7 @@ def preflight_sources(plan: Plan) -> None:
         if st.st_size != f["size"]:
             raise HwtuiError(f"weight file {p} changed since planning: {st.st_size} bytes, plan says {f['size']}")
         if f["format"] == "safetensors":
-            _, raw_header, _ = read_safetensors_header(p)
+            raw_header = st_header.header_bytes(str(p))  # compared whole: no need to parse a million entries
             if xxh3_hex(raw_header) != f.get("header_xxh3"):
                 raise HwtuiError(f"weight file {p} changed since planning: its safetensors header differs")
 
