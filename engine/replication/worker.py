@@ -614,9 +614,16 @@ class Worker:
                 self.bucket(b, "inflight", size)
                 t0 = _now()
                 region = self.direct.get(b)
-                buf = region if region is not None else self._pooled().acquire(size)
+                view = reader.contiguous_view(plan, b) if region is not None else None
+                if view is not None:
+                    # One kernel copy from the source's page cache into this rank's copy (pwrite
+                    # into a staging file: no write fault per page); hashed below where it landed.
+                    buf = region
+                    self.staging.write_at(self._direct_offset(b), view)
+                else:
+                    buf = region if region is not None else self._pooled().acquire(size)
+                    reader.copy_into(plan, b, buf[:size])
                 data = buf[:size]
-                reader.copy_into(plan, b, data)
                 self.bucket(b, "verifying", size, _now() - t0)
                 t1 = _now()
                 if self.faults.corrupts(b):
@@ -660,7 +667,6 @@ class Worker:
         try:
             hlen = len(self.staging.header)
             theirs = src.tensor[hlen:hlen + self.staging.data_bytes]
-            mine = self.staging.data
             for _ in range(len(plan.buckets)):
                 flag = torch.zeros(1, dtype=torch.int64)
                 # The leader's first bucket waits on its own world start-up and the network.
@@ -673,12 +679,12 @@ class Worker:
                 t0 = _now()
                 region = self.direct.get(b)
                 if region is not None:
-                    off = region.data_ptr() - mine.data_ptr()
-                    region.copy_(theirs[off:off + size])
+                    off = self._direct_offset(b)
+                    self.staging.write_at(off, theirs[off:off + size])
                 else:
                     for it in plan.bucket_items[b]:
                         off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
-                        mine[off:off + it["nbytes"]].copy_(theirs[off:off + it["nbytes"]])
+                        self.staging.write_at(off, theirs[off:off + it["nbytes"]])
                 self.bucket(b, "verifying", size, _now() - t0)
                 t1 = _now()
                 if self.faults.corrupts(b) and region is not None:
@@ -687,6 +693,10 @@ class Worker:
                 self.bucket(b, "done" if ok else "failed", size, _now() - t1)
         finally:
             src.close()
+
+    def _direct_offset(self, b: int) -> int:
+        """Where a bucket received in place starts in this rank's staging data."""
+        return int(self.direct[b].data_ptr() - self.staging.data.data_ptr())
 
     def _staged_digest(self, plan: Plan, b: int) -> str:
         """xxh3 of bucket b as this rank's staging copy holds it (pieces and zero padding)."""
@@ -1028,6 +1038,14 @@ class _SourceReader:
         if pos < size:
             buf[pos:size].zero_()
         return buf, True
+
+    def contiguous_view(self, plan: Plan, b: int) -> Any | None:
+        """Bucket b as a slice of the mapped file (no copy) when it is one byte range of it, else None."""
+        if not self.contiguous(plan, b):
+            return None
+        it = plan.bucket_items[b][0]
+        start = it["file_offset"] - it["offset"]
+        return self.mapped[it["file"]].tensor[start:start + plan.buckets[b]["size"]]
 
     def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
         """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``."""
