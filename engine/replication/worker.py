@@ -191,8 +191,13 @@ class Worker:
 
     # ------------------------------------------------------------------ phases
 
+    def phase(self, name: str) -> None:
+        """This rank reached a start-up phase (events.RANK_PHASES); the launcher counts them per phase."""
+        self.internal("phase", phase=name)
+
     def load(self) -> Plan:
         t = _now()
+        self.phase("started")
         # Validated once, by the coordinator that built this config (it passes the digest of what it
         # validated): this rank checks the digest and maps the tables, nothing more. The digest is
         # checked before anything is staged, so a rank handed another plan refuses it before any
@@ -217,6 +222,7 @@ class Worker:
             raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
         self.plan_version = plan["version"]
         self.phases["load"] = _now() - t
+        self.phase("plan loaded")
         return plan
 
     def start_world(self) -> None:
@@ -248,6 +254,7 @@ class Worker:
             self.internal("init", seconds=0.0, warm=True)
         else:
             self._join_world()
+        self.phase("world joined")
         self._agree(plan)
         self.source_header = self._exchange_header(plan)
         self.phases["init"] = _now() - t
@@ -433,6 +440,7 @@ class Worker:
             self.pool = BufferPool(k, largest, comm)
             self.pool.warm(min(k, n))
         self.phases["setup"] = _now() - t
+        self.phase("ready")  # set up; the start barrier waits for the others
 
     def barrier(self) -> None:
         import torch
