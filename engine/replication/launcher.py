@@ -40,6 +40,7 @@ from hwtui.engine.replication.events import (
 )
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.staging import remove_shm_staging
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
@@ -501,17 +502,22 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                phases: dict[str, float]) -> tuple[str | None, int]:
     port = free_loopback_port()
     t_launch = time.perf_counter()
-    with Group() as group:
-        children: dict[int, Child] = {}
-        for rank in range(world):
-            cfg = cfg_base.for_rank(rank, master_addr="127.0.0.1", master_port=port, parent_pid=os.getpid())
-            # stdout is null: with `--events -` the launcher's stdout is the event stream, and a
-            # vendor library's print must never land in it. stderr stays the user's.
-            children[rank] = group.add(Child(
-                python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
-                name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
-                stdout="null", stderr="inherit"))
-        return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
+    try:
+        with Group() as group:
+            children: dict[int, Child] = {}
+            for rank in range(world):
+                cfg = cfg_base.for_rank(rank, master_addr="127.0.0.1", master_port=port, parent_pid=os.getpid())
+                # stdout is null: with `--events -` the launcher's stdout is the event stream, and a
+                # vendor library's print must never land in it. stderr stays the user's.
+                children[rank] = group.add(Child(
+                    python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
+                    name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
+                    stdout="null", stderr="inherit"))
+            return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
+    finally:
+        # Every rank has exited or was terminated with its group: no shared-memory staging copy
+        # outlives the run, whichever way it ended (a SIGKILLed rank cannot remove its own).
+        remove_shm_staging(coord.plan.digest, port)
 
 
 def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper: _Stop, timeouts: Timeouts,

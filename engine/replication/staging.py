@@ -98,6 +98,32 @@ def check_header_matches(header: bytes, plan: Any) -> None:
             raise HwtuiError("the source's safetensors header has overlapping tensors")
 
 
+SHM_DIR = "/dev/shm"
+
+
+def shm_staging_path(plan_digest: str, port: int, rank: int) -> str:
+    """A rank's shared-memory staging copy for the ranks that copy from it (host leader, or the source)."""
+    return f"{SHM_DIR}/hwtui-{plan_digest[:16]}-{port}-rank{rank}"
+
+
+def shm_staging_glob(plan_digest: str, port: int) -> str:
+    return f"hwtui-{plan_digest[:16]}-{port}-rank*"
+
+
+def is_shm_staging(path: str | None) -> bool:
+    return bool(path) and os.path.dirname(str(path)) == SHM_DIR and os.path.basename(str(path)).startswith("hwtui-")
+
+
+def remove_shm_staging(plan_digest: str, port: int) -> list[str]:
+    """The launcher's sweep once every local rank is gone: a rank killed outright cannot remove its own."""
+    removed = []
+    for path in Path(SHM_DIR).glob(shm_staging_glob(plan_digest, port)):
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(str(path))
+    return removed
+
+
 def anonymous_buffer(nbytes: int) -> mmap.mmap:
     """Private anonymous memory that asks for transparent huge pages (honoured under THP "madvise")."""
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -49,7 +49,15 @@ from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
-from hwtui.engine.replication.staging import check_header_matches, faithful_eligible, header_layout, source_header
+from hwtui.engine.replication.staging import (
+    Staging,
+    check_header_matches,
+    faithful_eligible,
+    header_layout,
+    is_shm_staging,
+    shm_staging_path,
+    source_header,
+)
 from hwtui.engine.replication.transport import prepare_backend
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 from hwtui.engine.replication.window import Window
@@ -130,6 +138,7 @@ class Worker:
         self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
         self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
         self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
+        self.published: Any = None  # the source's /dev/shm staging copy for its "shm" path ranks
         self.announcements: list[Any] = []
         self._local_reader: _SourceReader | None = None  # a leader's pending "bucket ready" broadcasts
         self._world_error: BaseException | None = None
@@ -332,6 +341,14 @@ class Worker:
             if local and mappable:
                 self.paths[r] = ("same-host", why)
                 continue
+            if local and host_key(r) == host_key(SRC):
+                # The source's bytes are not a file it can map (a torch pickle is unpickled into
+                # memory): the source stages each bucket in /dev/shm and announces it, as a host
+                # leader does for its followers; the bytes still never touch a socket.
+                self.leader_of[r] = SRC
+                self.paths[r] = ("shm", "same host, but a source file is not safetensors (cannot be mapped): the source "
+                                        "stages each bucket in /dev/shm")
+                continue
             if local:
                 why = "same host, but a source file is not safetensors (only safetensors files can be mapped)"
             key = host_key(r)
@@ -356,15 +373,16 @@ class Worker:
         self.leader_files = {}
         for leader in set(self.leader_of.values()):
             path = records[leader].get("staging_file")
-            self.leader_files[leader] = path or f"/dev/shm/hwtui-{plan.digest[:16]}-{self.cfg.master_port}-rank{leader}"
+            self.leader_files[leader] = path or shm_staging_path(plan.digest, self.cfg.master_port, leader)
         if self.rank == SRC:
             parts = []
-            for kind in ("same-host", "network", "host-copy"):
+            for kind in ("same-host", "shm", "network", "host-copy"):
                 rs = [r for r, (path, _) in sorted(self.paths.items()) if path == kind]
                 if rs:
                     whys = sorted({self.paths[r][1] for r in rs})
                     what = {"same-host": "copy each bucket from the source's page cache (memory map of the same file) "
                                          "and verify it",
+                            "shm": "copy each bucket from the source's staging copy in /dev/shm and verify it",
                             "network": f"receive each bucket by {self.choice.backend} broadcast",
                             "host-copy": "copy from their host leader's verified copy and verify it"}[kind]
                     parts.append(f"{kind} path: rank(s) {', '.join(map(str, rs))} {what} ({'; '.join(whys)})")
@@ -401,8 +419,6 @@ class Worker:
         return self.choice.comm_device
 
     def setup(self, plan: Plan) -> None:
-        from hwtui.engine.replication.staging import Staging
-
         t = _now()
         self.rss_base = _rss()
         n = len(plan.buckets)
@@ -412,6 +428,14 @@ class Worker:
         if self.rank == SRC:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
+            if SRC in self.leader_files:
+                # The "shm" path: a staging copy in shared memory with the receivers' own layout,
+                # which they map and copy from (removed after the vote, on every error path, and by
+                # the launcher after a SIGKILL).
+                self.shm_file = self.leader_files[SRC]
+                self.published = Staging(plan["tensors"], {"format": "pt"}, file=self.shm_file, first=stream_order(plan),
+                                         header=self.source_header)
+                self.faults.at_phase("setup")
         else:
             file: Any = self.served.staging_file(plan["version"]) if self.served else None
             if file is None and self.rank in self.leader_files:
@@ -466,9 +490,11 @@ class Worker:
                 self._send(plan)
             else:
                 self._serve_local(plan)
+            if self.published is not None:
+                self._release_followers()
         elif path == "same-host":
             self._copy_local(plan)
-        elif path == "host-copy":
+        elif path in ("host-copy", "shm"):
             self._copy_from_leader(plan)
         else:
             self._receive(plan)
@@ -524,6 +550,8 @@ class Worker:
                 for x in group:
                     win.admit(sizes[x])
                     self.bucket(x, "inflight", sizes[x])
+                    if self.published is not None:
+                        self._publish(plan, x)
                 inflight.append((group, buf, pooled, works, t_post))
                 self.emit(ReplWindow(occupancy=win.occupancy, window=win.limit, bytes_in_flight=win.bytes_in_flight))
                 b += 1
@@ -604,6 +632,8 @@ class Worker:
             # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
             if self.cfg.verify:
                 self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+            if self.published is not None:
+                self._publish(plan, b)
             self.bucket(b, "done", size)
 
     def _copy_local(self, plan: Plan) -> None:
@@ -646,6 +676,12 @@ class Worker:
         finally:
             reader.close()
 
+    def _publish(self, plan: Plan, b: int) -> None:
+        """Source: bucket b into its /dev/shm staging copy, then tell the "shm" ranks they may copy it."""
+        for it in plan.bucket_items[b]:
+            self.published.write(it["name"], it["tensor_offset"], self._sources.piece(it))
+        self._announce(b)
+
     def _announce(self, b: int) -> None:
         """Leader: bucket b is in its staging copy (verified); its followers may copy it now.
 
@@ -665,8 +701,8 @@ class Worker:
         self.announcements.clear()
 
     def _copy_from_leader(self, plan: Plan) -> None:
-        """Another host's rank: copy each bucket from the host leader's verified copy once it is announced,
-        and verify this rank's own copy of it."""
+        """Copy each bucket from the host leader's verified copy (or, on the "shm" path, the source's
+        /dev/shm staging copy) once it is announced, and verify this rank's own copy of it."""
         import torch
         import torch.distributed as dist
 
@@ -896,6 +932,9 @@ class Worker:
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
     def remove_shm(self) -> None:
+        if self.published is not None:
+            self.published.close()
+            self.published = None
         if self.shm_file is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.shm_file)
@@ -903,6 +942,12 @@ class Worker:
 
     def cleanup_staging(self) -> None:
         self.remove_shm()
+        # A run that fails removes every shared-memory copy this rank knows of: a leader (or the
+        # source) killed outright cannot remove its own, and its followers are the ones on its host.
+        for r in set(self.leader_of.values()) if self.rank in self.leader_of else ():
+            if is_shm_staging(self.leader_files.get(r)):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.leader_files[r])
         if self.staging is not None:
             self.staging.close()
         if self.served is not None and self.plan_version is not None and not self.keep_staging:
