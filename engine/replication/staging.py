@@ -8,9 +8,8 @@ has to fsync it; the served version is never touched. Bytes *copied* into it (th
 host-copy paths, unpacked pieces) go in with ``pwrite`` rather than through the mapping: a store
 through a shared file mapping costs a write fault and ``page_mkwrite`` per 4 KiB page (measured
 1 GB: ~1.0 s through the mapping, ~0.25 s by pwrite, hash included), the kernel's copy does not.
-Without a file, host staging is anonymous memory asking for transparent huge pages (one fault per
-2 MiB instead of per 4 KiB: 1 GB copied and hashed in ~0.3 s instead of ~0.9 s here); it reads as
-zeros where no tensor covers it. Otherwise it is a buffer on the device (and, on commit, is written
+Without a file, host staging is anonymous memory, faulted in by a thread while the rank forms its
+world (:class:`Prefaulted`); it reads as zeros where no tensor covers it. Otherwise it is a buffer on the device (and, on commit, is written
 out from there).
 """
 
@@ -125,13 +124,69 @@ def remove_shm_staging(plan_digest: str, port: int) -> list[str]:
 
 
 def anonymous_buffer(nbytes: int) -> mmap.mmap:
-    """Private anonymous memory that asks for transparent huge pages (honoured under THP "madvise")."""
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None:
-        with contextlib.suppress(OSError):  # a kernel without THP: 4 KiB pages, still correct
-            buf.madvise(advice)
-    return buf
+    """Private anonymous memory (zeros until written).
+
+    Deliberately without MADV_HUGEPAGE: on this class of VM a transparent huge page is often fresh
+    guest memory the host has never backed, and faulting 1 GiB in took 0.2 s one time and 7-10 s
+    the next (4 KiB pages: 0.9-2 s, steadily).
+    """
+    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, in one call
+
+
+def populate(buf: mmap.mmap) -> bool:
+    """Fault every page of an anonymous buffer in, inside the kernel, with the GIL released.
+
+    ``mmap.madvise`` would hold the GIL for the whole call (up to a second per GB on a busy host)
+    and stall the thread that imports torch and forms the world; through ctypes it does not.
+    False where the kernel cannot (the pages then fault in when first written, as before).
+    """
+    import ctypes
+
+    import numpy as np
+
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return bool(arr.size) and libc.madvise(ctypes.c_void_p(arr.ctypes.data), arr.size, MADV_POPULATE_WRITE) == 0
+    except (OSError, AttributeError):
+        return False
+    finally:
+        del arr
+
+
+class Prefaulted:
+    """A receiver's host staging memory, faulted in by a thread while the rank forms its world.
+
+    A fresh buffer pays a page fault per page the first time the transfer writes it (1 GB: 0.4-2 s
+    here, as long as the copy itself); done in the kernel while ``import torch`` and the rendezvous
+    run, that cost leaves the transfer. No pass of zeros from Python: fresh anonymous pages are
+    zeros already, which is also what gaps no tensor covers must read as.
+    """
+
+    def __init__(self, nbytes: int):
+        import threading
+
+        self.nbytes = nbytes
+        self.buf: mmap.mmap | None = anonymous_buffer(nbytes) if nbytes else None
+        self.populated = False
+        self._thread = threading.Thread(target=self._run, name="prefault-staging", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self.buf is not None:
+            self.populated = populate(self.buf)
+
+    def take(self, timeout: float) -> mmap.mmap | None:
+        """The buffer once faulted in (a bounded wait); None if the thread is still at it."""
+        self._thread.join(timeout)
+        buf, self.buf = self.buf, None
+        if self._thread.is_alive():
+            return None  # dropped: a buffer a thread may still be touching is not handed out
+        return buf
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
@@ -156,7 +211,8 @@ class Staging:
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
                  file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
-                 header: bytes | None = None):
+                 header: bytes | None = None, buffer: mmap.mmap | None = None):
+        """``buffer``: fresh anonymous memory for a host copy without a file (see :class:`Prefaulted`)."""
         import torch
 
         self.tensors = {t["name"]: t for t in tensors}
@@ -180,8 +236,9 @@ class Staging:
         elif device == "cpu" and self.data_bytes:
             # Not pre-faulted (that pass over memory would only delay the first byte) and never
             # garbage: fresh anonymous pages read as zeros, so gaps no tensor covers need nothing.
-            self._anon = anonymous_buffer(self.data_bytes)
-            self.data = torch.frombuffer(self._anon, dtype=torch.uint8)
+            fits = buffer is not None and len(buffer) >= self.data_bytes
+            self._anon = buffer if fits else anonymous_buffer(self.data_bytes)
+            self.data = torch.frombuffer(self._anon, dtype=torch.uint8)[:self.data_bytes]
         else:
             self.data = torch.empty(self.data_bytes, dtype=torch.uint8, device=device)
             if sum(n for _, n in self.layout.values()) < self.data_bytes:

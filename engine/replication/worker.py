@@ -50,6 +50,7 @@ from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.staging import (
+    Prefaulted,
     Staging,
     check_header_matches,
     faithful_eligible,
@@ -161,6 +162,7 @@ class Worker:
         # settings and the plan digest again; staging_factory: what builds a receiver's staging copy.
         self.reuse_world = False
         self.staging_factory: Callable[..., Any] | None = None
+        self._prefault: Prefaulted | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -230,6 +232,12 @@ class Worker:
         elif plan["prev_version"] is not None:
             raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
         self.plan_version = plan["version"]
+        if self.rank != SRC and self.cfg.device == "cpu" and not (self.cfg.out and self.cfg.commit) \
+                and self.staging_factory is None:
+            # Host staging without a file: fault it in while the world forms (see staging.Prefaulted).
+            # An upper bound of its size: the layout comes with the source's header, after the world.
+            bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
+            self._prefault = Prefaulted(int(bound))
         self.phases["load"] = _now() - t
         self.phase("plan loaded")
         return plan
@@ -443,8 +451,15 @@ class Worker:
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
-            self.staging = (self.staging_factory or Staging)(plan["tensors"], {"format": "pt"}, device=device, file=file, first=stream_order(plan),
-                                   header=self.source_header)
+            prefault, self._prefault = self._prefault, None
+            if self.staging_factory is not None:
+                self.staging = self.staging_factory(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                                    first=stream_order(plan), header=self.source_header)
+            else:
+                buffer = prefault.take(float(self.cfg.timeouts.init)) \
+                    if prefault is not None and file is None else None
+                self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                       first=stream_order(plan), header=self.source_header, buffer=buffer)
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
