@@ -269,8 +269,8 @@ class Staging:
 
     def write_at(self, start: int, src: Any) -> None:
         """Copy ``src`` (a uint8 tensor, or any buffer on the host) to data offset ``start``."""
-        device = getattr(src, "device", None)  # a torch device; numpy 2 arrays have device == "cpu"
-        on_host = not hasattr(device, "type") or device.type == "cpu"
+        device: Any = getattr(src, "device", None)  # a torch device; numpy 2 arrays have device == "cpu"
+        on_host = getattr(device, "type", "cpu") == "cpu"
         fd = self._file_fd() if on_host else None
         if fd is not None:
             pwrite_all(fd, as_buffer(src), len(self.header) + start)

@@ -668,6 +668,7 @@ class Worker:
                 t0 = _now()
                 region = self.direct.get(b)
                 view = reader.contiguous_view(plan, b) if region is not None else None
+                buf: Any
                 if view is not None:
                     # One kernel copy from the source's page cache into this rank's copy (pwrite
                     # into a staging file: no write fault per page); hashed below where it landed.
