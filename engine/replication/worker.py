@@ -232,14 +232,16 @@ class Worker:
         elif plan["prev_version"] is not None:
             raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
         self.plan_version = plan["version"]
+        self.phases["load"] = _now() - t
+        self.phase("plan loaded")
         if self.rank != SRC and self.cfg.device == "cpu" and not (self.cfg.out and self.cfg.commit) \
                 and self.staging_factory is None:
             # Host staging without a file: fault it in while the world forms (see staging.Prefaulted).
             # An upper bound of its size: the layout comes with the source's header, after the world.
+            # After the phase report: starting a thread waits for the GIL, which `import torch` in
+            # the world's thread may hold for a while (dlopen).
             bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
             self._prefault = Prefaulted(int(bound))
-        self.phases["load"] = _now() - t
-        self.phase("plan loaded")
         return plan
 
     def start_world(self) -> None:
