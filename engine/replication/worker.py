@@ -671,11 +671,12 @@ class Worker:
                 region = self.direct.get(b)
                 view = reader.contiguous_view(plan, b) if region is not None else None
                 buf: Any
+                digest = None
                 if view is not None:
-                    # One kernel copy from the source's page cache into this rank's copy (pwrite
-                    # into a staging file: no write fault per page); hashed below where it landed.
+                    # Copied from the source's page cache into this rank's copy (pwrite into a
+                    # staging file: no write fault per page) and hashed as it landed, slice by slice.
                     buf = region
-                    self.staging.write_at(self._direct_offset(b), view)
+                    digest = self.staging.write_hashed(self._direct_offset(b), view)
                 else:
                     buf = region if region is not None else self._pooled().acquire(size)
                     reader.copy_into(plan, b, buf[:size])
@@ -684,7 +685,13 @@ class Worker:
                 t1 = _now()
                 if self.faults.corrupts(b):
                     data[size // 2] ^= 0xFF
-                ok = not self.cfg.verify or self._verify_bucket(plan, b, data)
+                    digest = None  # hash this copy again, as it is now
+                if not self.cfg.verify:
+                    ok = True
+                elif digest is not None:
+                    ok = self._verify_digest(plan, b, digest)
+                else:
+                    ok = self._verify_bucket(plan, b, data)
                 if ok and region is None:
                     for it in plan.bucket_items[b]:
                         self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])

@@ -55,3 +55,15 @@ def test_a_buffer_too_small_is_not_used():
     st.write("t0", 0, data["t0"])
     assert st.verify() == []
     st.close()
+
+
+@pytest.mark.parametrize("to_file", [True, False])
+def test_write_hashed_returns_the_hash_of_what_landed(tmp_path, to_file):
+    from hwtui.engine.replication.checksum import xxh3_hex
+
+    meta, data = _tensors([3 * (1 << 20) + 17, 5])
+    st = Staging(meta, {"format": "pt"}, file=tmp_path / "m.safetensors" if to_file else None)
+    off = st.layout["t0"][0]
+    digest = st.write_hashed(off, data["t0"], step=1 << 20)  # several slices and a short last one
+    assert digest == xxh3_hex(data["t0"].numpy()) == tensor_hex(st.region("t0"))
+    st.close()
