@@ -293,7 +293,7 @@ class Staging:
         import xxhash
 
         raw = np.frombuffer(as_buffer(src), dtype=np.uint8)
-        mine = self.data.numpy()
+        mine: Any = self.data.numpy()
         fd = self._file_fd()
         h = xxhash.xxh3_64()
         for c in range(0, raw.size, step):
@@ -302,7 +302,7 @@ class Staging:
                 pwrite_all(fd, piece, len(self.header) + at)
             else:
                 mine[at:at + piece.size] = piece
-            h.update(memoryview(mine[at:at + piece.size]))
+            h.update(mine[at:at + piece.size])
         return f"{h.intdigest():016x}"
 
     def _file_fd(self) -> int | None:
