@@ -72,6 +72,7 @@ class Printer:
     def __init__(self, out: IO[str], verbose: bool):
         self.out, self.verbose = out, verbose
         self._last = 0.0
+        self._ranks_phase: str | None = None
 
     def _p(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -80,7 +81,7 @@ class Printer:
         import time
 
         from hwtui.core.events import ErrorEvent, LogEvent
-        from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
+        from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
         if isinstance(ev, LogEvent):
             self._p(ev.message)
@@ -88,6 +89,14 @@ class Printer:
             self._p(f"replicating {ev.model} {ev.version}: {ev.total_bytes / 1e6:.1f} MB in {ev.n_buckets} bucket(s) of "
                     f"{ev.bucket_bytes / 2**20:g} MiB to {ev.world_size} ranks on {ev.device} via {ev.transport}; "
                     f"window {ev.window}, chunk {ev.chunk_bytes / 2**20:g} MiB")
+        elif isinstance(ev, ReplRanks):
+            # One line each time the whole world reaches a phase (every update with -v), e.g.
+            # "ranks: 3/3 world joined (ready 1/3)".
+            whole = ev.counts.get(ev.phase, 0) >= ev.world_size
+            if self.verbose or (whole and ev.phase != self._ranks_phase):
+                self._ranks_phase = ev.phase if whole else self._ranks_phase
+                tail = "" if ev.phase == "ready" else f" (ready {ev.ready}/{ev.world_size})"
+                self._p(f"ranks: {ev.counts.get(ev.phase, 0)}/{ev.world_size} {ev.phase}{tail}")
         elif isinstance(ev, ReplThroughput):
             now = time.monotonic()
             if now - self._last >= 1.0 or ev.bytes_done >= ev.total_bytes or self.verbose:

@@ -11,7 +11,8 @@ Syntax: ``ACTION:key=value[,key=value]`` and several faults separated by ``;``:
 - ``fail:rank=2,phase=load`` the rank's next file operation fails there (an OSError, as from a
   full or immutable disk).
 
-Phases: ``load`` (before the world forms), ``prepare`` (prepared, before the vote), ``decide``
+Phases: ``load`` (before the world forms), ``setup`` (rank 0, its /dev/shm staging copy made,
+before the start barrier), ``prepare`` (prepared, before the vote), ``decide``
 (rank 0, after a unanimous vote, before the decision record is written) and ``commit`` (after
 the decision, before this rank switches).
 

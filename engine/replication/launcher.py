@@ -29,9 +29,18 @@ from hwtui.core.net import free_loopback_port
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
 from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
-from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput
+from hwtui.engine.replication.events import (
+    RANK_PHASES,
+    ReplBucket,
+    ReplCommit,
+    ReplDone,
+    ReplRanks,
+    ReplStart,
+    ReplThroughput,
+)
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.staging import remove_shm_staging
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
@@ -193,8 +202,10 @@ def _serving(out: str, ranks: list[int]) -> dict[int, str | None]:
 class Coordinator:
     """Turns per-rank messages into world events and the final result."""
 
-    def __init__(self, plan: Plan, ranks: list[int], sink: Callable[[Event], None]):
+    def __init__(self, plan: Plan, ranks: list[int], sink: Callable[[Event], None], world_size: int | None = None):
         self.plan, self.ranks, self.sink = plan, ranks, sink
+        self.world_size = world_size if world_size is not None else len(ranks)
+        self.rank_phase: dict[int, int] = {}  # rank -> index in RANK_PHASES of the furthest phase it reported
         self.done_ranks: dict[int, set[int]] = {}
         self.first_seen: dict[int, float] = {}
         self.bytes_done = 0
@@ -260,7 +271,9 @@ class Coordinator:
         what, rank = raw.get("what"), raw.get("rank")
         if not isinstance(rank, int):
             return
-        if what == "transfer_start" and self.transfer_t0 is None:
+        if what == "phase":
+            self._rank_phase(rank, raw.get("phase"))
+        elif what == "transfer_start" and self.transfer_t0 is None:
             self.transfer_t0 = now
             self.last_sample = (now, 0)
         elif what == "prepared":
@@ -277,6 +290,20 @@ class Coordinator:
                                      detail=f"every rank keeps serving {self.plan['prev_version'] or 'what it had'}"))
         elif what == "result":
             self.results[rank] = raw
+
+    def _rank_phase(self, rank: int, phase: Any) -> None:
+        """A rank reached a start-up phase: send the world's counts (only what ranks said, never a guess)."""
+        if phase not in RANK_PHASES or rank not in self.progress:
+            return
+        idx = RANK_PHASES.index(phase)
+        if idx <= self.rank_phase.get(rank, -1):
+            return
+        self.rank_phase[rank] = idx
+        counts = {p: sum(1 for v in self.rank_phase.values() if v >= i) for i, p in enumerate(RANK_PHASES)}
+        # The furthest phase every rank of the world has reached ("started" until all have).
+        common = [p for p in RANK_PHASES if counts[p] >= self.world_size]
+        self.sink(ReplRanks(world_size=self.world_size, ready=counts["ready"], phase=common[-1] if common else RANK_PHASES[0],
+                            counts=counts))
 
     def _first_failure(self) -> str:
         for r in sorted(self.prepared):
@@ -354,7 +381,7 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
     sink(ReplStart(plan_digest=plan.digest, model=plan["model"], version=plan["version"], total_bytes=plan["total_bytes"],
                    n_buckets=len(plan.buckets), bucket_bytes=plan["bucket_bytes"], world_size=world, device=opts.device,
                    transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
-    coord = Coordinator(plan, ranks, sink)
+    coord = Coordinator(plan, ranks, sink, world_size=world)
     cfg_base = WorkerConfig(
         plan=os.path.abspath(opts.plan), plan_digest=plan.digest, device=opts.device, transport=choice, world_size=world, rank=0,
         inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
@@ -475,17 +502,22 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                phases: dict[str, float]) -> tuple[str | None, int]:
     port = free_loopback_port()
     t_launch = time.perf_counter()
-    with Group() as group:
-        children: dict[int, Child] = {}
-        for rank in range(world):
-            cfg = cfg_base.for_rank(rank, master_addr="127.0.0.1", master_port=port, parent_pid=os.getpid())
-            # stdout is null: with `--events -` the launcher's stdout is the event stream, and a
-            # vendor library's print must never land in it. stderr stays the user's.
-            children[rank] = group.add(Child(
-                python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
-                name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
-                stdout="null", stderr="inherit"))
-        return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
+    try:
+        with Group() as group:
+            children: dict[int, Child] = {}
+            for rank in range(world):
+                cfg = cfg_base.for_rank(rank, master_addr="127.0.0.1", master_port=port, parent_pid=os.getpid())
+                # stdout is null: with `--events -` the launcher's stdout is the event stream, and a
+                # vendor library's print must never land in it. stderr stays the user's.
+                children[rank] = group.add(Child(
+                    python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
+                    name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
+                    stdout="null", stderr="inherit"))
+            return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
+    finally:
+        # Every rank has exited or was terminated with its group: no shared-memory staging copy
+        # outlives the run, whichever way it ended (a SIGKILLed rank cannot remove its own).
+        remove_shm_staging(coord.plan.digest, port)
 
 
 def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper: _Stop, timeouts: Timeouts,

@@ -49,7 +49,16 @@ from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
-from hwtui.engine.replication.staging import check_header_matches, faithful_eligible, header_layout, source_header
+from hwtui.engine.replication.staging import (
+    Prefaulted,
+    Staging,
+    check_header_matches,
+    faithful_eligible,
+    header_layout,
+    is_shm_staging,
+    shm_staging_path,
+    source_header,
+)
 from hwtui.engine.replication.transport import prepare_backend
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 from hwtui.engine.replication.window import Window
@@ -130,6 +139,7 @@ class Worker:
         self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
         self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
         self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
+        self.published: Any = None  # the source's /dev/shm staging copy for its "shm" path ranks
         self.announcements: list[Any] = []
         self._local_reader: _SourceReader | None = None  # a leader's pending "bucket ready" broadcasts
         self._world_error: BaseException | None = None
@@ -152,6 +162,7 @@ class Worker:
         # settings and the plan digest again; staging_factory: what builds a receiver's staging copy.
         self.reuse_world = False
         self.staging_factory: Callable[..., Any] | None = None
+        self._prefault: Prefaulted | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -191,8 +202,13 @@ class Worker:
 
     # ------------------------------------------------------------------ phases
 
+    def phase(self, name: str) -> None:
+        """This rank reached a start-up phase (events.RANK_PHASES); the launcher counts them per phase."""
+        self.internal("phase", phase=name)
+
     def load(self) -> Plan:
         t = _now()
+        self.phase("started")
         # Validated once, by the coordinator that built this config (it passes the digest of what it
         # validated): this rank checks the digest and maps the tables, nothing more. The digest is
         # checked before anything is staged, so a rank handed another plan refuses it before any
@@ -217,6 +233,15 @@ class Worker:
             raise HwtuiError("a delta plan needs --commit --out DIR holding the previous version on every receiver")
         self.plan_version = plan["version"]
         self.phases["load"] = _now() - t
+        self.phase("plan loaded")
+        if self.rank != SRC and self.cfg.device == "cpu" and not (self.cfg.out and self.cfg.commit) \
+                and self.staging_factory is None:
+            # Host staging without a file: fault it in while the world forms (see staging.Prefaulted).
+            # An upper bound of its size: the layout comes with the source's header, after the world.
+            # After the phase report: starting a thread waits for the GIL, which `import torch` in
+            # the world's thread may hold for a while (dlopen).
+            bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
+            self._prefault = Prefaulted(int(bound))
         return plan
 
     def start_world(self) -> None:
@@ -248,6 +273,7 @@ class Worker:
             self.internal("init", seconds=0.0, warm=True)
         else:
             self._join_world()
+        self.phase("world joined")
         self._agree(plan)
         self.source_header = self._exchange_header(plan)
         self.phases["init"] = _now() - t
@@ -325,6 +351,14 @@ class Worker:
             if local and mappable:
                 self.paths[r] = ("same-host", why)
                 continue
+            if local and host_key(r) == host_key(SRC):
+                # The source's bytes are not a file it can map (a torch pickle is unpickled into
+                # memory): the source stages each bucket in /dev/shm and announces it, as a host
+                # leader does for its followers; the bytes still never touch a socket.
+                self.leader_of[r] = SRC
+                self.paths[r] = ("shm", "same host, but a source file is not safetensors (cannot be mapped): the source "
+                                        "stages each bucket in /dev/shm")
+                continue
             if local:
                 why = "same host, but a source file is not safetensors (only safetensors files can be mapped)"
             key = host_key(r)
@@ -349,15 +383,16 @@ class Worker:
         self.leader_files = {}
         for leader in set(self.leader_of.values()):
             path = records[leader].get("staging_file")
-            self.leader_files[leader] = path or f"/dev/shm/hwtui-{plan.digest[:16]}-{self.cfg.master_port}-rank{leader}"
+            self.leader_files[leader] = path or shm_staging_path(plan.digest, self.cfg.master_port, leader)
         if self.rank == SRC:
             parts = []
-            for kind in ("same-host", "network", "host-copy"):
+            for kind in ("same-host", "shm", "network", "host-copy"):
                 rs = [r for r, (path, _) in sorted(self.paths.items()) if path == kind]
                 if rs:
                     whys = sorted({self.paths[r][1] for r in rs})
                     what = {"same-host": "copy each bucket from the source's page cache (memory map of the same file) "
                                          "and verify it",
+                            "shm": "copy each bucket from the source's staging copy in /dev/shm and verify it",
                             "network": f"receive each bucket by {self.choice.backend} broadcast",
                             "host-copy": "copy from their host leader's verified copy and verify it"}[kind]
                     parts.append(f"{kind} path: rank(s) {', '.join(map(str, rs))} {what} ({'; '.join(whys)})")
@@ -394,8 +429,6 @@ class Worker:
         return self.choice.comm_device
 
     def setup(self, plan: Plan) -> None:
-        from hwtui.engine.replication.staging import Staging
-
         t = _now()
         self.rss_base = _rss()
         n = len(plan.buckets)
@@ -405,6 +438,14 @@ class Worker:
         if self.rank == SRC:
             self._sources = _SourceReader(plan)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
+            if SRC in self.leader_files:
+                # The "shm" path: a staging copy in shared memory with the receivers' own layout,
+                # which they map and copy from (removed after the vote, on every error path, and by
+                # the launcher after a SIGKILL).
+                self.shm_file = self.leader_files[SRC]
+                self.published = Staging(plan["tensors"], {"format": "pt"}, file=self.shm_file, first=stream_order(plan),
+                                         header=self.source_header)
+                self.faults.at_phase("setup")
         else:
             file: Any = self.served.staging_file(plan["version"]) if self.served else None
             if file is None and self.rank in self.leader_files:
@@ -412,8 +453,15 @@ class Worker:
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
-            self.staging = (self.staging_factory or Staging)(plan["tensors"], {"format": "pt"}, device=device, file=file, first=stream_order(plan),
-                                   header=self.source_header)
+            prefault, self._prefault = self._prefault, None
+            if self.staging_factory is not None:
+                self.staging = self.staging_factory(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                                    first=stream_order(plan), header=self.source_header)
+            else:
+                buffer = prefault.take(float(self.cfg.timeouts.init)) \
+                    if prefault is not None and file is None else None
+                self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                       first=stream_order(plan), header=self.source_header, buffer=buffer)
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
@@ -433,6 +481,7 @@ class Worker:
             self.pool = BufferPool(k, largest, comm)
             self.pool.warm(min(k, n))
         self.phases["setup"] = _now() - t
+        self.phase("ready")  # set up; the start barrier waits for the others
 
     def barrier(self) -> None:
         import torch
@@ -458,9 +507,11 @@ class Worker:
                 self._send(plan)
             else:
                 self._serve_local(plan)
+            if self.published is not None:
+                self._release_followers()
         elif path == "same-host":
             self._copy_local(plan)
-        elif path == "host-copy":
+        elif path in ("host-copy", "shm"):
             self._copy_from_leader(plan)
         else:
             self._receive(plan)
@@ -516,6 +567,8 @@ class Worker:
                 for x in group:
                     win.admit(sizes[x])
                     self.bucket(x, "inflight", sizes[x])
+                    if self.published is not None:
+                        self._publish(plan, x)
                 inflight.append((group, buf, pooled, works, t_post))
                 self.emit(ReplWindow(occupancy=win.occupancy, window=win.limit, bytes_in_flight=win.bytes_in_flight))
                 b += 1
@@ -596,6 +649,8 @@ class Worker:
             # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
             if self.cfg.verify:
                 self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+            if self.published is not None:
+                self._publish(plan, b)
             self.bucket(b, "done", size)
 
     def _copy_local(self, plan: Plan) -> None:
@@ -614,14 +669,29 @@ class Worker:
                 self.bucket(b, "inflight", size)
                 t0 = _now()
                 region = self.direct.get(b)
-                buf = region if region is not None else self._pooled().acquire(size)
+                view = reader.contiguous_view(plan, b) if region is not None else None
+                buf: Any
+                digest = None
+                if view is not None:
+                    # Copied from the source's page cache into this rank's copy (pwrite into a
+                    # staging file: no write fault per page) and hashed as it landed, slice by slice.
+                    buf = region
+                    digest = self.staging.write_hashed(self._direct_offset(b), view)
+                else:
+                    buf = region if region is not None else self._pooled().acquire(size)
+                    reader.copy_into(plan, b, buf[:size])
                 data = buf[:size]
-                reader.copy_into(plan, b, data)
                 self.bucket(b, "verifying", size, _now() - t0)
                 t1 = _now()
                 if self.faults.corrupts(b):
                     data[size // 2] ^= 0xFF
-                ok = not self.cfg.verify or self._verify_bucket(plan, b, data)
+                    digest = None  # hash this copy again, as it is now
+                if not self.cfg.verify:
+                    ok = True
+                elif digest is not None:
+                    ok = self._verify_digest(plan, b, digest)
+                else:
+                    ok = self._verify_bucket(plan, b, data)
                 if ok and region is None:
                     for it in plan.bucket_items[b]:
                         self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
@@ -630,6 +700,12 @@ class Worker:
                 self.bucket(b, "done" if ok else "failed", size, _now() - t1)
         finally:
             reader.close()
+
+    def _publish(self, plan: Plan, b: int) -> None:
+        """Source: bucket b into its /dev/shm staging copy, then tell the "shm" ranks they may copy it."""
+        for it in plan.bucket_items[b]:
+            self.published.write(it["name"], it["tensor_offset"], self._sources.piece(it))
+        self._announce(b)
 
     def _announce(self, b: int) -> None:
         """Leader: bucket b is in its staging copy (verified); its followers may copy it now.
@@ -650,8 +726,8 @@ class Worker:
         self.announcements.clear()
 
     def _copy_from_leader(self, plan: Plan) -> None:
-        """Another host's rank: copy each bucket from the host leader's verified copy once it is announced,
-        and verify this rank's own copy of it."""
+        """Copy each bucket from the host leader's verified copy (or, on the "shm" path, the source's
+        /dev/shm staging copy) once it is announced, and verify this rank's own copy of it."""
         import torch
         import torch.distributed as dist
 
@@ -660,7 +736,6 @@ class Worker:
         try:
             hlen = len(self.staging.header)
             theirs = src.tensor[hlen:hlen + self.staging.data_bytes]
-            mine = self.staging.data
             for _ in range(len(plan.buckets)):
                 flag = torch.zeros(1, dtype=torch.int64)
                 # The leader's first bucket waits on its own world start-up and the network.
@@ -673,12 +748,12 @@ class Worker:
                 t0 = _now()
                 region = self.direct.get(b)
                 if region is not None:
-                    off = region.data_ptr() - mine.data_ptr()
-                    region.copy_(theirs[off:off + size])
+                    off = self._direct_offset(b)
+                    self.staging.write_at(off, theirs[off:off + size])
                 else:
                     for it in plan.bucket_items[b]:
                         off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
-                        mine[off:off + it["nbytes"]].copy_(theirs[off:off + it["nbytes"]])
+                        self.staging.write_at(off, theirs[off:off + it["nbytes"]])
                 self.bucket(b, "verifying", size, _now() - t0)
                 t1 = _now()
                 if self.faults.corrupts(b) and region is not None:
@@ -687,6 +762,10 @@ class Worker:
                 self.bucket(b, "done" if ok else "failed", size, _now() - t1)
         finally:
             src.close()
+
+    def _direct_offset(self, b: int) -> int:
+        """Where a bucket received in place starts in this rank's staging data."""
+        return int(self.direct[b].data_ptr() - self.staging.data.data_ptr())
 
     def _staged_digest(self, plan: Plan, b: int) -> str:
         """xxh3 of bucket b as this rank's staging copy holds it (pieces and zero padding)."""
@@ -878,6 +957,9 @@ class Worker:
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
     def remove_shm(self) -> None:
+        if self.published is not None:
+            self.published.close()
+            self.published = None
         if self.shm_file is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.shm_file)
@@ -885,6 +967,12 @@ class Worker:
 
     def cleanup_staging(self) -> None:
         self.remove_shm()
+        # A run that fails removes every shared-memory copy this rank knows of: a leader (or the
+        # source) killed outright cannot remove its own, and its followers are the ones on its host.
+        for r in set(self.leader_of.values()) if self.rank in self.leader_of else ():
+            if is_shm_staging(self.leader_files.get(r)):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.leader_files[r])
         if self.staging is not None:
             self.staging.close()
         if self.served is not None and self.plan_version is not None and not self.keep_staging:
@@ -1028,6 +1116,14 @@ class _SourceReader:
         if pos < size:
             buf[pos:size].zero_()
         return buf, True
+
+    def contiguous_view(self, plan: Plan, b: int) -> Any | None:
+        """Bucket b as a slice of the mapped file (no copy) when it is one byte range of it, else None."""
+        if not self.contiguous(plan, b):
+            return None
+        it = plan.bucket_items[b][0]
+        start = it["file_offset"] - it["offset"]
+        return self.mapped[it["file"]].tensor[start:start + plan.buckets[b]["size"]]
 
     def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
         """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``."""

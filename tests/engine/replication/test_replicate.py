@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
 def replicate(plan: Path, *, nproc: int, fault: str | None = None, **kw):
+    """These worlds test the network pipeline (window, pool, chunks, faults): every rank is on one
+    host, and a version with a torch pickle would otherwise take the shm path (test_shm_path.py)."""
+    kw.setdefault("same_host", False)
     env = dict(os.environ)
     env.pop("HWTUI_TEST_FAULT", None)
     if fault:

@@ -1,0 +1,93 @@
+"""The "shm" path: a source that is not a file it can map stages each bucket in /dev/shm for its host's ranks.
+
+A torch pickle is unpickled into the source's memory, so there is no page cache to copy from: the
+source writes each bucket into a shared-memory copy with the receivers' layout and announces it;
+receivers on its host copy it and verify their own copy. Whatever way a run ends, no shared-memory
+copy outlives it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from hwtui.core.events import LogEvent
+from hwtui.engine.replication.events import ReplBucket
+from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+from hwtui.engine.replication.plan import load_plan
+
+from .helpers import assert_bytes_equal, make_model, served, write_plan
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    """A version of a safetensors file *and* a torch pickle: not mappable as a whole."""
+    expected = make_model(tmp_path / "w", seed=5)
+    write_plan(tmp_path / "w", tmp_path / "p.json", version="s1", bucket_kib=64)
+    return tmp_path, expected, load_plan(tmp_path / "p.json").digest
+
+
+def _leftovers(digest: str) -> list[str]:
+    return glob.glob(f"/dev/shm/hwtui-{digest[:16]}-*")
+
+
+def _run(tmp_path, fault=None, on_event=None):
+    env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
+    if fault:
+        env["HWTUI_TEST_FAULT"] = fault
+    return run_replication(ReplicationOptions(plan=str(tmp_path / "p.json"), nproc=3, env=env, commit=True,
+                                              out=str(tmp_path / "out"), timeout=15.0), on_event=on_event)
+
+
+def test_non_mappable_source_reaches_same_host_ranks_through_shared_memory(mixed):
+    tmp_path, expected, digest = mixed
+    events: list = []
+    seen_shm: list[list[str]] = []
+
+    def on_event(ev):
+        events.append(ev)
+        if isinstance(ev, ReplBucket) and ev.rank == 1 and ev.state == "done" and not seen_shm:
+            seen_shm.append(_leftovers(digest))  # while the ranks run: the source's copy is there
+
+    result = _run(tmp_path, on_event=on_event)
+    assert result.ok, result.error
+    line = next(e.message for e in events if isinstance(e, LogEvent) and e.message.startswith("Replication paths"))
+    assert "shm path: rank(s) 1, 2 copy each bucket from the source's staging copy in /dev/shm and verify it" in line
+    assert "a source file is not safetensors (cannot be mapped)" in line
+    assert {r["rank"]: r["path"] for r in result.report["ranks"]} == {0: "source", 1: "shm", 2: "shm"}
+    assert all(r["collectives"] == 0 for r in result.report["ranks"])  # no bucket byte over a socket
+    assert len(seen_shm) == 1 and len(seen_shm[0]) == 1 and seen_shm[0][0].endswith("-rank0")
+    for rank in (1, 2):
+        version, got = served(tmp_path / "out", rank)
+        assert version == "s1"
+        assert_bytes_equal(got, expected)
+    assert _leftovers(digest) == []
+
+
+def test_shm_copy_is_verified_on_each_receivers_own_bytes(mixed):
+    tmp_path, _, digest = mixed
+    result = _run(tmp_path, fault="corrupt:bucket=2,rank=2")
+    assert not result.ok and "bucket 2 failed verification on rank 2" in result.error
+    assert served(tmp_path / "out", 1)[0] is None and served(tmp_path / "out", 2)[0] is None
+    assert _leftovers(digest) == []
+
+
+@pytest.mark.parametrize("fault", [
+    "kill:rank=0,phase=setup",   # the copy exists, nobody has mapped it yet: only the launcher can sweep it
+    "term:rank=0,phase=setup",   # the source removes its own
+    "kill:rank=0,bucket=3",      # mid-transfer: receivers hold it mapped
+    "kill:rank=2,bucket=2",      # a receiver dies mid-copy
+    "kill:rank=0,phase=prepare",  # every bucket copied, before the vote
+    "term:rank=1,phase=prepare",
+])
+def test_no_shared_memory_copy_outlives_a_run_killed_at_any_phase(mixed, fault):
+    tmp_path, _, digest = mixed
+    result = _run(tmp_path, fault=fault)
+    assert not result.ok
+    assert "rank" in (result.error or "")
+    assert _leftovers(digest) == [], fault
+    assert served(tmp_path / "out", 1)[0] is None and served(tmp_path / "out", 2)[0] is None
