@@ -40,6 +40,7 @@ from typing import Any
 from hwtui.core.atomic import atomic_write_text
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.checksum import tensor_hex
+from hwtui.engine.replication.plan import write_json_atomic
 from hwtui.engine.replication.weights import MappedFile, read_safetensors_header
 
 DECISION_SCHEMA = "hwtui.replication-decision/1"
@@ -163,7 +164,9 @@ class ServedDir:
         probe = self.root / ".switch-probe"
         probe.write_bytes(b"")
         probe.unlink()
-        atomic_write_text(self.staging_dir(version) / "manifest.json", json.dumps(manifest, separators=(",", ":")) + "\n")
+        # write_json_atomic streams a plan's manifest from its tables: at 1M tensors, building the
+        # list of dicts first cost every rank seconds and half a GB.
+        write_json_atomic(self.staging_dir(version) / "manifest.json", manifest)
 
     def prepared(self, version: str) -> bool:
         staged = self.staging_dir(version)

@@ -838,7 +838,7 @@ class Worker:
             if self.served and not self.failures:
                 self.staging.flush()
                 try:
-                    self.served.prepare(plan["version"], manifest_of(plan.raw))
+                    self.served.prepare(plan["version"], manifest_of(plan))
                 except (OSError, HwtuiError) as exc:
                     # Caught before the vote, a rank that cannot switch makes every rank abort.
                     self.failures.append(f"rank {self.rank} cannot switch to {plan['version']!r} under "
