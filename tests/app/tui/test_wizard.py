@@ -307,3 +307,26 @@ async def test_choices_and_steps_are_clickable(snapshots):
         await wait_for(pilot, lambda: mode.value == "train")
         assert await pilot.click("StepBar", offset=(len(" hwtui  ") + 1, 0))  # "[1 Detect]" at 100 columns
         await wait_for(pilot, lambda: getattr(app.screen, "STEP", "") == "detect")
+
+
+async def test_rank_start_up_shows_ranks_ready_and_the_phase(snapshots, tmp_path):
+    """The launcher's repl.ranks reports, drawn before the first byte moves (the engine hangs there)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    app = make_app(snapshots["h100_x8"], RecordedEngine("replicate_startup.jsonl", extra=("--hang",)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("n", "n", "n")
+        app.screen.query_one("#in-plan").value = str(plan)
+        app.screen.query_one("#in-device").value = "cpu"
+        await pilot.press("ctrl+s")
+        run = app.screen
+        await wait_for(pilot, lambda: run.state.repl.ranks is not None and run.state.repl.ranks.ready == 1)
+        run._paint()
+        await pilot.pause(0.05)
+        progress = str(run.query_one(ProgressEta).render())
+        assert progress.startswith("running") and "0.0%" in progress
+        assert progress.endswith("ranks ready 1/3 (world joined)"), progress
+        lanes = str(run.query_one(BucketLanes).render()).splitlines()
+        assert lanes[1].split() == ["ranks", "started", "3/3", "plan", "loaded", "3/3", "world", "joined", "3/3",
+                                    "ready", "1/3"], lanes
+        assert not run.state.errors
