@@ -100,10 +100,10 @@ class MonitorScreen(Screen):
     def on_monitor_tick(self, msg: MonitorTick) -> None:
         self.ticks += 1
         box = self.query_one("#devices-box")
-        if msg.error:
-            box.border_subtitle = f"sampling failed: {msg.error}"
-        else:
-            box.border_subtitle = ""
+        subtitle = f"sampling failed: {msg.error}" if msg.error else ""
+        if box.border_subtitle != subtitle:  # setting it repaints the whole box: only on a change
+            box.border_subtitle = subtitle
+        if not msg.error:
             self.history.add(msg.samples)
             self.query_one(DevicePanel).update_from(self.history)
             if msg.host is not None:
