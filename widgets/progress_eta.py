@@ -38,6 +38,7 @@ class ProgressEta(Widget):
     def render(self) -> Text:
         tail = f" {self.fraction * 100:5.1f}%  ETA {format_eta(self.eta)}  {self.label}"
         head = f"{self.status:<8} "
-        width = max(self.size.width - len(tail) - len(head), 5)
+        # The bar gives way to the words when both do not fit (start-up says what is happening).
+        width = max(self.size.width - len(tail) - len(head), 1)
         style = "red" if self.status in ("FAILED", "error") else "green"
         return Text.assemble((head, "bold"), (bar(self.fraction, width), style), tail)
