@@ -62,6 +62,8 @@ class NodesScreen(Screen[None]):
         self.set_timer(min(0.5, self.poller.interval), self.repaint)
 
     def repaint(self) -> None:
+        if not self.is_current:
+            return  # another screen shows (the Run screen draws the same poller's nodes itself), or the app is closing
         nodes = self.poller.snapshot()
         self.query_one(ClusterNodes).show(nodes)
         self.query_one("#nodes-title", Static).update(self._title(nodes))

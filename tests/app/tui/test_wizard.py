@@ -199,7 +199,7 @@ async def test_engine_errors_are_shown_never_swallowed(snapshots, tmp_path):
         assert "RuntimeError: gloo connection closed" in text, "stderr is captured into the log"
         assert "engine exited with status 3" in text
         assert run.query_one(ProgressEta).status == "FAILED"
-        assert "error" in str(run.query_one("#log-title").render())
+        assert "error" in str(run.query_one("#log-box").border_title)
         messages = [n.message for n in app._notifications]
         assert any("checksum mismatch" in m for m in messages)
         assert any("exited with status 3" in m for m in messages)
@@ -253,8 +253,8 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
         app.config.interval = 0.05  # below what the form accepts: the poll takes 3x the interval
         await wait_for(pilot, lambda: run.engine_running)
         # Wait on the state (four polls done), not on a time: a loaded box polls slower.
-        await wait_for(pilot, lambda: run._sampler is not None and run._sampler.polls >= 4, timeout=30)
-        assert SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
+        await wait_for(pilot, lambda: run._sampler is not None and run._sampler.devices_sampler.polls >= 4, timeout=30)
+        assert SlowSampler.overlaps == 0, (run._sampler.devices_sampler.polls, SlowSampler.overlaps)
         await pilot.press("s")
         await wait_for(pilot, lambda: run.state.finished, timeout=10)
         assert "engine stopped" in log_text(app)
