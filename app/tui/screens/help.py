@@ -13,19 +13,26 @@ from textual.widgets import Static
 HELP = """\
 From "what do I have" to a running engine, then the run, live.
 
- Monitor        opens first: devices, host, processes (o sorts); w: wizard
+ Monitor        opens first: devices, host, processes (o sorts), the
+                selected device's history chart (g; beside them when wide)
+ Nodes          with --agents: every node live; w: wizard, m: this machine
 
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
  3 Environment  distributed findings; w writes the export file
  4 Engine       replication, training or cluster (blank = detected default)
- 5 Run          progress, lanes, throughput, workers, loss, devices;
-                cluster: nodes, mismatches, correctness, bandwidth
+ 5 Run          progress, lanes, throughput, workers, loss; beside them
+                the monitor's host, devices, device history and, with
+                --agents, every node; cluster: nodes, mismatches, bandwidth
 
 Keys everywhere
   n / b         next / back step          r   re-run this step
   ?             this help                 q   quit (stops the engine)
   tab           move between panels       ctrl+p  palette, themes
+Monitor
+  up / down     pick a device (devices panel focused) or a process
+  o             next sort column (or click a column header)
+  g             device history chart instead of the processes (narrow)
 Drivers, Environment
   up / down     choose a finding          c   copy its remedy
   w             write the export file (Environment)

@@ -1,4 +1,10 @@
-"""Step 5, Run: the live dashboard.
+"""Step 5, Run: the live dashboard: the engine's panels, and the live monitor's beside them.
+
+Layout (``_fit``): from ``WIDE`` columns the monitor's panels (host, devices, the selected
+device's history chart, and with ``--agents`` every node) are a column beside the engine's panels
+and the log; narrower they sit under them; under ``SHORT`` rows each panel is a titled rule
+instead of a box, the host figures go into the devices' title and the devices take two columns,
+so 8 GPUs fit at 80x24.
 
 Two thread workers feed it and neither ever blocks the UI thread:
 
