@@ -20,6 +20,7 @@ SERIES = (("util", "util", "%", "cyan", "left"), ("temp", "temp_c", "C", "yellow
 class DeviceChart(PlotChart):
     DEFAULT_CSS = "DeviceChart { height: 1fr; min-height: 8; width: 1fr; }"
     X_LABEL = "s"
+    BUILD_IN_THREAD = True  # redrawn on every monitor tick: built off the UI thread
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -34,7 +35,7 @@ class DeviceChart(PlotChart):
         self.series = {attr: list(history.series[key][attr]) for _, attr, *_ in SERIES} if key in history.series else {}
         sample = history.latest.get(key) if key else None
         self.power_limit = getattr(sample, "power_limit_w", None)
-        self.refresh()
+        self.data_changed()
 
     def summary(self) -> str:
         if not self.key or not self.series:

@@ -17,7 +17,7 @@ class LossChart(PlotChart):
 
     def show(self, train: Any) -> None:
         self.points = list(train.loss)
-        self.refresh()
+        self.data_changed()
 
     def summary(self) -> str:
         if not self.points:

@@ -1,9 +1,15 @@
 """The base of hwtui's charts: textual-plotext with axes, a title that carries the figures, and a stable theme.
 
 Every chart (throughput, loss, device history) clears the figure, sets its title and x label and
-plots its series on each render; subclasses say only what to plot (:meth:`PlotChart.draw`) and
+plots its series on each build; subclasses say only what to plot (:meth:`PlotChart.draw`) and
 what the title reads (:meth:`PlotChart.summary`), so the figures are text too (NO_COLOR, tests,
 screen readers).
+
+Off the UI thread (``BUILD_IN_THREAD``): plotext builds a chart in pure Python, 5-30 ms for a
+large one; a chart redrawn on every 1 Hz monitor tick would take most of the tick's budget. Such
+a chart is built in a thread worker (one at a time, the newest data wins) and ``render`` returns
+the last built text, so a tick costs the UI thread a cached paint. ``pending`` says a build is
+under way (tests wait on it, never on time).
 
 Theme: textual-plotext registers its "auto" theme in plotext's process-global theme dict under
 the Textual theme's *name*, built from the colours of the first app that asked. A second app with
@@ -14,8 +20,11 @@ the colours themselves, so each set of colours gets its own entry.
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, ClassVar
 
+from rich.text import Text
+from textual import work
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
@@ -23,6 +32,15 @@ from textual_plotext import PlotextPlot
 class PlotChart(PlotextPlot):
     DEFAULT_CSS = "PlotChart { height: 9; width: 1fr; }"
     X_LABEL = ""
+    BUILD_IN_THREAD: ClassVar[bool] = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._built: Text | None = None  # the last chart built in the worker
+        self._built_key: tuple[Any, ...] | None = None  # (data version, width, height, theme) it was built for
+        self._data_version = 0
+        self._plot_lock = threading.Lock()  # the plotext figure is not thread-safe
+        self.pending = False
 
     def summary(self) -> str:
         """The chart's title: its figures as text."""
@@ -31,15 +49,55 @@ class PlotChart(PlotextPlot):
     def draw(self, plt: Any) -> None:
         """Plot the series (``plt`` is cleared, titled and labelled already)."""
 
+    def data_changed(self) -> None:
+        """Subclasses call this after storing new data: the next paint shows it."""
+        self._data_version += 1
+        if self.BUILD_IN_THREAD and self.is_mounted and self.size.area:
+            self._request_build()
+        else:
+            self.refresh()
+
+    def _build(self, width: int, height: int, theme: str) -> Text:
+        with self._plot_lock:
+            plt = self.plt
+            plt.clear_data()
+            plt.clear_figure()
+            plt.plotsize(width, height)
+            plt._set_size(width, height)  # as PlotextPlot.render does (textual-plotext issue 5)
+            plt.title(self.summary())
+            if self.X_LABEL:
+                plt.xlabel(self.X_LABEL)
+            self.draw(plt)
+            plt.theme(theme)
+            return Text.from_ansi(plt.build())
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._data_version, self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
+
+    def _request_build(self) -> None:
+        self.pending = True
+        self._build_worker(self._key())
+
+    @work(thread=True, exclusive=True, group="plot-build", exit_on_error=False)
+    def _build_worker(self, key: tuple[Any, ...]) -> None:
+        _version, width, height, theme = key
+        text = self._build(width, height, theme)
+        self.app.call_from_thread(self._built_done, key, text)
+
+    def _built_done(self, key: tuple[Any, ...], text: Text) -> None:
+        self._built, self._built_key = text, key
+        current = self._key()
+        self.pending = key != current
+        if self.pending:  # newer data or another size came meanwhile: build again
+            self._build_worker(current)
+        self.refresh()
+
     def render(self) -> RenderResult:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(self.summary())
-        if self.X_LABEL:
-            plt.xlabel(self.X_LABEL)
-        self.draw(plt)
-        return super().render()
+        if not self.BUILD_IN_THREAD:
+            return self._build(self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
+        if self._built_key != self._key() and not self.pending:
+            self._request_build()  # a resize or a theme change: the old picture until the new one is built
+        return self._built if self._built is not None else Text("")
 
     def _get_plotext_theme_name(self, app_theme_name: str) -> str:
         if self.theme != "auto":

@@ -21,7 +21,7 @@ class ThroughputChart(PlotChart):
         self.times = [t for t, _ in repl.throughput]
         self.points = [g for _, g in repl.throughput]
         self.current, self.peak, self.average = repl.current_gbps, repl.peak_gbps, repl.average_gbps
-        self.refresh()
+        self.data_changed()
 
     def summary(self) -> str:
         return f"GB/s now {self.current:.2f}  peak {self.peak:.2f}  avg {self.average:.2f}"

@@ -329,6 +329,8 @@ class RunScreen(WizardStep):
         self.query_one(ErrorLog).reset()
         for stage in stages:
             self.state.add_log("$ " + " ".join(stage.argv[2:] if stage.argv[1:2] == ["-m"] else stage.argv), "info")
+        # Until the engine's first event picks its view, say that it is starting (not "no run yet").
+        self.query_one("#view-idle", Static).update(f"starting the engine: {', '.join(st.name for st in stages)}...")
         self._run_engine(stages, self.state)
         self._paint()
 

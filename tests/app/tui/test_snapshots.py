@@ -55,6 +55,14 @@ def make(snapshots, monkeypatch):
     return build
 
 
+async def _charts_built(pilot) -> None:
+    """Charts built off the UI thread (the device history) show the latest data: wait on that state."""
+    from hwtui.widgets.plot_chart import PlotChart
+
+    await wait_for(pilot, lambda: not any(c.pending for c in pilot.app.screen.query(PlotChart)))
+    await pilot.pause(0.05)
+
+
 def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
     async def run_before(pilot):
         app = pilot.app
@@ -69,6 +77,7 @@ def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
         await pilot.pause(0.3)
         run._paint()
         await pilot.pause(0.1)
+        await _charts_built(pilot)
 
     return run_before
 
@@ -122,6 +131,7 @@ def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
 async def _first_tick(pilot):
     await wait_for(pilot, lambda: pilot.app.screen.ticks >= 1)
     await pilot.pause(0.1)
+    await _charts_built(pilot)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
@@ -204,6 +214,7 @@ def test_rank_start_up(snap_compare, make, size):
         await pilot.pause(0.3)
         run._paint()
         await pilot.pause(0.1)
+        await _charts_built(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
@@ -216,5 +227,6 @@ def test_monitor_device_chart_80x24(snap_compare, make):
         await _first_tick(pilot)
         await pilot.press("g")
         await pilot.pause(0.1)
+        await _charts_built(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=chart)
