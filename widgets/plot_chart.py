@@ -8,8 +8,10 @@ screen readers).
 Off the UI thread (``BUILD_IN_THREAD``): plotext builds a chart in pure Python, 5-30 ms for a
 large one; a chart redrawn on every 1 Hz monitor tick would take most of the tick's budget. Such
 a chart is built in a thread worker (one at a time, the newest data wins) and ``render`` returns
-the last built text, so a tick costs the UI thread a cached paint. ``pending`` says a build is
-under way (tests wait on it, never on time).
+the last built text, so a tick costs the UI thread a cached paint. Builds are spaced so that they
+take at most ``CPU_BUDGET`` of a core whatever the chart's size (a 40-row chart on a loaded box
+is redrawn every few seconds, a small one every tick). ``pending`` says a build is under way or
+scheduled (tests wait on it, never on time).
 
 Theme: textual-plotext registers its "auto" theme in plotext's process-global theme dict under
 the Textual theme's *name*, built from the colours of the first app that asked. A second app with
@@ -21,12 +23,15 @@ the colours themselves, so each set of colours gets its own entry.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
 from textual.app import RenderResult
 from textual_plotext import PlotextPlot
+
+CPU_BUDGET = 0.02  # share of one core a thread-built chart may use
 
 
 class PlotChart(PlotextPlot):
@@ -41,6 +46,9 @@ class PlotChart(PlotextPlot):
         self._data_version = 0
         self._plot_lock = threading.Lock()  # the plotext figure is not thread-safe
         self.pending = False
+        self._last_build = (0.0, 0.0)  # (monotonic start, CPU seconds) of the last build
+        self._build_timer: Any = None
+        self._building = False  # a worker is building; when it is done it checks for newer data
 
     def summary(self) -> str:
         """The chart's title: its figures as text."""
@@ -53,9 +61,25 @@ class PlotChart(PlotextPlot):
         """Subclasses call this after storing new data: the next paint shows it."""
         self._data_version += 1
         if self.BUILD_IN_THREAD and self.is_mounted and self.size.area:
-            self._request_build()
+            self._schedule_build()
         else:
             self.refresh()
+
+    def _schedule_build(self) -> None:
+        """Build now, or when the CPU budget allows; a build under way or scheduled takes the newest data."""
+        if self._build_timer is not None or self._building:
+            return
+        started, cost = self._last_build
+        wait = started + cost / CPU_BUDGET - time.monotonic()
+        if wait > 0:
+            self.pending = True
+            self._build_timer = self.set_timer(wait, self._timer_fired)
+        else:
+            self._request_build()
+
+    def _timer_fired(self) -> None:
+        self._build_timer = None
+        self._request_build()
 
     def _build(self, width: int, height: int, theme: str) -> Text:
         with self._plot_lock:
@@ -75,28 +99,30 @@ class PlotChart(PlotextPlot):
         return (self._data_version, self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
 
     def _request_build(self) -> None:
-        self.pending = True
+        self.pending = self._building = True
         self._build_worker(self._key())
 
     @work(thread=True, exclusive=True, group="plot-build", exit_on_error=False)
     def _build_worker(self, key: tuple[Any, ...]) -> None:
         _version, width, height, theme = key
+        started, cpu = time.monotonic(), time.thread_time()
         text = self._build(width, height, theme)
+        self._last_build = (started, time.thread_time() - cpu)
         self.app.call_from_thread(self._built_done, key, text)
 
     def _built_done(self, key: tuple[Any, ...], text: Text) -> None:
         self._built, self._built_key = text, key
-        current = self._key()
-        self.pending = key != current
-        if self.pending:  # newer data or another size came meanwhile: build again
-            self._build_worker(current)
+        self._building = False
+        self.pending = False
+        if key != self._key():  # newer data or another size came meanwhile: build again (within the budget)
+            self._schedule_build()
         self.refresh()
 
     def render(self) -> RenderResult:
         if not self.BUILD_IN_THREAD:
             return self._build(self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
         if self._built_key != self._key() and not self.pending:
-            self._request_build()  # a resize or a theme change: the old picture until the new one is built
+            self._schedule_build()  # a resize or a theme change: the old picture until the new one is built
         return self._built if self._built is not None else Text("")
 
     def _get_plotext_theme_name(self, app_theme_name: str) -> str:
