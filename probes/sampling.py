@@ -17,6 +17,7 @@ from typing import Any
 
 from hwtui.probes.devices import Device
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.host_counters import parse_meminfo
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
 
@@ -167,8 +168,7 @@ class Sampler:
                                     float(psutil.cpu_percent(interval=None)), None, None, None)
             except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable
                 pass
-        total, available = _meminfo(self.host)
-        used = None if total is None or available is None else total - available
+        used, total = _meminfo(self.host)
         return DeviceSample("cpu", self._cpu_name, used, total, None, None, None, None)
 
     def close(self) -> None:
@@ -194,18 +194,20 @@ def _cpu_name(host: Host) -> str:
 
 
 def _meminfo(host: Host) -> tuple[int | None, int | None]:
-    total = available = None
-    for line in (host.read_text("/proc/meminfo") or "").splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] == "MemTotal:":
-            total = int(parts[1]) * 1024
-        elif len(parts) >= 2 and parts[0] == "MemAvailable:":
-            available = int(parts[1]) * 1024
-    if total is None or available is None:
-        try:
-            rt = host.fact("host_runtime", lambda: {}) or {}
-            total = total or rt.get("mem_total")
-            available = available if available is not None else rt.get("mem_available")
-        except FactUnavailable:
-            pass
-    return total, available
+    """(used, total) bytes, both from one source: /proc/meminfo, else the recorded runtime fact.
+
+    Why one source: a snapshot can hold MemTotal but no MemAvailable (an old kernel, a trimmed
+    tree), and pairing its total with the recorder's own MemAvailable drew another machine's
+    "used" figure. Figures that do not parse or do not add up are unknown, not a crash.
+    """
+    used, total = parse_meminfo(host.read_text("/proc/meminfo") or "")
+    if used is not None:
+        return used, total
+    try:
+        rt = host.fact("host_runtime", lambda: {}) or {}
+    except FactUnavailable:
+        rt = {}
+    rt_total, rt_available = rt.get("mem_total"), rt.get("mem_available")
+    if isinstance(rt_total, int) and isinstance(rt_available, int) and 0 <= rt_available <= rt_total:
+        return rt_total - rt_available, rt_total
+    return None, total if total is not None else (rt_total if isinstance(rt_total, int) else None)

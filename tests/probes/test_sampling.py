@@ -30,7 +30,10 @@ def test_recorded_tree_returns_recorded_values(tmp_path):
     assert amd.mem_total == 16 * 2**30 and amd.mem_used == 16 * 2**30 // 20
     assert amd.util == 14.0 and amd.temp_c == 44.0 and amd.power_w == 41.0 and amd.power_limit_w == 263.0
     assert got["xpu:0"].power_limit_w == 190.0
-    assert got["cpu"].mem_total == 65536000 * 1024 and got["cpu"].name == "Test CPU @ 3.0GHz"
+    # The tree's /proc/meminfo has MemTotal only: used and total both come from the recorded runtime fact.
+    rt = json.loads((fs.root / ".hwtui-facts.json").read_text())["host_runtime"]
+    assert (got["cpu"].mem_used, got["cpu"].mem_total) == (rt["mem_total"] - rt["mem_available"], rt["mem_total"])
+    assert got["cpu"].name == "Test CPU @ 3.0GHz"
 
 
 def test_snapshot_replay_reproduces_samples(tmp_path):
@@ -90,3 +93,29 @@ def test_intel_power_from_energy_counter(tmp_path):
     energy.write_text(str(123456789 + 5_000_000) + "\n")  # 5 J later
     watts = _by_key(sampler.sample())["xpu:0"].power_w
     assert watts is not None and 5 / 0.5 < watts < 5 / 0.04
+
+
+def _cpu_sample(tmp_path, meminfo: str | None, runtime: dict | None):
+    from hwtui.probes.host import FACTS_FILE, FsHost
+
+    (tmp_path / "proc").mkdir(parents=True, exist_ok=True)
+    if meminfo is not None:
+        (tmp_path / "proc" / "meminfo").write_text(meminfo)
+    (tmp_path / FACTS_FILE).write_text(json.dumps({"host_runtime": runtime} if runtime is not None else {}))
+    return _by_key(Sampler(FsHost(tmp_path), []).sample())["cpu"]
+
+
+def test_host_memory_comes_from_one_source(tmp_path):
+    """A snapshot with MemTotal but no MemAvailable: used and total both come from the recorded
+    runtime fact, never this tree's total minus the recorder's own available memory."""
+    cpu = _cpu_sample(tmp_path, "MemTotal: 1000 kB\n", {"mem_total": 64 * 2**30, "mem_available": 48 * 2**30})
+    assert (cpu.mem_used, cpu.mem_total) == (16 * 2**30, 64 * 2**30)
+    cpu = _cpu_sample(tmp_path, "MemTotal: 1000 kB\nMemAvailable: 400 kB\n", {"mem_total": 1, "mem_available": 1})
+    assert (cpu.mem_used, cpu.mem_total) == (600 * 1024, 1000 * 1024), "the tree's own pair wins"
+
+
+def test_hostile_meminfo_is_unknown_not_a_crash(tmp_path):
+    cpu = _cpu_sample(tmp_path, "MemTotal: lots kB\nMemAvailable: -5 kB\n", None)
+    assert (cpu.mem_used, cpu.mem_total) == (None, None)
+    cpu = _cpu_sample(tmp_path, "MemTotal: 1000 kB\n", {"mem_total": "x", "mem_available": 2})
+    assert (cpu.mem_used, cpu.mem_total) == (None, 1000 * 1024), "the total alone is still known"
