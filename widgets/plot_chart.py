@@ -8,7 +8,8 @@ screen readers).
 Off the UI thread (``BUILD_IN_THREAD``): plotext builds a chart in pure Python, 5-30 ms for a
 large one; a chart redrawn on every 1 Hz monitor tick would take most of the tick's budget. Such
 a chart is built in a thread worker (one at a time, the newest data wins) and ``render`` returns
-the last built text, so a tick costs the UI thread a cached paint. Builds are spaced so that they
+the last built lines (the plot's ANSI text parsed and cut into strips in the worker too: painting
+a large styled Text costs the UI thread as much as building it), so a tick costs a cached paint. Builds are spaced so that they
 take at most ``CPU_BUDGET`` of a core whatever the chart's size (a 40-row chart on a loaded box
 is redrawn every few seconds, a small one every tick). ``pending`` says a build is under way or
 scheduled (tests wait on it, never on time).
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import RenderResult
+from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
 CPU_BUDGET = 0.02  # share of one core a thread-built chart may use
@@ -41,7 +43,7 @@ class PlotChart(PlotextPlot):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._built: Text | None = None  # the last chart built in the worker
+        self._built: list[Strip] | None = None  # the last chart built in the worker, one strip per line
         self._built_key: tuple[Any, ...] | None = None  # (data version, width, height, theme) it was built for
         self._data_version = 0
         self._plot_lock = threading.Lock()  # the plotext figure is not thread-safe
@@ -107,11 +109,14 @@ class PlotChart(PlotextPlot):
         _version, width, height, theme = key
         started, cpu = time.monotonic(), time.thread_time()
         text = self._build(width, height, theme)
+        console = self.app.console
+        options = console.options.update(width=width, height=height, no_wrap=True, overflow="crop")
+        strips = [Strip(line, width) for line in console.render_lines(text, options, pad=True)]
         self._last_build = (started, time.thread_time() - cpu)
-        self.app.call_from_thread(self._built_done, key, text)
+        self.app.call_from_thread(self._built_done, key, strips)
 
-    def _built_done(self, key: tuple[Any, ...], text: Text) -> None:
-        self._built, self._built_key = text, key
+    def _built_done(self, key: tuple[Any, ...], strips: list[Strip]) -> None:
+        self._built, self._built_key = strips, key
         self._building = False
         self.pending = False
         if key != self._key():  # newer data or another size came meanwhile: build again (within the budget)
@@ -119,11 +124,15 @@ class PlotChart(PlotextPlot):
         self.refresh()
 
     def render(self) -> RenderResult:
+        return self._build(self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
+
+    def render_line(self, y: int) -> Strip:
         if not self.BUILD_IN_THREAD:
-            return self._build(self.size.width, self.size.height, self._get_plotext_theme_name(self.app.theme))
+            return super().render_line(y)
         if self._built_key != self._key() and not self.pending:
             self._schedule_build()  # a resize or a theme change: the old picture until the new one is built
-        return self._built if self._built is not None else Text("")
+        built = self._built
+        return built[y] if built is not None and 0 <= y < len(built) else Strip.blank(self.size.width, self.rich_style)
 
     def _get_plotext_theme_name(self, app_theme_name: str) -> str:
         if self.theme != "auto":
