@@ -13,17 +13,17 @@ from textual.widgets import Static
 HELP = """\
 From "what do I have" to a running engine, then the run, live.
 
- Monitor        opens first: devices, host, processes (o sorts), the
-                selected device's history chart (g; beside them when wide)
- Nodes          with --agents: every node live; w: wizard, m: this machine
+ Monitor        opens first: devices, host, processes (o sorts),
+                a device's history chart (g); w: wizard
+ Nodes          --agents: every node; w: wizard, m: monitor
 
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
  3 Environment  distributed findings; w writes the export file
  4 Engine       replication, training or cluster (blank = detected default)
- 5 Run          progress, lanes, throughput, workers, loss; beside them
-                the monitor's host, devices, device history and, with
-                --agents, every node; cluster: nodes, mismatches, bandwidth
+ 5 Run          progress, lanes, throughput, workers, loss, and
+                the monitor's devices (--agents: every node too);
+                cluster: nodes, mismatches, correctness, bandwidth
 
 Keys everywhere
   n / b         next / back step          r   re-run this step
