@@ -33,7 +33,7 @@ from textual.app import RenderResult
 from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
-CPU_BUDGET = 0.02  # share of one core a thread-built chart may use
+CPU_BUDGET = 0.01  # share of one core a thread-built chart may use (the monitor as a whole aims at <= 2 %)
 
 
 class PlotChart(PlotextPlot):
