@@ -2,7 +2,11 @@
 
 ``--view monitor`` measures the monitor `hwtui` opens on, with a process list of 40 processes
 over the 8 devices refreshed every tick, and reports the first paint (app start to the first
-frame with the device panel drawn).
+frame with the device panel drawn). ``--view run`` measures the Run screen, which carries the
+monitor's host strip and device panel beside the engine's panels. From 140 columns (``--size
+200x60``) both views also draw the selected device's history chart, built off the UI thread
+within its CPU budget (widgets/plot_chart.py): its cost shows in the process CPU, not in the
+UI-thread refresh.
 
 Runs the app on Textual's headless driver and measures, per sampler tick:
 

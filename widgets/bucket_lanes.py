@@ -4,6 +4,8 @@ A bucket holds a lane from the moment the source stages it until the source's se
 there are never more lanes than the window the engine enforces. Buckets the source has sent that
 the receivers are still receiving or verifying are a separate count on the header line. Below the
 lanes, every bucket of the plan as one glyph, wrapped to the width so the grid is always whole.
+While the ranks start (before the first bucket moves) a line counts the ranks in each start-up
+phase, from the launcher's ``repl.ranks`` reports.
 A glyph per state (not only a colour) keeps it legible with NO_COLOR.
 """
 
@@ -39,7 +41,7 @@ class BucketLanes(Widget):
     def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
         if self.repl is None:
             return 1
-        return 2 + max(len(self.repl.lanes), 1) + self._grid_rows(width)
+        return 2 + max(len(self.repl.lanes), 1) + self._grid_rows(width) + (1 if self.repl.starting_up else 0)
 
     def render(self) -> Text:
         r = self.repl
@@ -58,6 +60,13 @@ class BucketLanes(Widget):
         if text.cell_len + 2 + legend.cell_len <= width:
             text.append("  ")
             text.append_text(legend)
+        if r.starting_up:
+            # Before the first byte: how far each start-up phase got, as the launcher counts it.
+            world = r.ranks.world_size
+            text.append("\nranks  ", style="bold")
+            for phase, n in r.phase_counts():
+                text.append(f"{phase} ", style="dim")
+                text.append(f"{n}/{world}  ", style="green" if n >= world else "yellow")
         label_w = len("lane 00 ") + len(" #0000 inflight")
         bar_w = max(width - label_w - 1, 2)
         for i, bid in enumerate(r.lanes):

@@ -1,7 +1,8 @@
 """Every node of a live cluster view: one row per device, a STALE row for a node with no fresh answer.
 
 Columns: node, state (ok / STALE with the age of its last answer), device, utilisation, memory,
-temperature, power, the weight version the node serves and the progress of a push in flight.
+temperature, power, the weight version each device serves (a node commits all-or-nothing, so its
+devices serve the node's version) and the progress of a push in flight.
 Verdicts are words, never colour alone, so the view reads the same with NO_COLOR.
 """
 
@@ -45,7 +46,8 @@ def node_rows(node: dict[str, Any]) -> list[dict[str, Text]]:
             "mem": Text(f"{gib(d.get('mem_used'))}/{gib(d.get('mem_total'))}" if d.get("mem_total") else "-"),
             "temp": Text("-" if d.get("temp_c") is None else f"{float(d['temp_c']):.0f}C"),
             "power": Text("-" if d.get("power_w") is None else f"{float(d['power_w']):.0f}W"),
-            "version": version if i == 0 else Text(""),
+            # Every rank of a node serves the version its all-or-nothing commit switched to.
+            "version": version,
             "push": push if i == 0 else Text(""),
         })
     return rows

@@ -10,17 +10,23 @@ line up across devices.
 
 One line per device when the width allows a readable bar and sparklines; otherwise two (memory
 on the first, sparklines under it). The panel scrolls when it is given less height than it needs.
+With ``columns = 2`` (the Run screen at 80x24) the devices are drawn in two side-by-side columns,
+one compact line each (bar, used/total, the latest figures without sparklines), so 8 GPUs take 4
+or 5 lines. One row is *selected* (click, or up/down when focused): views show its history in a
+chart (:class:`DevicePanel.Selected`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
+from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -37,15 +43,32 @@ class _Layout:
     key: int  # key column, its trailing space included
     bar: int
     label: int  # memory label, right-aligned
-    spark: int  # each sparkline
+    spark: int  # each sparkline; 0: compact (the latest figures only)
     values: tuple[int, ...]  # each metric's value column
+
+
+COLUMN_GAP = 2  # cells between the two columns
 
 
 class DevicePanel(ScrollView, can_focus=True):
     DEFAULT_CSS = "DevicePanel { height: auto; max-height: 9; overflow-x: hidden; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "select(-1)", "Previous device", show=False),
+        Binding("down", "select(1)", "Next device", show=False),
+    ]
+
+    class Selected(Message):
+        """The selected device changed (its key, as in ``keys``)."""
+
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.columns = 1  # 2: devices in two side-by-side columns (short screens)
+        self.selected: str | None = None  # the device whose history a chart shows
+        self.marks_selection = False  # True where a chart follows the selection: its key is drawn reversed
         self.keys: tuple[str, ...] = ()  # the devices shown, in order
         self._history: Any = None
         self._two_lines = False
@@ -59,6 +82,9 @@ class DevicePanel(ScrollView, can_focus=True):
         """Show ``history`` (a DeviceHistory): O(1) here, the drawing happens at the next repaint."""
         self._history = history
         self.keys = tuple(history.keys())
+        if self.keys and self.selected not in self.keys:
+            self.selected = self.keys[0]
+            self.post_message(self.Selected(self.selected))
         self._strips = None
         self._sync_height()
         self.refresh()
@@ -73,11 +99,24 @@ class DevicePanel(ScrollView, can_focus=True):
         history = self._history
         return [(key, history.latest[key], history.series[key]) for key in self.keys] if history else []
 
+    def set_columns(self, columns: int) -> None:
+        if columns != self.columns:
+            self.columns = columns
+            self._strips = None
+            self._sync_height()
+            self.refresh()
+
+    def _column_width(self, width: int) -> int:
+        return width if self.columns == 1 else max((width - COLUMN_GAP) // 2, 1)
+
     def _layout(self, width: int, rows: list[tuple[str, Any, dict[str, Any]]], two_lines: bool | None = None) -> _Layout:
         key = min(max((len(k) for k, _, _ in rows), default=3), KEY_MAX) + 1
         label = max((len(memory_label(s.mem_used, s.mem_total)) for _, s, _ in rows), default=5)
         values = tuple(max((len(metric_value(getattr(s, m.attr, None), m.unit)) for _, s, _ in rows), default=2)
                        for m in METRICS)
+        if self.columns > 1:  # compact: one line per device, the latest figures only
+            fixed = sum(1 + w for w in values)
+            return _Layout(False, key, max(width - key - 1 - label - fixed, 1), label, 0, values)
         metrics_fixed = sum(metric_fixed_width(m, w) for m, w in zip(METRICS, values, strict=True))
         flex = width - key - 1 - label - metrics_fixed
         if two_lines is None:
@@ -91,8 +130,10 @@ class DevicePanel(ScrollView, can_focus=True):
     def _sync_height(self) -> None:
         # Decided on the width without the scrollbar gutter, so a scrollbar appearing cannot flip
         # the layout (and the height with it) back and forth.
-        two_lines = self._layout(self.size.width, self._rows()).two_lines if self.size.width else False
-        height = len(self.keys) * (2 if two_lines else 1)
+        width = self._column_width(self.size.width)
+        two_lines = self._layout(width, self._rows()).two_lines if self.size.width else False
+        per_column = -(-len(self.keys) // self.columns)
+        height = per_column * (2 if two_lines else 1)
         self._two_lines = two_lines
         if self.virtual_size.height != height:
             self.virtual_size = Size(0, height)
@@ -106,13 +147,32 @@ class DevicePanel(ScrollView, can_focus=True):
         rows = self._rows()
         if not rows or width <= 0:
             return []
-        lay = self._layout(width, rows, self._two_lines)
+        if self.columns > 1:
+            col_w = self._column_width(width)
+            left = self._draw_rows(rows[: -(-len(rows) // 2)], rows, col_w, base)
+            right = self._draw_rows(rows[-(-len(rows) // 2):], rows, col_w, base)
+            gap = Segment(" " * COLUMN_GAP, base)
+            return [Strip([*lhs, gap, *(right[i] if i < len(right) else Strip.blank(col_w, base))]).adjust_cell_length(width, base)
+                    for i, lhs in enumerate(left)]
+        return self._draw_rows(rows, rows, width, base)
+
+    def _draw_rows(self, rows: list[tuple[str, Any, dict[str, Any]]], every: list[tuple[str, Any, dict[str, Any]]],
+                   width: int, base: Style) -> list[Strip]:
+        lay = self._layout(width, every, self._two_lines)  # laid out over every row: columns line up
+        selected_style = base + Style(reverse=True)
         strips = []
         for key, sample, series in rows:
-            head = [Segment(key[: lay.key - 1].ljust(lay.key), base)]
+            mark = selected_style if self.marks_selection and key == self.selected else base
+            head = [Segment(key[: lay.key - 1].ljust(lay.key), mark)]
             head += memory_segments(sample.mem_used, sample.mem_total, lay.bar, lay.label, base)
             tail: list[Segment] = []
             for metric, value_width in zip(METRICS, lay.values, strict=True):
+                if lay.spark == 0:  # compact: the latest value only (an absent sensor stays blank)
+                    values = series[metric.attr]
+                    known = any(v is not None for v in values)
+                    text = metric_value(values[-1] if values else None, metric.unit) if known else ""
+                    tail.append(Segment(" " + text.rjust(value_width), base))
+                    continue
                 tail += metric_segments(metric, series[metric.attr], lay.spark, value_width, base,
                                         getattr(sample, "power_limit_w", None))
             if lay.two_lines:
@@ -135,9 +195,33 @@ class DevicePanel(ScrollView, can_focus=True):
         super().notify_style_update()
         self._strips = None
 
+    def _row_at(self, x: int, y: int) -> int:
+        """Index in ``keys`` of the device drawn at content offset (x, y), or -1."""
+        row = (y + self.scroll_offset.y) // (2 if self._two_lines else 1)
+        if self.columns > 1 and x >= self._column_width(self.size.width) + COLUMN_GAP // 2:
+            row += -(-len(self.keys) // 2)
+        return row if 0 <= row < len(self.keys) else -1
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is not None:
+            self._select(self._row_at(offset.x, offset.y))
+
+    def action_select(self, delta: int) -> None:
+        if self.keys:
+            current = self.keys.index(self.selected) if self.selected in self.keys else 0
+            self._select(min(max(current + delta, 0), len(self.keys) - 1))
+
+    def _select(self, row: int) -> None:
+        if 0 <= row < len(self.keys) and self.keys[row] != self.selected:
+            self.selected = self.keys[row]
+            self._strips = None
+            self.refresh()
+            self.post_message(self.Selected(self.selected))
+
     def on_mouse_move(self, event: events.MouseMove) -> None:
         # The full device name ("NVIDIA H100 80GB HBM3") as the tooltip of the row under the pointer.
-        row = (event.y + self.scroll_offset.y) // (2 if self._two_lines else 1)
+        row = self._row_at(event.x, event.y)
         if row != self._tooltip_row:
             self._tooltip_row = row
             sample = self._history.latest.get(self.keys[row]) if self._history and 0 <= row < len(self.keys) else None

@@ -22,6 +22,14 @@ def rate_text(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
+def host_summary(s: Any) -> str:
+    """The host in a few words, for a panel's title where there is no line to spare."""
+    cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
+    used = "?" if s.mem_used is None else f"{s.mem_used / 2**30:.1f}"
+    mem = f"{used}/{s.mem_total / 2**30:.1f}G" if s.mem_total else "-"
+    return f"host CPU {cpu}  mem {mem}  rx {rate_text(s.rx_bytes_per_s)} tx {rate_text(s.tx_bytes_per_s)}"
+
+
 class HostStrip(Widget):
     DEFAULT_CSS = "HostStrip { height: 1; }"
 

@@ -1,19 +1,15 @@
-"""The training loss: mean over workers per step, as a plotext chart with step along x.
-
-Drawn by textual-plotext (axes and ticks), with now / first / min in the title so the figures
-read as text as well.
-"""
+"""The training loss: mean over workers per step, as a chart with step along x; now / first / min in the title."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from textual.app import RenderResult
-from textual_plotext import PlotextPlot
+from hwtui.widgets.plot_chart import PlotChart
 
 
-class LossChart(PlotextPlot):
+class LossChart(PlotChart):
     DEFAULT_CSS = "LossChart { height: 9; width: 1fr; }"
+    X_LABEL = "step"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -21,7 +17,7 @@ class LossChart(PlotextPlot):
 
     def show(self, train: Any) -> None:
         self.points = list(train.loss)
-        self.refresh()
+        self.data_changed()
 
     def summary(self) -> str:
         if not self.points:
@@ -29,12 +25,6 @@ class LossChart(PlotextPlot):
         losses = [v for _, v in self.points]
         return f"loss step {self.points[-1][0]}  now {losses[-1]:.4f}  first {losses[0]:.4f}  min {min(losses):.4f}"
 
-    def render(self) -> RenderResult:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(self.summary())
-        plt.xlabel("step")
+    def draw(self, plt: Any) -> None:
         if self.points:
             plt.plot([s for s, _ in self.points], [v for _, v in self.points], marker="braille", color="magenta")
-        return super().render()

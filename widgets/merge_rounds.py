@@ -28,7 +28,7 @@ class MergeRounds(Widget):
 
     def render(self) -> Text:
         text = Text.assemble(("merge rounds ", "bold"), f"{len(self.merges)}   checkpoints {self.checkpoints}")
-        for m in self.merges[-5:]:
+        for m in reversed(self.merges[-5:]):  # newest first: a short panel keeps the latest round
             share_txt = " ".join(f"{s * 100:.0f}%" for s in m.shares)
             merged, mean = m.loss_merged, m.loss_workers_mean
             text.append(f"\n#{m.round:<3} step {m.step:<5} merged "

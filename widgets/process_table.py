@@ -1,37 +1,82 @@
 """Processes on each device: device, PID, user, device memory and command; sortable by any column.
 
 A click on a column header (or ``o``) changes the sort; memory sorts largest first, the rest in
-ascending order. Rows are keyed by (device, pid) so a refresh updates them in place.
+ascending order. ``up`` / ``down`` (or a click) move the cursor row.
+
+Why not a DataTable: with 40 processes whose memory moves every second, a DataTable re-rendered
+every visible cell on each tick (update_cell, a re-sort, width recalculation): 20-30 ms of the UI
+thread per tick, most of the monitor's cost. Here a tick stores the rows and marks one widget
+dirty; the visible lines are drawn once, lazily, as plain segments (the device panel's pattern).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rich.text import Text
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("MEM", "mem"), ("COMMAND", "command"))
+RIGHT = {"pid", "mem"}  # right-aligned columns (numbers)
+PAD = 1  # cells either side of a column's text (as a DataTable draws them)
 
 
 def _mem(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-class ProcessTable(DataTable):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("o", "next_sort", "Sort", show=True)]
-    DEFAULT_CSS = "ProcessTable { height: 1fr; min-height: 3; }"
+def cells(p: Any) -> dict[str, str]:
+    """One process as the text of each column."""
+    return {"device": str(p.device), "pid": str(p.pid), "user": str(p.user), "mem": _mem(p.mem_bytes),
+            "command": str(p.command)}
+
+
+@dataclass(frozen=True)
+class _Column:
+    key: str
+    label: str
+    x: int  # first cell, padding included
+    width: int  # padding included
+
+
+class ProcessTable(ScrollView, can_focus=True):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("o", "next_sort", "Sort", show=True),
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+    ]
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"process-table--header", "process-table--odd", "process-table--cursor"}
+    DEFAULT_CSS = """
+    ProcessTable { height: 1fr; min-height: 3; overflow-x: hidden; }
+    ProcessTable > .process-table--header { text-style: bold; color: $primary; }
+    ProcessTable > .process-table--odd { background: $boost; }
+    ProcessTable > .process-table--cursor { background: $surface-lighten-2; }
+    ProcessTable:focus > .process-table--cursor { background: $accent 40%; }
+    """
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(**kwargs)
         self.sort_key = "mem"
         self.rows_shown: list[Any] = []
         self.note = ""
+        self.cursor_row = 0
+        self._cells: list[dict[str, str]] = []
+        self._columns: list[_Column] = []
+        self._strips: dict[int, Strip] = {}  # drawn lines of this tick, by row index (-1: the header)
+        self._drawn_width = -1
+        self._styles: dict[str, Style] = {}
+        self._base = Style()
 
-    def on_mount(self) -> None:
-        for label, key in COLUMNS:
-            self.add_column(label, key=key)
+    # -- data ---------------------------------------------------------------------------------
+    @property
+    def row_count(self) -> int:
+        return len(self.rows_shown)
 
     def _sorted(self, rows: list[Any]) -> list[Any]:
         if self.sort_key == "mem":
@@ -43,35 +88,130 @@ class ProcessTable(DataTable):
         note = "not recorded in a replay" if processes is None else ("none" if not processes else "")
         rows = self._sorted(list(processes or []))
         subtitle = f"sorted by {self.sort_key}" + (f" - {note}" if note else "")
-        if rows == self.rows_shown and self.row_count == len(rows) and subtitle == self.border_subtitle:
-            return  # nothing changed: no layout, no repaint (the common case at 1 Hz)
-        keys = [f"{p.device}/{p.pid}" for p in rows]
+        if rows == self.rows_shown and subtitle == self.border_subtitle and self._cells:
+            return  # nothing changed: no repaint (the common case at 1 Hz on an idle box)
         self.note = note
-        before = {f"{p.device}/{p.pid}": p for p in self.rows_shown}
-        if self.row_count == len(rows) and set(keys) == set(before):
-            # Same processes: update the cells that moved and reorder the rows in place; a rebuild
-            # (clear + add_row) costs ~20 ms a tick with 40 rows, this a few.
-            for key, new in zip(keys, rows, strict=True):
-                old = before[key]
-                if old.mem_bytes != new.mem_bytes:
-                    self.update_cell(key, "mem", Text(_mem(new.mem_bytes), justify="right"), update_width=True)
-                if old.command != new.command:
-                    self.update_cell(key, "command", new.command, update_width=True)
-            if keys != list(before):
-                order = {(p.device, str(p.pid)): i for i, p in enumerate(rows)}
-                self.sort("device", "pid", key=lambda cells: order[(str(cells[0]), str(cells[1]))])
-        else:
-            self.clear()
-            for key, p in zip(keys, rows, strict=True):
-                self.add_row(p.device, str(p.pid), p.user, Text(_mem(p.mem_bytes), justify="right"), p.command, key=key)
         self.rows_shown = rows
-        self.border_subtitle = subtitle
+        self._cells = [cells(p) for p in rows]
+        self.cursor_row = min(self.cursor_row, max(len(rows) - 1, 0))
+        self._strips.clear()
+        self._columns = []
+        height = len(rows) + 1  # the header is the first line
+        if self.virtual_size.height != height:
+            self.virtual_size = Size(0, height)
+        if subtitle != self.border_subtitle:
+            self.border_subtitle = subtitle
+        self.refresh()
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        self.sort_key = str(event.column_key.value)
+    def lines(self, width: int | None = None) -> list[str]:
+        """The table's text, header first (what tests and screen readers get)."""
+        width = self.scrollable_content_region.width if width is None else width
+        self._layout(width)
+        return [self._draw(i, width, Style()).text for i in range(-1, len(self._cells))]
+
+    # -- layout and drawing -------------------------------------------------------------------
+    def _layout(self, width: int) -> list[_Column]:
+        x, columns = 0, []
+        for label, key in COLUMNS:
+            text_w = max([len(label)] + [len(c[key]) for c in self._cells])
+            w = text_w + 2 * PAD
+            if key == "command":  # the last column takes what is left (cut with an ellipsis)
+                w = max(width - x, len(label) + 2 * PAD)
+            columns.append(_Column(key, label, x, w))
+            x += w
+        self._columns = columns
+        return columns
+
+    def _draw(self, index: int, width: int, base: Style) -> Strip:
+        """Row ``index`` of the table (-1: the header) as one strip of ``width`` cells."""
+        if not self._styles:  # looked up once per drawing pass: a lookup per line costs more than the line
+            self._styles = {name: self.get_component_rich_style(f"process-table--{name}", partial=True)
+                            for name in ("header", "odd", "cursor")}
+        if index == -1:
+            style = base + self._styles["header"]
+            texts = {key: label for label, key in COLUMNS}
+        else:
+            style = base
+            if index % 2:
+                style += self._styles["odd"]
+            if index == self.cursor_row:
+                style += self._styles["cursor"]
+            texts = self._cells[index]
+        segments = []
+        for col in self._columns:
+            inner = col.width - 2 * PAD
+            text = texts[col.key]
+            if len(text) > inner:
+                text = text[: max(inner - 1, 0)] + "…" if inner > 0 else ""
+            text = text.rjust(inner) if col.key in RIGHT else text.ljust(inner)
+            segments.append(Segment(" " * PAD + text + " " * PAD, style))
+        return Strip(segments).adjust_cell_length(width, style)
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        if width != self._drawn_width or not self._columns:
+            self._strips.clear()
+            self._layout(width)
+            self._drawn_width = width
+        if not self._strips:  # a new drawing pass: the base style once (rich_style is costly per line)
+            self._base = self.rich_style
+        index = -1 if y == 0 else y - 1 + self.scroll_offset.y
+        if index >= len(self._cells):
+            return Strip.blank(width, self._base)
+        strip = self._strips.get(index)
+        if strip is None:
+            strip = self._strips[index] = self._draw(index, width, self._base)
+        return strip
+
+    def notify_style_update(self) -> None:
+        # Theme, NO_COLOR or focus change: the cached lines carry old styles.
+        super().notify_style_update()
+        self._strips.clear()
+        self._styles.clear()
+
+    def on_focus(self) -> None:
+        self._styles.clear()  # the cursor's colour follows focus
+        self._strips.clear()
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.on_focus()
+
+    # -- input --------------------------------------------------------------------------------
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)  # inside the border and padding
+        if offset is None:
+            return
+        if offset.y == 0:  # a header: sort by that column
+            for col in self._columns:
+                if col.x <= offset.x < col.x + col.width:
+                    self._sort_by(col.key)
+                    return
+        else:
+            self._move_cursor_to(offset.y - 1 + self.scroll_offset.y)
+
+    def _sort_by(self, key: str) -> None:
+        self.sort_key = key
         self.show(self.rows_shown if self.note != "not recorded in a replay" else None)
 
     def action_next_sort(self) -> None:
         keys = [k for _, k in COLUMNS]
-        self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
-        self.show(self.rows_shown if self.note != "not recorded in a replay" else None)
+        self._sort_by(keys[(keys.index(self.sort_key) + 1) % len(keys)])
+
+    def action_cursor(self, delta: int) -> None:
+        self._move_cursor_to(self.cursor_row + delta)
+
+    def _move_cursor_to(self, row: int) -> None:
+        if not self._cells:
+            return
+        row = min(max(row, 0), len(self._cells) - 1)
+        if row != self.cursor_row:
+            self.cursor_row = row
+            self._strips.clear()
+            # Keep the cursor in view (the header takes the first line).
+            visible = max(self.scrollable_content_region.height - 1, 1)
+            if row < self.scroll_offset.y:
+                self.scroll_to(y=row, animate=False)
+            elif row >= self.scroll_offset.y + visible:
+                self.scroll_to(y=row - visible + 1, animate=False)
+            self.refresh()

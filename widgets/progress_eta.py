@@ -36,8 +36,11 @@ class ProgressEta(Widget):
         self.refresh()
 
     def render(self) -> Text:
-        tail = f" {self.fraction * 100:5.1f}%  ETA {format_eta(self.eta)}  {self.label}"
+        # No ETA before there is a rate: the room goes to what is happening (start-up).
+        eta = f"  ETA {format_eta(self.eta)}" if self.eta is not None or self.fraction > 0 else ""
+        tail = f" {self.fraction * 100:5.1f}%{eta}  {self.label}"
         head = f"{self.status:<8} "
-        width = max(self.size.width - len(tail) - len(head), 5)
+        # The bar gives way to the words when both do not fit (start-up says what is happening).
+        width = max(self.size.width - len(tail) - len(head), 1)
         style = "red" if self.status in ("FAILED", "error") else "green"
         return Text.assemble((head, "bold"), (bar(self.fraction, width), style), tail)

@@ -45,9 +45,10 @@ class MonitorSampler:
     the same handles instead of opening NVML twice.
     """
 
-    def __init__(self, host: Any, devices: list[Any], device_sampler: Any = None):
+    def __init__(self, host: Any, devices: list[Any], device_sampler: Any = None, *, processes: bool = True):
         from hwtui.probes.host_counters import HostCounters
 
+        self.processes = processes  # the Run screen shows no process list: it does not pay for one
         self.host = host
         self.devices = devices
         self.devices_sampler = device_sampler if device_sampler is not None else make_sampler(host, devices)
@@ -64,6 +65,8 @@ class MonitorSampler:
 
         samples = list(self.devices_sampler.sample())
         host = self.counters.sample()
+        if not self.processes:
+            return samples, host, []
         nvml, handles = self._nvml_handles()
         try:
             procs = device_processes(self.host, self.devices, nvml, handles)

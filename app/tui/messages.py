@@ -45,10 +45,11 @@ class ExportWritten(Message):
 class SamplesReady(Message):
     """One sampler poll finished. Merged: only the newest poll matters."""
 
-    def __init__(self, samples: list[Any], error: str = "") -> None:
+    def __init__(self, samples: list[Any], error: str = "", host: Any = None) -> None:
         super().__init__()
         self.samples = samples
         self.error = error
+        self.host = host  # hwtui.probes.host_counters.HostSample, or None
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, SamplesReady)

@@ -29,7 +29,17 @@ from typing import Any
 
 from hwtui.core.events import ErrorEvent, Event, LogEvent, UnknownEvent, from_dict
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
-from hwtui.engine.replication.events import BucketState, ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
+from hwtui.engine.replication.events import (
+    RANK_PHASES,
+    BucketState,
+    ReplBucket,
+    ReplCommit,
+    ReplDone,
+    ReplRanks,
+    ReplStart,
+    ReplThroughput,
+    ReplWindow,
+)
 from hwtui.engine.training.events import (
     TrainCheckpoint,
     TrainDone,
@@ -83,6 +93,26 @@ class Replication:
     elapsed_s: float = 0.0
     commits: list[ReplCommit] = field(default_factory=list)
     done: ReplDone | None = None
+    ranks: ReplRanks | None = None  # rank start-up as the launcher last reported it
+    moving: bool = False  # the first bucket moved: start-up is over
+
+    @property
+    def starting_up(self) -> bool:
+        """Ranks are still starting (the launcher reported them and no bucket has moved yet)."""
+        return self.ranks is not None and not self.moving and self.done is None
+
+    def ranks_text(self) -> str:
+        """``"ranks ready 2/4 (world joined)"``: the launcher's own counts, never guessed from time."""
+        rk = self.ranks
+        if rk is None:
+            return ""
+        return f"ranks ready {rk.ready}/{rk.world_size} ({rk.phase})"
+
+    def phase_counts(self) -> list[tuple[str, int]]:
+        """Ranks that reached each start-up phase, in the engine's phase order (unknown phases last)."""
+        counts = dict(self.ranks.counts) if self.ranks is not None else {}
+        ordered = [(p, int(counts.pop(p, 0))) for p in RANK_PHASES]
+        return ordered + [(str(p), int(n)) for p, n in counts.items()]
 
     @property
     def n_buckets(self) -> int:
@@ -306,7 +336,7 @@ class RunState:
             self.first_t = ev.t if self.first_t is None else min(self.first_t, ev.t)
             self.last_t = ev.t if self.last_t is None else max(self.last_t, ev.t)
         match ev:
-            case ReplStart() | ReplBucket() | ReplWindow() | ReplThroughput() | ReplCommit() | ReplDone():
+            case ReplStart() | ReplRanks() | ReplBucket() | ReplWindow() | ReplThroughput() | ReplCommit() | ReplDone():
                 self.mode = self.mode or "replicate"
                 self._replication(ev)
             case TrainStart() | TrainWorker() | TrainMerge() | TrainCheckpoint() | TrainWorkerLost() | TrainDone():
@@ -337,12 +367,18 @@ class RunState:
         match ev:
             case ReplStart():
                 self.mode = "replicate"
-                self.repl = Replication(start=ev, window=ev.window, total_bytes=ev.total_bytes)
+                # A rank report may come before the start event: keep it.
+                self.repl = Replication(start=ev, window=ev.window, total_bytes=ev.total_bytes, ranks=r.ranks)
                 self.repl.states = {i: BucketState.PENDING for i in range(ev.n_buckets)}
                 self.repl.lanes = [None] * max(ev.window, 1)
-                self.phase = f"starting {ev.world_size} ranks (forming the world)"
+                self.phase = (r.ranks_text() if r.ranks is not None
+                              else f"starting {ev.world_size} ranks (forming the world)")
                 self._log(("info", f"replicating {ev.model} version {ev.version}: {ev.n_buckets} buckets, "
                                    f"{ev.world_size} ranks on {ev.device} via {ev.transport}"))
+            case ReplRanks():
+                r.ranks = ev
+                if not r.moving and r.done is None:
+                    self.phase = r.ranks_text()
             case ReplBucket():
                 self._bucket(ev)
             case ReplWindow():
@@ -369,6 +405,7 @@ class RunState:
         r = self.repl
         bid, new = ev.bucket_id, BucketState(ev.state)
         self.phase = "transferring"
+        r.moving = True
         if ev.rank == SOURCE_RANK:
             # The source's own stages drive the lanes: staged/inflight enter its window, its
             # "done" (the send completed) leaves it, whatever the receivers are doing.

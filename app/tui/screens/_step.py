@@ -82,8 +82,12 @@ class ChecksStep(WizardStep):
     def compose_body(self) -> ComposeResult:
         yield Static(self.INTRO, classes="hint")
         yield Static("", id="status", classes="summary")
-        yield FindingsList(id="findings")
-        yield FindingDetail(id="detail")
+        yield FindingsList(id="findings", classes="panel")
+        yield FindingDetail(id="detail", classes="panel")
+
+    def on_mount(self) -> None:
+        self.query_one(FindingsList).border_title = "findings"
+        self.query_one(FindingDetail).border_title = "finding and remedy"
 
     def action_rerun(self) -> None:
         self.set_status(f"checking {', '.join(sorted(self.AREAS))}...")

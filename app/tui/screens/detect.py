@@ -16,9 +16,12 @@ class DetectScreen(WizardStep):
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="status", classes="summary")
-        yield DeviceTable(id="devices")
+        yield DeviceTable(id="devices", classes="panel")
         yield Static("Devices marked unusable are listed with the reason; the Drivers step says how to fix it.\n"
                      "n: next step   r: detect again   ?: help", classes="hint")
+
+    def on_mount(self) -> None:
+        self.query_one(DeviceTable).border_title = "accelerators"
 
     def action_rerun(self) -> None:
         self.set_status(f"detecting devices on {self.hw.host.description}...")

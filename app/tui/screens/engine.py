@@ -20,7 +20,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Grid, Horizontal
+from textual.containers import Grid, Horizontal, Vertical
 from textual.widgets import Input, Label, Static
 
 from hwtui.app.tui import engine_process
@@ -79,15 +79,16 @@ class EngineScreen(WizardStep):
         Binding("ctrl+y", "copy_command", "Copy command", priority=True),
     ]
     DEFAULT_CSS = """
-    EngineScreen #choices { height: 1; margin: 1 0 0 0; }
-    EngineScreen #choices > Label { width: 8; }  /* narrow: three engines and both sources fit in 80 columns */
-    EngineScreen #form { grid-size: 4; grid-columns: 14 1fr 14 1fr; grid-rows: 1; grid-gutter: 0 1; height: auto; margin: 1 0; }
+    EngineScreen #engine-box { height: auto; }
+    EngineScreen #choices { height: 1; margin: 0; }
+    EngineScreen #choices > Label { width: 7; }  /* narrow: three engines and both sources fit in 80 columns (in the box) */
+    EngineScreen #form { grid-size: 4; grid-columns: 14 1fr 14 1fr; grid-rows: 1; grid-gutter: 0 1; height: auto; margin: 1 0 0 0; }
     EngineScreen #form Input { height: 1; border: none; padding: 0; }
     EngineScreen #form Label.-off, EngineScreen #form Input.-off { opacity: 40%; }
     EngineScreen #form Input.-invalid { text-style: reverse; }
     EngineScreen #problems { height: auto; color: $error; }
     EngineScreen #cluster-form { grid-size: 4; grid-columns: 14 1fr 11 1fr; grid-rows: 1; grid-gutter: 0 1;
-                                 height: auto; margin: 1 0; }
+                                 height: auto; margin: 1 0 0 0; }
     EngineScreen #cluster-form Input { height: 1; border: none; padding: 0; }
     EngineScreen #cluster-form Input.-invalid { text-style: reverse; }
     EngineScreen #cluster-form .-wide { column-span: 3; }
@@ -106,36 +107,41 @@ class EngineScreen(WizardStep):
 
     def compose_body(self) -> ComposeResult:
         cfg = self.hw.config
-        with Horizontal(id="choices"):
-            yield Label("Engine")
-            yield ChoiceToggle([("replicate", "replicate"), ("train", "train"), ("cluster", "cluster")], cfg.mode, id="mode")
-            yield Label("Source", id="source-label")
-            yield ChoiceToggle([("plan", "plan"), ("weights", "weights")], cfg.source, id="source")
-        with Grid(id="form"):
-            for fid, label, attr, kind, _dkey in FIELDS:
-                value = getattr(cfg, attr)
-                text = "" if value in ("", 0) or (fid == "steps" and value == 0) else str(value)
-                yield Label(label, id=f"label-{fid}")
-                yield Input(text, id=f"in-{fid}", type=kind)  # type: ignore[arg-type]
-        with Grid(id="cluster-form"):
-            yield Label("Nodes")
-            yield Input(cfg.cluster_nodes, id="in-c-nodes", classes="-wide",
-                        placeholder="a,b or a=10.0.0.1,b=10.0.0.2 (blank: this box only)")
-            yield Label("Devices/node")
-            yield Input(str(cfg.cluster_devices or ""), id="in-c-devices", type="integer")
-            yield Label("Interface")
-            yield Input(cfg.cluster_interface, id="in-c-interface")
-            yield Label("Launcher")
-            yield ChoiceToggle(LAUNCHERS, cfg.cluster_launcher, id="c-launcher", classes="-wide")
-            yield Label("Output dir")
-            yield Input(cfg.cluster_out, id="in-c-out", placeholder="hwtui-cluster")
-            yield Label("Sweep max")
-            yield Input(cfg.cluster_max_bytes, id="in-c-max_bytes", placeholder="64M")
+        with Vertical(id="engine-box", classes="panel"):
+            with Horizontal(id="choices"):
+                yield Label("Engine")
+                yield ChoiceToggle([("replicate", "replicate"), ("train", "train"), ("cluster", "cluster")], cfg.mode, id="mode")
+                yield Label("Source", id="source-label")
+                yield ChoiceToggle([("plan", "plan"), ("weights", "weights")], cfg.source, id="source")
+            with Grid(id="form"):
+                for fid, label, attr, kind, _dkey in FIELDS:
+                    value = getattr(cfg, attr)
+                    text = "" if value in ("", 0) or (fid == "steps" and value == 0) else str(value)
+                    yield Label(label, id=f"label-{fid}")
+                    yield Input(text, id=f"in-{fid}", type=kind)  # type: ignore[arg-type]
+            with Grid(id="cluster-form"):
+                yield Label("Nodes")
+                yield Input(cfg.cluster_nodes, id="in-c-nodes", classes="-wide",
+                            placeholder="a,b or a=10.0.0.1,b=10.0.0.2 (blank: this box only)")
+                yield Label("Devices/node")
+                yield Input(str(cfg.cluster_devices or ""), id="in-c-devices", type="integer")
+                yield Label("Interface")
+                yield Input(cfg.cluster_interface, id="in-c-interface")
+                yield Label("Launcher")
+                yield ChoiceToggle(LAUNCHERS, cfg.cluster_launcher, id="c-launcher", classes="-wide")
+                yield Label("Output dir")
+                yield Input(cfg.cluster_out, id="in-c-out", placeholder="hwtui-cluster")
+                yield Label("Sweep max")
+                yield Input(cfg.cluster_max_bytes, id="in-c-max_bytes", placeholder="64M")
         yield Static("", id="status", classes="summary")
         yield Static("", id="problems")
-        yield LaunchCommands(id="launch")
+        yield LaunchCommands(id="launch", classes="panel")
         yield Static("", id="cluster-files", classes="hint")
         yield Static("", id="hint", classes="hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#engine-box").border_title = "engine settings"
+        self.query_one(LaunchCommands).border_title = "launch commands"
 
     def on_screen_resume(self) -> None:
         # Defaults follow the latest detection, so refresh them every time the step is shown.

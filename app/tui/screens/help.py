@@ -13,19 +13,26 @@ from textual.widgets import Static
 HELP = """\
 From "what do I have" to a running engine, then the run, live.
 
- Monitor        opens first: devices, host, processes (o sorts); w: wizard
+ Monitor        opens first: devices, host, processes (o sorts),
+                a device's history chart (g); w: wizard
+ Nodes          --agents: every node; w: wizard, m: monitor
 
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
  3 Environment  distributed findings; w writes the export file
  4 Engine       replication, training or cluster (blank = detected default)
- 5 Run          progress, lanes, throughput, workers, loss, devices;
+ 5 Run          progress, lanes, throughput, workers, loss, and
+                the monitor's devices (--agents: every node too);
                 cluster: nodes, mismatches, correctness, bandwidth
 
 Keys everywhere
   n / b         next / back step          r   re-run this step
   ?             this help                 q   quit (stops the engine)
   tab           move between panels       ctrl+p  palette, themes
+Monitor
+  up / down     pick a device (devices panel focused) or a process
+  o             next sort column (or click a column header)
+  g             device history chart instead of the processes (narrow)
 Drivers, Environment
   up / down     choose a finding          c   copy its remedy
   w             write the export file (Environment)

@@ -21,8 +21,15 @@ from hwtui.widgets.cluster_nodes import ClusterNodes
 
 
 class NodesScreen(Screen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "app.quit", "Quit")]
-    DEFAULT_CSS = "NodesScreen #nodes-title { height: 1; text-style: bold; padding: 0 1; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("w", "wizard", "Wizard"),
+        Binding("m", "monitor", "This machine"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+    DEFAULT_CSS = """
+    NodesScreen #nodes-title { height: 1; text-style: bold; padding: 0 1; }
+    NodesScreen ClusterNodes { border: round $primary; border-title-style: bold; padding: 0 1; }
+    """
 
     def __init__(self, targets: list[Target], token: str | None = None, verify: Any = True, **kwargs: Any):
         super().__init__(**kwargs)
@@ -40,13 +47,23 @@ class NodesScreen(Screen[None]):
         return (f"Cluster: {len(self.poller.targets)} node(s), refresh every {self.poller.interval:g} s"
                 + (f", {stale} STALE" if stale else ""))
 
+    def action_wizard(self) -> None:
+        # The poller keeps running (this screen stays installed): the Run screen shows the same nodes.
+        self.app.switch_screen("detect")
+
+    def action_monitor(self) -> None:
+        self.app.switch_screen("monitor")
+
     async def on_mount(self) -> None:
+        self.query_one(ClusterNodes).border_title = "nodes"
         await self.poller.__aenter__()
         self._task = asyncio.ensure_future(self.poller.run(self._stop))
         self.set_interval(self.poller.interval, self.repaint)
         self.set_timer(min(0.5, self.poller.interval), self.repaint)
 
     def repaint(self) -> None:
+        if not self.is_current:
+            return  # another screen shows (the Run screen draws the same poller's nodes itself), or the app is closing
         nodes = self.poller.snapshot()
         self.query_one(ClusterNodes).show(nodes)
         self.query_one("#nodes-title", Static).update(self._title(nodes))

@@ -1,4 +1,10 @@
-"""Step 5, Run: the live dashboard.
+"""Step 5, Run: the live dashboard: the engine's panels, and the live monitor's beside them.
+
+Layout (``_fit``): from ``WIDE`` columns the monitor's panels (host, devices, the selected
+device's history chart, and with ``--agents`` every node) are a column beside the engine's panels
+and the log; narrower they sit under them; under ``SHORT`` rows each panel is a titled rule
+instead of a box, the host figures go into the devices' title and the devices take two columns,
+so 8 GPUs fit at 80x24.
 
 Two thread workers feed it and neither ever blocks the UI thread:
 
@@ -19,21 +25,24 @@ from typing import Any, ClassVar
 from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Container, Vertical
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, DataTable, Static
 
-from hwtui.app.tui.device_sampler import DeviceHistory
+from hwtui.app.tui.device_sampler import DeviceHistory, MonitorSampler
 from hwtui.app.tui.engine_process import EngineProcess, build_stages, hardware_not_here
 from hwtui.app.tui.messages import EngineError, EngineExited, EngineUpdated, SamplesReady
 from hwtui.app.tui.run_state import RunState
 from hwtui.app.tui.screens._step import WizardStep
 from hwtui.widgets.bucket_lanes import BucketLanes
+from hwtui.widgets.cluster_nodes import ClusterNodes
 from hwtui.widgets.cluster_summary import ClusterSummary
+from hwtui.widgets.device_chart import DeviceChart
 from hwtui.widgets.device_panel import DevicePanel
 from hwtui.widgets.error_log import ErrorLog
 from hwtui.widgets.finding_detail import FindingDetail
 from hwtui.widgets.findings_list import FindingsList
+from hwtui.widgets.host_strip import HostStrip, host_summary
 from hwtui.widgets.loss_chart import LossChart
 from hwtui.widgets.merge_rounds import MergeRounds
 from hwtui.widgets.progress_eta import ProgressEta
@@ -41,6 +50,8 @@ from hwtui.widgets.throughput_chart import ThroughputChart
 from hwtui.widgets.worker_table import WorkerTable
 
 MAX_FPS = 10
+WIDE = 140  # columns from which the monitor's panels sit beside the engine's
+SHORT = 32  # rows below which panels are titled rules and the devices two columns
 
 
 class RunScreen(WizardStep):
@@ -53,20 +64,41 @@ class RunScreen(WizardStep):
         Binding("l", "toggle_log", "Log"),
         Binding("c", "copy_remedy", "Copy remedy"),
     ]
+    # Three sizes (see _fit): wide (>= WIDE columns) puts the monitor column beside the engine's
+    # panels; narrower stacks it under them; short (< SHORT rows) draws each panel with a titled
+    # rule instead of a full box and the devices in two columns, so 8 GPUs fit at 80x24.
     DEFAULT_CSS = """
-    RunScreen .step-body { padding: 0 1; }
+    RunScreen .step-body { padding: 0; }
+    RunScreen #run-split { layout: vertical; height: 1fr; }
+    RunScreen.-wide #run-split { layout: horizontal; }
+    RunScreen #engine-col { height: 1fr; }
+    RunScreen #monitor-col { height: auto; }
+    RunScreen.-wide #monitor-col { width: 45%; height: 1fr; }
+    RunScreen .panel { height: auto; }  /* the box itself: app.tcss (.panel; titled rules when short) */
+    RunScreen #engine-box { height: auto; }
+    RunScreen #log-box { height: 1fr; min-height: 3; }
+    RunScreen #log-box ErrorLog { height: 1fr; min-height: 1; }
     RunScreen #views { height: auto; }
     RunScreen #views > Vertical { height: auto; }
-    RunScreen #devices-title, RunScreen #log-title { height: 1; text-style: bold; }
-    RunScreen.-short DevicePanel { max-height: 4; }
+    RunScreen #device-panel { max-height: 10; }
+    RunScreen.-wide #devices-box { height: auto; }
+    RunScreen #chart-box { display: none; }
+    RunScreen.-wide #chart-box { display: block; height: 1fr; min-height: 8; }
+    RunScreen #nodes-box { display: none; }
+    RunScreen.-agents #nodes-box { display: block; height: auto; max-height: 14; }
+    RunScreen.-wide.-agents #nodes-box { height: 1fr; max-height: 100%; }
+    RunScreen #nodes-box ClusterNodes { height: auto; max-height: 12; }
+    RunScreen.-wide #nodes-box ClusterNodes { height: 1fr; max-height: 100%; }
+    RunScreen.-short #host-box { display: none; }
     RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 6; }
-    RunScreen.-log-only #views, RunScreen.-log-only DevicePanel, RunScreen.-log-only #devices-title { display: none; }
+    RunScreen.-short MergeRounds { max-height: 2; }
+    RunScreen.-log-only #engine-box, RunScreen.-log-only #monitor-col { display: none; }
     RunScreen #cluster-findings { height: auto; max-height: 6; min-height: 2; }
     RunScreen #cluster-detail { max-height: 7; }
     RunScreen #cluster-detail > #detail { max-height: 3; }
     RunScreen #cluster-detail > #remedy { height: 2; }
     /* The smoke test is about the network: its findings get the device panel's room. */
-    RunScreen.-cluster DevicePanel, RunScreen.-cluster #devices-title { display: none; }
+    RunScreen.-cluster #monitor-col { display: none; }
     RunScreen.-short #cluster-findings { max-height: 4; }
     RunScreen.-short #cluster-detail > #detail { max-height: 2; }
     RunScreen.-short #cluster-detail > #remedy { display: none; }
@@ -89,46 +121,98 @@ class RunScreen(WizardStep):
         self._sampling_failed = False
         self._errors_notified = 0
         self._findings_shown = -1  # cluster findings in the table (repainted only when it grows)
+        self._nodes_timer: Timer | None = None
+        self._host: Any = None  # the last host sample (CPU, memory, network)
 
     # -- layout -------------------------------------------------------------------------------
     def compose_body(self) -> ComposeResult:
-        yield ProgressEta(id="progress")
-        with ContentSwitcher(id="views", initial="view-idle"):
-            yield Static("No run yet: choose an engine in step 4 (b goes back) and press ctrl+s there.",
-                         id="view-idle", classes="hint")
-            with Vertical(id="view-replicate"):
-                yield BucketLanes(id="lanes")
-                yield ThroughputChart(id="throughput")
-            with Vertical(id="view-train"):
-                yield WorkerTable(id="workers")
-                yield LossChart(id="loss")
-                yield MergeRounds(id="merges")
-            with Vertical(id="view-cluster"):
-                yield ClusterSummary(id="cluster")
-                yield FindingsList(id="cluster-findings")
-                yield FindingDetail(id="cluster-detail")
-        yield Static("devices", id="devices-title")
-        yield DevicePanel(id="device-panel")
-        yield Static("log", id="log-title")
-        yield ErrorLog(id="log")
+        with Container(id="run-split"):
+            with Vertical(id="engine-col"):
+                with Vertical(id="engine-box", classes="panel"):
+                    yield ProgressEta(id="progress")
+                    with ContentSwitcher(id="views", initial="view-idle"):
+                        yield Static("No run yet: choose an engine in step 4 (b goes back) and press ctrl+s there.",
+                                     id="view-idle", classes="hint")
+                        with Vertical(id="view-replicate"):
+                            yield BucketLanes(id="lanes")
+                            yield ThroughputChart(id="throughput")
+                        with Vertical(id="view-train"):
+                            yield WorkerTable(id="workers")
+                            yield LossChart(id="loss")
+                            yield MergeRounds(id="merges")
+                        with Vertical(id="view-cluster"):
+                            yield ClusterSummary(id="cluster")
+                            yield FindingsList(id="cluster-findings")
+                            yield FindingDetail(id="cluster-detail")
+                with Vertical(id="log-box", classes="panel"):
+                    yield ErrorLog(id="log")
+            # The live monitor's panels, beside (or under) the engine's.
+            with Vertical(id="monitor-col"):
+                with Vertical(id="host-box", classes="panel"):
+                    yield HostStrip(id="host")
+                with Vertical(id="devices-box", classes="panel"):
+                    yield DevicePanel(id="device-panel")
+                with Vertical(id="chart-box", classes="panel"):
+                    yield DeviceChart(id="device-chart")
+                with Vertical(id="nodes-box", classes="panel"):
+                    yield ClusterNodes(id="nodes")
+
+    def on_mount(self) -> None:
+        titles = {"#engine-box": "engine", "#log-box": "log", "#host-box": "host", "#devices-box": "devices",
+                  "#chart-box": "device history", "#nodes-box": "nodes"}
+        for selector, title in titles.items():
+            self.query_one(selector).border_title = title
+        self.query_one(DevicePanel).marks_selection = True
+        self.set_class(self._poller is not None, "-agents")
+
+    @property
+    def _poller(self) -> Any:
+        """The live cluster view's poller (``hwtui --agents``), shared with the nodes screen; None without agents."""
+        nodes = getattr(self.app, "nodes_screen", None)
+        return getattr(nodes, "poller", None)
+
+    def _fit(self, width: int, height: int) -> None:
+        short = height < SHORT
+        self.set_class(width >= WIDE, "-wide")
+        self.set_class(short, "-short")
+        self.query_one(ClusterSummary).compact = short
+        # Stacked and short: two device columns, so 8 GPUs take 4 lines (the monitor's strip goes
+        # into the devices' title, which costs no line).
+        self.query_one(DevicePanel).set_columns(2 if short and width < WIDE else 1)
+        if not self._sampling_failed:
+            self._title_devices()
 
     def on_resize(self, event: events.Resize) -> None:
-        self.set_class(event.size.height < 32, "-short")
-        self.query_one(ClusterSummary).compact = event.size.height < 32
+        self._fit(event.size.width, event.size.height)
 
     def on_screen_resume(self) -> None:
         self.started = True
-        self.set_class(self.size.height < 32, "-short")
-        self.query_one(ClusterSummary).compact = self.size.height < 32
+        self._fit(self.size.width, self.size.height)
         self._start_polling()
+        if self._poller is not None and self._nodes_timer is None:
+            self._show_nodes()
+            self._nodes_timer = self.set_interval(self._poller.interval, self._show_nodes)
         if self.hw.take_run_request():
             self.start_run()
+
+    def _show_nodes(self) -> None:
+        poller = self._poller
+        if poller is None:
+            return
+        nodes = poller.snapshot()
+        self.query_one(ClusterNodes).show(nodes)
+        stale = sum(1 for n in nodes if n.get("stale"))
+        self.query_one("#nodes-box").border_title = (f"nodes: {len(nodes)}, refresh {poller.interval:g} s"
+                                                     + (f", {stale} STALE" if stale else ""))
 
     def on_screen_suspend(self) -> None:
         # Nobody is looking: stop sampling (the engine keeps running and its state keeps folding).
         if self._poll_timer is not None:
             self._poll_timer.stop()
             self._poll_timer = None
+        if self._nodes_timer is not None:
+            self._nodes_timer.stop()
+            self._nodes_timer = None
         self._polling = False
 
     # -- sampling -----------------------------------------------------------------------------
@@ -147,24 +231,50 @@ class RunScreen(WizardStep):
         try:
             with self._sampler_lock:
                 if self._sampler is None:
-                    self._sampler = self.hw.sampler_factory(self.hw.host, self.hw.devices)
-                samples = list(self._sampler.sample())
-            self.post_message(SamplesReady(samples))
+                    devices = self.hw.devices
+                    self._sampler = MonitorSampler(self.hw.host, devices, self.hw.sampler_factory(self.hw.host, devices),
+                                                   processes=False)
+                samples, host, _ = self._sampler.sample()
+            self.post_message(SamplesReady(list(samples), host=host))
         except Exception as exc:  # noqa: BLE001 - a failed poll shows, the next one retries
             self.post_message(SamplesReady([], f"{type(exc).__name__}: {exc}"))
 
     def on_samples_ready(self, msg: SamplesReady) -> None:
+        box = self.query_one("#devices-box")
         if msg.error:
             self._sampling_failed = True
-            self.query_one("#devices-title", Static).update(f"devices (sampling failed: {msg.error})")
+            box.border_title = f"devices (sampling failed: {msg.error})"
         elif msg.samples:
-            if self._sampling_failed:  # recovered: drop the stale error (only then: a Static update costs a repaint)
-                self._sampling_failed = False
-                self.query_one("#devices-title", Static).update("devices")
+            self._sampling_failed = False
             self.history.add(msg.samples)
             self.query_one(DevicePanel).update_from(self.history)
+            if self.has_class("-wide"):
+                self._show_device_chart()
+        if msg.host is not None:
+            self.query_one(HostStrip).show(msg.host)
+            self._host = msg.host
+        if not self._sampling_failed:
+            self._title_devices()
         if self._polling:  # re-arm only now: the next poll starts a full interval after this one ended
             self._poll_timer = self.set_timer(self.hw.config.interval, self._poll)
+
+    def _title_devices(self) -> None:
+        # Short screens hide the host strip: its figures go into the devices' title, which costs no line.
+        title = "devices"
+        if self.has_class("-short") and self._host is not None:
+            title += " - " + host_summary(self._host)
+        box = self.query_one("#devices-box")
+        if box.border_title != title:  # a title change repaints the box: only on a change
+            box.border_title = title
+
+    def _show_device_chart(self) -> None:
+        key = self.query_one(DevicePanel).selected
+        self.query_one(DeviceChart).show(self.history, key, self.hw.config.interval)
+        self.query_one("#chart-box").border_title = f"device history: {key}" if key else "device history"
+
+    def on_device_panel_selected(self, _msg: DevicePanel.Selected) -> None:
+        if self.has_class("-wide"):
+            self._show_device_chart()
 
     def shutdown(self) -> None:
         """Stop the engine and the sampler; safe to call twice (screen unmount, then app unmount)."""
@@ -219,6 +329,8 @@ class RunScreen(WizardStep):
         self.query_one(ErrorLog).reset()
         for stage in stages:
             self.state.add_log("$ " + " ".join(stage.argv[2:] if stage.argv[1:2] == ["-m"] else stage.argv), "info")
+        # Until the engine's first event picks its view, say that it is starting (not "no run yet").
+        self.query_one("#view-idle", Static).update(f"starting the engine: {', '.join(st.name for st in stages)}...")
         self._run_engine(stages, self.state)
         self._paint()
 
@@ -368,6 +480,10 @@ class RunScreen(WizardStep):
                 status = "done" if ok else "FAILED"
             self.query_one(ProgressEta).show(fraction, eta, label, status)
             switcher = self.query_one("#views", ContentSwitcher)
+            engine_title = {"replicate": "replication", "train": "training", "cluster": "cluster test"}.get(state.mode or "", "engine")
+            engine_box = self.query_one("#engine-box")
+            if engine_box.border_title != engine_title:
+                engine_box.border_title = engine_title
             if state.mode == "replicate":
                 switcher.current = "view-replicate"
                 self.query_one(BucketLanes).show(state.repl)
@@ -383,4 +499,7 @@ class RunScreen(WizardStep):
                 self._show_cluster_findings(state)
             self.query_one(ErrorLog).catch_up(list(state.log), state.log_total)
             errors = len(state.errors)
-        self.query_one("#log-title", Static).update(f"log ({errors} error{'s' if errors != 1 else ''})" if errors else "log")
+        title = f"log ({errors} error{'s' if errors != 1 else ''})" if errors else "log"
+        box = self.query_one("#log-box")
+        if box.border_title != title:
+            box.border_title = title

@@ -155,3 +155,41 @@ async def test_the_log_never_hides_text_at_80_columns():
         assert log.max_scroll_y > 0 and visible < 78
         assert all(strip.cell_length <= visible for strip in log.lines), "every line fits left of the scrollbar"
         assert line in "".join(strip.text for strip in log.lines[: -(-len(line) // visible)]), "nothing cut"
+
+
+async def test_two_columns_fit_eight_gpus_and_the_cpu_in_five_lines_at_80_columns():
+    app = PanelApp()
+    async with app.run_test(size=(76, 24)) as pilot:
+        panel = app.query_one(DevicePanel)
+        panel.set_columns(2)
+        panel.update_from(_history(polls=5))
+        await pilot.pause()
+        lines = panel.lines()
+        assert len(lines) == 5 and panel.virtual_size.height == 5
+        for i in range(5):  # the left column holds cuda:0-4
+            assert lines[i].startswith(f"cuda:{i}") and f"{10 + 5 * i:.1f}G/80.0G" in lines[i]
+        for i in range(3):  # the right one cuda:5-7, then the CPU
+            right = lines[i][lines[i].index(f"cuda:{i + 5}"):]
+            assert f" {100 + 50 * (i + 5)}W" in right and f" {40 + i + 5}C" in right and f"{10 + 5 * (i + 5):.1f}G/80.0G" in right
+        cpu = lines[3][lines[3].index("cpu"):]
+        assert "16.0G/64.0G" in cpu and cpu.rstrip().endswith("4%"), cpu
+        assert "C " not in cpu and "W" not in cpu, "the CPU's absent sensors stay blank (no '-C', '-W')"
+        assert "cpu" not in lines[4]
+
+
+async def test_the_selected_device_moves_with_the_keys_and_a_click():
+    app = PanelApp()
+    seen: list[str] = []
+
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.query_one(DevicePanel)
+        app.on_device_panel_selected = lambda msg: seen.append(msg.key)  # type: ignore[attr-defined]
+        panel.update_from(_history(polls=3))
+        assert panel.selected == "cuda:0", "the first device is selected until one is picked"
+        panel.focus()
+        await pilot.press("down", "down")
+        assert panel.selected == "cuda:2"
+        await pilot.click(DevicePanel, offset=(2, 5))
+        assert panel.selected == "cuda:5"
+        await pilot.press("up")
+        assert panel.selected == "cuda:4"

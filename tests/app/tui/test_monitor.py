@@ -53,3 +53,39 @@ async def test_process_table_sorts_by_memory_then_by_a_clicked_column(snapshots)
         assert [p.pid for p in table.rows_shown] == [10, 20, 30]
         await pilot.press("o")
         assert table.sort_key == "user" and [p.user for p in table.rows_shown] == ["alice", "bob", "carol"]
+
+
+async def test_the_device_chart_follows_the_selected_device(snapshots):
+    """Wide: the chart sits beside the processes; narrow: g swaps it in. It plots the selected device."""
+    from hwtui.widgets.device_chart import DeviceChart
+
+    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
+                   sampler_factory=FixedSampler, start_step="monitor")
+    async with app.run_test(size=(160, 50)) as pilot:
+        monitor = app.screen
+        await wait_for(pilot, lambda: monitor.ticks >= 1)
+        chart = monitor.query_one(DeviceChart)
+        assert chart.region.width > 0 and monitor.query_one(ProcessTable).region.width > 0, "side by side"
+        assert chart.key == "cuda:0" and chart.summary().startswith("cuda:0  util ")
+        panel = monitor.query_one(DevicePanel)
+        panel.focus()
+        await pilot.press("down")
+        await wait_for(pilot, lambda: chart.key == "cuda:1")
+        sample = monitor.history.latest["cuda:1"]
+        assert f"util {sample.util:.0f}%" in chart.summary() and f"pwr {sample.power_w:.0f}W/700W" in chart.summary()
+        assert len(chart.series["util"]) == monitor.ticks
+
+
+async def test_g_swaps_the_process_table_for_the_chart_when_narrow(snapshots):
+    from hwtui.widgets.device_chart import DeviceChart
+
+    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
+                   sampler_factory=FixedSampler, start_step="monitor")
+    async with app.run_test(size=(80, 30)) as pilot:
+        monitor = app.screen
+        await wait_for(pilot, lambda: monitor.ticks >= 1)
+        assert not monitor.query_one("#chart-box").display and monitor.query_one(ProcessTable).display
+        await pilot.press("g")
+        await pilot.pause()
+        assert monitor.query_one("#chart-box").display and not monitor.query_one(ProcessTable).display
+        assert monitor.query_one(DeviceChart).key == "cuda:0"

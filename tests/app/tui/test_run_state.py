@@ -238,3 +238,33 @@ def test_the_engines_human_output_is_not_logged_twice():
     assert ("stderr", "RuntimeError: gloo connection closed") in failed.log, "an error line shows at once"
     failed.finish(3)
     assert ("stderr", "rank 1 lost its peer") in failed.log, "a failure brings the held-back tail"
+
+
+def test_rank_start_up_is_drawn_as_the_launcher_counts_it(typed):
+    """repl.ranks lines between repl.start and the first bucket: 'ranks ready n/N (phase)' until bytes move."""
+    s = RunState()
+    seen = []
+    for line in (DATA / "real_replicate_ranks.jsonl").read_text().splitlines():
+        raw = json.loads(line)
+        s.apply(parse_line(line) if typed else UnknownEvent(kind_name=raw["kind"], payload=raw))
+        if raw["kind"] == "repl.ranks":
+            label = s.progress()[2]
+            assert label.endswith(f"ranks ready {raw['ready']}/{raw['world_size']} ({raw['phase']})"), label
+            assert s.repl.starting_up and dict(s.repl.phase_counts()) == raw["counts"]
+            seen.append(raw["ready"])
+        elif raw["kind"] == "repl.bucket":
+            # The first byte moved: start-up is over and the label says so no more.
+            assert not s.repl.starting_up and "ranks ready" not in s.progress()[2]
+    assert seen == [0, 0, 0, 1, 3]
+    assert s.repl.done is not None and s.repl.done.ok and s.progress()[0] == 1.0 and not s.errors
+
+
+def test_a_rank_report_before_the_start_event_is_kept():
+    s = RunState()
+    s.apply({"kind": "repl.ranks", "t": 1.0, "world_size": 4, "ready": 2, "phase": "world joined",
+             "counts": {"started": 4, "plan loaded": 4, "world joined": 4, "ready": 2}})
+    assert s.mode == "replicate" and "ranks ready 2/4 (world joined)" in s.progress()[2]
+    s.apply({"kind": "repl.start", "t": 2.0, "plan_digest": "d", "model": "m", "version": "v", "total_bytes": 10,
+             "n_buckets": 1, "bucket_bytes": 10, "world_size": 4, "device": "cpu", "transport": "gloo",
+             "window": 2, "chunk_bytes": 10})
+    assert s.repl.starting_up and "ranks ready 2/4 (world joined)" in s.progress()[2]

@@ -55,6 +55,14 @@ def make(snapshots, monkeypatch):
     return build
 
 
+async def _charts_built(pilot) -> None:
+    """Charts built off the UI thread (the device history) show the latest data: wait on that state."""
+    from hwtui.widgets.plot_chart import PlotChart
+
+    await wait_for(pilot, lambda: not any(c.pending for c in pilot.app.screen.query(PlotChart)))
+    await pilot.pause(0.05)
+
+
 def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
     async def run_before(pilot):
         app = pilot.app
@@ -69,6 +77,7 @@ def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
         await pilot.pause(0.3)
         run._paint()
         await pilot.pause(0.1)
+        await _charts_built(pilot)
 
     return run_before
 
@@ -122,6 +131,7 @@ def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
 async def _first_tick(pilot):
     await wait_for(pilot, lambda: pilot.app.screen.ticks >= 1)
     await pilot.pause(0.1)
+    await _charts_built(pilot)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
@@ -140,3 +150,83 @@ def test_replication_dashboard_200x60(snap_compare, make):
 def test_training_dashboard(snap_compare, make, size):
     app = make(engine=RecordedEngine("train_ok.jsonl"))
     assert snap_compare(app, terminal_size=size, run_before=_run_to_end({"gpu_ids": "cpu:0,cpu:1"}, mode="train"))
+
+
+class _FixedPoller:
+    """The nodes screen's poller with fixed answers: one node serving v7 with a push at 50 %, one stale."""
+
+    interval = 1.0
+    request_timeout = 1.0
+
+    def __init__(self):
+        self.targets = ["alpha:9477", "beta:9477"]
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return None
+
+    async def run(self, stop):
+        await stop.wait()
+
+    def snapshot(self):
+        devices = [{"device": f"cuda:{i}", "util": 40.0 + 5 * i, "mem_used": (20 + i) * 2**30, "mem_total": 80 * 2**30,
+                    "temp_c": 50.0 + i, "power_w": 300.0 + 10 * i} for i in range(4)]
+        return [{"node": "alpha", "url": "http://alpha:9477", "stale": False, "age_s": 0.4, "devices": devices,
+                 "replication": {"serving": "v7", "in_flight": {"version": "v8", "progress": 0.5}}},
+                {"node": "beta:9477", "url": "http://beta:9477", "stale": True, "age_s": 12.0,
+                 "error": "connection refused or unreachable", "devices": [], "replication": {}}]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_replication_with_agents(snap_compare, make, size):
+    """The Run screen with `--agents`: every node (devices, version, push, a stale one) beside the run."""
+    from hwtui.app.tui.screens.nodes import NodesScreen
+
+    nodes = NodesScreen([])
+    nodes.poller = _FixedPoller()
+    app = make(engine=RecordedEngine("replicate_ok.jsonl"))
+    app.nodes_screen = nodes
+
+    async def run_before(pilot):
+        await pilot.press("w")
+        await _run_to_end({"plan": "README.md", "device": "cpu"})(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_rank_start_up(snap_compare, make, size):
+    """Before the first byte: 'ranks ready 1/3 (world joined)' and the count per phase (the engine hangs there)."""
+    app = make(engine=RecordedEngine("replicate_startup.jsonl", extra=("--hang",)))
+
+    async def run_before(pilot):
+        app = pilot.app
+        await wait_for(pilot, lambda: app.devices)
+        await pilot.press("n", "n", "n")
+        app.screen.query_one("#in-plan").value = "README.md"
+        app.screen.query_one("#in-device").value = "cpu"
+        await pilot.press("ctrl+s")
+        run = app.screen
+        await wait_for(pilot, lambda: run.state.repl.ranks is not None and run.state.repl.ranks.ready == 1
+                       and run.history.latest)
+        await pilot.pause(0.3)
+        run._paint()
+        await pilot.pause(0.1)
+        await _charts_built(pilot)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_monitor_device_chart_80x24(snap_compare, make):
+    """`g` on a narrow monitor: the selected device's history chart in place of the process table."""
+    app = make(start_step="monitor")
+
+    async def chart(pilot):
+        await _first_tick(pilot)
+        await pilot.press("g")
+        await pilot.pause(0.1)
+        await _charts_built(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=chart)

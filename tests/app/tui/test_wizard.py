@@ -199,7 +199,7 @@ async def test_engine_errors_are_shown_never_swallowed(snapshots, tmp_path):
         assert "RuntimeError: gloo connection closed" in text, "stderr is captured into the log"
         assert "engine exited with status 3" in text
         assert run.query_one(ProgressEta).status == "FAILED"
-        assert "error" in str(run.query_one("#log-title").render())
+        assert "error" in str(run.query_one("#log-box").border_title)
         messages = [n.message for n in app._notifications]
         assert any("checksum mismatch" in m for m in messages)
         assert any("exited with status 3" in m for m in messages)
@@ -253,8 +253,8 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
         app.config.interval = 0.05  # below what the form accepts: the poll takes 3x the interval
         await wait_for(pilot, lambda: run.engine_running)
         # Wait on the state (four polls done), not on a time: a loaded box polls slower.
-        await wait_for(pilot, lambda: run._sampler is not None and run._sampler.polls >= 4, timeout=30)
-        assert SlowSampler.overlaps == 0, (run._sampler.polls, SlowSampler.overlaps)
+        await wait_for(pilot, lambda: run._sampler is not None and run._sampler.devices_sampler.polls >= 4, timeout=30)
+        assert SlowSampler.overlaps == 0, (run._sampler.devices_sampler.polls, SlowSampler.overlaps)
         await pilot.press("s")
         await wait_for(pilot, lambda: run.state.finished, timeout=10)
         assert "engine stopped" in log_text(app)
@@ -307,3 +307,26 @@ async def test_choices_and_steps_are_clickable(snapshots):
         await wait_for(pilot, lambda: mode.value == "train")
         assert await pilot.click("StepBar", offset=(len(" hwtui  ") + 1, 0))  # "[1 Detect]" at 100 columns
         await wait_for(pilot, lambda: getattr(app.screen, "STEP", "") == "detect")
+
+
+async def test_rank_start_up_shows_ranks_ready_and_the_phase(snapshots, tmp_path):
+    """The launcher's repl.ranks reports, drawn before the first byte moves (the engine hangs there)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    app = make_app(snapshots["h100_x8"], RecordedEngine("replicate_startup.jsonl", extra=("--hang",)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("n", "n", "n")
+        app.screen.query_one("#in-plan").value = str(plan)
+        app.screen.query_one("#in-device").value = "cpu"
+        await pilot.press("ctrl+s")
+        run = app.screen
+        await wait_for(pilot, lambda: run.state.repl.ranks is not None and run.state.repl.ranks.ready == 1)
+        run._paint()
+        await pilot.pause(0.05)
+        progress = str(run.query_one(ProgressEta).render())
+        assert progress.startswith("running") and "0.0%" in progress
+        assert progress.endswith("ranks ready 1/3 (world joined)"), progress
+        lanes = str(run.query_one(BucketLanes).render()).splitlines()
+        assert lanes[1].split() == ["ranks", "started", "3/3", "plan", "loaded", "3/3", "world", "joined", "3/3",
+                                    "ready", "1/3"], lanes
+        assert not run.state.errors

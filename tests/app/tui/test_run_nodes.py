@@ -1,0 +1,61 @@
+"""The Run screen with ``--agents``: every node beside the engine's panels, from the nodes screen's poller.
+
+Real agents over HTTP on loopback (tests/agent/helpers.py), a dead port for a stale node; the
+engine is a recorded stream. Nothing here waits on time: every wait is on state, bounded.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hwtui.app.agent.client import parse_agents
+from hwtui.app.tui.app import HwtuiApp
+from hwtui.app.tui.config import TuiConfig, config_path
+from hwtui.app.tui.screens.nodes import NodesScreen
+from hwtui.probes.host import ReplayHost
+from hwtui.widgets.cluster_nodes import ClusterNodes
+from tests.agent.helpers import dead_port, start_agent, stop_agent
+from tests.app.tui.conftest import FixedSampler, RecordedEngine, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tmp_path, size):
+    live = start_agent("alpha", 3, replication=lambda: {"serving": "v7", "in_flight": {"version": "v8", "progress": 0.5}})
+    dead = dead_port()
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    try:
+        nodes = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
+        nodes.poller.interval = 0.2
+        app = HwtuiApp(ReplayHost.load(snapshots["h100_x8"]), TuiConfig.load(), config_file=config_path(),
+                       engine_stages=RecordedEngine("replicate_ok.jsonl"), sampler_factory=FixedSampler,
+                       nodes_screen=nodes)
+        async with app.run_test(size=size) as pilot:
+            assert app.screen is nodes, "--agents opens on the cluster view"
+            await pilot.press("w")  # to the wizard; the poller keeps running
+            await wait_for(pilot, lambda: app.devices)
+            await pilot.press("n", "n", "n")
+            app.screen.query_one("#in-plan").value = str(plan)
+            app.screen.query_one("#in-device").value = "cpu"
+            await pilot.press("ctrl+s")
+            run = app.screen
+            assert run.has_class("-agents")
+            table = run.query_one(ClusterNodes)
+
+            def both_shown() -> bool:
+                return table.row_count >= 2 and table.stale_nodes == [f"127.0.0.1:{dead}"]
+
+            await wait_for(pilot, both_shown)
+            await wait_for(pilot, lambda: run.state.finished)
+            cells = [str(c) for c in table.get_row_at(0)]
+            assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0"
+            assert cells[7] == "v7" and "v8" in cells[8] and "50%" in cells[8]
+            stale = [str(c) for c in table.get_row_at(table.row_count - 1)]
+            assert stale[1].startswith("STALE")
+            assert "1 STALE" in str(run.query_one("#nodes-box").border_title)
+            assert table.region.height > 0 and run.query_one("#nodes-box").region.height >= 3, "the nodes are on screen"
+            assert run.state.done_ok, "the engine's panels still run beside the nodes"
+    finally:
+        stop_agent(live)

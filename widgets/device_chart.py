@@ -1,0 +1,67 @@
+"""One device's history as a chart with axes: utilisation and temperature (left axis), power (right axis).
+
+Time runs along x in seconds before now. A sensor the device does not have is not plotted and not
+named. The latest figures are the title, so they read as text too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.widgets.plot_chart import PlotChart
+from hwtui.widgets.sparkline_panel import metric_value
+
+WINDOW = 60  # points the time axis spans at least
+
+SERIES = (("util", "util", "%", "cyan", "left"), ("temp", "temp_c", "C", "yellow", "left"),
+          ("pwr", "power_w", "W", "magenta", "right"))
+
+
+class DeviceChart(PlotChart):
+    DEFAULT_CSS = "DeviceChart { height: 1fr; min-height: 8; width: 1fr; }"
+    X_LABEL = "s"
+    BUILD_IN_THREAD = True  # redrawn on every monitor tick: built off the UI thread
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.key: str | None = None
+        self.series: dict[str, list[float | None]] = {}
+        self.interval = 1.0
+        self.power_limit: float | None = None
+
+    def show(self, history: Any, key: str | None, interval: float) -> None:
+        """Plot ``key``'s series from ``history`` (a DeviceHistory), one point per ``interval`` seconds."""
+        self.key, self.interval = key, interval
+        self.series = {attr: list(history.series[key][attr]) for _, attr, *_ in SERIES} if key in history.series else {}
+        sample = history.latest.get(key) if key else None
+        self.power_limit = getattr(sample, "power_limit_w", None)
+        self.data_changed()
+
+    def summary(self) -> str:
+        if not self.key or not self.series:
+            return "device history: waiting for the first sample"
+        parts = [self.key]
+        for name, attr, unit, *_ in SERIES:
+            values = self.series.get(attr) or []
+            if any(v is not None for v in values):
+                parts.append(f"{name} {metric_value(values[-1], unit)}")
+        if self.power_limit and any(v is not None for v in self.series.get("power_w") or []):
+            parts[-1] += f"/{self.power_limit:.0f}W"
+        return "  ".join(parts)
+
+    def draw(self, plt: Any) -> None:
+        plotted_right = False
+        for name, attr, unit, colour, side in SERIES:
+            values = self.series.get(attr) or []
+            points = [(-(len(values) - 1 - i) * self.interval, v) for i, v in enumerate(values) if v is not None]
+            if len(points) < 1:
+                continue
+            plt.plot([x for x, _ in points], [v for _, v in points], marker="braille", color=colour,
+                     yside=side, label=f"{name} {unit}")
+            plotted_right = plotted_right or side == "right"
+        # The whole window of history from the start, so the time axis does not stretch as points arrive.
+        n = max((len(self.series.get(attr) or []) for _, attr, *_ in SERIES), default=0)
+        plt.xlim(-(max(n, WINDOW) - 1) * self.interval, 0)
+        plt.ylim(0, 100, yside="left")
+        if plotted_right:
+            plt.ylim(0, self.power_limit or None, yside="right")
