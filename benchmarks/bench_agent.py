@@ -182,6 +182,10 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
                 for n in doc["nodes"]:
                     print(f"  push {k} {n['node']}: " + " ".join(f"{p}={v:.3f}" for p, v in (n.get("phases") or {}).items()),
                           file=sys.stderr)
+                    # When each step began, seconds after `hwtui push` started its first request.
+                    print(f"  push {k} {n['node']} at: " + " ".join(
+                        f"{p}={v - doc['started_at']:.3f}" for p, v in (n.get("timeline") or {}).items()), file=sys.stderr)
+                print(f"  push {k} ended at {doc['seconds']:.3f}", file=sys.stderr)
     finally:
         for child in agents:
             child.terminate(grace_s=5)

@@ -18,4 +18,4 @@ def make_routes(resident: ResidentRank) -> dict[str, Any]:
         return handler
 
     return {"/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
-            "/v1/push/abort": guarded(resident.abort)}
+            "/v1/push/abort": guarded(resident.abort), "/v1/push/wait": guarded(resident.wait)}

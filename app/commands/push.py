@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -24,6 +25,8 @@ from hwtui.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwtuiError
 
 HELP = "push a plan's weights into the resident receivers of running agents (first agent = source)"
 SCHEMA = "hwtui.push/1"
+WAIT_S = 1.0  # one long poll of a node's push state
+SILENT_S = 3.0  # a node that answers nothing for this long mid-push has died
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,10 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class _Client:
     def __init__(self, token: str | None, verify: Any):
-        import httpx
+        from hwtui.app.agent.client import headers, import_httpx
 
-        from hwtui.app.agent.client import headers
-
+        httpx = import_httpx()
         self.http = httpx.AsyncClient(headers=headers(token), verify=verify, trust_env=False)
 
     async def post(self, url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
@@ -70,12 +72,14 @@ def _why(exc: BaseException) -> str:
 
 async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list[Any], token: str | None,
                verify: Any) -> dict[str, Any]:
-    from hwtui.app.agent.client import fetch_json
+    from hwtui.app.agent.client import tls_verify
 
     t0 = time.monotonic()
+    started_at = time.time()
     push_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     world_key = ",".join(t.url for t in targets)
-    client = _Client(token, verify)
+    client = _Client(token, tls_verify(targets, verify))
+    marks = {"client": time.time()}  # when the pusher's own steps ended (the agents report theirs)
     nodes: dict[str, dict[str, Any]] = {t.url: {"agent": t.name, "rank": i, "role": "source" if i == 0 else "receiver"}
                                         for i, t in enumerate(targets)}
     try:
@@ -94,6 +98,7 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
             return doc
 
         prepared = await asyncio.gather(*(prepare(t) for t in targets))
+        marks["prepared"] = time.time()
         busy = [t.name for t, d in zip(targets, prepared, strict=True) if d.get("busy")]
         if busy:
             raise HwtuiError(f"agent(s) {', '.join(busy)} are busy with another push; try again when it ends")
@@ -123,62 +128,87 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
 
         t_start = time.monotonic()
         await asyncio.gather(*(start(i, t) for i, t in enumerate(targets)))
+        marks["started"] = time.time()
 
-        # 3. Follow every node to the end of this push; a node that stops answering is named.
+        # 3. Follow every node to the end of this push, each on its own task with a long poll
+        #    (/v1/push/wait answers when the node's phase changes or the push ends there): no
+        #    polling interval in the end-to-end time, and one request a second per node instead
+        #    of twenty, which a loaded node's transfer would pay for. A node that stops answering
+        #    for SILENT_S is named; any node out of the push stops the ones still before the vote.
         deadline = t0 + args.deadline
-        silent_since: dict[str, float] = {}
-        while True:
-            pending = [t for t in targets if "outcome" not in nodes[t.url]]
-            if not pending or time.monotonic() > deadline:
-                break
+        changed = asyncio.Event()
 
-            async def follow(t: Any) -> None:
-                node = nodes[t.url]
+        async def follow(t: Any) -> None:
+            node = nodes[t.url]
+            silent_since: float | None = None
+            while "outcome" not in node:
                 try:
-                    doc = await fetch_json(client.http, f"{t.url}/v1/replication", timeout=5)
+                    status, doc = await client.post(f"{t.url}/v1/push/wait",
+                                                    {"push_id": push_id, "phase": node.get("phase"), "timeout": WAIT_S},
+                                                    timeout=WAIT_S + SILENT_S)
+                    if status != 200:
+                        raise RuntimeError(doc.get("error") or f"HTTP {status}")
                 except Exception as exc:  # noqa: BLE001
-                    first = silent_since.setdefault(t.url, time.monotonic())
-                    if time.monotonic() - first > 3.0:
+                    silent_since = silent_since or time.monotonic()
+                    if time.monotonic() - silent_since > SILENT_S:
                         node.update(outcome="died", error=f"stopped answering mid-push ({_why(exc)})")
-                    return
-                silent_since.pop(t.url, None)
+                        changed.set()
+                        return
+                    await asyncio.sleep(0.2)
+                    continue
+                silent_since = None
                 last, flight = doc.get("last") or {}, doc.get("in_flight") or {}
                 if flight.get("push_id") == push_id:
                     node["progress"] = flight.get("progress")
                     node["phase"] = flight.get("phase")
                 elif last.get("push_id") == push_id:
                     node.update(outcome=last.get("outcome"), serving=last.get("serving"), phases=last.get("phases"),
-                                failures=last.get("failures"), warm=last.get("warm"))
+                                failures=last.get("failures"), warm=last.get("warm"), timeline=last.get("timeline"))
+                else:  # neither in flight nor ended there: the agent lost it (restarted)
+                    node.update(outcome="died", error="the agent no longer knows this push (restarted?)")
+                changed.set()
 
-            await asyncio.gather(*(follow(t) for t in pending))
-            dead = [t for t in targets if nodes[t.url].get("outcome") in ("died", "unreachable", "refused")]
-            if dead:
+        followers = [asyncio.ensure_future(follow(t)) for t in targets if "outcome" not in nodes[t.url]]
+        changed.set()
+        try:
+            while any(not f.done() for f in followers) and time.monotonic() < deadline:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                changed.clear()
+                out = [t for t in targets if nodes[t.url].get("outcome") not in (None, "committed")]
+                if not out:
+                    continue
                 # This push can no longer commit (the vote needs every rank): the others are stopped
-                # now instead of waiting out their timeouts. A rank blocked in the vote is stopped too:
-                # its switch runs with SIGTERM blocked, so a stop lands before the switch or after it,
-                # never inside; a rank already past the vote ("committing") is left to finish.
+                # now instead of waiting out their timeouts. A rank already past the vote
+                # ("committing") is left to finish; its agent refuses to stop it anyway.
                 now = time.monotonic()
                 stoppable = [t for t in targets if "outcome" not in nodes[t.url]
                              and now - nodes[t.url].get("abort_sent", -1e9) > 5.0  # again if the first was missed
-                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer", "voting")]
+                             and nodes[t.url].get("phase") != "committing"]
+                first = nodes[out[0].url]
+                reason = f"{first.get('node') or out[0].name} {first['outcome']}"
                 for t in stoppable:
                     nodes[t.url]["abort_sent"] = now
-                    nodes[t.url].setdefault("note", f"stopped: {dead[0].name} is gone")
+                    nodes[t.url].setdefault("note", f"stopped: {reason}")
 
-                async def stop_one(t: Any) -> None:
+                async def stop_one(t: Any, reason: str) -> None:
                     try:
-                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id, "reason": reason}, timeout=15)
                     except Exception:  # noqa: BLE001, S110 - followed (and named) like any other node
                         pass
 
-                await asyncio.gather(*(stop_one(t) for t in stoppable))
-            await asyncio.sleep(0.05)
+                await asyncio.gather(*(stop_one(t, reason) for t in stoppable))
+        finally:
+            for f in followers:
+                f.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
         late = [t for t in targets if "outcome" not in nodes[t.url]]
         if late:
             # Past the deadline: stop the push where it still runs, so no rank waits on it any longer.
             async def abort(t: Any) -> None:
                 try:
-                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id,
+                                      "reason": f"the push passed its deadline ({args.deadline:g} s)"}, timeout=15)
                 except Exception:  # noqa: BLE001, S110 - the node is named as timed out either way
                     pass
 
@@ -196,7 +226,8 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
     ok = all(r["outcome"] == "committed" for r in rows)
     transfer = max((float((r.get("phases") or {}).get("transfer") or 0) for r in rows), default=0.0)
     return {"schema": SCHEMA, "ok": ok, "push_id": push_id, "version": plan["version"], "model": plan["model"],
-            "total_bytes": plan["total_bytes"], "warm": warm, "seconds": round(wall, 4),
+            "total_bytes": plan["total_bytes"], "warm": warm, "seconds": round(wall, 4), "started_at": started_at,
+            "timeline": {k: round(v - started_at, 4) for k, v in marks.items()},
             "start_to_end_s": round(time.monotonic() - t_start, 4), "transfer_s": round(transfer, 4),
             "receivers": len(receivers), "nodes": rows}
 

@@ -66,6 +66,11 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _remove_in_background(path: Path) -> None:
+    threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="evict",
+                     daemon=True).start()
+
+
 class ResidentRank:
     def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str):
         self.node = node
@@ -73,6 +78,8 @@ class ResidentRank:
         self.served = self.out / "served"
         self.advertise = advertise
         self._lock = threading.Lock()
+        # Notified whenever the push in flight changes phase or ends: what /v1/push/wait waits on.
+        self._changed = threading.Condition(self._lock)
         self.child: Child | None = None
         self.world_key: str | None = None
         self.busy = False
@@ -89,6 +96,8 @@ class ResidentRank:
         self._group: Group | None = None
         for d in (self.served, self.out / "ranks", self.out / "pushes"):
             d.mkdir(parents=True, exist_ok=True)
+        if (self.served / ".trash").exists():  # evictions an agent stopped before they were deleted
+            _remove_in_background(self.served / ".trash")
 
     # ------------------------------------------------------------------ state
 
@@ -145,6 +154,7 @@ class ResidentRank:
         _need(isinstance(settings, dict), "settings must be an object")
         digest: Any = body.get("plan_digest")
         _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "plan_digest must be the plan's hex digest")
+        t_request = time.time()
         incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
         plan_path = self.out / "pushes" / f"{push_id}.plan"
         with self._lock:
@@ -164,14 +174,16 @@ class ResidentRank:
                         tmp.unlink()
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
+            t_accepted = time.time()
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
             cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
-                                  "warm": warm, "started": time.time()}
+                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted}}
                 self._done_bytes = 0
                 self._result = None
+                self._changed.notify_all()
             assert self.child is not None
             self._flight_child = self.child
             self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json()})
@@ -185,14 +197,44 @@ class ResidentRank:
         return {"node": self.node, "accepted": True, "warm": warm}
 
     def abort(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it)."""
+        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it).
+
+        A rank past the vote (phase "committing": the decision is made) is never stopped here: it
+        finishes its switch, so a commit is all or nothing whatever the pusher thinks it saw.
+        """
         push_id = body.get("push_id")
         _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        reason = body.get("reason")
+        _need(reason is None or isinstance(reason, str), "reason must be a string")
         with self._lock:
-            mine = self.busy and (self.in_flight or {}).get("push_id") == push_id
+            flight = self.in_flight or {}
+            mine = self.busy and flight.get("push_id") == push_id and flight.get("phase") != "committing"
+            if mine:
+                flight["stopped"] = redact_text(str(reason or "the pusher gave up on it"))[:300]
         if mine:
             self._stop_child(wait_reader=True)
         return {"node": self.node, "aborted": mine, "serving": self.serving()}
+
+    def wait(self, body: dict[str, Any]) -> dict[str, Any]:
+        """This node's replication state once push ``push_id`` leaves ``phase`` (or ends), or after
+        ``timeout`` s: the pusher follows a push without polling (a long poll, bounded)."""
+        push_id = body.get("push_id")
+        _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        timeout = body.get("timeout", 1.0)
+        _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 <= timeout <= 10,
+              "timeout must be a number from 0 to 10")
+        seen = body.get("phase")
+        deadline = time.monotonic() + float(timeout)
+        with self._changed:
+            while True:
+                flight = self.in_flight
+                if flight is None or flight.get("push_id") != push_id or flight.get("phase") != seen:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+        return self.state()
 
     def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
         """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
@@ -320,6 +362,7 @@ class ResidentRank:
         kind = msg.get("kind")
         with self._lock:
             flight = self.in_flight
+            phase = flight.get("phase") if flight is not None else None
             if kind == "repl.bucket" and flight is not None:
                 if msg.get("state") == "done":
                     self._done_bytes += int(msg.get("nbytes") or 0)
@@ -328,6 +371,9 @@ class ResidentRank:
                 flight["phase"] = "transfer"
             elif kind == "_rank" and flight is not None:
                 what = msg.get("what")
+                if isinstance(what, str) and isinstance(msg.get("t"), (int, float)):
+                    # When each step began on this rank (wall clock): where a push's time goes.
+                    flight.setdefault("timeline", {}).setdefault(what, msg["t"])
                 if what in ("init", "ready", "prepared", "decided"):
                     flight["phase"] = {"init": "joining", "ready": "transfer", "prepared": "voting",
                                        "decided": "committing"}[what]
@@ -344,6 +390,8 @@ class ResidentRank:
             elif kind == "resident.spare":
                 self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
                               "seconds": msg.get("seconds"), "error": msg.get("error")}
+            if self.in_flight is not flight or (flight is not None and flight.get("phase") != phase):
+                self._changed.notify_all()
 
     def _finish(self, msg: dict[str, Any]) -> None:
         """Called with the lock held: the push ended on this rank."""
@@ -352,14 +400,18 @@ class ResidentRank:
         committed = bool(flight.get("committed")) and msg.get("code") == 0
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
-        outcome = "committed" if committed else ("aborted" if msg.get("usable") else "failed")
+        outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")
         self.pushes[outcome] += 1
         self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
                      "outcome": outcome, "code": msg.get("code"), "warm": flight.get("warm"),
-                     "phases": result.get("phases") or {}, "failures": result.get("failures") or flight.get("errors") or [],
-                     "serving": self.serving(), "ended": time.time()}
+                     "phases": result.get("phases") or {},
+                     "failures": ([f"stopped: {flight['stopped']}"] if flight.get("stopped") else [])
+                                 + (result.get("failures") or flight.get("errors") or []),
+                     "serving": self.serving(), "ended": time.time(),
+                     "timeline": {**(flight.get("timeline") or {}), "done": time.time()}}
         self.in_flight = None
         self.busy = False
+        self._changed.notify_all()
         with contextlib.suppress(OSError):
             (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
 
@@ -375,8 +427,9 @@ class ResidentRank:
                     shutil.rmtree(self.served / "staging" / str(version), ignore_errors=True)
                     with contextlib.suppress(OSError):
                         (self.served / "staging").rmdir()
+                stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})
-                if self.last is not None:
+                if self.last is not None and not stopped:
                     self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
 
     def _rotate_slots(self, version: str) -> None:
@@ -388,7 +441,16 @@ class ResidentRank:
         slots[new], slots["serving"] = version, new
         atomic_write_text(self.served / "SLOTS", json.dumps(slots) + "\n")
         if evicted and evicted not in (version, slots.get(old)):
-            shutil.rmtree(self.served / "versions" / evicted, ignore_errors=True)
+            # Out of versions/ at once (a rename), deleted on a thread: freeing a gigabyte took
+            # 0.5 s, which a push would otherwise wait for before it is reported done.
+            gone = self.served / ".trash" / f"{evicted}-{uuid.uuid4().hex[:8]}"
+            gone.parent.mkdir(exist_ok=True)
+            try:
+                os.replace(self.served / "versions" / evicted, gone)
+            except OSError:
+                shutil.rmtree(self.served / "versions" / evicted, ignore_errors=True)
+            else:
+                _remove_in_background(gone)
 
     def close(self) -> None:
         self._stop_child()
