@@ -70,7 +70,7 @@ def _why(exc: BaseException) -> str:
     return _error_text(exc)
 
 
-async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list[Any], token: str | None,
+async def push(args: argparse.Namespace, plan_bytes: bytes, plan: Any, targets: list[Any], token: str | None,
                verify: Any) -> dict[str, Any]:
     from hwtui.app.agent.client import tls_verify
 
@@ -97,7 +97,25 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
                 raise HwtuiError(f"agent {t.name}: {doc.get('error') or f'HTTP {status}'}")
             return doc
 
-        prepared = await asyncio.gather(*(prepare(t) for t in targets))
+        # The plan goes to every agent as its file's raw bytes, streamed (POST /v1/push/plan, named
+        # by its digest), beside the prepare: a plan of any size, and no extra round trip.
+        async def upload(t: Any) -> None:
+            try:
+                resp = await client.http.post(f"{t.url}/v1/push/plan", params={"digest": plan.digest}, content=plan_bytes,
+                                              headers={"Content-Type": "application/octet-stream"},
+                                              timeout=30 + len(plan_bytes) / (4 << 20))
+            except Exception as exc:  # noqa: BLE001
+                raise HwtuiError(f"agent {t.name} is unreachable: {_why(exc)}") from None
+            if resp.status_code != 200:
+                try:
+                    doc = resp.json()
+                except ValueError:
+                    doc = {}
+                error = doc.get("error") if isinstance(doc, dict) else None
+                raise HwtuiError(f"agent {t.name}: {error or f'HTTP {resp.status_code}'}")
+
+        prepared, _ = await asyncio.gather(asyncio.gather(*(prepare(t) for t in targets)),
+                                           asyncio.gather(*(upload(t) for t in targets)))
         marks["prepared"] = time.time()
         busy = [t.name for t, d in zip(targets, prepared, strict=True) if d.get("busy")]
         if busy:
@@ -116,7 +134,7 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
         # 2. Start every rank at once (a fresh group forms only when all of them are in it).
         async def start(i: int, t: Any) -> None:
             body = {"push_id": push_id, "rank": i, "world_size": len(targets), "world_key": world_key,
-                    "master_addr": master, "master_port": port, "fresh": not warm, "plan": plan_b64, "plan_digest": plan.digest,
+                    "master_addr": master, "master_port": port, "fresh": not warm, "plan_digest": plan.digest,
                     "settings": settings}
             try:
                 status, doc = await client.post(f"{t.url}/v1/push/start", body, timeout=180)
@@ -219,8 +237,12 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
     finally:
         await client.http.aclose()
 
+    dead = [r.get("node") or r["agent"] for r in nodes.values() if r.get("outcome") in ("died", "unreachable")]
     for r in nodes.values():
         r.pop("abort_sent", None)
+        if dead and r.get("outcome") not in ("committed", "died", "unreachable"):
+            # Stopped by this pusher or by its own transport error: either way, because of them.
+            r.setdefault("note", f"stopped: {', '.join(dead)} {'is' if len(dead) == 1 else 'are'} gone")
     rows = list(nodes.values())
     receivers = [r for r in rows if r["role"] == "receiver"]
     ok = all(r["outcome"] == "committed" for r in rows)
@@ -249,11 +271,11 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
     plan = load_plan(args.plan)  # validated here, once; the agents check its digest
-    plan_b64 = _plan_payload(args.plan)
+    plan_bytes = _plan_payload(args.plan)
     token, verify = client_settings(args)
     if args.deadline is None:
         args.deadline = args.init_timeout + 120 + 60 * plan["total_bytes"] / 1e9
-    doc = asyncio.run(push(args, plan_b64, plan, targets, token, verify))
+    doc = asyncio.run(push(args, plan_bytes, plan, targets, token, verify))
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -270,26 +292,20 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-def _plan_payload(path: str) -> str:
-    """The plan file's own bytes, base64-encoded for the JSON body: the agents load exactly the file
-    that was validated here: they refuse it if its digest is not the validated one (a file replaced
-    between the two reads included). Bounded by what an agent accepts in one body."""
-    import base64
-
-    from hwtui.app.agent.server import MAX_BODY
+def _plan_payload(path: str) -> bytes:
+    """The plan file's own bytes: the agents load exactly the file that was validated here, and
+    refuse it if its digest is not the validated one (a file replaced between the two reads
+    included). Bounded by what an agent accepts as one plan (``MAX_PLAN_BYTES``)."""
+    from hwtui.engine.agent import resident
 
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_BODY)
+            raw = fh.read(resident.MAX_PLAN_BYTES)
             if fh.read(1):
-                raise HwtuiError(f"plan {path} is larger than an agent accepts in one push ({MAX_BODY >> 20} MiB)")
+                raise HwtuiError(f"plan {path} is larger than an agent accepts ({resident.MAX_PLAN_BYTES >> 20} MiB)")
     except OSError as exc:
         raise HwtuiError(f"cannot read plan {path}: {exc.strerror or exc}") from None
-    encoded = base64.b64encode(raw).decode("ascii")
-    if len(encoded) + 4096 > MAX_BODY:
-        raise HwtuiError(f"plan {path} ({len(raw)} bytes) is larger than an agent accepts in one push "
-                         f"({MAX_BODY >> 20} MiB of base64)")
-    return encoded
+    return raw
 
 
 def final_line(doc: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ Layout under the agent's ``--out DIR``::
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
     pushes/<push id>.plan                     the plan file of a push (its digest checked before it is accepted)
+    pushes/upload-<digest>.plan               plans uploaded by digest (POST /v1/push/plan), the newest few
 
 A push writes the new version next to the served one (the slot not serving); only after every rank
 voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
+MAX_PLAN_BYTES = 1 << 30  # one uploaded plan file (a plan of millions of tensors is tens of MB)
+KEEP_UPLOADS = 4  # uploaded plans kept by digest (a retry need not send it again); older ones go
 
 
 class PushRefused(Exception):
@@ -155,7 +158,10 @@ class ResidentRank:
         digest: Any = body.get("plan_digest")
         _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "plan_digest must be the plan's hex digest")
         t_request = time.time()
-        incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
+        if body.get("plan") is None:  # uploaded before (POST /v1/push/plan): named by its digest
+            incoming, plan = self._uploaded_plan(digest, validate=rank == 0)
+        else:
+            incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
         plan_path = self.out / "pushes" / f"{push_id}.plan"
         with self._lock:
             if self.busy:
@@ -236,27 +242,60 @@ class ResidentRank:
                 self._changed.wait(left)
         return self.state()
 
-    def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
-        """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
+    def upload_plan(self, query: dict[str, str], length: int, read: Any) -> dict[str, Any]:
+        """A plan file streamed in (``POST /v1/push/plan?digest=D``, raw bytes): written to disk as it
+        arrives, then loaded and checked against ``D``; only a plan whose bytes are that digest is kept
+        (as ``pushes/upload-D.plan``), and a later ``/v1/push/start`` names it by digest alone.
 
-        Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
-        another plan, is refused before anything else happens. Only the agent of rank 0 (the
-        coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
-        which every rank compares with rank 0's again before any byte moves (worker._agree).
-        """
-        from hwtui.engine.replication.plan import load_plan
-
-        _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise PushRefused(400, "plan is not valid base64") from None
+        This is how a plan of any size up to ``MAX_PLAN_BYTES`` travels: a JSON request body is
+        bounded far below that (and base64 in JSON costs a third more)."""
+        digest = query.get("digest")
+        _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "digest must be the plan's hex digest")
+        assert digest is not None
+        if length > MAX_PLAN_BYTES:
+            raise PushRefused(413, f"the plan is {length} bytes; at most {MAX_PLAN_BYTES} are accepted")
+        _need(length > 0, "the plan is empty")
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
-            with atomic_open(incoming, "wb", encoding=None) as fh:
-                fh.write(raw)
-            del raw
-            plan = load_plan(incoming, validate=validate, expect_digest=digest)
+            # No fsync: this file lives for one push; a torn one fails its digest check on load.
+            with open(incoming, "xb") as fh:
+                left = length
+                while left:
+                    chunk = read(left)
+                    fh.write(chunk)
+                    left -= len(chunk)
+            self._load_incoming(incoming, digest, validate=False)
+            os.replace(incoming, self._upload_path(digest))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            raise
+        uploads = sorted(self.out.glob("pushes/upload-*.plan"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in uploads[KEEP_UPLOADS:]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        return {"node": self.node, "digest": digest, "bytes": length}
+
+    def _upload_path(self, digest: str) -> Path:
+        return self.out / "pushes" / f"upload-{digest}.plan"
+
+    def _uploaded_plan(self, digest: str, *, validate: bool) -> tuple[Path, Any]:
+        """The uploaded plan ``digest`` as this push's own file (a hard link: evicting the upload
+        later cannot take it from a push in flight) and the loaded plan."""
+        incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
+        try:
+            os.link(self._upload_path(digest), incoming)
+        except FileNotFoundError:
+            raise PushRefused(400, f"node {self.node} has no plan {digest[:16]}: upload it first "
+                                   "(POST /v1/push/plan?digest=...)") from None
+        return incoming, self._load_incoming(incoming, digest, validate=validate)
+
+    def _load_incoming(self, incoming: Path, digest: str, *, validate: bool) -> Any:
+        """Load a plan file that arrived; a plan that is not ``digest`` (or not a plan) is refused and removed."""
+        from hwtui.engine.replication.plan import load_plan
+
+        try:
+            return load_plan(incoming, validate=validate, expect_digest=digest)
         except HwtuiError as exc:
             with contextlib.suppress(OSError):
                 incoming.unlink()
@@ -266,7 +305,30 @@ class ResidentRank:
             with contextlib.suppress(OSError):
                 incoming.unlink()
             raise
-        return incoming, plan
+
+    def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
+        """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
+
+        Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
+        another plan, is refused before anything else happens. Only the agent of rank 0 (the
+        coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
+        which every rank compares with rank 0's again before any byte moves (worker._agree).
+        """
+        _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise PushRefused(400, "plan is not valid base64") from None
+        incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
+        try:
+            with atomic_open(incoming, "wb", encoding=None) as fh:
+                fh.write(raw)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            raise
+        del raw
+        return incoming, self._load_incoming(incoming, digest, validate=validate)
 
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
                     world: int, master: str, port: int) -> WorkerConfig:

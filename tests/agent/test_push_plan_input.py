@@ -90,3 +90,61 @@ def test_only_the_coordinator_s_agent_validates_the_plan(node, plan_file):
     incoming, plan = node._receive_plan(base64.b64encode(raw).decode(), digest, validate=False)
     assert plan.digest == digest
     incoming.unlink()
+
+
+# ---------------------------------------------------------------------- uploaded plans (by digest)
+
+
+def _reader(raw: bytes, step: int = 4096):
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = raw[pos:pos + min(n, step)]
+        pos += len(chunk)
+        return chunk
+
+    return read
+
+
+def test_an_uploaded_plan_is_kept_by_digest_and_a_push_names_it(node, plan_file):
+    raw = plan_file.read_bytes()
+    digest = load_plan(plan_file).digest
+    doc = node.upload_plan({"digest": digest}, len(raw), _reader(raw))
+    assert doc["bytes"] == len(raw)
+    kept = node.out / "pushes" / f"upload-{digest}.plan"
+    assert kept.read_bytes() == raw
+    # A start that names it by digest takes a link of it (loaded and checked again); the upload stays.
+    incoming, plan = node._uploaded_plan(digest, validate=True)
+    assert plan.digest == digest and incoming.read_bytes() == raw and kept.exists()
+    incoming.unlink()
+
+
+def test_an_upload_that_is_not_its_digest_or_was_never_made_is_refused(node, plan_file):
+    raw = plan_file.read_bytes()
+    digest = load_plan(plan_file).digest
+    for body, want in ((raw[: len(raw) // 2], "digest mismatch"), (b"\x00" * 64, "not valid JSON")):
+        with pytest.raises(PushRefused) as info:
+            node.upload_plan({"digest": digest}, len(body), _reader(body))
+        assert info.value.status == 400 and want in str(info.value) and "\n" not in str(info.value)
+        assert list((node.out / "pushes").iterdir()) == []  # nothing kept
+    with pytest.raises(PushRefused) as info:
+        node.upload_plan({"digest": "../../etc"}, len(raw), _reader(raw))
+    assert info.value.status == 400 and "digest" in str(info.value)
+    body = _body(raw, digest)
+    del body["plan"]  # named by digest, but never uploaded here
+    assert "upload it first" in _refused(node, body)
+
+
+def test_older_uploads_are_evicted_beyond_the_few_kept(node, plan_file, tmp_path):
+    from hwtui.engine.agent.resident import KEEP_UPLOADS
+
+    digests = []
+    for seed in range(KEEP_UPLOADS + 2):
+        make_model(tmp_path / f"m{seed}", seed=10 + seed, big=200, n=2)
+        write_plan(tmp_path / f"m{seed}", tmp_path / f"p{seed}.plan", version=f"v{seed}", bucket_kib=4)
+        raw = (tmp_path / f"p{seed}.plan").read_bytes()
+        digests.append(load_plan(tmp_path / f"p{seed}.plan").digest)
+        node.upload_plan({"digest": digests[-1]}, len(raw), _reader(raw))
+    kept = sorted(p.name for p in (node.out / "pushes").glob("upload-*.plan"))
+    assert len(kept) == KEEP_UPLOADS and f"upload-{digests[-1]}.plan" in kept
