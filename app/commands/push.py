@@ -64,6 +64,13 @@ class _Client:
         return resp.status_code, doc if isinstance(doc, dict) else {}
 
 
+def _refused(exc: BaseException) -> bool:
+    """No connection could be made (refused, unreachable): not a slow answer (that is a timeout)."""
+    from hwtui.app.agent.client import import_httpx
+
+    return isinstance(exc, import_httpx().ConnectError)
+
+
 def _why(exc: BaseException) -> str:
     from hwtui.app.agent.client import _error_text
 
@@ -168,7 +175,9 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: Any, targets: 
                         raise RuntimeError(doc.get("error") or f"HTTP {status}")
                 except Exception as exc:  # noqa: BLE001
                     silent_since = silent_since or time.monotonic()
-                    if time.monotonic() - silent_since > SILENT_S:
+                    # A connection refused mid-push is an agent that is gone (its resident rank dies
+                    # with it): named at once. Silence (a host down, a partition) gets SILENT_S.
+                    if _refused(exc) or time.monotonic() - silent_since > SILENT_S:
                         node.update(outcome="died", error=f"stopped answering mid-push ({_why(exc)})")
                         changed.set()
                         return
