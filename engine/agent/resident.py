@@ -243,8 +243,9 @@ class ResidentRank:
         return self.state()
 
     def upload_plan(self, query: dict[str, str], length: int, read: Any) -> dict[str, Any]:
-        """A plan file streamed in (``POST /v1/push/plan?digest=D``, raw bytes): written to disk as it
-        arrives, then loaded and checked against ``D``; only a plan whose bytes are that digest is kept
+        """A plan file streamed in (``POST /v1/push/plan?digest=D[&validate=1]``, raw bytes): written to
+        disk as it arrives, then loaded and checked against ``D`` (and, with ``validate=1``, against
+        every plan invariant); only a plan whose bytes are that digest is kept
         (as ``pushes/upload-D.plan``), and a later ``/v1/push/start`` names it by digest alone.
 
         This is how a plan of any size up to ``MAX_PLAN_BYTES`` travels: a JSON request body is
@@ -264,7 +265,8 @@ class ResidentRank:
                     chunk = read(left)
                     fh.write(chunk)
                     left -= len(chunk)
-            self._load_incoming(incoming, digest, validate=False)
+            # validate=1: the source's agent, which checks the plan's invariants before any rank starts.
+            self._load_incoming(incoming, digest, validate=query.get("validate") == "1")
             os.replace(incoming, self._upload_path(digest))
         except BaseException:
             with contextlib.suppress(OSError):
