@@ -169,6 +169,10 @@ class ResidentRank:
                     incoming.unlink()
                 raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
             self.busy = True
+            # The rank of the last push is no longer this push's: when a fresh push stops it, its
+            # reader must not take its exit for the end of *this* push (it did, and marked the
+            # node free mid-start, so an abort of this push found nothing to stop).
+            self._flight_child = None
         try:
             # The resident rank loads it from here and checks the digest again (the worker's load).
             os.replace(incoming, plan_path)

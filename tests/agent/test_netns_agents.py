@@ -148,13 +148,13 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     world.start(2, HWTUI_TEST_FAULT="hang:rank=2,bucket=3")
     plan, _ = models["v3"]
     env = _env(HWTUI_AGENT_TOKEN=world.token, XDG_CONFIG_HOME=str(world.tmp / "no-config"))
-    # Every rank's own waits are far longer than this test waits for the push to end (--timeout
-    # 300 s per collective, --deadline 600 s): the survivors end because the pusher sees node 2's
-    # agent stop answering and stops them (or because their transport breaks with node 2), never
-    # because a timeout ran out.
+    # Every rank's own waits are longer than this test waits for the push to end (--init-timeout
+    # 60 s to form the new world node 2's restart makes, --timeout 300 s per collective, --deadline
+    # 600 s): the survivors end because the pusher sees node 2's agent go and stops them (or
+    # because their transport breaks with node 2), never because a timeout ran out.
     push = subprocess.Popen(["ip", "netns", "exec", world.net.node_ns[0], sys.executable, "-m", "hwtui.app", "push",
                              "--plan", str(plan), "--agents", world.agents(), "--json", "--timeout", "300",
-                             "--init-timeout", "20", "--deadline", "600"],
+                             "--init-timeout", "60", "--deadline", "600"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         # Wait for node 2's rank to be in the transfer (it hangs at bucket 3), then kill its agent.
@@ -164,7 +164,7 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
             time.sleep(0.05)
         assert staging.exists(), push.communicate(timeout=5)
         world.kill(2)
-        out, err = push.communicate(timeout=90)  # a bound on the state, far below every rank's own timeout
+        out, err = push.communicate(timeout=45)  # a bound on the state, below every rank's own timeout
     finally:
         if push.poll() is None:
             os.killpg(push.pid, signal.SIGKILL)
