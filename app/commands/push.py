@@ -91,25 +91,31 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                                         for i, t in enumerate(targets)}
     try:
         # 1. Can every agent reuse its group for exactly this world? Any "no" forms a fresh one everywhere.
+        def refused(t: Any, status: int, doc: Any) -> HwtuiError:
+            """One line for an agent's refusal, the same whichever of the first requests meets it."""
+            if status == 401:
+                return HwtuiError(f"agent {t.name} refused the token (HWTUI_AGENT_TOKEN or --token-file)")
+            if status == 404:
+                return HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
+            error = doc.get("error") if isinstance(doc, dict) else None
+            return HwtuiError(f"agent {t.name}: {error or f'HTTP {status}'}")
+
         async def prepare(t: Any) -> dict[str, Any]:
             try:
                 status, doc = await client.post(f"{t.url}/v1/push/prepare", {"world_key": world_key}, timeout=10)
             except Exception as exc:  # noqa: BLE001
                 raise HwtuiError(f"agent {t.name} is unreachable: {_why(exc)}") from None
-            if status == 401:
-                raise HwtuiError(f"agent {t.name} refused the token (HWTUI_AGENT_TOKEN or --token-file)")
-            if status == 404:
-                raise HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
             if status != 200:
-                raise HwtuiError(f"agent {t.name}: {doc.get('error') or f'HTTP {status}'}")
+                raise refused(t, status, doc)
             return doc
 
         # The plan goes to every agent as its file's raw bytes, streamed (POST /v1/push/plan, named
-        # by its digest), beside the prepare: a plan of any size, and no extra round trip.
+        # by its digest), beside the prepare: a plan of any size, and no extra round trip. The
+        # source's agent validates it (validate=1) before any rank starts.
         async def upload(t: Any) -> None:
+            query = {"digest": plan["digest"], **({"validate": "1"} if t is targets[0] else {})}
             try:
-                resp = await client.http.post(f"{t.url}/v1/push/plan", params={"digest": plan["digest"], **({"validate": "1"} if t is targets[0] else {})},
-                                              content=plan_bytes,
+                resp = await client.http.post(f"{t.url}/v1/push/plan", params=query, content=plan_bytes,
                                               headers={"Content-Type": "application/octet-stream"},
                                               timeout=30 + len(plan_bytes) / (4 << 20))
             except Exception as exc:  # noqa: BLE001
@@ -119,11 +125,20 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                     doc = resp.json()
                 except ValueError:
                     doc = {}
-                error = doc.get("error") if isinstance(doc, dict) else None
-                raise HwtuiError(f"agent {t.name}: {error or f'HTTP {resp.status_code}'}")
+                raise refused(t, resp.status_code, doc)
 
-        prepared, _ = await asyncio.gather(asyncio.gather(*(prepare(t) for t in targets)),
-                                           asyncio.gather(*(upload(t) for t in targets)))
+        answers = await asyncio.gather(*(prepare(t) for t in targets), *(upload(t) for t in targets),
+                                       return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if errors:
+            # The same answer whatever order the requests ended in: an unreachable agent first,
+            # then a refused token, then anything else, each in the order the agents are listed.
+            def rank(e: BaseException) -> int:
+                text = str(e)
+                return 0 if "unreachable" in text else 1 if "refused the token" in text else 2
+
+            raise min(errors, key=rank)
+        prepared: list[dict[str, Any]] = [a for a in answers[:len(targets)] if isinstance(a, dict)]
         marks["prepared"] = time.time()
         busy = [t.name for t, d in zip(targets, prepared, strict=True) if d.get("busy")]
         if busy:
@@ -213,6 +228,8 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                 stoppable = [t for t in targets if "outcome" not in nodes[t.url]
                              and now - nodes[t.url].get("abort_sent", -1e9) > 5.0  # again if the first was missed
                              and nodes[t.url].get("phase") != "committing"]
+                # A node that went is the cause; a node that failed may only have seen it go first.
+                out.sort(key=lambda t: nodes[t.url]["outcome"] not in ("died", "unreachable"))
                 first = nodes[out[0].url]
                 reason = f"{first.get('node') or out[0].name} {first['outcome']}"
                 for t in stoppable:
@@ -251,8 +268,9 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
     for r in nodes.values():
         r.pop("abort_sent", None)
         if dead and r.get("outcome") not in ("committed", "died", "unreachable"):
-            # Stopped by this pusher or by its own transport error: either way, because of them.
-            r.setdefault("note", f"stopped: {', '.join(dead)} {'is' if len(dead) == 1 else 'are'} gone")
+            # Stopped by this pusher (perhaps naming a peer that saw the loss first) or by its own
+            # transport error: either way, because of the node(s) that went, which the note names.
+            r["note"] = f"stopped: {', '.join(dead)} {'is' if len(dead) == 1 else 'are'} gone"
     rows = list(nodes.values())
     receivers = [r for r in rows if r["role"] == "receiver"]
     ok = all(r["outcome"] == "committed" for r in rows)
@@ -291,7 +309,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for r in doc["nodes"]:
             what = r["outcome"] + (f", serving {r.get('serving')}" if r.get("serving") else "")
-            err = "; ".join(r.get("failures") or ([r["error"]] if r.get("error") else []))
+            err = "; ".join(([r["note"]] if r.get("note") else [])
+                            + (r.get("failures") or ([r["error"]] if r.get("error") else [])))
             print(f"  {r.get('node', r['agent']):<16} rank {r['rank']} {r['role']:<8} {what}" + (f" ({err[:200]})" if err else ""))
         print(final_line(doc))
     if doc["ok"]:
