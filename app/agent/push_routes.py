@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.engine.agent.resident import PushRefused, ResidentRank
+from hwtui.app.agent.server import StreamRoute
+from hwtui.engine.agent.resident import MAX_PLAN_BYTES, PushRefused, ResidentRank
 
 
 def make_routes(resident: ResidentRank) -> dict[str, Any]:
@@ -17,5 +18,11 @@ def make_routes(resident: ResidentRank) -> dict[str, Any]:
 
         return handler
 
-    return {"/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
-            "/v1/push/abort": guarded(resident.abort)}
+    def upload(query: dict[str, str], length: int, read: Any) -> tuple[int, dict[str, Any]]:
+        try:
+            return 200, resident.upload_plan(query, length, read)
+        except PushRefused as exc:
+            return exc.status, {"error": str(exc), "node": resident.node}
+
+    return {"/v1/push/plan": StreamRoute(upload, MAX_PLAN_BYTES), "/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
+            "/v1/push/abort": guarded(resident.abort), "/v1/push/wait": guarded(resident.wait)}

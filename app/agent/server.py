@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from hwtui.app.agent.token import matches
 from hwtui.core.redact import redact
@@ -38,7 +38,24 @@ REQUEST_TIMEOUT_S = 15.0  # per socket operation
 BODY_DEADLINE_S = 60.0  # for a whole body: a client trickling a byte every 14 s is cut off
 MAX_CONNECTIONS = 256  # open at once (a thread each); more are closed at once, never queued
 
+UPLOAD_MIN_RATE = 4 << 20  # bytes/s a streamed upload must keep up on average (its deadline grows with its size)
+
 PostHandler = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+class StreamRoute:
+    """A POST route whose body is not JSON but raw bytes streamed to ``fn(query, length, read)``.
+
+    It has its own size bound (``max_bytes``, checked against Content-Length before a byte is
+    read) instead of ``MAX_BODY``: a push's plan can be far larger than any JSON request, and is
+    written to disk as it arrives, never held in memory. ``read(n)`` returns up to n bytes and
+    raises ``BadRequest`` when the body ends early or falls behind its deadline.
+    """
+
+    def __init__(self, fn: Callable[[dict[str, str], int, Callable[[int], bytes]], tuple[int, dict[str, Any]]],
+                 max_bytes: int):
+        self.fn = fn
+        self.max_bytes = max_bytes
 
 
 class BadRequest(Exception):
@@ -72,7 +89,7 @@ class AgentServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], state: NodeState, token: str, *,
-                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler] | None = None):
+                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler | StreamRoute] | None = None):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, AgentHandler)
         self.state = state
@@ -222,13 +239,41 @@ class AgentHandler(BaseHTTPRequestHandler):
             return True
         return matches(self.server.token, self.headers.get("Authorization"))
 
-    def _body(self) -> dict[str, Any]:
+    def _length(self, limit: int) -> int:
         raw_len = self.headers.get("Content-Length")
         if raw_len is None or not raw_len.strip().isdigit() or len(raw_len) > 12:
             raise BadRequest(411, "a POST needs a Content-Length")
         length = int(raw_len)
-        if length > MAX_BODY:
-            raise BadRequest(413, f"the body is {length} bytes; at most {MAX_BODY} are accepted")
+        if length > limit:
+            raise BadRequest(413, f"the body is {length} bytes; at most {limit} are accepted")
+        return length
+
+    def _stream(self, route: StreamRoute) -> tuple[int, dict[str, Any]]:
+        length = self._length(route.max_bytes)
+        deadline = time.monotonic() + BODY_DEADLINE_S + length / UPLOAD_MIN_RATE
+        got = 0
+
+        def read(n: int) -> bytes:
+            nonlocal got
+            if time.monotonic() > deadline:
+                raise BadRequest(408, "the body did not arrive in time")
+            chunk = self.rfile.read1(max(1, min(n, 1 << 20, length - got)))
+            if not chunk:
+                raise BadRequest(400, "the body ended early")
+            got += len(chunk)
+            return chunk
+
+        try:
+            query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query, max_num_fields=16).items()}
+        except ValueError:
+            raise BadRequest(400, "too many query fields") from None
+        status, doc = route.fn(query, length, read)
+        if got < length:  # refused before the whole body was read: it must not be taken for a request
+            self.close_connection = True
+        return status, doc
+
+    def _body(self) -> dict[str, Any]:
+        length = self._length(MAX_BODY)
         data = bytearray()
         deadline = time.monotonic() + BODY_DEADLINE_S
         while len(data) < length:
@@ -271,8 +316,10 @@ class AgentHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(404, f"no such action {path!r}")
         try:
-            body = self._body()
-            status, doc = handler(body)
+            if isinstance(handler, StreamRoute):
+                status, doc = self._stream(handler)
+            else:
+                status, doc = handler(self._body())
         except BadRequest as exc:
             self.close_connection = True
             return self._error(exc.status, str(exc))

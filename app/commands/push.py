@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -24,6 +25,8 @@ from hwtui.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwtuiError
 
 HELP = "push a plan's weights into the resident receivers of running agents (first agent = source)"
 SCHEMA = "hwtui.push/1"
+WAIT_S = 1.0  # one long poll of a node's push state
+SILENT_S = 3.0  # a node that answers nothing for this long mid-push has died
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,10 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class _Client:
     def __init__(self, token: str | None, verify: Any):
-        import httpx
+        from hwtui.app.agent.client import headers, import_httpx
 
-        from hwtui.app.agent.client import headers
-
+        httpx = import_httpx()
         self.http = httpx.AsyncClient(headers=headers(token), verify=verify, trust_env=False)
 
     async def post(self, url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
@@ -62,38 +64,82 @@ class _Client:
         return resp.status_code, doc if isinstance(doc, dict) else {}
 
 
+def _refused(exc: BaseException) -> bool:
+    """No connection could be made (refused, unreachable): not a slow answer (that is a timeout)."""
+    from hwtui.app.agent.client import import_httpx
+
+    return isinstance(exc, import_httpx().ConnectError)
+
+
 def _why(exc: BaseException) -> str:
     from hwtui.app.agent.client import _error_text
 
     return _error_text(exc)
 
 
-async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list[Any], token: str | None,
+async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any], targets: list[Any], token: str | None,
                verify: Any) -> dict[str, Any]:
-    from hwtui.app.agent.client import fetch_json
+    from hwtui.app.agent.client import tls_verify
 
     t0 = time.monotonic()
+    started_at = time.time()
     push_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     world_key = ",".join(t.url for t in targets)
-    client = _Client(token, verify)
+    client = _Client(token, tls_verify(targets, verify))
+    marks = {"client": time.time()}  # when the pusher's own steps ended (the agents report theirs)
     nodes: dict[str, dict[str, Any]] = {t.url: {"agent": t.name, "rank": i, "role": "source" if i == 0 else "receiver"}
                                         for i, t in enumerate(targets)}
     try:
         # 1. Can every agent reuse its group for exactly this world? Any "no" forms a fresh one everywhere.
+        def refused(t: Any, status: int, doc: Any) -> HwtuiError:
+            """One line for an agent's refusal, the same whichever of the first requests meets it."""
+            if status == 401:
+                return HwtuiError(f"agent {t.name} refused the token (HWTUI_AGENT_TOKEN or --token-file)")
+            if status == 404:
+                return HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
+            error = doc.get("error") if isinstance(doc, dict) else None
+            return HwtuiError(f"agent {t.name}: {error or f'HTTP {status}'}")
+
         async def prepare(t: Any) -> dict[str, Any]:
             try:
                 status, doc = await client.post(f"{t.url}/v1/push/prepare", {"world_key": world_key}, timeout=10)
             except Exception as exc:  # noqa: BLE001
                 raise HwtuiError(f"agent {t.name} is unreachable: {_why(exc)}") from None
-            if status == 401:
-                raise HwtuiError(f"agent {t.name} refused the token (HWTUI_AGENT_TOKEN or --token-file)")
-            if status == 404:
-                raise HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
             if status != 200:
-                raise HwtuiError(f"agent {t.name}: {doc.get('error') or f'HTTP {status}'}")
+                raise refused(t, status, doc)
             return doc
 
-        prepared = await asyncio.gather(*(prepare(t) for t in targets))
+        # The plan goes to every agent as its file's raw bytes, streamed (POST /v1/push/plan, named
+        # by its digest), beside the prepare: a plan of any size, and no extra round trip. The
+        # source's agent validates it (validate=1) before any rank starts.
+        async def upload(t: Any) -> None:
+            query = {"digest": plan["digest"], **({"validate": "1"} if t is targets[0] else {})}
+            try:
+                resp = await client.http.post(f"{t.url}/v1/push/plan", params=query, content=plan_bytes,
+                                              headers={"Content-Type": "application/octet-stream"},
+                                              timeout=30 + len(plan_bytes) / (4 << 20))
+            except Exception as exc:  # noqa: BLE001
+                raise HwtuiError(f"agent {t.name} is unreachable: {_why(exc)}") from None
+            if resp.status_code != 200:
+                try:
+                    doc = resp.json()
+                except ValueError:
+                    doc = {}
+                raise refused(t, resp.status_code, doc)
+
+        answers = await asyncio.gather(*(prepare(t) for t in targets), *(upload(t) for t in targets),
+                                       return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if errors:
+            # The same answer whatever order the requests ended in: an unreachable agent first,
+            # then a refused token, then anything else, each in the order the agents are listed.
+            def rank(e: BaseException) -> int:
+                text = str(e)
+                return 0 if "unreachable" in text else 1 if "refused the token" in text else 2
+
+            raise min(errors, key=rank)
+        prepared: list[dict[str, Any]] = [a for a in answers[:len(targets)] if isinstance(a, dict)]
+        marks["prepared"] = time.time()
         busy = [t.name for t, d in zip(targets, prepared, strict=True) if d.get("busy")]
         if busy:
             raise HwtuiError(f"agent(s) {', '.join(busy)} are busy with another push; try again when it ends")
@@ -111,7 +157,7 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
         # 2. Start every rank at once (a fresh group forms only when all of them are in it).
         async def start(i: int, t: Any) -> None:
             body = {"push_id": push_id, "rank": i, "world_size": len(targets), "world_key": world_key,
-                    "master_addr": master, "master_port": port, "fresh": not warm, "plan": plan_b64, "plan_digest": plan.digest,
+                    "master_addr": master, "master_port": port, "fresh": not warm, "plan_digest": plan["digest"],
                     "settings": settings}
             try:
                 status, doc = await client.post(f"{t.url}/v1/push/start", body, timeout=180)
@@ -123,62 +169,91 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
 
         t_start = time.monotonic()
         await asyncio.gather(*(start(i, t) for i, t in enumerate(targets)))
+        marks["started"] = time.time()
 
-        # 3. Follow every node to the end of this push; a node that stops answering is named.
+        # 3. Follow every node to the end of this push, each on its own task with a long poll
+        #    (/v1/push/wait answers when the node's phase changes or the push ends there): no
+        #    polling interval in the end-to-end time, and one request a second per node instead
+        #    of twenty, which a loaded node's transfer would pay for. A node that stops answering
+        #    for SILENT_S is named; any node out of the push stops the ones still before the vote.
         deadline = t0 + args.deadline
-        silent_since: dict[str, float] = {}
-        while True:
-            pending = [t for t in targets if "outcome" not in nodes[t.url]]
-            if not pending or time.monotonic() > deadline:
-                break
+        changed = asyncio.Event()
 
-            async def follow(t: Any) -> None:
-                node = nodes[t.url]
+        async def follow(t: Any) -> None:
+            node = nodes[t.url]
+            silent_since: float | None = None
+            while "outcome" not in node:
                 try:
-                    doc = await fetch_json(client.http, f"{t.url}/v1/replication", timeout=5)
+                    status, doc = await client.post(f"{t.url}/v1/push/wait",
+                                                    {"push_id": push_id, "phase": node.get("phase"), "timeout": WAIT_S},
+                                                    timeout=WAIT_S + SILENT_S)
+                    if status != 200:
+                        raise RuntimeError(doc.get("error") or f"HTTP {status}")
                 except Exception as exc:  # noqa: BLE001
-                    first = silent_since.setdefault(t.url, time.monotonic())
-                    if time.monotonic() - first > 3.0:
+                    silent_since = silent_since or time.monotonic()
+                    # A connection refused mid-push is an agent that is gone (its resident rank dies
+                    # with it): named at once. Silence (a host down, a partition) gets SILENT_S.
+                    if _refused(exc) or time.monotonic() - silent_since > SILENT_S:
                         node.update(outcome="died", error=f"stopped answering mid-push ({_why(exc)})")
-                    return
-                silent_since.pop(t.url, None)
+                        changed.set()
+                        return
+                    await asyncio.sleep(0.2)
+                    continue
+                silent_since = None
                 last, flight = doc.get("last") or {}, doc.get("in_flight") or {}
                 if flight.get("push_id") == push_id:
                     node["progress"] = flight.get("progress")
                     node["phase"] = flight.get("phase")
                 elif last.get("push_id") == push_id:
                     node.update(outcome=last.get("outcome"), serving=last.get("serving"), phases=last.get("phases"),
-                                failures=last.get("failures"), warm=last.get("warm"))
+                                failures=last.get("failures"), warm=last.get("warm"), timeline=last.get("timeline"))
+                else:  # neither in flight nor ended there: the agent lost it (restarted)
+                    node.update(outcome="died", error="the agent no longer knows this push (restarted?)")
+                changed.set()
 
-            await asyncio.gather(*(follow(t) for t in pending))
-            dead = [t for t in targets if nodes[t.url].get("outcome") in ("died", "unreachable", "refused")]
-            if dead:
+        followers = [asyncio.ensure_future(follow(t)) for t in targets if "outcome" not in nodes[t.url]]
+        changed.set()
+        try:
+            while any(not f.done() for f in followers) and time.monotonic() < deadline:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                changed.clear()
+                out = [t for t in targets if nodes[t.url].get("outcome") not in (None, "committed")]
+                if not out:
+                    continue
                 # This push can no longer commit (the vote needs every rank): the others are stopped
-                # now instead of waiting out their timeouts. A rank blocked in the vote is stopped too:
-                # its switch runs with SIGTERM blocked, so a stop lands before the switch or after it,
-                # never inside; a rank already past the vote ("committing") is left to finish.
+                # now instead of waiting out their timeouts. A rank already past the vote
+                # ("committing") is left to finish; its agent refuses to stop it anyway.
                 now = time.monotonic()
                 stoppable = [t for t in targets if "outcome" not in nodes[t.url]
                              and now - nodes[t.url].get("abort_sent", -1e9) > 5.0  # again if the first was missed
-                             and nodes[t.url].get("phase") in (None, "starting", "joining", "transfer", "voting")]
+                             and nodes[t.url].get("phase") != "committing"]
+                # A node that went is the cause; a node that failed may only have seen it go first.
+                out.sort(key=lambda t: nodes[t.url]["outcome"] not in ("died", "unreachable"))
+                first = nodes[out[0].url]
+                reason = f"{first.get('node') or out[0].name} {first['outcome']}"
                 for t in stoppable:
                     nodes[t.url]["abort_sent"] = now
-                    nodes[t.url].setdefault("note", f"stopped: {dead[0].name} is gone")
+                    nodes[t.url].setdefault("note", f"stopped: {reason}")
 
-                async def stop_one(t: Any) -> None:
+                async def stop_one(t: Any, reason: str) -> None:
                     try:
-                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                        await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id, "reason": reason}, timeout=15)
                     except Exception:  # noqa: BLE001, S110 - followed (and named) like any other node
                         pass
 
-                await asyncio.gather(*(stop_one(t) for t in stoppable))
-            await asyncio.sleep(0.05)
+                await asyncio.gather(*(stop_one(t, reason) for t in stoppable))
+        finally:
+            for f in followers:
+                f.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
         late = [t for t in targets if "outcome" not in nodes[t.url]]
         if late:
             # Past the deadline: stop the push where it still runs, so no rank waits on it any longer.
             async def abort(t: Any) -> None:
                 try:
-                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id}, timeout=15)
+                    await client.post(f"{t.url}/v1/push/abort", {"push_id": push_id,
+                                      "reason": f"the push passed its deadline ({args.deadline:g} s)"}, timeout=15)
                 except Exception:  # noqa: BLE001, S110 - the node is named as timed out either way
                     pass
 
@@ -189,14 +264,20 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
     finally:
         await client.http.aclose()
 
+    dead = [r.get("node") or r["agent"] for r in nodes.values() if r.get("outcome") in ("died", "unreachable")]
     for r in nodes.values():
         r.pop("abort_sent", None)
+        if dead and r.get("outcome") not in ("committed", "died", "unreachable"):
+            # Stopped by this pusher (perhaps naming a peer that saw the loss first) or by its own
+            # transport error: either way, because of the node(s) that went, which the note names.
+            r["note"] = f"stopped: {', '.join(dead)} {'is' if len(dead) == 1 else 'are'} gone"
     rows = list(nodes.values())
     receivers = [r for r in rows if r["role"] == "receiver"]
     ok = all(r["outcome"] == "committed" for r in rows)
     transfer = max((float((r.get("phases") or {}).get("transfer") or 0) for r in rows), default=0.0)
     return {"schema": SCHEMA, "ok": ok, "push_id": push_id, "version": plan["version"], "model": plan["model"],
-            "total_bytes": plan["total_bytes"], "warm": warm, "seconds": round(wall, 4),
+            "total_bytes": plan["total_bytes"], "warm": warm, "seconds": round(wall, 4), "started_at": started_at,
+            "timeline": {k: round(v - started_at, 4) for k, v in marks.items()},
             "start_to_end_s": round(time.monotonic() - t_start, 4), "transfer_s": round(transfer, 4),
             "receivers": len(receivers), "nodes": rows}
 
@@ -204,7 +285,6 @@ async def push(args: argparse.Namespace, plan_b64: str, plan: Any, targets: list
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.agent.client import parse_agents
     from hwtui.app.commands.agents import client_settings
-    from hwtui.engine.replication.plan import load_plan
 
     targets = parse_agents(args.agents)
     if len(targets) < 2:
@@ -217,19 +297,20 @@ def run(args: argparse.Namespace) -> int:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
-    plan = load_plan(args.plan)  # validated here, once; the agents check its digest
-    plan_b64 = _plan_payload(args.plan)
+    plan_bytes = _plan_payload(args.plan)
+    plan = _plan_facts(plan_bytes, args.plan)
     token, verify = client_settings(args)
     if args.deadline is None:
         args.deadline = args.init_timeout + 120 + 60 * plan["total_bytes"] / 1e9
-    doc = asyncio.run(push(args, plan_b64, plan, targets, token, verify))
+    doc = asyncio.run(push(args, plan_bytes, plan, targets, token, verify))
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for r in doc["nodes"]:
             what = r["outcome"] + (f", serving {r.get('serving')}" if r.get("serving") else "")
-            err = "; ".join(r.get("failures") or ([r["error"]] if r.get("error") else []))
+            err = "; ".join(([r["note"]] if r.get("note") else [])
+                            + (r.get("failures") or ([r["error"]] if r.get("error") else [])))
             print(f"  {r.get('node', r['agent']):<16} rank {r['rank']} {r['role']:<8} {what}" + (f" ({err[:200]})" if err else ""))
         print(final_line(doc))
     if doc["ok"]:
@@ -239,26 +320,44 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-def _plan_payload(path: str) -> str:
-    """The plan file's own bytes, base64-encoded for the JSON body: the agents load exactly the file
-    that was validated here: they refuse it if its digest is not the validated one (a file replaced
-    between the two reads included). Bounded by what an agent accepts in one body."""
-    import base64
-
-    from hwtui.app.agent.server import MAX_BODY
+def _plan_payload(path: str) -> bytes:
+    """The plan file's own bytes: the agents load exactly the file that was validated here, and
+    refuse it if its digest is not the validated one (a file replaced between the two reads
+    included). Bounded by what an agent accepts as one plan (``MAX_PLAN_BYTES``)."""
+    from hwtui.engine.agent import resident
 
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_BODY)
+            raw = fh.read(resident.MAX_PLAN_BYTES)
             if fh.read(1):
-                raise HwtuiError(f"plan {path} is larger than an agent accepts in one push ({MAX_BODY >> 20} MiB)")
+                raise HwtuiError(f"plan {path} is larger than an agent accepts ({resident.MAX_PLAN_BYTES >> 20} MiB)")
     except OSError as exc:
         raise HwtuiError(f"cannot read plan {path}: {exc.strerror or exc}") from None
-    encoded = base64.b64encode(raw).decode("ascii")
-    if len(encoded) + 4096 > MAX_BODY:
-        raise HwtuiError(f"plan {path} ({len(raw)} bytes) is larger than an agent accepts in one push "
-                         f"({MAX_BODY >> 20} MiB of base64)")
-    return encoded
+    return raw
+
+
+def _plan_facts(raw: bytes, path: str) -> dict[str, Any]:
+    """What the pusher needs from a plan file (digest, model, version, total bytes), read from its
+    header alone: no numpy, no tables (0.3-0.4 s of every push's start-up). The plan is validated
+    where its weights are, by the source's agent, when it is uploaded (``validate=1``) and before
+    any rank starts; every agent checks that the bytes are this digest."""
+    import struct
+
+    try:
+        if raw[:8] == b"HWTPLAN2":  # hwtui.plan/2: magic, u64 header length, JSON header (plan_format.py)
+            (hlen,) = struct.unpack("<Q", raw[8:16])
+            head = json.loads(raw[16:16 + hlen]) if 16 + hlen <= len(raw) else None
+        else:  # an hwtui.plan/1 JSON plan
+            head = json.loads(raw)
+    except (ValueError, struct.error, RecursionError):
+        head = None
+    if not isinstance(head, dict) or (raw[:8] != b"HWTPLAN2" and head.get("schema") != "hwtui.plan/1"):
+        raise HwtuiError(f"plan {path} is not an hwtui plan (write one with `hwtui plan`)")
+    facts = {k: head.get(k) for k in ("digest", "model", "version", "total_bytes")}
+    if not (isinstance(facts["digest"], str) and isinstance(facts["version"], str) and type(facts["total_bytes"]) is int
+            and facts["total_bytes"] >= 0):
+        raise HwtuiError(f"plan {path} is malformed: its header lacks a digest, version or total_bytes")
+    return facts
 
 
 def final_line(doc: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ Layout under the agent's ``--out DIR``::
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
     pushes/<push id>.plan                     the plan file of a push (its digest checked before it is accepted)
+    pushes/upload-<digest>.plan               plans uploaded by digest (POST /v1/push/plan), the newest few
 
 A push writes the new version next to the served one (the slot not serving); only after every rank
 voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
+MAX_PLAN_BYTES = 1 << 30  # one uploaded plan file (a plan of millions of tensors is tens of MB)
+KEEP_UPLOADS = 4  # uploaded plans kept by digest (a retry need not send it again); older ones go
 
 
 class PushRefused(Exception):
@@ -66,6 +69,11 @@ def free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _remove_in_background(path: Path) -> None:
+    threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="evict",
+                     daemon=True).start()
+
+
 class ResidentRank:
     def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str):
         self.node = node
@@ -73,6 +81,8 @@ class ResidentRank:
         self.served = self.out / "served"
         self.advertise = advertise
         self._lock = threading.Lock()
+        # Notified whenever the push in flight changes phase or ends: what /v1/push/wait waits on.
+        self._changed = threading.Condition(self._lock)
         self.child: Child | None = None
         self.world_key: str | None = None
         self.busy = False
@@ -89,6 +99,8 @@ class ResidentRank:
         self._group: Group | None = None
         for d in (self.served, self.out / "ranks", self.out / "pushes"):
             d.mkdir(parents=True, exist_ok=True)
+        if (self.served / ".trash").exists():  # evictions an agent stopped before they were deleted
+            _remove_in_background(self.served / ".trash")
 
     # ------------------------------------------------------------------ state
 
@@ -145,7 +157,11 @@ class ResidentRank:
         _need(isinstance(settings, dict), "settings must be an object")
         digest: Any = body.get("plan_digest")
         _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "plan_digest must be the plan's hex digest")
-        incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
+        t_request = time.time()
+        if body.get("plan") is None:  # uploaded before (POST /v1/push/plan): named by its digest
+            incoming, plan = self._uploaded_plan(digest, validate=rank == 0)
+        else:
+            incoming, plan = self._receive_plan(body.get("plan"), digest, validate=rank == 0)
         plan_path = self.out / "pushes" / f"{push_id}.plan"
         with self._lock:
             if self.busy:
@@ -153,6 +169,10 @@ class ResidentRank:
                     incoming.unlink()
                 raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
             self.busy = True
+            # The rank of the last push is no longer this push's: when a fresh push stops it, its
+            # reader must not take its exit for the end of *this* push (it did, and marked the
+            # node free mid-start, so an abort of this push found nothing to stop).
+            self._flight_child = None
         try:
             # The resident rank loads it from here and checks the digest again (the worker's load).
             os.replace(incoming, plan_path)
@@ -164,14 +184,16 @@ class ResidentRank:
                         tmp.unlink()
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
+            t_accepted = time.time()
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
             cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
-                                  "warm": warm, "started": time.time()}
+                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted}}
                 self._done_bytes = 0
                 self._result = None
+                self._changed.notify_all()
             assert self.child is not None
             self._flight_child = self.child
             self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json()})
@@ -185,36 +207,101 @@ class ResidentRank:
         return {"node": self.node, "accepted": True, "warm": warm}
 
     def abort(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it)."""
+        """Stop the push ``push_id`` if it is still in flight here (the pusher gave up on it).
+
+        A rank past the vote (phase "committing": the decision is made) is never stopped here: it
+        finishes its switch, so a commit is all or nothing whatever the pusher thinks it saw.
+        """
         push_id = body.get("push_id")
         _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        reason = body.get("reason")
+        _need(reason is None or isinstance(reason, str), "reason must be a string")
         with self._lock:
-            mine = self.busy and (self.in_flight or {}).get("push_id") == push_id
+            flight = self.in_flight or {}
+            mine = self.busy and flight.get("push_id") == push_id and flight.get("phase") != "committing"
+            if mine:
+                flight["stopped"] = redact_text(str(reason or "the pusher gave up on it"))[:300]
         if mine:
             self._stop_child(wait_reader=True)
         return {"node": self.node, "aborted": mine, "serving": self.serving()}
 
-    def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
-        """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
+    def wait(self, body: dict[str, Any]) -> dict[str, Any]:
+        """This node's replication state once push ``push_id`` leaves ``phase`` (or ends), or after
+        ``timeout`` s: the pusher follows a push without polling (a long poll, bounded)."""
+        push_id = body.get("push_id")
+        _need(isinstance(push_id, str) and bool(_PUSH_ID.match(push_id)), "push_id: 1-64 of A-Z a-z 0-9 _ . -")
+        timeout = body.get("timeout", 1.0)
+        _need(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 <= timeout <= 10,
+              "timeout must be a number from 0 to 10")
+        seen = body.get("phase")
+        deadline = time.monotonic() + float(timeout)
+        with self._changed:
+            while True:
+                flight = self.in_flight
+                if flight is None or flight.get("push_id") != push_id or flight.get("phase") != seen:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+        return self.state()
 
-        Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
-        another plan, is refused before anything else happens. Only the agent of rank 0 (the
-        coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
-        which every rank compares with rank 0's again before any byte moves (worker._agree).
-        """
-        from hwtui.engine.replication.plan import load_plan
+    def upload_plan(self, query: dict[str, str], length: int, read: Any) -> dict[str, Any]:
+        """A plan file streamed in (``POST /v1/push/plan?digest=D[&validate=1]``, raw bytes): written to
+        disk as it arrives, then loaded and checked against ``D`` (and, with ``validate=1``, against
+        every plan invariant); only a plan whose bytes are that digest is kept
+        (as ``pushes/upload-D.plan``), and a later ``/v1/push/start`` names it by digest alone.
 
-        _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
-        try:
-            raw = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise PushRefused(400, "plan is not valid base64") from None
+        This is how a plan of any size up to ``MAX_PLAN_BYTES`` travels: a JSON request body is
+        bounded far below that (and base64 in JSON costs a third more)."""
+        digest = query.get("digest")
+        _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "digest must be the plan's hex digest")
+        assert digest is not None
+        if length > MAX_PLAN_BYTES:
+            raise PushRefused(413, f"the plan is {length} bytes; at most {MAX_PLAN_BYTES} are accepted")
+        _need(length > 0, "the plan is empty")
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
-            with atomic_open(incoming, "wb", encoding=None) as fh:
-                fh.write(raw)
-            del raw
-            plan = load_plan(incoming, validate=validate, expect_digest=digest)
+            # No fsync: this file lives for one push; a torn one fails its digest check on load.
+            with open(incoming, "xb") as fh:
+                left = length
+                while left:
+                    chunk = read(left)
+                    fh.write(chunk)
+                    left -= len(chunk)
+            # validate=1: the source's agent, which checks the plan's invariants before any rank starts.
+            self._load_incoming(incoming, digest, validate=query.get("validate") == "1")
+            os.replace(incoming, self._upload_path(digest))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            raise
+        uploads = sorted(self.out.glob("pushes/upload-*.plan"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in uploads[KEEP_UPLOADS:]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+        return {"node": self.node, "digest": digest, "bytes": length}
+
+    def _upload_path(self, digest: str) -> Path:
+        return self.out / "pushes" / f"upload-{digest}.plan"
+
+    def _uploaded_plan(self, digest: str, *, validate: bool) -> tuple[Path, Any]:
+        """The uploaded plan ``digest`` as this push's own file (a hard link: evicting the upload
+        later cannot take it from a push in flight) and the loaded plan."""
+        incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
+        try:
+            os.link(self._upload_path(digest), incoming)
+        except FileNotFoundError:
+            raise PushRefused(400, f"node {self.node} has no plan {digest[:16]}: upload it first "
+                                   "(POST /v1/push/plan?digest=...)") from None
+        return incoming, self._load_incoming(incoming, digest, validate=validate)
+
+    def _load_incoming(self, incoming: Path, digest: str, *, validate: bool) -> Any:
+        """Load a plan file that arrived; a plan that is not ``digest`` (or not a plan) is refused and removed."""
+        from hwtui.engine.replication.plan import load_plan
+
+        try:
+            return load_plan(incoming, validate=validate, expect_digest=digest)
         except HwtuiError as exc:
             with contextlib.suppress(OSError):
                 incoming.unlink()
@@ -224,7 +311,30 @@ class ResidentRank:
             with contextlib.suppress(OSError):
                 incoming.unlink()
             raise
-        return incoming, plan
+
+    def _receive_plan(self, encoded: Any, digest: str, *, validate: bool) -> tuple[Path, Any]:
+        """The plan file a push carries (base64 of its bytes) -> (where it was written, the loaded plan).
+
+        Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
+        another plan, is refused before anything else happens. Only the agent of rank 0 (the
+        coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
+        which every rank compares with rank 0's again before any byte moves (worker._agree).
+        """
+        _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise PushRefused(400, "plan is not valid base64") from None
+        incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
+        try:
+            with atomic_open(incoming, "wb", encoding=None) as fh:
+                fh.write(raw)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                incoming.unlink()
+            raise
+        del raw
+        return incoming, self._load_incoming(incoming, digest, validate=validate)
 
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
                     world: int, master: str, port: int) -> WorkerConfig:
@@ -320,6 +430,7 @@ class ResidentRank:
         kind = msg.get("kind")
         with self._lock:
             flight = self.in_flight
+            phase = flight.get("phase") if flight is not None else None
             if kind == "repl.bucket" and flight is not None:
                 if msg.get("state") == "done":
                     self._done_bytes += int(msg.get("nbytes") or 0)
@@ -328,6 +439,9 @@ class ResidentRank:
                 flight["phase"] = "transfer"
             elif kind == "_rank" and flight is not None:
                 what = msg.get("what")
+                if isinstance(what, str) and isinstance(msg.get("t"), (int, float)):
+                    # When each step began on this rank (wall clock): where a push's time goes.
+                    flight.setdefault("timeline", {}).setdefault(what, msg["t"])
                 if what in ("init", "ready", "prepared", "decided"):
                     flight["phase"] = {"init": "joining", "ready": "transfer", "prepared": "voting",
                                        "decided": "committing"}[what]
@@ -344,6 +458,8 @@ class ResidentRank:
             elif kind == "resident.spare":
                 self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
                               "seconds": msg.get("seconds"), "error": msg.get("error")}
+            if self.in_flight is not flight or (flight is not None and flight.get("phase") != phase):
+                self._changed.notify_all()
 
     def _finish(self, msg: dict[str, Any]) -> None:
         """Called with the lock held: the push ended on this rank."""
@@ -352,14 +468,18 @@ class ResidentRank:
         committed = bool(flight.get("committed")) and msg.get("code") == 0
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
-        outcome = "committed" if committed else ("aborted" if msg.get("usable") else "failed")
+        outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")
         self.pushes[outcome] += 1
         self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
                      "outcome": outcome, "code": msg.get("code"), "warm": flight.get("warm"),
-                     "phases": result.get("phases") or {}, "failures": result.get("failures") or flight.get("errors") or [],
-                     "serving": self.serving(), "ended": time.time()}
+                     "phases": result.get("phases") or {},
+                     "failures": ([f"stopped: {flight['stopped']}"] if flight.get("stopped") else [])
+                                 + (result.get("failures") or flight.get("errors") or []),
+                     "serving": self.serving(), "ended": time.time(),
+                     "timeline": {**(flight.get("timeline") or {}), "done": time.time()}}
         self.in_flight = None
         self.busy = False
+        self._changed.notify_all()
         with contextlib.suppress(OSError):
             (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
 
@@ -375,8 +495,9 @@ class ResidentRank:
                     shutil.rmtree(self.served / "staging" / str(version), ignore_errors=True)
                     with contextlib.suppress(OSError):
                         (self.served / "staging").rmdir()
+                stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})
-                if self.last is not None:
+                if self.last is not None and not stopped:
                     self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
 
     def _rotate_slots(self, version: str) -> None:
@@ -388,7 +509,16 @@ class ResidentRank:
         slots[new], slots["serving"] = version, new
         atomic_write_text(self.served / "SLOTS", json.dumps(slots) + "\n")
         if evicted and evicted not in (version, slots.get(old)):
-            shutil.rmtree(self.served / "versions" / evicted, ignore_errors=True)
+            # Out of versions/ at once (a rename), deleted on a thread: freeing a gigabyte took
+            # 0.5 s, which a push would otherwise wait for before it is reported done.
+            gone = self.served / ".trash" / f"{evicted}-{uuid.uuid4().hex[:8]}"
+            gone.parent.mkdir(exist_ok=True)
+            try:
+                os.replace(self.served / "versions" / evicted, gone)
+            except OSError:
+                shutil.rmtree(self.served / "versions" / evicted, ignore_errors=True)
+            else:
+                _remove_in_background(gone)
 
     def close(self) -> None:
         self._stop_child()

@@ -44,7 +44,9 @@ class ResidentWorker(Worker):
     """The replication worker in a resident process: the first push forms the group, later ones reuse it.
 
     Only the worker's own seams are used: ``reuse_world`` (init agrees settings and the plan digest
-    again, nothing else) and ``staging_factory`` (the pre-made spare staging file, engine.agent.spare).
+    again, nothing else) and ``staging_factory`` (the pre-made spare staging file, engine.agent.spare),
+    plus its bucket events: a bucket that is done on a receiver is in the staging copy with its
+    final, verified bytes, so its byte ranges start going to disk at once (SpareStaging.written).
     """
 
     def __init__(self, cfg: WorkerConfig, emit: Any):
@@ -55,6 +57,36 @@ class ResidentWorker(Worker):
         super().__init__(cfg, emit)
         self.reuse_world = dist.is_initialized()
         self.staging_factory = SpareStaging
+        self._bucket_ranges: list[list[tuple[int, int]]] = []
+
+    def setup(self, plan: Any) -> None:
+        super().setup(plan)
+        if self.rank != SRC and self.staging is not None:
+            layout = self.staging.layout
+            self._bucket_ranges = [_merged([(layout[it["name"]][0] + it["tensor_offset"], it["nbytes"]) for it in items])
+                                   for items in plan.bucket_items]
+
+    def bucket(self, b: int, state: str, nbytes: int, seconds: float = 0.0) -> None:
+        super().bucket(b, state, nbytes, seconds)
+        if state == "done" and b < len(self._bucket_ranges) and hasattr(self.staging, "written"):
+            self.staging.written(self._bucket_ranges[b])
+
+    def collective_timeout(self, seconds: float) -> None:
+        """Bound every later collective of this rank's groups by ``seconds`` (gloo's own timeout).
+
+        The group was formed with the init timeout, and gloo holds a collective for the group's
+        timeout whatever ``work.wait`` is given: a survivor of a dead peer sat in its broadcast for
+        up to a minute. During the transfer and the vote each wait is a bucket's (or the commit's)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        span = datetime.timedelta(seconds=seconds)
+        for group in (None, *(g for g in (self.net_group, self.host_group) if g is not None)):
+            with contextlib.suppress(Exception):  # a private torch API: without it, the old bound holds
+                dist.distributed_c10d._set_pg_timeout(span, group)
 
     def release_groups(self) -> None:
         """Drop this push's sub-groups (same-host/hierarchical paths): the next push makes its own."""
@@ -66,16 +98,30 @@ class ResidentWorker(Worker):
         self.net_group = self.host_group = None
 
 
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, nbytes) ranges with touching neighbours joined: one writeback call per contiguous run."""
+    out: list[tuple[int, int]] = []
+    for off, n in sorted(ranges):
+        if out and out[-1][0] + out[-1][1] == off:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((off, n))
+    return out
+
+
 def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
     """One push on this rank; (exit code as the worker's EXIT_*, whether the group is still usable)."""
     w = ResidentWorker(cfg, emit)
     try:
         if not w.reuse_world:
             w.start_world()  # torch is imported already; the rendezvous overlaps the plan load
+        else:
+            w.collective_timeout(cfg.timeouts.init)  # the agreement waits for every rank's start
         plan = w.load()
         w.init(plan)
         w.setup(plan)
         w.barrier()
+        w.collective_timeout(max(cfg.timeouts.bucket, cfg.timeouts.commit))
         w.internal("ready")
         w.transfer(plan)
         ok = w.prepare(plan)

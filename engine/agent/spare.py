@@ -9,13 +9,23 @@ of the version it now serves, zero-filled and synced. The next push's staging co
 over cached pages costs ~0.15 s per GB. Every byte of the data is then written by the transfer or
 copied from the served version and verified against the plan, as with a fresh file. The resident
 rank hands this class to the worker through its ``staging_factory`` seam.
+
+The staging copy is also written back to disk *while the transfer runs* (``Writeback``): each
+bucket, once received and verified, is handed to a background thread that starts and waits for its
+writeback (``sync_file_range``, which releases the GIL, on that byte range only, so pages still
+being received are not written twice). ``flush`` at prepare then still does the whole msync and
+fsync before the vote (durability is unchanged: fsync writes what is left and flushes the device's
+cache), but finds almost nothing left to write: 1 GB was 0.4-0.7 s of prepare after the transfer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +55,93 @@ def make_spare(served_root: str | os.PathLike[str], size: int) -> int:
     return size
 
 
+# sync_file_range(2) flags: wait for writeback already under way, start it, wait for it to end.
+_SYNC_RANGE_FLAGS = 1 | 2 | 4
+_WRITEBACK_JOIN_S = 60.0  # bounded: a device this slow makes the prepare slow, never hangs it
+
+
+def _sync_file_range() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None  # not Linux: flush() does all the work at prepare, as before
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class Writeback:
+    """Writes finished byte ranges of a file back to disk on a thread, while the rest still arrives.
+
+    Only a head start: it never replaces the fsync (``Staging.flush``) that makes the copy durable
+    before the vote. A failure here is kept and the work stops; the fsync then does it all and
+    reports any real I/O error itself.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self._sync = _sync_file_range()
+        self._ranges: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self.error: str | None = None
+        self.bytes = 0
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if self._sync is not None else -1
+        self._thread = threading.Thread(target=self._run, name="staging-writeback", daemon=True)
+        if self._sync is not None:
+            self._thread.start()
+
+    def add(self, offset: int, nbytes: int) -> None:
+        if nbytes > 0 and self._thread.is_alive():
+            self._ranges.put((offset, nbytes))
+
+    def _run(self) -> None:
+        try:
+            while (item := self._ranges.get()) is not None:
+                if self.error is None and self._sync(self._fd, item[0], item[1], _SYNC_RANGE_FLAGS) != 0:
+                    self.error = os.strerror(ctypes.get_errno())
+                self.bytes += item[1]
+        finally:
+            os.close(self._fd)
+
+    def finish(self, wait: bool = True) -> None:
+        """Stop after what is queued (``wait``: and wait for it, bounded)."""
+        if not self._thread.is_alive():
+            return
+        self._ranges.put(None)
+        if wait:
+            self._thread.join(_WRITEBACK_JOIN_S)
+
+
 class SpareStaging(Staging):
-    """``Staging`` that takes the spare file when there is one (host memory, file-backed only)."""
+    """``Staging`` that takes the spare file when there is one (host memory, file-backed only), and
+    writes finished buckets back to disk while the transfer runs (``written``)."""
+
+    writeback: Writeback | None = None
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
                  file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
                  header: bytes | None = None):
+        self._init(tensors, metadata, device, file, first, header)
+        if self._mm is not None and self.file is not None:
+            self.writeback = Writeback(self.file)
+
+    def written(self, ranges: list[tuple[int, int]]) -> None:
+        """These (data offset, nbytes) ranges hold their final, verified bytes: write them back now."""
+        if self.writeback is not None:
+            hlen = len(self.header)
+            for off, n in ranges:
+                self.writeback.add(hlen + off, n)
+
+    def flush(self) -> None:
+        if self.writeback is not None:
+            self.writeback.finish(wait=True)
+        super().flush()  # the msync + fsync that makes it durable: only what is left to write
+
+    def close(self) -> None:
+        if self.writeback is not None:
+            self.writeback.finish(wait=False)
+        super().close()
+
+    def _init(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str,
+              file: str | os.PathLike[str] | None, first: list[str] | None, header: bytes | None) -> None:
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
         if device != "cpu" or file is None or spare is None or not spare.is_file():
             super().__init__(tensors, metadata, device=device, file=file, first=first, header=header)
@@ -69,7 +160,7 @@ class SpareStaging(Staging):
         self.file.parent.mkdir(parents=True, exist_ok=True)
         os.replace(spare, self.file)
         total = len(self.header) + self.data_bytes
-        self._mm: mmap.mmap | None = None
+        self._mm = None
         with open(self.file, "r+b") as fh:
             if os.fstat(fh.fileno()).st_size != total:
                 fh.truncate(total)

@@ -148,9 +148,13 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     world.start(2, HWTUI_TEST_FAULT="hang:rank=2,bucket=3")
     plan, _ = models["v3"]
     env = _env(HWTUI_AGENT_TOKEN=world.token, XDG_CONFIG_HOME=str(world.tmp / "no-config"))
+    # Every rank's own waits are longer than this test waits for the push to end (--init-timeout
+    # 60 s to form the new world node 2's restart makes, --timeout 300 s per collective, --deadline
+    # 600 s): the survivors end because the pusher sees node 2's agent go and stops them (or
+    # because their transport breaks with node 2), never because a timeout ran out.
     push = subprocess.Popen(["ip", "netns", "exec", world.net.node_ns[0], sys.executable, "-m", "hwtui.app", "push",
-                             "--plan", str(plan), "--agents", world.agents(), "--json", "--timeout", "10",
-                             "--init-timeout", "20", "--deadline", "80"],
+                             "--plan", str(plan), "--agents", world.agents(), "--json", "--timeout", "300",
+                             "--init-timeout", "60", "--deadline", "600"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         # Wait for node 2's rank to be in the transfer (it hangs at bucket 3), then kill its agent.
@@ -160,12 +164,7 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
             time.sleep(0.05)
         assert staging.exists(), push.communicate(timeout=5)
         world.kill(2)
-        t_kill = time.monotonic()
-        out, err = push.communicate(timeout=90)
-        # Bounded by the push's --deadline (80 s). Usually far less, as the survivors are stopped at
-        # once (/v1/push/abort), but a survivor blocked in a gloo wait can sit out the process
-        # group's timeout first (seen: 77 s on a loaded 2-core CI box); the deadline is the promise.
-        assert time.monotonic() - t_kill < 80 + 5, (out, err)
+        out, err = push.communicate(timeout=45)  # a bound on the state, below every rank's own timeout
     finally:
         if push.poll() is None:
             os.killpg(push.pid, signal.SIGKILL)
@@ -174,20 +173,17 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     doc = json.loads(out)
     by = {n["node"]: n for n in doc["nodes"]}
     assert not doc["ok"] and by["node2"]["outcome"] == "died"
-    # The survivor is stopped (aborted), fails its collective, or, on a loaded box, times out in
-    # it first; whichever, it must not commit (below).
-    assert by["node1"]["outcome"] in ("aborted", "failed", "timed out")
+    # The survivors were stopped (aborted) or failed with node 2's transport; none timed out, and
+    # each names the node that went.
+    for survivor in ("node0", "node1"):
+        assert by[survivor]["outcome"] in ("aborted", "failed"), by[survivor]
+        assert "node2" in by[survivor]["note"], by[survivor]
     have, tensors = world.served(1)
     assert have == "v2"  # all or nothing: the survivor still serves the old version, byte for byte
     assert_bytes_equal(tensors, models["v2"][1])
     assert not (world.out(1) / "served" / "versions" / "v3").exists()
-    # A survivor that timed out in its collective removes its staging copy when the collective
-    # gives up (the process group's timeout), which can come after the push has answered: wait on it.
-    staging_v3 = world.out(1) / "served" / "staging" / "v3"
-    deadline = time.monotonic() + 90
-    while staging_v3.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not staging_v3.exists()
+    # The agent removes a stopped rank's staging copy before it reports the push ended.
+    assert not (world.out(1) / "served" / "staging" / "v3").exists()
 
     view = world.cli("agents", "--agents", world.agents(), "--json", timeout=60)
     assert view.returncode == 1

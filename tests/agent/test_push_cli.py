@@ -46,15 +46,16 @@ def test_a_push_into_agents_that_take_none_or_refuse_the_token(capsys, tmp_path,
 
 
 def test_a_plan_larger_than_an_agent_accepts_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
-    """The plan travels as its file's bytes in one bounded body; a larger one never leaves the pusher."""
+    """The plan travels as its file's bytes, bounded by what an agent takes as one plan; a larger
+    one never leaves the pusher."""
     pytest.importorskip("xxhash")
-    from hwtui.app.agent import server
+    from hwtui.engine.agent import resident
     from tests.engine.replication.helpers import make_model, write_plan
 
     make_model(tmp_path / "m", seed=1, big=1000, n=2)
     write_plan(tmp_path / "m", tmp_path / "p.plan", version="v1")
     monkeypatch.setenv("HWTUI_AGENT_TOKEN", TOKEN)
-    monkeypatch.setattr(server, "MAX_BODY", (tmp_path / "p.plan").stat().st_size)  # base64 makes it larger
+    monkeypatch.setattr(resident, "MAX_PLAN_BYTES", (tmp_path / "p.plan").stat().st_size - 1)
     agents = "127.0.0.1:1,127.0.0.1:2"  # never contacted: refused before any request
     _one_line_exit_2(capsys, ["push", "--plan", str(tmp_path / "p.plan"), "--agents", agents],
                      "larger than an agent accepts")

@@ -90,3 +90,94 @@ def test_only_the_coordinator_s_agent_validates_the_plan(node, plan_file):
     incoming, plan = node._receive_plan(base64.b64encode(raw).decode(), digest, validate=False)
     assert plan.digest == digest
     incoming.unlink()
+
+
+# ---------------------------------------------------------------------- uploaded plans (by digest)
+
+
+def _reader(raw: bytes, step: int = 4096):
+    pos = 0
+
+    def read(n: int) -> bytes:
+        nonlocal pos
+        chunk = raw[pos:pos + min(n, step)]
+        pos += len(chunk)
+        return chunk
+
+    return read
+
+
+def test_an_uploaded_plan_is_kept_by_digest_and_a_push_names_it(node, plan_file):
+    raw = plan_file.read_bytes()
+    digest = load_plan(plan_file).digest
+    doc = node.upload_plan({"digest": digest}, len(raw), _reader(raw))
+    assert doc["bytes"] == len(raw)
+    kept = node.out / "pushes" / f"upload-{digest}.plan"
+    assert kept.read_bytes() == raw
+    # A start that names it by digest takes a link of it (loaded and checked again); the upload stays.
+    incoming, plan = node._uploaded_plan(digest, validate=True)
+    assert plan.digest == digest and incoming.read_bytes() == raw and kept.exists()
+    incoming.unlink()
+
+
+def test_an_upload_that_is_not_its_digest_or_was_never_made_is_refused(node, plan_file):
+    raw = plan_file.read_bytes()
+    digest = load_plan(plan_file).digest
+    for body, want in ((raw[: len(raw) // 2], "digest mismatch"), (b"\x00" * 64, "not valid JSON")):
+        with pytest.raises(PushRefused) as info:
+            node.upload_plan({"digest": digest}, len(body), _reader(body))
+        assert info.value.status == 400 and want in str(info.value) and "\n" not in str(info.value)
+        assert list((node.out / "pushes").iterdir()) == []  # nothing kept
+    with pytest.raises(PushRefused) as info:
+        node.upload_plan({"digest": "../../etc"}, len(raw), _reader(raw))
+    assert info.value.status == 400 and "digest" in str(info.value)
+    body = _body(raw, digest)
+    del body["plan"]  # named by digest, but never uploaded here
+    assert "upload it first" in _refused(node, body)
+
+
+def test_older_uploads_are_evicted_beyond_the_few_kept(node, plan_file, tmp_path):
+    from hwtui.engine.agent.resident import KEEP_UPLOADS
+
+    digests = []
+    for seed in range(KEEP_UPLOADS + 2):
+        make_model(tmp_path / f"m{seed}", seed=10 + seed, big=200, n=2)
+        write_plan(tmp_path / f"m{seed}", tmp_path / f"p{seed}.plan", version=f"v{seed}", bucket_kib=4)
+        raw = (tmp_path / f"p{seed}.plan").read_bytes()
+        digests.append(load_plan(tmp_path / f"p{seed}.plan").digest)
+        node.upload_plan({"digest": digests[-1]}, len(raw), _reader(raw))
+    kept = sorted(p.name for p in (node.out / "pushes").glob("upload-*.plan"))
+    assert len(kept) == KEEP_UPLOADS and f"upload-{digests[-1]}.plan" in kept
+
+
+def test_the_pusher_reads_a_plan_s_facts_from_its_header_alone(plan_file, tmp_path):
+    from hwtui.app.commands.push import _plan_facts
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.replication.plan import write_json_atomic
+
+    full = load_plan(plan_file)
+    want = {"digest": full.digest, "model": full["model"], "version": full["version"], "total_bytes": full["total_bytes"]}
+    assert _plan_facts(plan_file.read_bytes(), "p") == want
+    v1 = tmp_path / "p1.json"  # an old hwtui.plan/1 JSON plan (its own v1 digest)
+    write_json_atomic(v1, full.to_v1())
+    old = load_plan(v1)
+    assert _plan_facts(v1.read_bytes(), "p1")["digest"] == old.digest
+    for junk in (b"", b"HWTPLAN2\xff\xff\xff\xff\xff\xff\xff\x7f{}", b'{"schema": "nope"}', b"\x00" * 40):
+        with pytest.raises(HwtuiError) as info:
+            _plan_facts(junk, "p")
+        assert "plan p" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_source_s_agent_validates_an_upload_before_any_rank_starts(node, plan_file):
+    good = load_plan(plan_file)
+    sections = good.sections()
+    sections["i_bucket"] = np.full_like(sections["i_bucket"], len(good.buckets) + 7)  # a bucket that does not exist
+    bad_path = plan_file.with_name("bad-upload.plan")
+    digest = plan_format.write(bad_path, _meta_for_file(good.meta), sections)
+    raw = bad_path.read_bytes()
+    with pytest.raises(PushRefused) as info:
+        node.upload_plan({"digest": digest, "validate": "1"}, len(raw), _reader(raw))
+    assert info.value.status == 400 and "bucket" in str(info.value)
+    assert list((node.out / "pushes").iterdir()) == []
+    # A receiver's agent checks the digest only (its rank compares digests with rank 0's).
+    assert node.upload_plan({"digest": digest}, len(raw), _reader(raw))["bytes"] == len(raw)
