@@ -164,11 +164,14 @@ class Worker:
     def train_chunk(self, chunk_id: int) -> dict[str, Any]:
         from hwtui.engine.training.data import chunk_batch
 
+        # The batch is cut inside the timed span: it is this device's work too (the idle share of a
+        # round must not count it as waiting).
+        since = self._clock()
+        t0 = since[0]
+        start = time.monotonic()
         self.model.train()
         x, y = (t.to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
-        since = self._clock()
-        t0 = since[0]
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
             loss = self.model.loss(x, y)
@@ -185,7 +188,10 @@ class Worker:
         if not math.isfinite(value):
             raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
-        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
+        # start/end on the system-wide monotonic clock the coordinator reads too: it places the
+        # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
+        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0,
+                "start": start, "end": time.monotonic()}
 
     def evaluate(self) -> float:
         import torch
