@@ -119,16 +119,21 @@ def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> Non
     knob_solo: list[float] = []
     solos: dict[str, list[float]] = {"fast": [], "slow": []}
     for i in range(args.repeats):
+        # Odd repeats run the pairs first, then the solos: a load that rises (or falls) through the
+        # invocation then favours the pair in one repeat and the solos in the next, not always the same.
+        pairs = {balance: train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}", eval_every=10 ** 6)
+                 for balance in (balances if i % 2 else [])}
         fast = train(tmp, "cpu:0", s, b, m, eval_every=10 ** 6)
         slow = train(tmp, "cpu:0", slow_steps, b, m, slowdown=f"0:{f}", eval_every=10 ** 6)
         solos["fast"].append(fast["samples_per_s"])
         solos["slow"].append(slow["samples_per_s"])
         knob_solo.append(seconds_per_batch(slow, 0) / seconds_per_batch(fast, 0))
         ideal = fast["samples_per_s"] + slow["samples_per_s"]
-        line = [f"repeat {i + 1}: solo fast {fast['samples_per_s']:.1f}/s, solo slow {slow['samples_per_s']:.1f}/s "
-                f"(one after the other)"]
+        line = [f"repeat {i + 1} (load {os.getloadavg()[0]:.1f}): solo fast {fast['samples_per_s']:.1f}/s, solo slow "
+                f"{slow['samples_per_s']:.1f}/s (one after the other, {'after' if i % 2 else 'before'} the pair)"]
         for balance in balances:
-            rep = train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}", eval_every=10 ** 6)
+            rep = pairs.get(balance) or train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}",
+                                              eval_every=10 ** 6)
             rate = rep["samples_per_s"]
             per[balance]["eff"].append(rate / ideal)
             # Immune to load drift between runs: the pair against its own workers' training rates.
