@@ -106,7 +106,7 @@ def test_resume_refuses_changed_hyperparameters_unless_overridden(tmp_path):
     with pytest.raises(TrainingError, match=r"lr 0.003 -> 0.01.*--override lr"):
         resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, lr=0.01, merge="outer-nesterov"))
     with pytest.raises(TrainingError, match=r"merge 'outer-nesterov' -> 'average'"):
-        resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True))
+        resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, merge="average"))
     point = resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, lr=0.01, merge="outer-nesterov",
                                     overrides=frozenset({"lr"})))
     assert (point.step, point.round, point.next_chunk, point.samples) == (20, 2, 40, 640)
