@@ -141,6 +141,11 @@ def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoin
         lo, hi = rnd["chunks"]
         assert sorted(c for cs in rnd["assignment"].values() for c in cs) == list(range(lo, hi + 1))
         assert set(rnd["idle"]) == {"0", "1"} and all(0 <= v <= 1 for v in rnd["idle"].values())
+        # where the idle went adds up to it: before the first chunk + between chunks + after the last
+        for r, parts in rnd["idle_parts"].items():
+            assert all(v >= 0 for v in parts.values())
+            assert sum(parts.values()) == pytest.approx(rnd["idle"][r] * rnd["seconds"], abs=0.002 + 1e-4 * rnd["seconds"])
+        assert rnd["merge_seconds"] >= 0
     path, doc = checkpoint.latest(stop_resume["ckpt"])
     assert doc["step"] == 60 and doc["resumed_from"]["step"] == a_last["step"]
     assert {w["vendor"] for w in doc["workers"]} == {"CPU"} and all(w["samples"] > 0 for w in doc["workers"])
