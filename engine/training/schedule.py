@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from hwtui.engine.training.workers import WorkerState
 
+DECIDE_WITHIN = 0.1  # seconds of work left under which a worker's prefetch at the end of a round is decided
 RECENT_CHUNKS = 9  # chunk times a speed estimate looks at (spans rounds: a new round starts informed)
 
 
@@ -66,7 +67,12 @@ def tail_defer(w: WorkerState, alive: Sequence[WorkerState], pending: int, now: 
     this rule bounds the larger idle by about half a slow chunk plus half a fast one.
 
     Early in a round (the others could not finish the pending chunks before ``w`` finishes its
-    own anyway) a claim is always granted, without the simulation."""
+    own anyway) a claim is always granted, without the simulation. Near the end, a prefetch (a
+    claim made while ``w`` still trains) waits until ``w`` has at most :data:`DECIDE_WITHIN`
+    seconds left: granted at once, a slow device's prefetch commits two of its chunks on estimates
+    made that far ahead, and one stretched chunk then keeps the others waiting at the merge (the
+    benchmark's worst rounds). A held-back claim is decided again at every turn of the
+    coordinator's loop (at least every 50 ms), so the answer still arrives before it is needed."""
     if w.chunk_time is None or pending == 0:
         return False
     others = [x for x in alive if x is not w and x.chunk_time is not None]
@@ -77,6 +83,8 @@ def tail_defer(w: WorkerState, alive: Sequence[WorkerState], pending: int, now: 
     rate = sum(1.0 / max(1e-9, x.chunk_time or 0.0) for x in others)
     if min(busy_left(x, now) for x in others) + (pending - 1) / rate > mine + max(x.chunk_time or 0.0 for x in others):
         return False  # the others are still busy well after w's chunk: nothing to balance yet
+    if mine_busy > DECIDE_WITHIN:
+        return True  # a prefetch near the end: decided when w's current chunk is nearly done (see above)
     idle_if_defer = others_finish(others, pending, now) - mine_busy
     idle_if_grant = abs(mine - others_finish(others, pending - 1, now))
     return idle_if_defer < idle_if_grant

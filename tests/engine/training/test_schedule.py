@@ -79,7 +79,16 @@ def test_a_slow_claim_at_the_very_end_waits_for_the_fast_worker():
     # one chunk left: the fast worker would finish it at 1.5 (the slow one waits 1.5); granted, the
     # slow one would end at 3.0 and the fast one wait 2.5
     assert tail_defer(slow, [fast, slow], pending=1, now=0.0)
-    assert not tail_defer(fast, [fast, slow], pending=1, now=0.0)
+    assert not tail_defer(fast, [fast, slow], pending=1, now=0.45)  # its current chunk nearly done: it takes it
+
+
+def test_a_prefetch_near_the_end_is_decided_only_when_its_current_chunk_is_nearly_done():
+    fast = worker(0, 1.0, held=2, started_at=0.0)  # 2.0 s of work in hand
+    slow = worker(1, 3.0, held=1, started_at=0.0)  # just started a 3 s chunk, asks for the next one
+    assert tail_defer(slow, [fast, slow], pending=3, now=0.0)  # 3 s left: not decided yet
+    # 0.05 s left: decided on the merits -- granted, the others wait 0.05 s (held back, it would wait 1.95 s)
+    assert not tail_defer(slow, [fast, slow], pending=3, now=2.95)
+    assert not tail_defer(slow, [fast, slow], pending=30, now=0.0)  # early in the round: granted at once
 
 
 def test_speed_estimate_ignores_one_stretched_chunk_and_follows_a_real_change():
