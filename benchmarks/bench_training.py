@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def train(tmp: str, gpu_ids: str, steps: int, batch: int, merge_every: int, *, balance: str = "dynamic",
-          merge: str = "average", slowdown: str = "", eval_every: int | None = None, checkpoint: bool = False) -> dict:
+          merge: str = "average", slowdown: str = "", eval_every: int | None = None, checkpoint: bool = False,
+          seed: int = 0, outer: tuple[float, float] | None = None) -> dict:
     """One ``hwtui train`` run to completion; its report (plus wall seconds and checkpoint dir)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     env = dict(os.environ)
@@ -57,7 +58,9 @@ def train(tmp: str, gpu_ids: str, steps: int, batch: int, merge_every: int, *, b
         env["HWTUI_TEST_SLOWDOWN"] = slowdown
     cmd = [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", gpu_ids, "--balance", balance, "--merge", merge,
            "--steps", str(steps), "--batch-size", str(batch), "--merge-every", str(merge_every),
-           "--report", str(out / "report.json")]
+           "--report", str(out / "report.json"), "--seed", str(seed)]
+    if outer is not None:
+        cmd += ["--outer-lr", str(outer[0]), "--outer-momentum", str(outer[1])]
     if eval_every is not None:
         cmd += ["--eval-every", str(eval_every)]
     if checkpoint:
@@ -85,39 +88,62 @@ def seconds_per_batch(rep: dict, rank: int) -> float:
     return rep["config"]["batch_size"] / rep["workers"][rank]["busy_samples_per_s"]
 
 
-def max_idle(rep: dict) -> float:
-    """The largest idle share of any worker in any round but the first (start-up warms kernels)."""
+def round_idles(rep: dict) -> list[float]:
+    """Each round's largest idle share of any worker, every round but the first (start-up warms kernels)."""
     rounds = rep["rounds"][1:] or rep["rounds"]
-    return max((v for r in rounds for v in r.get("idle", {}).values()), default=0.0)
+    return [max(r.get("idle", {}).values(), default=0.0) for r in rounds]
+
+
+def max_idle(rep: dict) -> float:
+    return max(round_idles(rep), default=0.0)
+
+
+def worst_round(rep: dict) -> str:
+    """Where the worst round's idle went, per worker: seconds before its first chunk / between
+    chunks / after its last (waiting at the merge), of the round's seconds."""
+    rounds = rep["rounds"][1:] or rep["rounds"]
+    r = max(rounds, key=lambda x: max(x.get("idle", {}).values(), default=0.0))
+    parts = r.get("idle_parts", {})
+    return (f"round {r['round']} ({r['seconds']:.2f}s, chunks {r['done_by']}): "
+            + "; ".join(f"worker {k} idle {r['idle'][k]:.1%} = {p['before']:.3f}s before + {p['between']:.3f}s between "
+                        f"+ {p['after']:.3f}s after" for k, p in sorted(parts.items())))
 
 
 def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
     s, b, m, f = args.steps, args.batch_size, args.merge_every, args.factor
     slow_steps = max(m, math.ceil(s / f / m) * m)  # whole rounds, about as long in time as the fast solo
     balances = [x for x in args.balances.split(",") if x]
-    per: dict[str, dict[str, list[float]]] = {x: {"eff": [], "in_run": [], "idle": [], "knob": [], "rate": []}
+    per: dict[str, dict[str, list[float]]] = {x: {"eff": [], "in_run": [], "idle": [], "idle_rounds": [], "knob": [],
+                                                  "rate": []}
                                               for x in balances}
     knob_solo: list[float] = []
     solos: dict[str, list[float]] = {"fast": [], "slow": []}
     for i in range(args.repeats):
+        # Odd repeats run the pairs first, then the solos: a load that rises (or falls) through the
+        # invocation then favours the pair in one repeat and the solos in the next, not always the same.
+        pairs = {balance: train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}", eval_every=10 ** 6)
+                 for balance in (balances if i % 2 else [])}
         fast = train(tmp, "cpu:0", s, b, m, eval_every=10 ** 6)
         slow = train(tmp, "cpu:0", slow_steps, b, m, slowdown=f"0:{f}", eval_every=10 ** 6)
         solos["fast"].append(fast["samples_per_s"])
         solos["slow"].append(slow["samples_per_s"])
         knob_solo.append(seconds_per_batch(slow, 0) / seconds_per_batch(fast, 0))
         ideal = fast["samples_per_s"] + slow["samples_per_s"]
-        line = [f"repeat {i + 1}: solo fast {fast['samples_per_s']:.1f}/s, solo slow {slow['samples_per_s']:.1f}/s "
-                f"(one after the other)"]
+        line = [f"repeat {i + 1} (load {os.getloadavg()[0]:.1f}): solo fast {fast['samples_per_s']:.1f}/s, solo slow "
+                f"{slow['samples_per_s']:.1f}/s (one after the other, {'after' if i % 2 else 'before'} the pair)"]
         for balance in balances:
-            rep = train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}", eval_every=10 ** 6)
+            rep = pairs.get(balance) or train(tmp, "cpu:0,cpu:1", s, b, m, balance=balance, slowdown=f"1:{f}",
+                                              eval_every=10 ** 6)
             rate = rep["samples_per_s"]
             per[balance]["eff"].append(rate / ideal)
             # Immune to load drift between runs: the pair against its own workers' training rates.
             per[balance]["in_run"].append(rate / sum(w["busy_samples_per_s"] for w in rep["workers"]))
             per[balance]["idle"].append(max_idle(rep))
+            per[balance]["idle_rounds"].extend(round_idles(rep))
             per[balance]["knob"].append(seconds_per_batch(rep, 1) / seconds_per_batch(rep, 0))
             per[balance]["rate"].append(rate)
-            line.append(f"{balance} {rate:.1f}/s = {rate / ideal:.3f}")
+            line.append(f"{balance} {rate:.1f}/s = {rate / ideal:.3f}, max idle {max_idle(rep):.1%} in "
+                        f"{worst_round(rep)}")
         print("; ".join(line), flush=True)
     med = statistics.median
     figures["efficiency"] = {"factor": f, "solo_fast_samples_per_s": solos["fast"], "solo_slow_samples_per_s": solos["slow"],
@@ -128,38 +154,81 @@ def efficiency_section(tmp: str, args: argparse.Namespace, figures: dict) -> Non
         e = per[balance]
         figures["efficiency"][balance] = {"efficiency": round(med(e["eff"]), 4), "runs": [round(x, 4) for x in e["eff"]],
                                           "efficiency_in_run": round(med(e["in_run"]), 4),
-                                          "max_idle_share": round(med(e["idle"]), 4), "knob_ratio": round(med(e["knob"]), 3),
+                                          "max_idle_share": round(med(e["idle"]), 4),
+                                          "max_idle_share_runs": [round(x, 4) for x in e["idle"]],
+                                          "round_max_idle_median": round(med(e["idle_rounds"]), 4),
+                                          "rounds_over_10pct": sum(x > 0.10 for x in e["idle_rounds"]),
+                                          "rounds": len(e["idle_rounds"]), "knob_ratio": round(med(e["knob"]), 3),
                                           "samples_per_s": e["rate"]}
         print(f"{balance:8s}: efficiency (solo) {med(e['eff']):.3f} [runs {', '.join(f'{x:.3f}' for x in e['eff'])}]; "
-              f"in-run {med(e['in_run']):.3f}; max idle share of a round {med(e['idle']):.1%} (target <= 10%)")
+              f"in-run {med(e['in_run']):.3f}; max idle share of a round {med(e['idle']):.1%} "
+              f"[runs {', '.join(f'{x:.1%}' for x in e['idle'])}] (target <= 10%); a round's largest idle: median "
+              f"{med(e['idle_rounds']):.1%}, {sum(x > 0.10 for x in e['idle_rounds'])} of {len(e['idle_rounds'])} rounds "
+              f"over 10% (uptime {os.getloadavg()[0]:.1f})")
+
+
+def parse_outer(text: str) -> list[tuple[float, float]]:
+    """``0.7:0.9,1.0:0.5`` -> [(0.7, 0.9), (1.0, 0.5)] (outer lr : outer momentum)."""
+    out = []
+    for part in filter(None, text.split(",")):
+        lr, _, mom = part.partition(":")
+        out.append((float(lr), float(mom)))
+    return out
 
 
 def loss_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
+    """Held-out loss at equal samples, paired by seed: every variant trains the same chunks.
+
+    Two workers of equal speed with ``--balance equal`` (chunks dealt round-robin from the seed),
+    so two runs of one seed differ only in the merge rule, and the comparison of the merge rules
+    is paired per seed (its median difference is what decides a default), not blurred by which
+    worker happened to train which chunk."""
     s, b, m = args.steps, args.batch_size, args.merge_every
     ev = 10 ** 6  # no evaluation inside training: the held-out loss comes from hwtui eval on the checkpoint
-    runs = {
-        "sync": train(tmp, "cpu:0", s, 2 * b, m, eval_every=ev, checkpoint=True),
-        "average": train(tmp, "cpu:0,cpu:1", s, b, m, merge="average", eval_every=ev, checkpoint=True),
-        "outer-nesterov": train(tmp, "cpu:0,cpu:1", s, b, m, merge="outer-nesterov", eval_every=ev, checkpoint=True),
-        "one worker, 2N": train(tmp, "cpu:0", 2 * s, b, m, eval_every=ev, checkpoint=True),
-    }
-    losses = {k: heldout(r["checkpoint_dir"]) for k, r in runs.items()}
-    n = runs["sync"]["samples"]
-    figures["loss"] = {k: {"heldout_loss": round(losses[k], 4), "samples": r["samples"], "train_seconds": r["train_seconds"]}
-                       for k, r in runs.items()}
-    print(f"held-out loss (whole held-out set) at N = {n:,} samples: "
-          + ", ".join(f"{k} {losses[k]:.4f}" for k in ("sync", "average", "outer-nesterov")))
-    for k in ("average", "outer-nesterov"):
-        gap = losses[k] / losses["sync"] - 1
-        print(f"  {k:15s}: {gap:+.2%} vs sync (target within 2%); {runs[k]['train_seconds']:.1f}s training")
-    one = runs["one worker, 2N"]
-    # "2N": each of the two workers trains N = S x B samples, 2N in all; one worker reaches 2N alone
-    # in 2S steps of batch B. The target: two workers reach its loss in <= 0.6x its wall time.
-    print(f"one worker alone to 2N = {one['samples']:,} samples (2S steps of batch B): {losses['one worker, 2N']:.4f} "
-          f"in {one['train_seconds']:.1f}s; two workers at the same samples: "
-          + ", ".join(f"{k} {losses[k]:.4f} ({losses[k] - losses['one worker, 2N']:+.4f}) in "
-                      f"{runs[k]['train_seconds'] / one['train_seconds']:.2f}x its time" for k in ("average", "outer-nesterov"))
-          + " (target: its loss in <= 0.6x its time)")
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    variants: dict[str, dict] = {"sync": {"gpu_ids": "cpu:0", "batch": 2 * b},
+                                 "average": {"gpu_ids": "cpu:0,cpu:1", "batch": b, "merge": "average"}}
+    for lr, mom in parse_outer(args.outer):
+        variants[f"outer {lr:g}/{mom:g}"] = {"gpu_ids": "cpu:0,cpu:1", "batch": b, "merge": "outer-nesterov",
+                                             "outer": (lr, mom)}
+    losses: dict[str, list[float]] = {k: [] for k in variants}
+    seconds: dict[str, list[float]] = {k: [] for k in variants}
+    samples = 0
+    for seed in seeds:
+        for name, v in variants.items():
+            rep = train(tmp, v["gpu_ids"], s, v["batch"], m, balance="equal", merge=v.get("merge", "average"),
+                        eval_every=ev, checkpoint=True, seed=seed, outer=v.get("outer"))
+            losses[name].append(heldout(rep["checkpoint_dir"]))
+            seconds[name].append(rep["train_seconds"])
+            samples = rep["samples"]
+        print(f"seed {seed}: " + ", ".join(f"{k} {losses[k][-1]:.4f}" for k in variants), flush=True)
+    med = statistics.median
+    figures["loss"] = {"seeds": seeds, "samples": samples,
+                       "variants": {k: {"heldout_loss": [round(x, 4) for x in losses[k]], "median": round(med(losses[k]), 4),
+                                        "train_seconds": seconds[k]} for k in variants}}
+    print(f"held-out loss (whole held-out set) at N = {samples:,} samples, median of {len(seeds)} seed(s) "
+          f"(uptime {os.getloadavg()[0]:.1f}):")
+    for k in variants:
+        gaps = [a / b - 1 for a, b in zip(losses[k], losses["sync"], strict=True)]  # paired by seed too
+        figures["loss"]["variants"][k]["gap_vs_sync_median"] = round(med(gaps), 5)
+        line = (f"  {k:18s} {med(losses[k]):.4f}  vs sync, paired by seed: median {med(gaps):+.2%} "
+                f"[{', '.join(f'{g:+.2%}' for g in gaps)}] (target within 2%)")
+        if k not in ("sync", "average"):
+            diffs = [a - b for a, b in zip(losses[k], losses["average"], strict=True)]
+            wins = sum(d < 0 for d in diffs)
+            line += f"; vs average, paired by seed: median {med(diffs):+.4f}, better in {wins}/{len(diffs)}"
+        print(line)
+    if args.two_n:
+        one = train(tmp, "cpu:0", 2 * s, b, m, eval_every=ev, checkpoint=True, seed=seeds[0])
+        two = train(tmp, "cpu:0,cpu:1", s, b, m, eval_every=ev, checkpoint=True, seed=seeds[0])
+        l_one, l_two = heldout(one["checkpoint_dir"]), heldout(two["checkpoint_dir"])
+        figures["loss"]["one_worker_2n"] = {"heldout_loss": round(l_one, 4), "train_seconds": one["train_seconds"],
+                                            "two_workers_loss": round(l_two, 4), "two_workers_seconds": two["train_seconds"]}
+        # "2N": each of the two workers trains N = S x B samples, 2N in all; one worker reaches 2N alone
+        # in 2S steps of batch B. The target: two workers reach its loss in <= 0.6x its wall time.
+        print(f"one worker alone to 2N = {one['samples']:,} samples (2S steps of batch B): {l_one:.4f} in "
+              f"{one['train_seconds']:.1f}s; two workers (dynamic, default merge): {l_two:.4f} ({l_two - l_one:+.4f}) in "
+              f"{two['train_seconds'] / one['train_seconds']:.2f}x its time (target: its loss in <= 0.6x its time)")
 
 
 def main() -> int:
@@ -171,6 +240,10 @@ def main() -> int:
     ap.add_argument("--balances", default="dynamic", help="pair runs to measure (default dynamic; add equal,static)")
     ap.add_argument("--repeats", type=int, default=1, help="efficiency repeats; medians reported (default 1)")
     ap.add_argument("--loss", action="store_true", help="also measure held-out loss at equal samples (sync/average/outer)")
+    ap.add_argument("--seeds", default="0", help="with --loss: seeds to run every variant with (default 0; medians)")
+    ap.add_argument("--outer", default="0.7:0.9", metavar="LR:MOM[,...]",
+                    help="with --loss: outer-nesterov settings to compare with average (default 0.7:0.9)")
+    ap.add_argument("--two-n", action="store_true", help="with --loss: also one worker at 2N samples and its wall time")
     ap.add_argument("--no-efficiency", action="store_true", help="skip the efficiency section")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args()

@@ -40,13 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--eval-every", type=int, default=5, metavar="ROUNDS",
                      help="rounds between held-out evaluations of the workers' and the merged model "
                           "(default 5; the last round is always evaluated; evaluation costs training time)")
-    run.add_argument("--merge", choices=("average", "outer-nesterov"), default="average",
-                     help="how copies are merged each round: average = sample-weighted mean of the weights "
-                          "(default); outer-nesterov = DiLoCo's outer SGD step with Nesterov momentum on the "
-                          "sample-weighted mean of the workers' deltas")
+    run.add_argument("--merge", choices=("outer-nesterov", "average"), default="outer-nesterov",
+                     help="how copies are merged each round: outer-nesterov (default) = DiLoCo's outer SGD step "
+                          "with Nesterov momentum on the sample-weighted mean of the workers' deltas; average = "
+                          "sample-weighted mean of the weights")
     run.add_argument("--outer-lr", type=finite_float, default=0.7, help="outer learning rate for outer-nesterov (default 0.7)")
-    run.add_argument("--outer-momentum", type=finite_float, default=0.9,
-                     help="outer Nesterov momentum, in [0, 1) (default 0.9)")
+    run.add_argument("--outer-momentum", type=finite_float, default=0.5,
+                     help="outer Nesterov momentum, in [0, 1) (default 0.5; DiLoCo's 0.9 suits hundreds of inner "
+                          "steps per round, not tens: see docs/training.md)")
     run.add_argument("--eval-windows", type=int, default=256, metavar="N",
                      help="held-out windows per evaluation during training (default 256; `hwtui eval` measures more)")
     run.add_argument("--balance", choices=("dynamic", "equal", "static"), default="dynamic",

@@ -19,7 +19,7 @@ outer optimizer step is taken on the averaged deltas (DiLoCo). Module map:
 * ``channel``    the worker's end of its pipes (JSON lines with a ``kind``; never pickle)
 * ``worker``     the worker process (``python -m hwtui.engine.training.worker``)
 * ``workers``    a worker process as the coordinator sees it, started via hwtui.core.supervisor
-* ``schedule``   pure scheduling decisions (end-of-round deferral, evaluation rounds, idle shares)
+* ``schedule``   pure scheduling decisions (end-of-round deferral, speed estimates, evaluation rounds, idle)
 * ``launcher``   the coordinator: phases, rounds, recovery
 * ``evaluate``   held-out loss and text generation from a checkpoint (``hwtui eval`` / ``sample``)
 * ``events`` / ``report``  the telemetry contract and the ``--report`` document

@@ -2,8 +2,10 @@
 
 ``HWTUI_TEST_SLOWDOWN=RANK:FACTOR[,RANK:FACTOR]``
     Make worker RANK take FACTOR times as long per batch and per held-out evaluation (it sleeps
-    ``(FACTOR-1) x`` the wall time of each, waits for a busy core included, so beside a fast
-    worker that waits the same it is FACTOR times slower; calibration reports FACTOR times less).
+    ``(FACTOR-1) x`` the wall time of each -- for batches the mean of its last 9, so one batch
+    that waited for a busy core is not stretched FACTOR times -- waits for a busy core included,
+    so beside a fast worker that waits the same it is FACTOR times slower; calibration reports
+    FACTOR times less).
     The balancing benchmark uses it to build unequal workers on a CPU-only machine and prints
     the slow/fast ratio it actually got; sleeping rather than spinning keeps the core free.
 

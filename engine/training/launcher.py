@@ -52,7 +52,14 @@ from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfi
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
 from hwtui.engine.training.queue import ChunkQueue
-from hwtui.engine.training.schedule import idle_shares, is_eval_round, tail_defer
+from hwtui.engine.training.schedule import (
+    RECENT_CHUNKS,
+    chunk_estimate,
+    idle_parts,
+    idle_shares,
+    is_eval_round,
+    tail_defer,
+)
 from hwtui.engine.training.workers import WorkerState, start_worker
 
 __all__ = ["Coordinator", "Phase", "TrainConfig", "TrainingError", "is_eval_round"]
@@ -101,6 +108,7 @@ class Coordinator:
         self.t_done = 0.0
         self.merge_gen = -1
         self.round_wall = 0.0
+        self.merge_started = 0.0
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -238,7 +246,13 @@ class Coordinator:
         w.chunks_done += 1
         w.busy_seconds += done["seconds"]
         w.round_busy += done["seconds"]
-        w.chunk_time = done["seconds"] if w.chunk_time is None else 0.7 * w.chunk_time + 0.3 * done["seconds"]
+        now = time.monotonic()
+        w.round_first = done.get("start", now) if w.round_first is None else w.round_first
+        w.round_last = done.get("end", now)
+        w.recent.append(done["seconds"])
+        if len(w.recent) > RECENT_CHUNKS:
+            w.recent.popleft()
+        w.chunk_time = chunk_estimate(w.recent)
         w.losses.append(done["loss"])
         if time.monotonic() - w.last_emit >= self.cfg.telemetry_interval:
             self._emit_worker(w)
@@ -336,7 +350,7 @@ class Coordinator:
         self.reduced_losses = {}
         self.round_started = time.monotonic()
         for w in self.workers:
-            w.round_busy = 0.0
+            w.round_busy, w.round_first, w.round_last = 0.0, None, None
 
     def _advance(self) -> None:
         if self.phase is Phase.STARTING:
@@ -383,7 +397,8 @@ class Coordinator:
 
     def _begin_merge(self, alive: list[WorkerState]) -> None:
         self.phase, self.merge_gen = Phase.MERGING, self.gen
-        self.round_wall = time.monotonic() - self.round_started
+        self.merge_started = time.monotonic()
+        self.round_wall = self.merge_started - self.round_started
         done_by = self.queue.done_by()
         self.reduced_losses = {}
         evaluate = is_eval_round(self.round, self.step + self.round_steps >= self.cfg.steps, self.cfg.eval_every)
@@ -402,7 +417,9 @@ class Coordinator:
             "step": self.step, "gen": self.gen, "samples": total, "replayed": self.replaying,
             "shares": [round(done_by.get(w.rank, 0) * cfg.batch_size / total, 6) if total else 0.0 for w in self.workers],
             "seconds": round(self.round_wall, 4),
+            "merge_seconds": round(time.monotonic() - self.merge_started, 4),  # the all-reduce, up to the commit
             "idle": idle_shares({w.rank: w.round_busy for w in alive}, self.round_wall),
+            "idle_parts": idle_parts(alive, self.round_started, self.round_started + self.round_wall),
             "loss_workers_mean": (sum(self.reduced_losses.values()) / len(self.reduced_losses)) if self.reduced_losses else None,
             "loss_workers": {str(r): v for r, v in sorted(self.reduced_losses.items())},
             "loss_merged": None, "t": round(time.monotonic() - self.t0, 3),

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from typing import Any
 
 from hwtui.engine.training import knobs
@@ -75,6 +76,7 @@ class Worker:
         self.reply_timeout = float(cfg.reply_timeout)
         self.outer: Any = None  # merge.OuterNesterov with --merge outer-nesterov
         self.slowdown = knobs.slowdown(self.rank)
+        self._walls: deque[float] = deque(maxlen=9)  # the slowdown knob's recent batch wall times
         self.faults = knobs.faults(self.rank)
         self.chunks_trained = 0
         self.group_rank: int | None = None
@@ -150,25 +152,39 @@ class Worker:
     def _clock(self) -> tuple[float, float]:
         return time.perf_counter(), time.thread_time()
 
-    def _slow_down(self, since: tuple[float, float]) -> None:
+    def _slow_down(self, since: tuple[float, float], smooth: bool = False) -> None:
         """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
         takes ``slowdown`` times its wall time, like a slower device would.
 
         Wall time, not this thread's CPU time: on a shared machine a batch's wall time includes
         waiting for a core, which a faster device beside it waits for too; scaling only the CPU
         time made a "3x" worker 1.47x slower than its fast peer at load 11 on 2 cores (benchmark,
-        issue 18). The benchmark prints the ratio it actually got either way."""
-        if self.slowdown > 1:
-            time.sleep((time.perf_counter() - since[0]) * (self.slowdown - 1))
+        issue 18). The benchmark prints the ratio it actually got either way.
+
+        Batches (``smooth``) sleep in proportion to the mean wall time of this worker's last
+        batches, not of this one: a slower device takes longer to compute, but a moment the host
+        took its core away costs it the same as anyone else. Scaling each batch's own wall time
+        turned every 50 ms the core was taken into 150 ms for a "3x" worker -- three times the
+        jitter of its fast peer, which is what made the fast one wait at the merges."""
+        if self.slowdown <= 1:
+            return
+        wall = time.perf_counter() - since[0]
+        if smooth:
+            self._walls.append(wall)
+            wall = sum(self._walls) / len(self._walls)
+        time.sleep(wall * (self.slowdown - 1))
 
     def train_chunk(self, chunk_id: int) -> dict[str, Any]:
         from hwtui.engine.training.data import chunk_batch
 
+        # The batch is cut inside the timed span: it is this device's work too (the idle share of a
+        # round must not count it as waiting).
+        since = self._clock()
+        t0 = since[0]
+        start = time.monotonic()
         self.model.train()
         x, y = (t.to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
-        since = self._clock()
-        t0 = since[0]
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
             loss = self.model.loss(x, y)
@@ -180,12 +196,15 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        self._slow_down(since)
+        self._slow_down(since, smooth=True)
         self.chunks_trained += 1
         if not math.isfinite(value):
             raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
-        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0}
+        # start/end on the system-wide monotonic clock the coordinator reads too: it places the
+        # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
+        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0,
+                "start": start, "end": time.monotonic()}
 
     def evaluate(self) -> float:
         import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,8 @@ class WorkerState:
     chunks_done: int = 0
     busy_seconds: float = 0.0
     round_busy: float = 0.0  # seconds spent training chunks in the current round
+    round_first: float | None = None  # when its first chunk of the round began (monotonic clock)
+    round_last: float | None = None  # when its last chunk of the round ended
     losses: list[float] = field(default_factory=list)
     mem_used: int | None = None
     mem_total: int | None = None
@@ -41,7 +44,8 @@ class WorkerState:
     requeued: int = 0
     samples_discarded: int = 0
     last_emit: float = 0.0
-    chunk_time: float | None = None  # moving average of its seconds per chunk
+    chunk_time: float | None = None  # its seconds per chunk (schedule.chunk_estimate of ``recent``)
+    recent: deque[float] = field(default_factory=deque)  # its last chunk times, newest last
     started_at: float = 0.0  # when the first chunk of ``held`` began (grant if idle, else the previous done)
 
     @property

@@ -106,7 +106,7 @@ def test_resume_refuses_changed_hyperparameters_unless_overridden(tmp_path):
     with pytest.raises(TrainingError, match=r"lr 0.003 -> 0.01.*--override lr"):
         resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, lr=0.01, merge="outer-nesterov"))
     with pytest.raises(TrainingError, match=r"merge 'outer-nesterov' -> 'average'"):
-        resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True))
+        resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, merge="average"))
     point = resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, lr=0.01, merge="outer-nesterov",
                                     overrides=frozenset({"lr"})))
     assert (point.step, point.round, point.next_chunk, point.samples) == (20, 2, 40, 640)
@@ -166,3 +166,17 @@ def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hy
     # --resume with another --lr is refused before any worker starts, and says how to allow it.
     c = _train(tmp_path, "a", "--resume", "--steps", "15", "--lr", "0.01")
     assert c.returncode == 2 and c.stderr.count("\n") == 1 and "--override lr" in c.stderr, c.stderr
+
+
+def test_cli_and_engine_agree_on_the_default_merge():
+    import argparse
+
+    from hwtui.app.commands.train import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    cfg = TrainConfig(devices=())
+    # outer-nesterov 0.7 / 0.5: the setting measured to beat averaging (docs/training.md, Measured)
+    assert (args.merge, args.outer_lr, args.outer_momentum) == (cfg.merge, cfg.outer_lr, cfg.outer_momentum) \
+        == ("outer-nesterov", 0.7, 0.5)

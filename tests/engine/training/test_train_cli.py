@@ -24,6 +24,7 @@ from tests import machines
 REPO = Path(__file__).resolve().parents[3]
 BATCH = 8
 COMMON = ["--batch-size", str(BATCH), "--merge-every", "10", "--heartbeat-timeout", "10", "--group-timeout", "30"]
+AVERAGE = [*COMMON, "--merge", "average"]
 
 
 def hwtui(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -63,7 +64,9 @@ def stop_resume(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     ckpt = tmp / "ckpt"
     # --eval-every 1: every merge round reports held-out losses (the tests below compare them all).
-    a = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
+    # --merge average: "the merged model beats the workers' mean" is a property of averaging; the
+    # default outer step moves past the average on purpose and may overshoot in a round.
+    a = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *AVERAGE, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
               "--events", "-", "--report", str(tmp / "a.json"))
     lines, ckpts = [], 0
     deadline = time.monotonic() + 150
@@ -84,7 +87,7 @@ def stop_resume(tmp_path_factory):
 
     found = checkpoint.latest(ckpt)
     a_latest = found[1] if found else None
-    b = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *COMMON, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
+    b = hwtui("train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "60", *AVERAGE, "--eval-every", "1", "--checkpoint-dir", str(ckpt),
               "--resume",
               "--events", str(tmp / "b.jsonl"), "--report", str(tmp / "b.json"))
     b_out, b_err = b.communicate(timeout=150)
@@ -141,6 +144,11 @@ def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoin
         lo, hi = rnd["chunks"]
         assert sorted(c for cs in rnd["assignment"].values() for c in cs) == list(range(lo, hi + 1))
         assert set(rnd["idle"]) == {"0", "1"} and all(0 <= v <= 1 for v in rnd["idle"].values())
+        # where the idle went adds up to it: before the first chunk + between chunks + after the last
+        for r, parts in rnd["idle_parts"].items():
+            assert all(v >= 0 for v in parts.values())
+            assert sum(parts.values()) == pytest.approx(rnd["idle"][r] * rnd["seconds"], abs=0.002 + 1e-4 * rnd["seconds"])
+        assert rnd["merge_seconds"] >= 0
     path, doc = checkpoint.latest(stop_resume["ckpt"])
     assert doc["step"] == 60 and doc["resumed_from"]["step"] == a_last["step"]
     assert {w["vendor"] for w in doc["workers"]} == {"CPU"} and all(w["samples"] > 0 for w in doc["workers"])
