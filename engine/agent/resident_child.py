@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -30,7 +31,9 @@ from hwtui.engine.replication.worker import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN,
     EXIT_OK,
+    GATE,
     SRC,
+    Interrupted,
     TransportFailure,
     Worker,
     _die_with_parent,
@@ -140,6 +143,11 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
         # Bad input seen before the group was touched leaves it usable only if every rank saw it
         # too; we cannot know that here, so start afresh.
         return EXIT_BAD_INPUT, False
+    except Interrupted as exc:  # SIGTERM from the agent (an abort, or the agent shutting down)
+        w.emit(ErrorEvent(message=f"rank {w.rank}: {exc}", rank=w.rank, where="signal"))
+        w.cleanup_staging()
+        w.result(ok=False, clean=False)
+        return EXIT_BROKEN, False
     except TransportFailure as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="transport"))
         w.cleanup_staging()
@@ -180,6 +188,30 @@ def main(argv: list[str]) -> int:
 
     emit = AnswerPipe(fd).send
 
+    # The same gate as a replicate rank: SIGTERM (the agent stopping this rank: an abort, or the
+    # agent shutting down) waits until the vote and the switch are done, so a rank is never
+    # stopped half-way through renaming a version into place. Elsewhere it interrupts at once.
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stopping:
+            return  # a second signal must not cut the clean-up and the report short
+        stopping.append(signum)
+        GATE.deliver(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        _serve(emit, stopping)
+    except Interrupted:
+        pass  # stopped between pushes: nothing in flight
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _serve(emit: Any, stopping: list[int]) -> None:
+    """Take pushes from the agent until it closes the channel; ``stopping`` is set by the signal handler."""
     t = time.perf_counter()
     import torch  # noqa: F401 - the point of a resident rank: paid once, here
     import torch.distributed  # noqa: F401
@@ -211,7 +243,8 @@ def main(argv: list[str]) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(0)  # a broken gloo group can block forever in its destructor
-    os._exit(0)
+            if stopping:
+                return  # a signal during a push ends this rank once the push is reported
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def test_push_twice_the_second_into_warm_resident_ranks(world, models):
                           "--init-timeout", "30", "--deadline", "100")
         assert done.returncode == 0, done.stdout + done.stderr
         doc = json.loads(done.stdout)
-        assert doc["ok"] and doc["warm"] is warm and doc["version"] == version
+        assert doc["ok"] and doc["warm"] is warm and doc["version"] == version, done.stdout[-3000:]
         assert [n["outcome"] for n in doc["nodes"]] == ["committed"] * 3
         for i in (1, 2):
             have, tensors = world.served(i)
@@ -192,3 +192,24 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     assert dead["stale"] and dead["error"]
     alive = nodes[f"{world.net.addresses[1]}:{PORT}"]
     assert not alive["stale"] and alive["replication"]["serving"] == "v2"
+
+
+def test_sigterm_at_the_switch_waits_until_the_version_is_in_place(world, models):
+    """The agent stops a resident rank with SIGTERM (an abort, or the agent shutting down). A rank
+    that gets it after the commit decision, before its switch, finishes the switch first: its node
+    serves the decided version whole, never a split world (it was killed mid-switch before)."""
+    for i in (1, 2):
+        if i in world.procs:
+            world.kill(i)
+    world.start(1, HWTUI_TEST_FAULT="term:rank=1,phase=commit")
+    world.start(2)
+    plan, expected = models["v3"]
+    done = world.cli("push", "--plan", str(plan), "--agents", world.agents(), "--json", "--timeout", "30",
+                     "--init-timeout", "60", "--deadline", "120")
+    doc = json.loads(done.stdout)
+    by = {n["node"]: n for n in doc["nodes"]}
+    assert by["node2"]["outcome"] == "committed", doc
+    have, tensors = world.served(1)
+    assert have == "v3", (done.stdout, done.stderr)  # the switch finished before the signal took effect
+    assert_bytes_equal(tensors, expected)
+    assert not (world.out(1) / "served" / "staging" / "v3").exists()
