@@ -13,7 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 @pytest.mark.timeout(120)
 def test_replication_benchmark_runs_bit_exact_at_toy_size():
     r = subprocess.run([sys.executable, str(BENCH / "bench_replication.py"), "--mb", "8", "--tensors", "40", "--rounds", "1",
-                        "--planner-tensors", "0"], capture_output=True, text=True, timeout=110)
+                        "--ranks", "2", "--planner-tensors", "0"], capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr[-2000:]
     table = {row[0]: row[-1] for row in (line.split() for line in r.stdout.splitlines())
              if len(row) == 4 and row[-1] in ("True", "False")}
