@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -31,12 +30,12 @@ from hwtui.engine.replication.worker import (
     EXIT_BAD_INPUT,
     EXIT_BROKEN,
     EXIT_OK,
-    GATE,
     SRC,
     Interrupted,
     TransportFailure,
     Worker,
     _die_with_parent,
+    install_signal_gate,
 )
 
 # Largest command line (a plan path and settings, never the plan itself): anything longer is garbage.
@@ -191,16 +190,7 @@ def main(argv: list[str]) -> int:
     # The same gate as a replicate rank: SIGTERM (the agent stopping this rank: an abort, or the
     # agent shutting down) waits until the vote and the switch are done, so a rank is never
     # stopped half-way through renaming a version into place. Elsewhere it interrupts at once.
-    stopping: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if stopping:
-            return  # a second signal must not cut the clean-up and the report short
-        stopping.append(signum)
-        GATE.deliver(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = install_signal_gate()
     try:
         _serve(emit, stopping)
     except Interrupted:

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.replication.staging import Staging, header_layout, safetensors_layout
+from hwtui.engine.replication.staging import Staging
 
 
 def spare_path(served_root: str | os.PathLike[str]) -> Path:
@@ -143,32 +143,13 @@ class SpareStaging(Staging):
     def _init(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str,
               file: str | os.PathLike[str] | None, first: list[str] | None, header: bytes | None) -> None:
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
-        if device != "cpu" or file is None or spare is None or not spare.is_file():
-            super().__init__(tensors, metadata, device=device, file=file, first=first, header=header)
-            return
-        import torch
-
-        self.tensors = {t["name"]: t for t in tensors}
-        if header is not None:  # the source's own header: the replica is the source file, byte for byte
-            self.header, self.layout = header, header_layout(header)
-        else:
-            self.header, self.layout = safetensors_layout(tensors, metadata, first)
-        # As Staging: the data runs to the end of the last tensor (a source header may leave gaps).
-        self.data_bytes = max((off + n for off, n in self.layout.values()), default=0)
-        self.device = device
-        self.file = Path(file)
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(spare, self.file)
-        total = len(self.header) + self.data_bytes
-        self._mm = None
-        with open(self.file, "r+b") as fh:
-            if os.fstat(fh.fileno()).st_size != total:
-                fh.truncate(total)
-            fh.write(self.header)
-            self._mm = mmap.mmap(fh.fileno(), total) if total else None
-        whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
-        self.data = whole[len(self.header):]
-        self.used_spare = True
+        reuse = device == "cpu" and file is not None and spare is not None and spare.is_file()
+        if reuse:
+            assert file is not None and spare is not None
+            Path(file).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(spare, file)
+        super().__init__(tensors, metadata, device=device, file=file, first=first, header=header, reuse_file=reuse)
+        self.used_spare = reuse
 
 
 def remove_spare(served_root: str | os.PathLike[str]) -> None:

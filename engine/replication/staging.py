@@ -211,8 +211,11 @@ class Staging:
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
                  file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
-                 header: bytes | None = None, buffer: mmap.mmap | None = None):
-        """``buffer``: fresh anonymous memory for a host copy without a file (see :class:`Prefaulted`)."""
+                 header: bytes | None = None, buffer: mmap.mmap | None = None, reuse_file: bool = False):
+        """``buffer``: fresh anonymous memory for a host copy without a file (see :class:`Prefaulted`).
+
+        ``reuse_file``: ``file`` already exists (the agent's spare, renamed into place): keep its
+        allocated pages, resize it only if the model's size changed, and rewrite the header."""
         import torch
 
         self.tensors = {t["name"]: t for t in tensors}
@@ -227,8 +230,9 @@ class Staging:
         if self.file is not None and device == "cpu":
             self.file.parent.mkdir(parents=True, exist_ok=True)
             total = len(self.header) + self.data_bytes
-            with open(self.file, "w+b") as fh:
-                fh.truncate(total)
+            with open(self.file, "r+b" if reuse_file else "w+b") as fh:
+                if not reuse_file or os.fstat(fh.fileno()).st_size != total:
+                    fh.truncate(total)
                 fh.write(self.header)
                 self._mm = mmap.mmap(fh.fileno(), total) if total else None
             whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)

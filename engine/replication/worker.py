@@ -1229,18 +1229,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def main(argv: list[str]) -> int:
-    """``python -m hwtui.engine.replication.worker ANSWER_FD CONFIG_JSON`` (started by the launcher)."""
-    fd = int(argv[0])
-    _die_with_parent()
+def install_signal_gate() -> list[int]:
+    """SIGTERM/SIGINT go through :data:`GATE` (deferred over the vote and the switch); returns the
+    list the handler appends the first signal to, so a loop between runs can see it came.
 
-    emit = AnswerPipe(fd).send
-
+    Only the first signal interrupts; a second one while the rank cleans up and reports must not
+    cut that short (nor print a traceback): it is ignored.
+    """
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
-        # Only the first signal interrupts; a second one while the rank cleans up and reports
-        # must not cut that short (nor print a traceback): it is ignored.
         if stopping:
             return
         stopping.append(signum)
@@ -1248,6 +1246,16 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    return stopping
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hwtui.engine.replication.worker ANSWER_FD CONFIG_JSON`` (started by the launcher)."""
+    fd = int(argv[0])
+    _die_with_parent()
+
+    emit = AnswerPipe(fd).send
+    stopping = install_signal_gate()
     code = EXIT_BROKEN
     try:
         try:
