@@ -75,16 +75,21 @@ def test_garbage_and_malformed_fields_are_one_line_400s(node, plan_file):
     assert "base64" in _refused(node, body)
 
 
+def _plan_with_a_missing_bucket(plan_file, name: str) -> tuple[bytes, str]:
+    """A plan whose digest is right but whose tables name a bucket that does not exist: (bytes, digest)."""
+    good = load_plan(plan_file)
+    sections = good.sections()
+    sections["i_bucket"] = np.full_like(sections["i_bucket"], len(good.buckets) + 7)
+    bad_path = plan_file.with_name(name)
+    digest = plan_format.write(bad_path, _meta_for_file(good.meta), sections)
+    return bad_path.read_bytes(), digest
+
+
 def test_only_the_coordinator_s_agent_validates_the_plan(node, plan_file):
     """A plan whose digest is right but whose tables break an invariant: rank 0's agent refuses it;
     a receiver's agent does not re-validate (its rank compares the digest with rank 0's before any
     byte moves, see tests/engine/replication/test_plan_digest.py)."""
-    good = load_plan(plan_file)
-    sections = good.sections()
-    sections["i_bucket"] = np.full_like(sections["i_bucket"], len(good.buckets) + 7)  # a bucket that does not exist
-    bad_path = plan_file.with_name("bad.plan")
-    digest = plan_format.write(bad_path, _meta_for_file(good.meta), sections)
-    raw = bad_path.read_bytes()
+    raw, digest = _plan_with_a_missing_bucket(plan_file, "bad.plan")
     msg = _refused(node, _body(raw, digest, rank=0))
     assert "refused" in msg and "bucket" in msg
     incoming, plan = node._receive_plan(base64.b64encode(raw).decode(), digest, validate=False)
@@ -169,12 +174,7 @@ def test_the_pusher_reads_a_plan_s_facts_from_its_header_alone(plan_file, tmp_pa
 
 
 def test_the_source_s_agent_validates_an_upload_before_any_rank_starts(node, plan_file):
-    good = load_plan(plan_file)
-    sections = good.sections()
-    sections["i_bucket"] = np.full_like(sections["i_bucket"], len(good.buckets) + 7)  # a bucket that does not exist
-    bad_path = plan_file.with_name("bad-upload.plan")
-    digest = plan_format.write(bad_path, _meta_for_file(good.meta), sections)
-    raw = bad_path.read_bytes()
+    raw, digest = _plan_with_a_missing_bucket(plan_file, "bad-upload.plan")
     with pytest.raises(PushRefused) as info:
         node.upload_plan({"digest": digest, "validate": "1"}, len(raw), _reader(raw))
     assert info.value.status == 400 and "bucket" in str(info.value)

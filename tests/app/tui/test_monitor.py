@@ -16,9 +16,14 @@ def _proc(device: str, pid: int, user: str, mem: int | None, cmd: str):
     return SimpleNamespace(device=device, pid=pid, user=user, mem_bytes=mem, command=cmd)
 
 
+def _h100x8_monitor(snapshots) -> HwtuiApp:
+    """The 8-GPU replay opened on the monitor, with deterministic device figures."""
+    return HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
+                    sampler_factory=FixedSampler, start_step="monitor")
+
+
 async def test_monitor_first_then_the_wizard_and_back(snapshots):
-    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
-                   sampler_factory=FixedSampler, start_step="monitor")
+    app = _h100x8_monitor(snapshots)
     async with app.run_test(size=(80, 24)) as pilot:
         monitor = app.screen
         await wait_for(pilot, lambda: monitor.ticks >= 1)
@@ -34,8 +39,7 @@ async def test_monitor_first_then_the_wizard_and_back(snapshots):
 
 
 async def test_process_table_sorts_by_memory_then_by_a_clicked_column(snapshots):
-    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
-                   sampler_factory=FixedSampler, start_step="monitor")
+    app = _h100x8_monitor(snapshots)
     rows = [_proc("cuda:1", 30, "bob", 1 << 30, "python train.py"), _proc("cuda:0", 20, "alice", 8 << 30, "vllm serve"),
             _proc("cuda:0", 10, "carol", None, "nvtop")]
     async with app.run_test(size=(120, 30)) as pilot:
@@ -59,8 +63,7 @@ async def test_the_device_chart_follows_the_selected_device(snapshots):
     """Wide: the chart sits beside the processes; narrow: g swaps it in. It plots the selected device."""
     from hwtui.widgets.device_chart import DeviceChart
 
-    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
-                   sampler_factory=FixedSampler, start_step="monitor")
+    app = _h100x8_monitor(snapshots)
     async with app.run_test(size=(160, 50)) as pilot:
         monitor = app.screen
         await wait_for(pilot, lambda: monitor.ticks >= 1)
@@ -79,8 +82,7 @@ async def test_the_device_chart_follows_the_selected_device(snapshots):
 async def test_g_swaps_the_process_table_for_the_chart_when_narrow(snapshots):
     from hwtui.widgets.device_chart import DeviceChart
 
-    app = HwtuiApp(ReplayHost.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
-                   sampler_factory=FixedSampler, start_step="monitor")
+    app = _h100x8_monitor(snapshots)
     async with app.run_test(size=(80, 30)) as pilot:
         monitor = app.screen
         await wait_for(pilot, lambda: monitor.ticks >= 1)
