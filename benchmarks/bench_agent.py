@@ -13,7 +13,7 @@ Targets (issue 16). The hot-push figure (second push end to end / transfer time)
 ``--push`` (see ``push_benchmark``).
 
     .venv/bin/python benchmarks/bench_agent.py [--nodes 64] [--seconds 20]
-    .venv/bin/python benchmarks/bench_agent.py --push --mb 1024 [--pushes 4] [--verbose]
+    .venv/bin/python benchmarks/bench_agent.py --push --mb 1024 [--pushes 4] [--verbose] [--netns]
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=1024, help="with --push: model size in MiB")
     ap.add_argument("--receivers", type=int, default=2, help="with --push: receiver agents")
     ap.add_argument("--verbose", action="store_true", help="with --push: every rank's phases")
+    ap.add_argument("--netns", action="store_true", help="with --push: each agent in its own network namespace "
+                    "(a host of its own: the bytes cross a veth over TCP); needs root and ip netns")
     ap.add_argument("--pushes", type=int, default=3, help="with --push: how many versions to push in a row")
     ap.add_argument("--workdir", default=None, help="with --push: where models and served versions go (e.g. /dev/shm)")
     args = ap.parse_args()
@@ -105,7 +107,7 @@ def main() -> int:
         serve(args.serve)
         return 0
     if args.push:
-        return push_benchmark(args.mb, args.receivers, args.workdir, args.pushes, args.verbose)
+        return push_benchmark(args.mb, args.receivers, args.workdir, args.pushes, args.verbose, args.netns)
     return view_benchmark(args.nodes, args.seconds)
 
 
@@ -146,8 +148,25 @@ def _wait_spares(addrs: list[str], limit: float = 300.0) -> float:
     return time.perf_counter() - t
 
 
-def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, verbose: bool = False) -> int:
-    """Source + receivers as real `hwtui agent` processes on loopback; `hwtui push` run as a user would."""
+def _spares_ready(outs: list[Path], addrs: list[str] | None, limit: float = 300.0) -> float:
+    """Seconds until every receiver has made its spare: asked over HTTP on loopback; in namespaces
+    (unreachable from here) read from the disk, where a spare appears only once complete."""
+    if addrs is not None:
+        return _wait_spares(addrs, limit)
+    t = time.perf_counter()
+    while time.perf_counter() - t < limit and not all(any(o.glob("**/spare/model.safetensors")) for o in outs):
+        time.sleep(0.05)
+    return time.perf_counter() - t
+
+
+def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, verbose: bool = False,
+                   netns: bool = False) -> int:
+    """Source + receivers as real `hwtui agent` processes; `hwtui push` run as a user would.
+
+    On loopback (the default) every agent shares this host: a receiver copies the source's page
+    cache, so "transfer" is a memory copy. With ``netns`` each agent is a "host" of its own (a
+    network namespace on a bridge, as in tests/agent/test_netns_agents.py) and the bytes cross a
+    veth over gloo's TCP, as between machines; the pusher runs on the source's host."""
     import os
     import subprocess
     import tempfile
@@ -155,29 +174,49 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
     from hwtui.core.supervisor import Child
 
     base = Path(tempfile.mkdtemp(prefix="hwtui-bench-agent-", dir=workdir))
-    env = {**os.environ, "XDG_CONFIG_HOME": str(base / "config"), "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, "XDG_CONFIG_HOME": str(base / "config"), "GLOO_SOCKET_IFNAME": "eth0" if netns else "lo",
+           "OMP_NUM_THREADS": "1"}
     plans = [_model(base / f"m{k}", f"v{k}", mb, seed=k) for k in range(1, pushes + 1)]
     agents: list[Child] = []
+    net = None
+    prefix: list[str] = []
     try:
         addrs = []
+        if netns:
+            from hwtui.app.agent.token import load_or_create
+            from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
+
+            why = unavailable_reason()
+            if why:
+                print(f"--netns: {why}", file=sys.stderr)
+                return 2
+            net = NetnsCluster(receivers + 1).up()
+            token, _ = load_or_create(base / "agent.token")
+            env["HWTUI_AGENT_TOKEN"] = token
+            prefix = ["ip", "netns", "exec", net.node_ns[0]]
         for i in range(receivers + 1):
-            child = Child([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--node", f"n{i}",
-                           "--out", str(base / f"out{i}"), "--check-interval", "3600"], name=f"agent{i}", env=env,
+            where = ["ip", "netns", "exec", net.node_ns[i]] if net else []
+            listen = f"{net.addresses[i]}:9477" if net else "127.0.0.1:0"
+            child = Child([*where, sys.executable, "-m", "hwtui.app", "agent", "--listen", listen, "--node", f"n{i}",
+                           "--out", str(base / f"out{i}"), "--check-interval", "3600",
+                           *(["--token-file", str(base / "agent.token")] if net else [])], name=f"agent{i}", env=env,
                           stdout="pipe", stderr="inherit", text=True).start()
             agents.append(child)
             line = next(child.stdout_lines())
             addrs.append(line.rsplit("//", 1)[1].strip())
+        outs = [base / f"out{i}" for i in range(1, receivers + 1)]
         rows = []
         for k, plan in enumerate(plans, 1):
             t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", ",".join(addrs),
+            done = subprocess.run([*prefix, sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", ",".join(addrs),
                                    "--json"], capture_output=True, text=True, env=env, timeout=600)
             wall = time.perf_counter() - t
             if done.returncode != 0:
                 print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
                 return 1
             doc = json.loads(done.stdout)
-            rows.append((k, doc["warm"], wall, doc["seconds"], doc["transfer_s"], _wait_spares(addrs[1:])))
+            rows.append((k, doc["warm"], wall, doc["seconds"], doc["transfer_s"],
+                         _spares_ready(outs, None if net else addrs[1:])))
             if verbose:
                 for n in doc["nodes"]:
                     print(f"  push {k} {n['node']}: " + " ".join(f"{p}={v:.3f}" for p, v in (n.get("phases") or {}).items()),
@@ -190,10 +229,13 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
     finally:
         for child in agents:
             child.terminate(grace_s=5)
+        if net is not None:
+            net.down()
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
-    print(f"model {mb} MiB, 1 source + {receivers} receiver(s), loopback, out under {workdir or tempfile.gettempdir()}")
+    where = "one network namespace per agent (veth + bridge)" if netns else "loopback"
+    print(f"model {mb} MiB, 1 source + {receivers} receiver(s), {where}, out under {workdir or tempfile.gettempdir()}")
     print("push  warm   cli wall s   push e2e s   transfer s   e2e/transfer   idle spare prep after, s")
     for k, warm, wall, e2e, transfer, spare_s in rows:
         print(f"{k:<5} {str(warm):<6} {wall:10.2f}   {e2e:10.2f}   {transfer:10.2f}   {e2e / max(transfer, 1e-9):8.2f}"

@@ -198,6 +198,10 @@ def _rename(view: dict[str, Any], key: str) -> dict[str, Any]:
 class AgentHandler(BaseHTTPRequestHandler):
     server: AgentServer
     protocol_version = "HTTP/1.1"  # keep-alive: a poller reuses one connection per node
+    # TCP_NODELAY: an answer is written as headers, then body. With Nagle on a kept-alive
+    # connection the body waits for the client's delayed ACK of the headers (40 ms on Linux), which
+    # every push paid on each long poll's last answer.
+    disable_nagle_algorithm = True
     timeout = REQUEST_TIMEOUT_S
     server_version = "hwtui-agent"
     sys_version = ""

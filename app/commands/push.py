@@ -205,6 +205,7 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                     node["progress"] = flight.get("progress")
                     node["phase"] = flight.get("phase")
                 elif last.get("push_id") == push_id:
+                    marks[f"seen_{node['rank']}"] = time.time()  # this node's end, as the pusher learnt it
                     node.update(outcome=last.get("outcome"), serving=last.get("serving"), phases=last.get("phases"),
                                 failures=last.get("failures"), warm=last.get("warm"), timeline=last.get("timeline"))
                 else:  # neither in flight nor ended there: the agent lost it (restarted)

@@ -19,6 +19,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
@@ -90,6 +91,12 @@ class ResidentWorker(Worker):
             with contextlib.suppress(Exception):  # a private torch API: without it, the old bound holds
                 dist.distributed_c10d._set_pg_timeout(span, group)
 
+    def tidy(self) -> None:
+        """After a push is reported: unmap the staging copy, drop the push's sub-groups."""
+        if self.staging is not None:
+            self.staging.close()
+        self.release_groups()
+
     def release_groups(self) -> None:
         """Drop this push's sub-groups (same-host/hierarchical paths): the next push makes its own."""
         import torch.distributed as dist
@@ -111,8 +118,17 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
-    """One push on this rank; (exit code as the worker's EXIT_*, whether the group is still usable)."""
+def _nothing() -> None:
+    pass
+
+
+def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool, Callable[[], None]]:
+    """One push on this rank: (exit code as the worker's EXIT_*, whether the group is still usable,
+    what is left to do once the push is reported).
+
+    Unmapping the staging copy and dropping the push's sub-groups (30-130 ms for 1 GB on a busy
+    node) come after the report: the pusher waits for every node's "done", not for this tidying.
+    The next push's command waits in the channel until it is over."""
     w = ResidentWorker(cfg, emit)
     try:
         if not w.reuse_world:
@@ -130,10 +146,7 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
         unanimous = w.vote_and_commit(plan, ok)
         w.remove_shm()
         w.result(ok=unanimous, clean=True)
-        if w.staging is not None:
-            w.staging.close()
-        w.release_groups()
-        return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True
+        return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True, w.tidy
     except HwtuiError as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
         w.bad_input = True
@@ -141,22 +154,22 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool]:
         w.result(ok=False, clean=False)
         # Bad input seen before the group was touched leaves it usable only if every rank saw it
         # too; we cannot know that here, so start afresh.
-        return EXIT_BAD_INPUT, False
+        return EXIT_BAD_INPUT, False, _nothing
     except Interrupted as exc:  # SIGTERM from the agent (an abort, or the agent shutting down)
         w.emit(ErrorEvent(message=f"rank {w.rank}: {exc}", rank=w.rank, where="signal"))
         w.cleanup_staging()
         w.result(ok=False, clean=False)
-        return EXIT_BROKEN, False
+        return EXIT_BROKEN, False, _nothing
     except TransportFailure as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="transport"))
         w.cleanup_staging()
         w.result(ok=False, clean=False)
-        return EXIT_BROKEN, False
+        return EXIT_BROKEN, False, _nothing
     except Exception as exc:  # noqa: BLE001 - report, never a bare traceback
         w.emit(ErrorEvent(message=f"rank {w.rank}: {type(exc).__name__}: {exc}", rank=w.rank, where="internal"))
         w.cleanup_staging()
         w.result(ok=False, clean=False)
-        return EXIT_BROKEN, False
+        return EXIT_BROKEN, False, _nothing
     finally:
         if w._hash_pool is not None:
             w._hash_pool.shutdown(wait=False, cancel_futures=True)
@@ -223,10 +236,11 @@ def _serve(emit: Any, stopping: list[int]) -> None:
             except HwtuiError as exc:
                 # The agent built it: a mismatch means two hwtui installs; this rank cannot take part.
                 emit(ErrorEvent(message=f"resident rank: {exc}", where="input").to_dict())
-                code, usable = EXIT_BAD_INPUT, False
+                code, usable, tidy = EXIT_BAD_INPUT, False, _nothing
             else:
-                code, usable = run_push(cfg, emit)
+                code, usable, tidy = run_push(cfg, emit)
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
+            tidy()
             if usable and code == EXIT_OK and cfg.rank != SRC:
                 _make_spare(cfg, emit)
             if not usable:

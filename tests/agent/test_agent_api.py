@@ -129,6 +129,18 @@ def test_bodies_are_bounded_and_must_be_json_objects(agent):
     assert httpx.post(f"{base}/v1/echo", content=b"\xff\xfe", headers=auth, timeout=5).status_code == 400
 
 
+def test_answers_go_out_without_waiting_for_a_delayed_ack(agent):
+    # An answer is written as headers, then body. With Nagle on a kept-alive connection the body
+    # waits for the client's delayed ACK of the headers (40 ms on Linux): every long poll of a push
+    # paid it. The server's connections set TCP_NODELAY.
+    server, _ = agent
+    with httpx.Client() as client:
+        assert client.get(f"http://127.0.0.1:{server.port}/v1/node", timeout=5).json()["node"] == "n1"
+        conns = list(server._open)
+        assert conns, "the kept-alive connection is open on the server"
+        assert all(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for c in conns)
+
+
 def test_a_silent_client_does_not_hold_the_server(agent):
     server, _ = agent
     with socket.create_connection(("127.0.0.1", server.port), timeout=5):

@@ -45,3 +45,31 @@ def test_without_a_spare_it_is_the_worker_s_own_staging(tmp_path):
     assert not getattr(st, "used_spare", False) and isinstance(st, Staging)
     assert bool((st.data == 0).all())  # zero-filled, as Staging does
     st.close()
+
+
+@pytest.mark.parametrize("sync_fails", [False, True])
+def test_finished_ranges_are_written_back_during_the_transfer_and_flush_stays_durable(tmp_path, sync_fails):
+    """``written`` hands finished ranges to the writeback thread; a failing ``sync_file_range`` is
+    kept as an error and stops that head start, and ``flush`` (the fsync) still makes it durable."""
+    from safetensors.torch import load_file
+
+    meta, data = _tensors(3, [1 << 20, 1 << 20, 12345])
+    target = tmp_path / "served" / "staging" / "v1" / "model.safetensors"
+    st = SpareStaging(meta, {"version": "v1"}, file=target)
+    wb = st.writeback
+    if wb is None:
+        pytest.skip("no sync_file_range here (not Linux)")
+    if sync_fails:
+        wb._sync = lambda *a: -1
+    offset = 0
+    for name, t in data.items():
+        st.write(name, 0, t)
+        st.written([(offset, t.numel())])
+        offset += t.numel()
+    st.flush()
+    assert (wb.error is not None) == sync_fails
+    assert wb.bytes == offset
+    assert st.verify() == []
+    st.close()
+    got = load_file(str(target))
+    assert all(torch.equal(got[k], data[k]) for k in data)

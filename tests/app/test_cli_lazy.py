@@ -1,0 +1,59 @@
+"""The command line builds only the subcommand it runs (each costs an import), and still parses
+exactly as the whole parser does, whatever word in argv looks like a command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hwtui.app.cli import SUBCOMMANDS, build_parser
+
+
+def _loaded_commands(only: str) -> list[str]:
+    probe = ("import sys; from hwtui.app.cli import build_parser; build_parser(sys.argv[1]); "
+             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('hwtui.app.commands.')))")
+    out = subprocess.run([sys.executable, "-c", probe, only], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.replace("'", '"'))
+
+
+def test_building_one_command_imports_that_command_only():
+    loaded = _loaded_commands("push")
+    assert "push" in loaded
+    # push takes the agents' client options from agents.py; nothing else is imported.
+    assert set(loaded) <= {"push", "agents"}, loaded
+    assert len(SUBCOMMANDS) > 10
+
+
+@pytest.mark.parametrize("argv", [
+    ["push", "--plan", "p.json", "--agents", "a,b", "--inflight", "2"],
+    ["list-gpus", "--json", "--unknown"],
+    ["--only", "push", "list-gpus", "--json"],  # "push" is an option's value here; the command is list-gpus
+])
+def test_one_command_parses_like_the_whole_parser(argv):
+    whole, whole_extra = build_parser().parse_known_args(argv)
+    only = next(a for a in argv if a in SUBCOMMANDS)
+    lazy, lazy_extra = build_parser(only).parse_known_args(argv)
+    if getattr(lazy, "_stub", False):  # what main() does: argparse picked a stub, so build everything
+        lazy, lazy_extra = build_parser().parse_known_args(argv)
+    assert (vars(lazy), lazy_extra) == (vars(whole), whole_extra)
+
+
+def _hwtui(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_command_named_as_an_option_value_still_runs_the_real_command(tmp_path):
+    # `--only push` puts "push" first in argv; the command is list-gpus, on an empty machine tree.
+    r = _hwtui("--only", "push", "list-gpus", "--json", "--sysroot", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
+
+
+def test_an_unknown_option_is_still_one_line_and_exit_2():
+    r = _hwtui("push", "--plan", "x", "--agents", "a,b", "--bogus")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["hwtui: error: unrecognized arguments: --bogus (see `hwtui --help`)"]
