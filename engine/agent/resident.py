@@ -465,7 +465,18 @@ class ResidentRank:
         """Called with the lock held: the push ended on this rank."""
         flight = self.in_flight or {}
         result = self._result or {}
-        committed = bool(flight.get("committed")) and msg.get("code") == 0
+        # A rank stopped (SIGTERM) or lost after the commit decision has still done its part: a
+        # receiver's signal gate defers a SIGTERM until its switch is done, and the source has
+        # nothing left to do once the decision is recorded (receivers roll forward from the
+        # record). So a receiver that serves the version on disk, and a source past a "commit"
+        # decision, report "committed" (with the stop in their failures), never "failed" beside
+        # a push that committed.
+        decided = bool(flight.get("committed"))
+        if flight.get("rank", 0) == 0:
+            committed = decided
+        else:
+            committed = decided and (msg.get("code") == 0 or (flight.get("version") is not None
+                                                              and self.serving() == flight.get("version")))
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
         outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")

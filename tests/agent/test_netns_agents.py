@@ -211,5 +211,9 @@ def test_sigterm_at_the_switch_waits_until_the_version_is_in_place(world, models
     assert by["node2"]["outcome"] == "committed", doc
     have, tensors = world.served(1)
     assert have == "v3", (done.stdout, done.stderr)  # the switch finished before the signal took effect
+    # ... and the push says so: node1 switched, so it is "committed" (the stop is in its failures),
+    # not "failed" beside a version it serves; the push as a whole committed.
+    assert by["node1"]["outcome"] == "committed" and by["node1"]["serving"] == "v3", doc
+    assert doc["ok"] and done.returncode == 0, doc
     assert_bytes_equal(tensors, expected)
     assert not (world.out(1) / "served" / "staging" / "v3").exists()
