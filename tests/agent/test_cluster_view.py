@@ -27,6 +27,25 @@ def test_interval_adapts_to_the_number_of_nodes():
     assert adaptive_interval(64) == pytest.approx(2.4) and adaptive_interval(256) == pytest.approx(4.8)
 
 
+def test_only_https_nodes_load_a_ca_bundle(monkeypatch):
+    """64 http:// nodes must not load the CA bundle 64 times (a second of the view's start-up)."""
+    import ssl
+
+    loads = []
+    real = ssl.SSLContext.load_verify_locations
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations",
+                        lambda self, *a, **k: (loads.append(1), real(self, *a, **k))[1])
+
+    async def open_view(agents: str) -> None:
+        async with Poller(parse_agents(agents), verify=True):
+            pass
+
+    asyncio.run(open_view(",".join(f"127.0.0.1:{p}" for p in range(9000, 9064))))
+    assert loads == []
+    asyncio.run(open_view("127.0.0.1:9000,https://127.0.0.1:9001"))
+    assert len(loads) >= 1
+
+
 def test_a_dead_and_a_silent_node_are_stale_and_never_stall_the_others():
     live = [start_agent(f"n{i}", i) for i in range(2)]
     silent = Silent()
