@@ -35,6 +35,8 @@ class HwtuiApp(App[int]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help", key_display="?"),
+        # Back to the live cluster view from any screen; only with `--agents` (see check_action).
+        Binding("a", "nodes", "Nodes"),
         Binding("q", "quit", "Quit"),
         Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
     ]
@@ -126,6 +128,15 @@ class HwtuiApp(App[int]):
             self.notify(f"could not save choices: {exc}", severity="warning")
 
     # -- actions ------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "nodes":  # hidden without a cluster view, and on the cluster view itself
+            return self.nodes_screen is not None and self.screen is not self.nodes_screen
+        return True
+
+    def action_nodes(self) -> None:
+        if self.nodes_screen is not None and self.screen is not self.nodes_screen:
+            self.switch_screen("nodes")
+
     def action_help(self) -> None:
         from hwtui.app.tui.screens.help import HelpScreen
 

@@ -208,6 +208,13 @@ async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch
                     break
             seen["screen"] = self.screen
             seen["rows"] = self.screen.query_one("ClusterNodes").row_count
+            # Away to this machine's monitor, and back with `a` (the cluster view kept its rows).
+            await pilot.press("m")
+            await pilot.pause()
+            seen["away"] = type(self.screen).__name__
+            await pilot.press("a")
+            await pilot.pause()
+            seen["back"] = self.screen
         return 0
 
     try:
@@ -223,5 +230,6 @@ async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch
         assert isinstance(app.nodes_screen, NodesScreen) and app.nodes_screen.poller._token == TOKEN
         await run_app(app)
         assert isinstance(seen["screen"], NodesScreen) and seen["rows"] >= 1
+        assert seen["away"] == "MonitorScreen" and seen["back"] is app.nodes_screen
     finally:
         stop_agent(live)

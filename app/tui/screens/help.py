@@ -15,7 +15,8 @@ From "what do I have" to a running engine, then the run, live.
 
  Monitor        opens first: devices, host, processes (o sorts),
                 a device's history chart (g); w: wizard
- Nodes          --agents: every node; w: wizard, m: monitor
+ Nodes          --agents: every node; w: wizard, m: monitor;
+                a: back to it from any screen
 
  1 Detect       accelerators of every vendor (as `hwtui list-gpus`)
  2 Drivers      drivers, runtimes, torch wheel: verdicts, remedies
