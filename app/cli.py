@@ -146,8 +146,10 @@ def _tolerant_streams() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The first word that names a command is very likely the command (see build_parser).
-    only = next((a for a in argv if a in SUBCOMMANDS), None)
+    # The first word that names a command is very likely the command (see build_parser), unless
+    # the top-level help comes first: that lists every command with its description.
+    at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
+    only = argv[at] if at is not None and not {"-h", "--help"} & set(argv[:at]) else None
     args, extra = build_parser(only).parse_known_args(argv)
     if getattr(args, "_stub", False) or extra:  # a stub was picked, or an error: argparse's own words
         args = build_parser().parse_args(argv)

@@ -57,3 +57,10 @@ def test_an_unknown_option_is_still_one_line_and_exit_2():
     r = _hwtui("push", "--plan", "x", "--agents", "a,b", "--bogus")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["hwtui: error: unrecognized arguments: --bogus (see `hwtui --help`)"]
+
+
+def test_top_level_help_before_a_command_lists_every_command():
+    r = _hwtui("--help", "list-gpus")
+    assert r.returncode == 0
+    listed = [name for name in SUBCOMMANDS if f"    {name} " in r.stdout]
+    assert listed == list(SUBCOMMANDS), r.stdout
