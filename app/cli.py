@@ -150,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the top-level help comes first: that lists every command with its description.
     at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
     only = argv[at] if at is not None and not {"-h", "--help"} & set(argv[:at]) else None
-    args, extra = build_parser(only).parse_known_args(argv)
-    if getattr(args, "_stub", False) or extra:  # a stub was picked, or an error: argparse's own words
+    args, unknown = build_parser(only).parse_known_args(argv)
+    if getattr(args, "_stub", False) or unknown:  # a stub was picked, or an error: argparse's own words
         args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
