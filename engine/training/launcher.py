@@ -47,18 +47,21 @@ from typing import Any
 
 from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 from hwtui.core.supervisor import Group, exit_text
-from hwtui.engine.training import resume
+from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
-from hwtui.engine.training.queue import ChunkQueue
+from hwtui.engine.training.queue import ChunkQueue, Unit, unit_samples
 from hwtui.engine.training.schedule import (
+    DEFER,
+    GRANT,
+    HALF,
     RECENT_CHUNKS,
     chunk_estimate,
     idle_parts,
     idle_shares,
     is_eval_round,
-    tail_defer,
+    tail_choice,
 )
 from hwtui.engine.training.workers import WorkerState, start_worker
 
@@ -109,6 +112,7 @@ class Coordinator:
         self.merge_gen = -1
         self.round_wall = 0.0
         self.merge_started = 0.0
+        self.halves_knob = knobs.halves()
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -239,20 +243,24 @@ class Coordinator:
                         f"try a lower --lr")
 
     def _chunk_done(self, w: WorkerState, done: dict[str, Any]) -> None:
-        self.queue.complete(w.rank, done["chunk"])
-        w.held.remove(done["chunk"])
+        unit = _unit_of(done)
+        self.queue.complete(w.rank, unit)
+        w.held.remove(unit)
         w.started_at = time.monotonic()  # its prefetched chunk (if any) starts now
-        w.samples += self.cfg.batch_size
+        samples = unit_samples(unit, self.cfg.batch_size)
+        w.samples += samples
+        w.busy_samples += samples
         w.chunks_done += 1
         w.busy_seconds += done["seconds"]
         w.round_busy += done["seconds"]
         now = time.monotonic()
         w.round_first = done.get("start", now) if w.round_first is None else w.round_first
         w.round_last = done.get("end", now)
-        w.recent.append(done["seconds"])
-        if len(w.recent) > RECENT_CHUNKS:
-            w.recent.popleft()
-        w.chunk_time = chunk_estimate(w.recent)
+        if isinstance(unit, int):  # a half batch does not take half the time exactly: speeds come from whole chunks
+            w.recent.append(done["seconds"])
+            if len(w.recent) > RECENT_CHUNKS:
+                w.recent.popleft()
+            w.chunk_time = chunk_estimate(w.recent)
         w.losses.append(done["loss"])
         if time.monotonic() - w.last_emit >= self.cfg.telemetry_interval:
             self._emit_worker(w)
@@ -305,12 +313,13 @@ class Coordinator:
         w.alive, w.lost_reason, w.pending, w.held, w.in_merge = False, reason, None, [], False
         self.live.remove(w.rank)
         back = self.queue.release(w.rank, unstarted)
-        trained = sum(1 for cid in back if self.queue.chunks[cid].attempts[-1]["outcome"] == "lost-after-training")
+        trained = sum(unit_samples(u, self.cfg.batch_size) for u in back
+                      if self.queue.chunks[u].attempts[-1]["outcome"] == "lost-after-training")
         w.requeued = len(back)
         # Its unmerged work died with it: those samples are counted as discarded, not as trained.
-        w.samples_discarded += trained * self.cfg.batch_size
-        w.samples -= trained * self.cfg.batch_size
-        self.samples_discarded += trained * self.cfg.batch_size
+        w.samples_discarded += trained
+        w.samples -= trained
+        self.samples_discarded += trained
         self.gen += 1  # the gloo group that included it is broken for good
         self.sink(TrainWorkerLost(rank=w.rank, device=w.device, reason=reason, chunks_requeued=len(back)))
         w.child.signal_group(signal.SIGKILL)  # whatever it left behind goes too
@@ -378,44 +387,50 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 w.reply({"kind": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending_kind == "claim" and len(w.held) < 2 and not self._defer(w, alive):
-                cid = self.queue.claim(w.rank)
-                if cid is not None:
+            elif w.pending_kind == "claim" and len(w.held) < 2 and (answer := self._tail(w, alive)) != DEFER:
+                unit = self.queue.claim(w.rank, split=answer == HALF)
+                if unit is not None:
                     if not w.held:
                         w.started_at = time.monotonic()
-                    w.held.append(cid)
+                    w.held.append(unit)
                     w.chunks_claimed += 1
-                    w.reply({"kind": "chunk", "chunk": cid})
+                    w.reply({"kind": "chunk", "chunk": unit} if isinstance(unit, int) else
+                            {"kind": "chunk", "chunk": unit[0], "part": [unit[1], unit[2]]})
         if self.queue.complete() and all(w.pending_kind == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
 
-    def _defer(self, w: WorkerState, alive: list[WorkerState]) -> bool:
+    def _tail(self, w: WorkerState, alive: list[WorkerState]) -> str:
+        """Grant ``w``'s claim, grant half a chunk, or hold it back (dynamic balance, not replaying)."""
         if self.cfg.balance != "dynamic" or self.replaying:
-            return False
-        pending = sum(1 for c in self.queue.chunks.values() if c.state == "pending" and c.owner in (None, w.rank))
-        return tail_defer(w, alive, pending, time.monotonic())
+            return GRANT
+        pending = self.queue.pending_fractions(w.rank)
+        halves = self.cfg.batch_size >= 2  # a half must hold at least one sample
+        answer = tail_choice(w, alive, pending, time.monotonic(), halves=halves)
+        if answer == GRANT and halves and pending == [1.0] and self.halves_knob:
+            return HALF  # the test-only knob: every round's last chunk in halves (the timing cannot be relied on)
+        return answer
 
     def _begin_merge(self, alive: list[WorkerState]) -> None:
         self.phase, self.merge_gen = Phase.MERGING, self.gen
         self.merge_started = time.monotonic()
         self.round_wall = self.merge_started - self.round_started
-        done_by = self.queue.done_by()
+        samples_by = self.queue.samples_by(self.cfg.batch_size)
         self.reduced_losses = {}
         evaluate = is_eval_round(self.round, self.step + self.round_steps >= self.cfg.steps, self.cfg.eval_every)
         for w in alive:
             w.in_merge = True
             w.reply({"kind": "merge", "round": self.round, "gen": self.gen, "evaluate": evaluate,
-                     "samples": done_by.get(w.rank, 0) * self.cfg.batch_size})
+                     "samples": samples_by.get(w.rank, 0)})
 
     def _commit(self, alive: list[WorkerState]) -> None:
         cfg = self.cfg
-        done_by = self.queue.done_by()
-        total = sum(done_by.values()) * cfg.batch_size
+        samples_by = self.queue.samples_by(cfg.batch_size)
+        total = sum(samples_by.values())
         self.step += self.round_steps
         self.samples_committed += total
-        record = self.queue.round_record() | {
+        record = self.queue.round_record(cfg.batch_size) | {
             "step": self.step, "gen": self.gen, "samples": total, "replayed": self.replaying,
-            "shares": [round(done_by.get(w.rank, 0) * cfg.batch_size / total, 6) if total else 0.0 for w in self.workers],
+            "shares": [round(samples_by.get(w.rank, 0) / total, 6) if total else 0.0 for w in self.workers],
             "seconds": round(self.round_wall, 4),
             "merge_seconds": round(time.monotonic() - self.merge_started, 4),  # the all-reduce, up to the commit
             "idle": idle_shares({w.rank: w.round_busy for w in alive}, self.round_wall),
@@ -436,7 +451,7 @@ class Coordinator:
         # The slowest worker of the round evaluates the merged model and writes the checkpoint: the
         # throughput lost while it does is smallest there (the others keep claiming chunks).
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
-        writer = min(alive, key=lambda w: (done_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
+        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
         self.awaiting_writer = self.round if writer else None
         for w in alive:
             w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate,
@@ -515,6 +530,12 @@ class Coordinator:
                     pass
         self.group.terminate(grace_s=5.0)
         self.group.close()
+
+
+def _unit_of(done: dict[str, Any]) -> Unit:
+    """The unit a worker reports: ``chunk``, plus ``part`` [part, parts] for a piece of one."""
+    part = done.get("part")
+    return int(done["chunk"]) if part is None else (int(done["chunk"]), int(part[0]), int(part[1]))
 
 
 def _exit_reason(code: int | None) -> str:
