@@ -242,7 +242,6 @@ class Worker:
         from hwtui.engine.training import merge as M
 
         self._fault("merge", msg["round"])
-        loss_local = self.evaluate() if msg.get("evaluate", True) else None  # only on evaluation rounds
         tensors = M.model_tensors(self.model)
         bad = first_non_finite(tensors)
         if bad is not None:  # checked before the collective: a poisoned copy never reaches the others
@@ -261,12 +260,14 @@ class Worker:
         bad = first_non_finite(merged)
         if bad is not None:  # finite inputs can still overflow when summed: never apply or save that
             raise Diverged(f"merged tensor {bad}", math.nan)
-        reply = self.chan.request({"kind": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
-                                  self.reply_timeout)
+        reply = self.chan.request({"kind": "reduced", "round": msg["round"], "total": total}, self.reply_timeout)
         if reply["kind"] != "commit":
             if self.outer is not None:
                 self.outer.reject()
             return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
+        # Evaluation rounds: this copy's held-out loss, now that the round is committed (before the
+        # all-reduce, a slow device's evaluation kept every other device waiting in the collective).
+        loss_local = self.evaluate() if reply.get("evaluate", True) else None
         if self.outer is not None:
             self.outer.accept()
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
@@ -276,7 +277,8 @@ class Worker:
             self.opt.state.clear()
         if reply.get("writer"):
             loss_merged = self.evaluate() if reply.get("evaluate", True) else None
-            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None}
+            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
+                                    "loss_local": loss_local}
             ck = reply.get("checkpoint")
             if ck:
                 from hwtui.engine.training import checkpoint
@@ -288,6 +290,8 @@ class Worker:
                                        outer=outer_t)
                 done["checkpoint"] = str(path)
             self.chan.send(done)
+        elif loss_local is not None:
+            self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
         return {"kind": "claim", "done": None}
 
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:

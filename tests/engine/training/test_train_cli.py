@@ -125,6 +125,7 @@ def test_events_follow_the_contract(stop_resume):
 @pytest.mark.timeout(300)
 def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoint(stop_resume):
     from hwtui.engine.training import checkpoint
+    from hwtui.engine.training.queue import covering_units, unit_parse
 
     assert stop_resume["a_rc"] == 128 + signal.SIGTERM
     ev = stop_resume["a_events"]
@@ -144,7 +145,9 @@ def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoin
     assert b["step"] == 60 and b["rounds"][-1]["step"] == 60
     for rnd in b["rounds"]:  # who trained what, and how idle each worker was, recorded per round
         lo, hi = rnd["chunks"]
-        assert sorted(c for cs in rnd["assignment"].values() for c in cs) == list(range(lo, hi + 1))
+        units = [unit_parse(u) for us in rnd["assignment"].values() for u in us]  # whole chunks, or halves at the tail
+        assert covering_units(list(range(lo, hi + 1)), units) is not None, rnd["assignment"]
+        assert rnd["samples"] == sum(rnd["samples_by"].values()) == (hi - lo + 1) * BATCH
         assert set(rnd["idle"]) == {"0", "1"} and all(0 <= v <= 1 for v in rnd["idle"].values())
         # where the idle went adds up to it: before the first chunk + between chunks + after the last
         for r, parts in rnd["idle_parts"].items():
