@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3  # 3: chunk pieces ("part"), evaluation after the commit ("evaluated")
 MERGES = ("outer-nesterov", "average")
 BALANCES = ("dynamic", "equal", "static")
 OPTIMIZER_STATES = ("average", "reset", "keep")
