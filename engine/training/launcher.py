@@ -37,8 +37,8 @@ Held-out evaluation (each worker's own copy as it was before the merge, the merg
 compute on every device, so it runs only every ``eval_every`` rounds and on the last one
 (``--eval-every``); other rounds merge without it and their ``train.merge`` event carries no
 losses. All of it happens after the commit: the all-reduce never waits for a slow device's
-evaluation, and the run's timed training (``t_train`` to the last commit, the report's
-``train_seconds``) holds no evaluation at all.
+evaluation (the others train the next round meanwhile), and the last round's evaluations fall
+after the run's timed training (``t_train`` to the last commit, the report's ``train_seconds``).
 """
 
 from __future__ import annotations
