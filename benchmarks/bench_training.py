@@ -235,58 +235,69 @@ def loss_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
               f"{two['train_seconds'] / one['train_seconds']:.2f}x its time (target: its loss in <= 0.6x its time)")
 
 
+def first_reaching(rounds: list[dict], path_of: dict[int, str], target: float) -> tuple[int | None, dict[int, float]]:
+    """The index of the first round whose checkpoint's held-out loss is at or below ``target`` (None
+    if even the last is above), by bisection (the loss falls round by round; each probe is one
+    ``hwtui eval`` of the whole held-out set), and every loss probed (step -> loss)."""
+    probed: dict[int, float] = {}
+
+    def loss(i: int) -> float:
+        step = rounds[i]["step"]
+        if step not in probed:
+            probed[step] = heldout(path_of[step])
+        return probed[step]
+
+    lo, hi = 0, len(rounds) - 1
+    if loss(hi) > target:
+        return None, probed
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if loss(mid) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi, probed
+
+
 def time_to_loss(tmp: str, args: argparse.Namespace, seed: int, figures: dict) -> None:
     """The issue's "2 workers reach one worker's loss at 2N samples in <= 0.6x its wall time".
 
     One worker trains 2N samples (2S steps of batch B; its held-out loss is the target, its
     training seconds the reference). Two workers of equal speed (default balance and merge, batch
     B each) then train up to ``--two-n-max`` x S steps each with a checkpoint every round, and the
-    first round whose checkpoint reaches the target (``hwtui eval``, whole held-out set; found by
-    bisection, the loss falling round by round) gives their time. Both times are the runs' own
+    first round whose checkpoint reaches the target gives their time. Both times are the runs' own
     ``train_seconds`` clock (training start to the commit of that round: no start-up, no
     evaluation); the two-worker run also writes a checkpoint every round inside it, which only
-    counts against it."""
+    counts against it.
+
+    The bound no data-parallel pair can beat: the synchronous baseline (one worker, batch 2B,
+    every step the exact mean gradient of both devices' batches) trained the same way; the first
+    step at which it reaches the target, times one worker's seconds per step of batch B, is what
+    two ideal devices would take."""
     s, b, m = args.steps, args.batch_size, args.merge_every
     ev = 10 ** 6
     one = train(tmp, "cpu:0", 2 * s, b, m, eval_every=ev, checkpoint=True, seed=seed)
     target, t_one = heldout(one["checkpoint_dir"]), one["train_seconds"]
-    two = train(tmp, "cpu:0,cpu:1", args.two_n_max * s, b, m, eval_every=ev, checkpoint=True, seed=seed,
-                checkpoint_every=1)
-    rounds = two["rounds"]
-    path_of = {c["step"]: c["path"] for c in two["checkpoints"]}
-    probed: dict[int, float] = {}
-
-    def loss(i: int) -> float:
-        if i not in probed:
-            probed[i] = heldout(path_of[rounds[i]["step"]])
-        return probed[i]
-
-    lo, hi = 0, len(rounds) - 1
-    reached = loss(hi) <= target
-    if reached:
-        while lo < hi:  # the first round at or below the target
-            mid = (lo + hi) // 2
-            if loss(mid) <= target:
-                hi = mid
-            else:
-                lo = mid + 1
-    hit = rounds[hi]
-    ratio = hit["train_t"] / t_one
-    figures["time_to_loss"] = {"seed": seed, "one_worker": {"steps": 2 * s, "samples": one["samples"], "heldout_loss": round(target, 4),
-                                                           "train_seconds": t_one},
-                               "two_workers": {"reached": reached, "round": hit["round"], "step": hit["step"],
-                                               "samples": sum(r["samples"] for r in rounds if r["round"] <= hit["round"]),
-                                               "train_seconds": hit["train_t"], "probed": {str(rounds[i]["step"]): round(v, 4)
-                                                                                           for i, v in sorted(probed.items())}},
-                               "time_ratio": round(ratio, 3)}
-    two_samples = figures["time_to_loss"]["two_workers"]["samples"]
-    print(f"time to loss (seed {seed}, uptime {os.getloadavg()[0]:.1f}): one worker, 2N = {one['samples']:,} samples "
-          f"({2 * s} steps of batch {b}): held-out {target:.4f} in {t_one:.1f}s; two workers "
-          + (f"reach it at step {hit['step']} each ({two_samples:,} samples in all) in {hit['train_t']:.1f}s = "
-             f"{ratio:.2f}x its time" if reached else
-             f"do not reach it in {hit['step']} steps each ({two_samples:,} samples, {hit['train_t']:.1f}s = {ratio:.2f}x "
-             f"its time; held-out {loss(hi):.4f})")
-          + " (target <= 0.6x); probed " + ", ".join(f"step {rounds[i]['step']}: {v:.4f}" for i, v in sorted(probed.items())))
+    out: dict = {"seed": seed, "one_worker": {"steps": 2 * s, "samples": one["samples"], "heldout_loss": round(target, 4),
+                                               "train_seconds": t_one}}
+    print(f"time to loss (seed {seed}): one worker, 2N = {one['samples']:,} samples ({2 * s} steps of batch {b}): "
+          f"held-out {target:.4f} in {t_one:.1f}s (uptime {os.getloadavg()[0]:.1f})", flush=True)
+    for name, gpu_ids, batch in (("two_workers", "cpu:0,cpu:1", b), ("sync_bound", "cpu:0", 2 * b)):
+        rep = train(tmp, gpu_ids, args.two_n_max * s, batch, m, eval_every=ev, checkpoint=True, seed=seed,
+                    checkpoint_every=1)
+        rounds = rep["rounds"]
+        hit, probed = first_reaching(rounds, {c["step"]: c["path"] for c in rep["checkpoints"]}, target)
+        r = rounds[hit if hit is not None else -1]
+        seconds = r["train_t"] if name == "two_workers" else r["step"] / (2 * s) * t_one  # ideal: B-batch steps, 2 devices
+        out[name] = {"reached": hit is not None, "step": r["step"], "train_seconds": round(seconds, 3),
+                     "time_ratio": round(seconds / t_one, 3), "probed": {str(k): round(v, 4) for k, v in sorted(probed.items())}}
+        what = ("two workers (default merge and balance)" if name == "two_workers" else
+                "bound: one worker at batch 2B (synchronous), timed as two ideal devices")
+        reach = f"reach it at step {r['step']}" if hit is not None else f"do not reach it in {r['step']} steps"
+        print(f"  {what}: {reach} = {seconds:.1f}s = {seconds / t_one:.2f}x its time (target <= 0.6x); probed "
+              + ", ".join(f"step {k}: {v:.4f}" for k, v in sorted(probed.items())) + f" (uptime {os.getloadavg()[0]:.1f})",
+              flush=True)
+    figures["time_to_loss"] = out
 
 
 def main() -> int:
