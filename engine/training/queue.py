@@ -184,7 +184,7 @@ class ChunkQueue:
 
     def _split(self, chunk: Chunk) -> Chunk:
         cid = unit_chunk(chunk.id)
-        halves = [Chunk((cid, k, 2), chunk.owner, attempts=list(chunk.attempts)) for k in range(2)]
+        halves = [Chunk((cid, k, 2), chunk.owner, attempts=[dict(a) for a in chunk.attempts]) for k in range(2)]
         rebuilt: dict[Unit, Chunk] = {}
         for u, c in self.chunks.items():
             if u == chunk.id:
