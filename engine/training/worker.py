@@ -152,7 +152,7 @@ class Worker:
     def _clock(self) -> tuple[float, float]:
         return time.perf_counter(), time.thread_time()
 
-    def _slow_down(self, since: tuple[float, float], smooth: bool = False, rows: int = 1) -> None:
+    def _slow_down(self, since: tuple[float, float], smooth: bool = False, rows: int = 1, whole: bool = True) -> None:
         """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
         takes ``slowdown`` times its wall time, like a slower device would.
 
@@ -166,12 +166,14 @@ class Worker:
         took its core away costs it the same as anyone else. Scaling each batch's own wall time
         turned every 50 ms the core was taken into 150 ms for a "3x" worker -- three times the
         jitter of its fast peer, which is what made the fast one wait at the merges. The mean is
-        per sample (``rows``): half a batch at the end of a round sleeps half as long."""
+        per sample (``rows``) of whole batches only: half a batch at the end of a round sleeps half
+        as long as a whole one, and its own (higher) per-sample time does not slow the next ones."""
         if self.slowdown <= 1:
             return
         wall = time.perf_counter() - since[0]
         if smooth:
-            self._walls.append(wall / max(1, rows))
+            if whole or not self._walls:
+                self._walls.append(wall / max(1, rows))
             wall = sum(self._walls) / len(self._walls) * max(1, rows)
         time.sleep(wall * (self.slowdown - 1))
 
@@ -201,7 +203,7 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        self._slow_down(since, smooth=True, rows=hi - lo)
+        self._slow_down(since, smooth=True, rows=hi - lo, whole=part is None)
         self.chunks_trained += 1
         if not math.isfinite(value):
             raise Diverged("the training loss", value, chunk_id)
