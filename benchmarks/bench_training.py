@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def train(tmp: str, gpu_ids: str, steps: int, batch: int, merge_every: int, *, balance: str = "dynamic",
           merge: str = "average", slowdown: str = "", eval_every: int | None = None, checkpoint: bool = False,
-          seed: int = 0, outer: tuple[float, float] | None = None) -> dict:
+          seed: int = 0, outer: tuple[float, float] | None = None, checkpoint_every: int = 10 ** 6) -> dict:
     """One ``hwtui train`` run to completion; its report (plus wall seconds and checkpoint dir)."""
     out = Path(tempfile.mkdtemp(dir=tmp))
     env = dict(os.environ)
@@ -64,7 +64,9 @@ def train(tmp: str, gpu_ids: str, steps: int, batch: int, merge_every: int, *, b
     if eval_every is not None:
         cmd += ["--eval-every", str(eval_every)]
     if checkpoint:
-        cmd += ["--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", str(10 ** 6)]  # the last round only
+        # the last round only by default; every round kept when a time-to-loss needs them all
+        cmd += ["--checkpoint-dir", str(out / "ckpt"), "--checkpoint-every", str(checkpoint_every),
+                "--keep-checkpoints", str(10 ** 6)]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
     wall = time.monotonic() - t0
@@ -218,6 +220,8 @@ def loss_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
             wins = sum(d < 0 for d in diffs)
             line += f"; vs average, paired by seed: median {med(diffs):+.4f}, better in {wins}/{len(diffs)}"
         print(line)
+    if args.time_to_loss:
+        time_to_loss(tmp, args, seeds[0], figures)
     if args.two_n:
         one = train(tmp, "cpu:0", 2 * s, b, m, eval_every=ev, checkpoint=True, seed=seeds[0])
         two = train(tmp, "cpu:0,cpu:1", s, b, m, eval_every=ev, checkpoint=True, seed=seeds[0])
@@ -229,6 +233,71 @@ def loss_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
         print(f"one worker alone to 2N = {one['samples']:,} samples (2S steps of batch B): {l_one:.4f} in "
               f"{one['train_seconds']:.1f}s; two workers (dynamic, default merge): {l_two:.4f} ({l_two - l_one:+.4f}) in "
               f"{two['train_seconds'] / one['train_seconds']:.2f}x its time (target: its loss in <= 0.6x its time)")
+
+
+def first_reaching(rounds: list[dict], path_of: dict[int, str], target: float) -> tuple[int | None, dict[int, float]]:
+    """The index of the first round whose checkpoint's held-out loss is at or below ``target`` (None
+    if even the last is above), by bisection (the loss falls round by round; each probe is one
+    ``hwtui eval`` of the whole held-out set), and every loss probed (step -> loss)."""
+    probed: dict[int, float] = {}
+
+    def loss(i: int) -> float:
+        step = rounds[i]["step"]
+        if step not in probed:
+            probed[step] = heldout(path_of[step])
+        return probed[step]
+
+    lo, hi = 0, len(rounds) - 1
+    if loss(hi) > target:
+        return None, probed
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if loss(mid) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi, probed
+
+
+def time_to_loss(tmp: str, args: argparse.Namespace, seed: int, figures: dict) -> None:
+    """The issue's "2 workers reach one worker's loss at 2N samples in <= 0.6x its wall time".
+
+    One worker trains 2N samples (2S steps of batch B; its held-out loss is the target, its
+    training seconds the reference). Two workers of equal speed (default balance and merge, batch
+    B each) then train up to ``--two-n-max`` x S steps each with a checkpoint every round, and the
+    first round whose checkpoint reaches the target gives their time. Both times are the runs' own
+    ``train_seconds`` clock (training start to the commit of that round: no start-up, no
+    evaluation); the two-worker run also writes a checkpoint every round inside it, which only
+    counts against it.
+
+    The bound no data-parallel pair can beat: the synchronous baseline (one worker, batch 2B,
+    every step the exact mean gradient of both devices' batches) trained the same way; the first
+    step at which it reaches the target, times one worker's seconds per step of batch B, is what
+    two ideal devices would take."""
+    s, b, m = args.steps, args.batch_size, args.merge_every
+    ev = 10 ** 6
+    one = train(tmp, "cpu:0", 2 * s, b, m, eval_every=ev, checkpoint=True, seed=seed)
+    target, t_one = heldout(one["checkpoint_dir"]), one["train_seconds"]
+    out: dict = {"seed": seed, "one_worker": {"steps": 2 * s, "samples": one["samples"], "heldout_loss": round(target, 4),
+                                               "train_seconds": t_one}}
+    print(f"time to loss (seed {seed}): one worker, 2N = {one['samples']:,} samples ({2 * s} steps of batch {b}): "
+          f"held-out {target:.4f} in {t_one:.1f}s (uptime {os.getloadavg()[0]:.1f})", flush=True)
+    for name, gpu_ids, batch in (("two_workers", "cpu:0,cpu:1", b), ("sync_bound", "cpu:0", 2 * b)):
+        rep = train(tmp, gpu_ids, args.two_n_max * s, batch, m, eval_every=ev, checkpoint=True, seed=seed,
+                    checkpoint_every=1)
+        rounds = rep["rounds"]
+        hit, probed = first_reaching(rounds, {c["step"]: c["path"] for c in rep["checkpoints"]}, target)
+        r = rounds[hit if hit is not None else -1]
+        seconds = r["train_t"] if name == "two_workers" else r["step"] / (2 * s) * t_one  # ideal: B-batch steps, 2 devices
+        out[name] = {"reached": hit is not None, "step": r["step"], "train_seconds": round(seconds, 3),
+                     "time_ratio": round(seconds / t_one, 3), "probed": {str(k): round(v, 4) for k, v in sorted(probed.items())}}
+        what = ("two workers (default merge and balance)" if name == "two_workers" else
+                "bound: one worker at batch 2B (synchronous), timed as two ideal devices")
+        reach = f"reach it at step {r['step']}" if hit is not None else f"do not reach it in {r['step']} steps"
+        print(f"  {what}: {reach} = {seconds:.1f}s = {seconds / t_one:.2f}x its time (target <= 0.6x); probed "
+              + ", ".join(f"step {k}: {v:.4f}" for k, v in sorted(probed.items())) + f" (uptime {os.getloadavg()[0]:.1f})",
+              flush=True)
+    figures["time_to_loss"] = out
 
 
 def main() -> int:
@@ -244,6 +313,10 @@ def main() -> int:
     ap.add_argument("--outer", default="0.7:0.9", metavar="LR:MOM[,...]",
                     help="with --loss: outer-nesterov settings to compare with average (default 0.7:0.9)")
     ap.add_argument("--two-n", action="store_true", help="with --loss: also one worker at 2N samples and its wall time")
+    ap.add_argument("--time-to-loss", action="store_true",
+                    help="with --loss: the time two workers take to reach one worker's loss at 2N samples, over its time")
+    ap.add_argument("--two-n-max", type=int, default=3, metavar="K",
+                    help="with --time-to-loss: two workers train at most K x --steps steps each (default 3)")
     ap.add_argument("--no-efficiency", action="store_true", help="skip the efficiency section")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args()

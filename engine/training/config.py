@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3  # 3: chunk pieces ("part"), evaluation after the commit ("evaluated")
 MERGES = ("outer-nesterov", "average")
 BALANCES = ("dynamic", "equal", "static")
 OPTIMIZER_STATES = ("average", "reset", "keep")
@@ -81,7 +81,7 @@ class TrainConfig:
     resume: bool = False
     overrides: frozenset[str] = frozenset()  # hyper-parameters a resume may change
     # A recorded chunk assignment to train again exactly: round -> rank -> chunk ids (in order).
-    replay: Mapping[int, Mapping[int, tuple[int, ...]]] = field(default_factory=dict)
+    replay: Mapping[int, Mapping[int, tuple[int | tuple[int, int, int], ...]]] = field(default_factory=dict)
     seed: int = 0
     precision: str = "auto"
     activation_checkpointing: bool = False

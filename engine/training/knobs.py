@@ -21,6 +21,11 @@
     coordinator), as before prefetching existed: the balancing benchmark's ``--no-prefetch``
     uses it to measure what prefetching buys.
 
+``HWTUI_TEST_HALVES=1``
+    Read by the coordinator: with ``--balance dynamic`` the last chunk of every round is handed
+    out in two halves (the finer tail), whatever the timing says, so a short test run surely
+    records and replays pieces.
+
 ``HWTUI_TEST_CHECKPOINT_DELAY=SECONDS``
     Sleep between writing a checkpoint's tensors and committing it, so a test can kill the
     writer in the middle of a checkpoint.
@@ -68,3 +73,8 @@ def checkpoint_delay(env: Mapping[str, str] | None = None) -> float:
 def prefetch(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return env.get("HWTUI_TEST_PREFETCH", "1").strip() != "0"
+
+
+def halves(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get("HWTUI_TEST_HALVES", "0").strip() == "1"

@@ -21,8 +21,10 @@ Round protocol (generation ``gen`` = one incarnation of the gloo group over the 
    reports a finished chunk with its next claim, or with ``done`` when a claim is already out.
 2. Every live worker gets ``merge`` with its sample count; each all-reduces (and, with
    ``--merge outer-nesterov``, proposes the outer step) and answers ``reduced`` (or ``merge_failed``).
-3. All reduced in the current generation -> ``commit`` (on evaluation rounds and checkpoint
-   rounds the round's slowest worker also evaluates the merged model / writes the checkpoint).
+3. All reduced in the current generation -> ``commit`` (on evaluation rounds every worker then
+   evaluates its own pre-merge copy and reports ``evaluated``; on evaluation and checkpoint
+   rounds the round's slowest worker also evaluates the merged model / writes the checkpoint and
+   reports ``merged``; the ``train.merge`` event goes out when those reports are in).
    Anything else -> the round is aborted: workers keep their own weights, a new generation is
    formed, chunks a lost worker had touched this round are trained again by the survivors, and
    the merge is retried.
@@ -31,10 +33,12 @@ A worker that reports a non-finite loss or weight (``diverged``) ends the run as
 that round is never committed, so no checkpoint of it exists and ``latest.json`` keeps naming the
 last good one.
 
-Held-out evaluation (each worker's own copy before the merge, the merged model after it) costs
-compute on every device and the pre-merge one holds the collective back, so it runs only every
-``eval_every`` rounds and on the last one (``--eval-every``); other rounds merge without it and
-their ``train.merge`` event carries no losses.
+Held-out evaluation (each worker's own copy as it was before the merge, the merged model) costs
+compute on every device, so it runs only every ``eval_every`` rounds and on the last one
+(``--eval-every``); other rounds merge without it and their ``train.merge`` event carries no
+losses. All of it happens after the commit: the all-reduce never waits for a slow device's
+evaluation (the others train the next round meanwhile), and the last round's evaluations fall
+after the run's timed training (``t_train`` to the last commit, the report's ``train_seconds``).
 """
 
 from __future__ import annotations
@@ -47,18 +51,21 @@ from typing import Any
 
 from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 from hwtui.core.supervisor import Group, exit_text
-from hwtui.engine.training import resume
+from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
-from hwtui.engine.training.queue import ChunkQueue
+from hwtui.engine.training.queue import ChunkQueue, Unit, unit_samples
 from hwtui.engine.training.schedule import (
+    DEFER,
+    GRANT,
+    HALF,
     RECENT_CHUNKS,
     chunk_estimate,
     idle_parts,
     idle_shares,
     is_eval_round,
-    tail_defer,
+    tail_choice,
 )
 from hwtui.engine.training.workers import WorkerState, start_worker
 
@@ -92,11 +99,11 @@ class Coordinator:
         self.assignments: resume.Assignment = {}  # every committed round: rank -> chunks
         self.replay: resume.Assignment = {r: dict(a) for r, a in cfg.replay.items()}
         self.checkpoints: list[dict[str, Any]] = []
-        self.reduced_losses: dict[int, float] = {}
         self.stop_reason: str | None = None
         self.failure: str | None = None  # why the run must end as failed (a worker diverged)
         self.final_loss: float | None = None
-        self.awaiting_writer: int | None = None  # round whose merged report we still wait for
+        self.awaiting_round: int | None = None  # the last committed round whose evaluations/checkpoint are still out
+        self.awaiting: set[int] = set()  # ranks whose report on it (evaluated / merged) has not come yet
         self.t0 = time.monotonic()
         self.t_train: float | None = None
         self.init_from: str | None = None
@@ -109,6 +116,7 @@ class Coordinator:
         self.merge_gen = -1
         self.round_wall = 0.0
         self.merge_started = 0.0
+        self.halves_knob = knobs.halves()
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -210,16 +218,14 @@ class Coordinator:
         if kind == "diverged":
             self._diverged(w, msg)
             return
-        if kind == "merged":
-            self._merged(w, msg)
+        if kind in ("merged", "evaluated"):
+            self._round_report(w, msg)
             return
         if kind == "done":  # a report only (its claim is already out): no answer expected
             self._chunk_done(w, msg["done"])
             return
         if kind == "claim" and msg.get("done"):
             self._chunk_done(w, msg["done"])
-        if kind == "reduced" and msg.get("loss_local") is not None:
-            self.reduced_losses[w.rank] = msg["loss_local"]
         if kind == "regroup_failed" and msg.get("gen") == self.gen:
             self.gen += 1  # the rendezvous failed for everyone: form another generation
         if kind in ("merge_failed", "reduced"):
@@ -239,20 +245,24 @@ class Coordinator:
                         f"try a lower --lr")
 
     def _chunk_done(self, w: WorkerState, done: dict[str, Any]) -> None:
-        self.queue.complete(w.rank, done["chunk"])
-        w.held.remove(done["chunk"])
+        unit = _unit_of(done)
+        self.queue.complete(w.rank, unit)
+        w.held.remove(unit)
         w.started_at = time.monotonic()  # its prefetched chunk (if any) starts now
-        w.samples += self.cfg.batch_size
+        samples = unit_samples(unit, self.cfg.batch_size)
+        w.samples += samples
+        w.busy_samples += samples
         w.chunks_done += 1
         w.busy_seconds += done["seconds"]
         w.round_busy += done["seconds"]
         now = time.monotonic()
         w.round_first = done.get("start", now) if w.round_first is None else w.round_first
         w.round_last = done.get("end", now)
-        w.recent.append(done["seconds"])
-        if len(w.recent) > RECENT_CHUNKS:
-            w.recent.popleft()
-        w.chunk_time = chunk_estimate(w.recent)
+        if isinstance(unit, int):  # a half batch does not take half the time exactly: speeds come from whole chunks
+            w.recent.append(done["seconds"])
+            if len(w.recent) > RECENT_CHUNKS:
+                w.recent.popleft()
+            w.chunk_time = chunk_estimate(w.recent)
         w.losses.append(done["loss"])
         if time.monotonic() - w.last_emit >= self.cfg.telemetry_interval:
             self._emit_worker(w)
@@ -265,22 +275,39 @@ class Coordinator:
                               loss=w.losses[-1] if w.losses else None, mem_used=w.mem_used, mem_total=w.mem_total,
                               chunks_claimed=w.chunks_claimed))
 
-    def _merged(self, w: WorkerState, msg: dict[str, Any]) -> None:
+    def _round_report(self, w: WorkerState, msg: dict[str, Any]) -> None:
+        """A worker's report on a committed round, sent after the commit: ``evaluated`` (the
+        held-out loss of its own copy before the merge) or, from the round's writer, ``merged``
+        (that, plus the merged model's loss and the checkpoint it wrote). The round's merge event
+        goes out once every report it waits for is in."""
         rnd = msg["round"]
         record = next((r for r in self.rounds if r["round"] == rnd), None)
         if record is None:
             return
-        record["loss_merged"] = msg.get("loss_merged")
-        if record["loss_merged"] is not None:
-            self.final_loss = record["loss_merged"]
-        self.sink(TrainMerge(round=rnd, step=record["step"], shares=record["shares"], loss_merged=msg["loss_merged"],
-                             loss_workers_mean=record["loss_workers_mean"]))
-        if msg.get("checkpoint"):
-            entry = {"path": msg["checkpoint"], "step": record["step"], "round": rnd, "written_by": w.device}
-            self.checkpoints.append(entry)
-            self.sink(TrainCheckpoint(path=msg["checkpoint"], step=record["step"], round=rnd))
-        if self.awaiting_writer == rnd:
-            self.awaiting_writer = None
+        if msg.get("loss_local") is not None:
+            record["loss_workers"][str(w.rank)] = msg["loss_local"]
+            record["loss_workers"] = dict(sorted(record["loss_workers"].items()))
+        if msg["kind"] == "merged":
+            record["loss_merged"] = msg.get("loss_merged")
+            if record["loss_merged"] is not None:
+                self.final_loss = record["loss_merged"]
+            if msg.get("checkpoint"):
+                entry = {"path": msg["checkpoint"], "step": record["step"], "round": rnd, "written_by": w.device}
+                self.checkpoints.append(entry)
+                self.sink(TrainCheckpoint(path=msg["checkpoint"], step=record["step"], round=rnd))
+        if self.awaiting_round == rnd:
+            self.awaiting.discard(w.rank)
+            self._emit_merge_when_reported()
+
+    def _emit_merge_when_reported(self) -> None:
+        if self.awaiting_round is None or self.awaiting:
+            return
+        record = next(r for r in self.rounds if r["round"] == self.awaiting_round)
+        losses = list(record["loss_workers"].values())
+        record["loss_workers_mean"] = sum(losses) / len(losses) if losses else None
+        self.awaiting_round = None
+        self.sink(TrainMerge(round=record["round"], step=record["step"], shares=record["shares"],
+                             loss_merged=record["loss_merged"], loss_workers_mean=record["loss_workers_mean"]))
 
     # -- health -----------------------------------------------------------------------------------
     def _check_health(self) -> None:
@@ -305,13 +332,16 @@ class Coordinator:
         w.alive, w.lost_reason, w.pending, w.held, w.in_merge = False, reason, None, [], False
         self.live.remove(w.rank)
         back = self.queue.release(w.rank, unstarted)
-        trained = sum(1 for cid in back if self.queue.chunks[cid].attempts[-1]["outcome"] == "lost-after-training")
+        trained = sum(unit_samples(u, self.cfg.batch_size) for u in back
+                      if self.queue.chunks[u].attempts[-1]["outcome"] == "lost-after-training")
         w.requeued = len(back)
         # Its unmerged work died with it: those samples are counted as discarded, not as trained.
-        w.samples_discarded += trained * self.cfg.batch_size
-        w.samples -= trained * self.cfg.batch_size
-        self.samples_discarded += trained * self.cfg.batch_size
+        w.samples_discarded += trained
+        w.samples -= trained
+        self.samples_discarded += trained
         self.gen += 1  # the gloo group that included it is broken for good
+        self.awaiting.discard(w.rank)  # its report on the last round will not come
+        self._emit_merge_when_reported()
         self.sink(TrainWorkerLost(rank=w.rank, device=w.device, reason=reason, chunks_requeued=len(back)))
         w.child.signal_group(signal.SIGKILL)  # whatever it left behind goes too
 
@@ -347,7 +377,6 @@ class Coordinator:
         if recorded is not None and not self.replaying:
             self.sink(LogEvent(message=f"round {self.round}: the recorded assignment does not fit this round "
                                        f"(other chunks or workers); balancing as usual", level="warning", source="train"))
-        self.reduced_losses = {}
         self.round_started = time.monotonic()
         for w in self.workers:
             w.round_busy, w.round_first, w.round_last = 0.0, None, None
@@ -378,51 +407,54 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 w.reply({"kind": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending_kind == "claim" and len(w.held) < 2 and not self._defer(w, alive):
-                cid = self.queue.claim(w.rank)
-                if cid is not None:
+            elif w.pending_kind == "claim" and len(w.held) < 2 and (answer := self._tail(w, alive)) != DEFER:
+                unit = self.queue.claim(w.rank, split=answer == HALF)
+                if unit is not None:
                     if not w.held:
                         w.started_at = time.monotonic()
-                    w.held.append(cid)
+                    w.held.append(unit)
                     w.chunks_claimed += 1
-                    w.reply({"kind": "chunk", "chunk": cid})
+                    w.reply({"kind": "chunk", "chunk": unit} if isinstance(unit, int) else
+                            {"kind": "chunk", "chunk": unit[0], "part": [unit[1], unit[2]]})
         if self.queue.complete() and all(w.pending_kind == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
 
-    def _defer(self, w: WorkerState, alive: list[WorkerState]) -> bool:
+    def _tail(self, w: WorkerState, alive: list[WorkerState]) -> str:
+        """Grant ``w``'s claim, grant half a chunk, or hold it back (dynamic balance, not replaying)."""
         if self.cfg.balance != "dynamic" or self.replaying:
-            return False
-        pending = sum(1 for c in self.queue.chunks.values() if c.state == "pending" and c.owner in (None, w.rank))
-        return tail_defer(w, alive, pending, time.monotonic())
+            return GRANT
+        pending = self.queue.pending_fractions(w.rank)
+        halves = self.cfg.batch_size >= 2  # a half must hold at least one sample
+        answer = tail_choice(w, alive, pending, time.monotonic(), halves=halves)
+        if answer == GRANT and halves and pending == [1.0] and self.halves_knob:
+            return HALF  # the test-only knob: every round's last chunk in halves (the timing cannot be relied on)
+        return answer
 
     def _begin_merge(self, alive: list[WorkerState]) -> None:
         self.phase, self.merge_gen = Phase.MERGING, self.gen
         self.merge_started = time.monotonic()
         self.round_wall = self.merge_started - self.round_started
-        done_by = self.queue.done_by()
-        self.reduced_losses = {}
-        evaluate = is_eval_round(self.round, self.step + self.round_steps >= self.cfg.steps, self.cfg.eval_every)
+        samples_by = self.queue.samples_by(self.cfg.batch_size)
         for w in alive:
             w.in_merge = True
-            w.reply({"kind": "merge", "round": self.round, "gen": self.gen, "evaluate": evaluate,
-                     "samples": done_by.get(w.rank, 0) * self.cfg.batch_size})
+            w.reply({"kind": "merge", "round": self.round, "gen": self.gen, "samples": samples_by.get(w.rank, 0)})
 
     def _commit(self, alive: list[WorkerState]) -> None:
         cfg = self.cfg
-        done_by = self.queue.done_by()
-        total = sum(done_by.values()) * cfg.batch_size
+        samples_by = self.queue.samples_by(cfg.batch_size)
+        total = sum(samples_by.values())
         self.step += self.round_steps
         self.samples_committed += total
-        record = self.queue.round_record() | {
+        record = self.queue.round_record(cfg.batch_size) | {
             "step": self.step, "gen": self.gen, "samples": total, "replayed": self.replaying,
-            "shares": [round(done_by.get(w.rank, 0) * cfg.batch_size / total, 6) if total else 0.0 for w in self.workers],
+            "shares": [round(samples_by.get(w.rank, 0) / total, 6) if total else 0.0 for w in self.workers],
             "seconds": round(self.round_wall, 4),
             "merge_seconds": round(time.monotonic() - self.merge_started, 4),  # the all-reduce, up to the commit
             "idle": idle_shares({w.rank: w.round_busy for w in alive}, self.round_wall),
             "idle_parts": idle_parts(alive, self.round_started, self.round_started + self.round_wall),
-            "loss_workers_mean": (sum(self.reduced_losses.values()) / len(self.reduced_losses)) if self.reduced_losses else None,
-            "loss_workers": {str(r): v for r, v in sorted(self.reduced_losses.items())},
+            "loss_workers_mean": None, "loss_workers": {},  # reported after the commit (_round_report)
             "loss_merged": None, "t": round(time.monotonic() - self.t0, 3),
+            "train_t": round(time.monotonic() - (self.t_train or self.t0), 3),  # on the train_seconds clock
         }
         self.rounds.append(record)
         self.assignments[self.round] = self.queue.assignment()
@@ -435,15 +467,17 @@ class Coordinator:
             ckpt = {"dir": cfg.checkpoint_dir, "step": self.step, "keep": cfg.keep_checkpoints, "manifest": self._manifest()}
         # The slowest worker of the round evaluates the merged model and writes the checkpoint: the
         # throughput lost while it does is smallest there (the others keep claiming chunks).
+        # On an evaluation round every worker evaluates its own copy too -- after the commit, not
+        # before the all-reduce: there a slow device's evaluation held the collective (and every
+        # faster device) back, and on the last round it was inside the run's timed training.
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
-        writer = min(alive, key=lambda w: (done_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
-        self.awaiting_writer = self.round if writer else None
+        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
+        self.awaiting_round = self.round
+        self.awaiting = {w.rank for w in alive} if evaluate else ({writer.rank} if writer else set())
         for w in alive:
             w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate,
                      "checkpoint": ckpt if w is writer else None})
-        if writer is None:
-            self.sink(TrainMerge(round=self.round, step=self.step, shares=record["shares"], loss_merged=None,
-                                 loss_workers_mean=None))
+        self._emit_merge_when_reported()
         for w in alive:
             self._emit_worker(w)
         if last:
@@ -487,7 +521,7 @@ class Coordinator:
             self._advance()
             if self.phase is Phase.FINISHING:
                 waited = time.monotonic() - self.t_done
-                if self.awaiting_writer is None or waited > self.cfg.stall_timeout:
+                if self.awaiting_round is None or waited > self.cfg.stall_timeout:
                     return True
 
     def _shutdown(self) -> None:
@@ -502,8 +536,8 @@ class Coordinator:
                     continue
                 w = self._by_child(m.child)
                 kind = m.msg.get("kind")
-                if kind == "merged":
-                    self._merged(w, m.msg)
+                if kind in ("merged", "evaluated"):
+                    self._round_report(w, m.msg)
                 elif kind not in ("hb", "refuse", "error", "hello", "done", "diverged"):
                     w.send({"kind": "stop"})
         for w in self.workers:
@@ -515,6 +549,12 @@ class Coordinator:
                     pass
         self.group.terminate(grace_s=5.0)
         self.group.close()
+
+
+def _unit_of(done: dict[str, Any]) -> Unit:
+    """The unit a worker reports: ``chunk``, plus ``part`` [part, parts] for a piece of one."""
+    part = done.get("part")
+    return int(done["chunk"]) if part is None else (int(done["chunk"]), int(part[0]), int(part[1]))
 
 
 def _exit_reason(code: int | None) -> str:

@@ -16,24 +16,87 @@ got merged. A chunk the worker had been granted ahead (prefetched) but not start
 too, recorded as ``lost-unstarted`` (an attempt, but not a training: it does not make the chunk
 "retrained"). Every attempt is recorded, so "trained twice" is always visible and counted, and a
 round commits only when each of its chunks is done exactly once by a live worker.
+
+Pieces (the finer tail): at the end of a dynamic round the coordinator may hand out a pending
+chunk in two halves (:meth:`ChunkQueue.claim` with ``split``), so a slow device trains half a
+batch and reaches the merge with the others. A piece is the unit ``(chunk, part, parts)``: the rows
+``[B*part//parts, B*(part+1)//parts)`` of the chunk's batch, so the parts of a chunk together are
+exactly its samples, each trained once. Pieces are queue units like whole chunks (claimed, done,
+released, recorded, replayed); they are written ``"chunk:part/parts"`` in records (``"41:1/2"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 from hwtui.engine.training.config import BALANCES
+
+# A whole chunk (its id) or a piece of one: (chunk id, part, parts).
+Unit = Union[int, tuple[int, int, int]]  # noqa: UP007  # a runtime alias (isinstance checks below)
 
 
 class QueueError(RuntimeError):
     pass
 
 
+def unit_chunk(u: Unit) -> int:
+    return u if isinstance(u, int) else u[0]
+
+
+def unit_fraction(u: Unit) -> float:
+    """The share of a chunk's batch this unit trains (1.0 for a whole chunk, 0.5 for a half)."""
+    return 1.0 if isinstance(u, int) else 1.0 / u[2]
+
+
+def unit_rows(u: Unit, batch_size: int) -> tuple[int, int]:
+    """The rows [start, stop) of the chunk's batch this unit trains."""
+    if isinstance(u, int):
+        return 0, batch_size
+    _c, part, parts = u
+    return batch_size * part // parts, batch_size * (part + 1) // parts
+
+
+def unit_samples(u: Unit, batch_size: int) -> int:
+    start, stop = unit_rows(u, batch_size)
+    return stop - start
+
+
+def unit_order(u: Unit) -> tuple[int, int]:
+    """Training order: by chunk id, then part (a whole chunk and its pieces never coexist)."""
+    return (u, 0) if isinstance(u, int) else (u[0], u[1])
+
+
+def unit_name(u: Unit) -> int | str:
+    """How a unit is written in records and messages: the chunk id, or ``"chunk:part/parts"``."""
+    return u if isinstance(u, int) else f"{u[0]}:{u[1]}/{u[2]}"
+
+
+def unit_parse(x: Any) -> Unit:
+    """The inverse of :func:`unit_name` (also accepts a JSON message's ``[chunk, [part, parts]]``).
+    Raises ValueError for anything else."""
+    if isinstance(x, bool):
+        raise ValueError(f"not a chunk: {x!r}")
+    if isinstance(x, int):
+        if x < 0:
+            raise ValueError(f"not a chunk: {x!r}")
+        return x
+    if isinstance(x, str):
+        head, sep, tail = x.partition(":")
+        part, sep2, parts = tail.partition("/")
+        if not (sep and sep2 and head.isdigit() and part.isdigit() and parts.isdigit()):
+            raise ValueError(f"not a chunk or piece: {x!r}")
+        c, k, n = int(head), int(part), int(parts)
+        if not 0 <= k < n or n < 2:
+            raise ValueError(f"not a piece of a chunk: {x!r}")
+        return (c, k, n)
+    raise ValueError(f"not a chunk or piece: {x!r}")
+
+
 @dataclass
 class Chunk:
-    id: int
+    id: Unit
     owner: int | None  # pre-assigned rank (equal/static); None = anyone may claim
     state: str = "pending"  # pending | claimed | done
     rank: int | None = None  # who holds it / did it
@@ -60,27 +123,31 @@ class ChunkQueue:
         self.balance = balance
         self.next_chunk = next_chunk
         self.round_no = 0
-        self.chunks: dict[int, Chunk] = {}
+        self.chunks: dict[Unit, Chunk] = {}
+        self.round_ids: tuple[int, int] | None = None  # the round's first and last chunk id
         self.requeued_total = 0
 
     def start_round(self, round_no: int, n_chunks: int, ranks: list[int], weights: dict[int, float] | None = None,
-                    assignment: Mapping[int, Sequence[int]] | None = None) -> bool:
-        """Open the next round. ``assignment`` (rank -> chunk ids, as :meth:`assignment` recorded
-        it) replays a recorded round: each chunk is owned by the rank that trained it, which then
-        trains its own in the same (ascending) order. Returns whether the assignment was used: it
-        is ignored (balance as usual) unless it covers exactly this round's chunks and live ranks."""
+                    assignment: Mapping[int, Sequence[Unit]] | None = None) -> bool:
+        """Open the next round. ``assignment`` (rank -> units, as :meth:`assignment` recorded it)
+        replays a recorded round: each chunk (or piece of one) is owned by the rank that trained
+        it, which then trains its own in the same (ascending) order. Returns whether the assignment
+        was used: it is ignored (balance as usual) unless it covers exactly this round's chunks,
+        each whole once or in all its pieces once, and only live ranks."""
         if self.chunks and not self.complete():
             raise QueueError(f"round {self.round_no} still has unfinished chunks")
         self.round_no = round_no
         ids = list(range(self.next_chunk, self.next_chunk + n_chunks))
+        self.round_ids = (ids[0], ids[-1]) if ids else None
         self.next_chunk += n_chunks
+        if assignment is not None and set(assignment) <= set(ranks):
+            units = covering_units(ids, [u for us in assignment.values() for u in us])
+            if units is not None:
+                owner_of = {u: r for r, us in assignment.items() for u in us}
+                self.chunks = {u: Chunk(u, owner_of[u]) for u in units}
+                return True
         owners: list[int | None]
-        replayed = False
-        if assignment is not None and set(assignment) <= set(ranks) and \
-                sorted(c for cs in assignment.values() for c in cs) == ids:
-            owner_of = {c: r for r, cs in assignment.items() for c in cs}
-            owners, replayed = [owner_of[c] for c in ids], True
-        elif self.balance == "dynamic":
+        if self.balance == "dynamic":
             owners = [None] * n_chunks
         else:
             counts = shares_from_weights(n_chunks, ranks, (weights or {}) if self.balance == "static" else {})
@@ -92,10 +159,13 @@ class ChunkQueue:
                         owners.append(r)
                         left[r] -= 1
         self.chunks = {cid: Chunk(cid, owner) for cid, owner in zip(ids, owners, strict=True)}
-        return replayed
+        return False
 
-    def claim(self, rank: int) -> int | None:
-        """The next chunk for ``rank``: its own pre-assigned ones first, then ownerless ones."""
+    def claim(self, rank: int, split: bool = False) -> Unit | None:
+        """The next unit for ``rank``: its own pre-assigned ones first, then ownerless ones.
+
+        ``split``: if that is a whole chunk, cut it into two halves in its place in the queue and
+        hand out the first (the other stays pending for whoever claims next)."""
         first_free = None
         for chunk in self.chunks.values():
             if chunk.state != "pending":
@@ -107,10 +177,28 @@ class ChunkQueue:
                 first_free = chunk
         if first_free is None:
             return None
+        if split and isinstance(first_free.id, int):
+            first_free = self._split(first_free)
         first_free.state, first_free.rank = "claimed", rank
         return first_free.id
 
-    def complete(self, rank: int | None = None, chunk_id: int | None = None) -> bool:
+    def _split(self, chunk: Chunk) -> Chunk:
+        cid = unit_chunk(chunk.id)
+        halves = [Chunk((cid, k, 2), chunk.owner, attempts=[dict(a) for a in chunk.attempts]) for k in range(2)]
+        rebuilt: dict[Unit, Chunk] = {}
+        for u, c in self.chunks.items():
+            if u == chunk.id:
+                rebuilt.update((h.id, h) for h in halves)
+            else:
+                rebuilt[u] = c
+        self.chunks = rebuilt
+        return halves[0]
+
+    def pending_fractions(self, rank: int) -> list[float]:
+        """What ``rank`` could still be given this round, in claim order, as fractions of a chunk."""
+        return [unit_fraction(c.id) for c in self.chunks.values() if c.state == "pending" and c.owner in (None, rank)]
+
+    def complete(self, rank: int | None = None, chunk_id: Unit | None = None) -> bool:
         """With arguments: mark a chunk done by ``rank``. Without: is every chunk of the round done?"""
         if chunk_id is None:
             return all(c.state == "done" for c in self.chunks.values())
@@ -121,7 +209,7 @@ class ChunkQueue:
         chunk.attempts.append({"rank": rank, "outcome": "done"})
         return True
 
-    def release(self, rank: int, unstarted: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    def release(self, rank: int, unstarted: frozenset[Unit] | set[Unit] = frozenset()) -> list[Unit]:
         """A worker is gone: everything it held or finished this round goes back, ownerless.
 
         ``unstarted``: chunks it held only as its prefetched next one (never began training)."""
@@ -150,25 +238,49 @@ class ChunkQueue:
     def has_pending(self) -> bool:
         return any(c.state == "pending" for c in self.chunks.values())
 
-    def done_by(self) -> dict[int, int]:
-        """Chunks done this round per rank (the merge weights, in chunks)."""
-        return {r: len(cs) for r, cs in self.assignment().items()}
+    def done_by(self) -> dict[int, float]:
+        """Chunks done this round per rank (a half counts 0.5: the sum is the round's chunk count)."""
+        return {r: sum(unit_fraction(u) for u in us) for r, us in self.assignment().items()}
 
-    def assignment(self) -> dict[int, tuple[int, ...]]:
-        """Who trained what this round: rank -> the chunk ids it did, ascending (its training order)."""
-        out: dict[int, list[int]] = {}
+    def samples_by(self, batch_size: int) -> dict[int, int]:
+        """Samples trained this round per rank (the merge weights): exact, pieces included."""
+        return {r: sum(unit_samples(u, batch_size) for u in us) for r, us in self.assignment().items()}
+
+    def assignment(self) -> dict[int, tuple[Unit, ...]]:
+        """Who trained what this round: rank -> the units it did, ascending (its training order)."""
+        out: dict[int, list[Unit]] = {}
         for chunk in self.chunks.values():
             if chunk.state == "done" and chunk.rank is not None:
                 out.setdefault(chunk.rank, []).append(chunk.id)
-        return {r: tuple(sorted(cs)) for r, cs in sorted(out.items())}
+        return {r: tuple(sorted(us, key=unit_order)) for r, us in sorted(out.items())}
 
-    def round_record(self) -> dict[str, Any]:
+    def round_record(self, batch_size: int) -> dict[str, Any]:
+        retrained = [c.id for c in self.chunks.values() if sum(a["outcome"] != "lost-unstarted" for a in c.attempts) > 1]
         return {
             "round": self.round_no,
-            "chunks": [min(self.chunks), max(self.chunks)] if self.chunks else [],
+            "chunks": list(self.round_ids) if self.round_ids else [],
             "done_by": {str(r): n for r, n in sorted(self.done_by().items())},
-            "assignment": {str(r): list(cs) for r, cs in self.assignment().items()},
-            "retrained": sorted(c.id for c in self.chunks.values()
-                                if sum(a["outcome"] != "lost-unstarted" for a in c.attempts) > 1),
-            "attempts": {str(c.id): c.attempts for c in self.chunks.values() if len(c.attempts) > 1},
+            "samples_by": {str(r): n for r, n in sorted(self.samples_by(batch_size).items())},
+            "assignment": {str(r): [unit_name(u) for u in us] for r, us in self.assignment().items()},
+            "pieces": sum(not isinstance(u, int) for u in self.chunks),
+            "retrained": [unit_name(u) for u in sorted(retrained, key=unit_order)],
+            "attempts": {str(unit_name(c.id)): c.attempts for c in self.chunks.values() if len(c.attempts) > 1},
         }
+
+
+def covering_units(ids: Sequence[int], units: Sequence[Unit]) -> list[Unit] | None:
+    """``units`` in training order if they cover the chunks ``ids`` exactly (each chunk whole once,
+    or each of its parts once), else None."""
+    by_chunk: dict[int, list[Unit]] = {}
+    for u in units:
+        by_chunk.setdefault(unit_chunk(u), []).append(u)
+    if sorted(by_chunk) != sorted(ids):
+        return None
+    for us in by_chunk.values():
+        if len(us) == 1 and isinstance(us[0], int):
+            continue
+        pieces = [u for u in us if not isinstance(u, int)]
+        if len(pieces) != len(us) or len({u[2] for u in pieces}) != 1 or \
+                sorted(u[1] for u in pieces) != list(range(pieces[0][2])):
+            return None
+    return sorted(units, key=unit_order)

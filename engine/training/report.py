@@ -28,7 +28,7 @@ def build_report(coord: Any) -> dict[str, Any]:
             "rank": w.rank, "device": w.device, "vendor": w.ref.vendor, "name": w.ref.name,
             "samples": w.samples, "samples_discarded": w.samples_discarded,
             "samples_per_s": round(w.samples / wall, 3) if wall > 0 else None,
-            "busy_samples_per_s": round(w.chunks_done * cfg.batch_size / w.busy_seconds, 3) if w.busy_seconds else None,
+            "busy_samples_per_s": round(w.busy_samples / w.busy_seconds, 3) if w.busy_seconds else None,
             "chunks_claimed": w.chunks_claimed, "chunks_done": w.chunks_done, "chunks_requeued": w.requeued,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "loss_curve": [round(x, 4) for x in losses[:: max(1, len(losses) // 50)]],

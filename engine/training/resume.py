@@ -25,12 +25,15 @@ from typing import Any
 from hwtui.core.atomic import atomic_write_text
 from hwtui.engine.training import checkpoint
 from hwtui.engine.training.config import HYPERPARAMETERS, TrainConfig, TrainingError
+from hwtui.engine.training.queue import Unit, unit_name, unit_parse
 
 ASSIGNMENTS = "assignments.json"
-ASSIGNMENTS_SCHEMA = "hwtui.train-assignments/1"
+# /2: an entry may be a piece of a chunk, "chunk:part/parts" (the finer tail); /1 files (whole
+# chunks only) read the same. An older hwtui refuses a /2 file in one line (not an assignment record).
+ASSIGNMENTS_SCHEMA = "hwtui.train-assignments/2"
 MAX_ASSIGNMENTS_BYTES = 64 << 20
 
-Assignment = dict[int, dict[int, tuple[int, ...]]]
+Assignment = dict[int, dict[int, tuple[Unit, ...]]]  # round -> rank -> the units it trained, in order
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def read_assignments(path: str | os.PathLike[str]) -> Assignment:
             rounds = {r["round"]: r["assignment"] for r in rounds if "assignment" in r}
         out: Assignment = {}
         for rnd, by_rank in rounds.items():
-            out[int(rnd)] = {int(rank): tuple(int(c) for c in chunks) for rank, chunks in by_rank.items()}
+            out[int(rnd)] = {int(rank): tuple(unit_parse(c) for c in chunks) for rank, chunks in by_rank.items()}
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise TrainingError(f"{p}: not a chunk assignment record ({type(exc).__name__}: {exc})"[:300]) from None
@@ -112,5 +115,6 @@ def read_assignments(path: str | os.PathLike[str]) -> Assignment:
 
 def write_assignments(root: str | os.PathLike[str], seed: int, rounds: Assignment) -> None:
     doc = {"schema": ASSIGNMENTS_SCHEMA, "seed": seed,
-           "rounds": {str(r): {str(k): list(v) for k, v in sorted(a.items())} for r, a in sorted(rounds.items())}}
+           "rounds": {str(r): {str(k): [unit_name(u) for u in v] for k, v in sorted(a.items())}
+                      for r, a in sorted(rounds.items())}}
     atomic_write_text(Path(root) / ASSIGNMENTS, json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n")

@@ -8,20 +8,25 @@ of a round, where a chunk is the unit and a slow device's chunk is a large piece
 merge -- the asking worker waiting for the others to finish the remaining chunks, or the others
 waiting for its chunk -- using each worker's :func:`chunk_estimate` (the median of its recent
 chunk times: one chunk stretched by a busy machine must not make a device look slow for long).
+A chunk is still coarse there: a device three times slower spends a tenth of a round (merge every
+20) on one, so whichever of grant / defer is chosen, one side can wait up to half of it. The finer
+tail (:func:`tail_choice`) adds a third answer: cut the chunk in two and grant half of it, the
+other half staying in the queue for whoever is free first, which halves that granularity.
 Each round records every worker's idle share and where that idle went (``idle``, ``idle_parts``
 in the report), the measure of how well this worked.
 """
 
 from __future__ import annotations
 
-import heapq
 import statistics
 from collections.abc import Sequence
 
+from hwtui.engine.training.queue import unit_fraction
 from hwtui.engine.training.workers import WorkerState
 
 DECIDE_WITHIN = 0.1  # seconds of work left under which a worker's prefetch at the end of a round is decided
 RECENT_CHUNKS = 9  # chunk times a speed estimate looks at (spans rounds: a new round starts informed)
+GRANT, HALF, DEFER = "grant", "half", "defer"  # tail_choice's answers
 
 
 def chunk_estimate(recent: Sequence[float]) -> float | None:
@@ -35,36 +40,47 @@ def chunk_estimate(recent: Sequence[float]) -> float | None:
 
 
 def busy_left(x: WorkerState, now: float) -> float:
-    """Estimated seconds until ``x`` has trained every chunk it holds (current + prefetched)."""
+    """Estimated seconds until ``x`` has trained every unit it holds (current + prefetched; a
+    piece takes its fraction of a chunk's time)."""
     if not x.held or x.chunk_time is None:
         return 0.0
-    return max(0.0, x.chunk_time - (now - x.started_at)) + (len(x.held) - 1) * x.chunk_time
+    sizes = [unit_fraction(u) for u in x.held]
+    return max(0.0, sizes[0] * x.chunk_time - (now - x.started_at)) + sum(sizes[1:]) * x.chunk_time
 
 
-def others_finish(others: Sequence[WorkerState], pending: int, now: float) -> float:
-    """When ``others`` would have trained what they hold plus ``pending`` more chunks, each chunk
-    going to whichever of them would finish it first (list scheduling on their estimates)."""
-    ends = [(busy_left(x, now), float(x.chunk_time or 0.0)) for x in others]
-    if not ends:
+def _fractions(pending: int | Sequence[float]) -> list[float]:
+    return [1.0] * pending if isinstance(pending, int) else list(pending)
+
+
+def others_finish(others: Sequence[WorkerState], pending: int | Sequence[float], now: float) -> float:
+    """When ``others`` would have trained what they hold plus the ``pending`` units (a count of
+    whole chunks, or each unit's fraction of a chunk, in queue order), each unit going to
+    whichever of them would finish it first (list scheduling on their estimates)."""
+    lanes = [(busy_left(x, now), float(x.chunk_time or 0.0)) for x in others]  # (busy until, seconds per chunk)
+    if not lanes:
         return 0.0
-    heap = [(end + t, end, t) for end, t in ends]
-    heapq.heapify(heap)
-    for _ in range(pending):
-        finish, _end, t = heapq.heappop(heap)
-        heapq.heappush(heap, (finish + t, finish, t))
-    return max(end for _next, end, _t in heap)
+    for size in _fractions(pending):
+        i = min(range(len(lanes)), key=lambda j: (lanes[j][0] + size * lanes[j][1], lanes[j][0], lanes[j][1]))
+        end, t = lanes[i]
+        lanes[i] = (end + size * t, t)
+    return max(end for end, _t in lanes)
 
 
-def tail_defer(w: WorkerState, alive: Sequence[WorkerState], pending: int, now: float) -> bool:
-    """Dynamic balancing's end of round: hold back ``w``'s claim when that leaves less idle at the merge.
+def tail_choice(w: WorkerState, alive: Sequence[WorkerState], pending: int | Sequence[float], now: float,
+                halves: bool = False) -> str:
+    """Dynamic balancing's end of round: grant ``w``'s claim (:data:`GRANT`), grant half of the
+    next chunk (:data:`HALF`, with ``halves``) or hold it back (:data:`DEFER`), whichever leaves
+    the least idle at the merge. ``pending``: what ``w`` could be given, in queue order (a count
+    of whole chunks, or each unit's fraction of a chunk).
 
-    Granting: ``w`` finishes what it holds plus this chunk, the others the ``pending - 1`` left;
-    whoever is done first waits for the other (the gap between the two). Deferring: the others
-    train all ``pending`` and ``w`` waits for them once it has finished what it holds. The choice
-    with the smaller wait wins. Only the makespan would say "defer when the others finish
-    sooner", which leaves a slow device idle for almost a whole chunk of its own (a tenth of a
-    round for a device three times slower at merge every 20) to shorten the round by a little;
-    this rule bounds the larger idle by about half a slow chunk plus half a fast one.
+    Granting: ``w`` finishes what it holds plus the next unit, the others the rest; whoever is
+    done first waits for the other (the gap between the two). Half: the same with half of the
+    next chunk, the other half joining the rest. Deferring: the others train everything pending
+    and ``w`` waits for them once it has finished what it holds. Only the makespan would say
+    "defer when the others finish sooner", which leaves a slow device idle for almost a whole
+    chunk of its own (a tenth of a round for a device three times slower at merge every 20) to
+    shorten the round by a little; the smaller wait bounds the larger idle by about half a slow
+    chunk plus half a fast one, and halves bound it by about half of that again.
 
     Early in a round (the others could not finish the pending chunks before ``w`` finishes its
     own anyway) a claim is always granted, without the simulation. Near the end, a prefetch (a
@@ -73,21 +89,29 @@ def tail_defer(w: WorkerState, alive: Sequence[WorkerState], pending: int, now: 
     made that far ahead, and one stretched chunk then keeps the others waiting at the merge (the
     benchmark's worst rounds). A held-back claim is decided again at every turn of the
     coordinator's loop (at least every 50 ms), so the answer still arrives before it is needed."""
-    if w.chunk_time is None or pending == 0:
-        return False
+    sizes = _fractions(pending)
+    if w.chunk_time is None or not sizes:
+        return GRANT
     others = [x for x in alive if x is not w and x.chunk_time is not None]
     if not others:
-        return False
+        return GRANT
     mine_busy = busy_left(w, now)
-    mine = mine_busy + w.chunk_time
+    mine = mine_busy + sizes[0] * w.chunk_time
     rate = sum(1.0 / max(1e-9, x.chunk_time or 0.0) for x in others)
-    if min(busy_left(x, now) for x in others) + (pending - 1) / rate > mine + max(x.chunk_time or 0.0 for x in others):
-        return False  # the others are still busy well after w's chunk: nothing to balance yet
+    if min(busy_left(x, now) for x in others) + sum(sizes[1:]) / rate > mine + max(x.chunk_time or 0.0 for x in others):
+        return GRANT  # the others are still busy well after w's unit: nothing to balance yet
     if mine_busy > DECIDE_WITHIN:
-        return True  # a prefetch near the end: decided when w's current chunk is nearly done (see above)
-    idle_if_defer = others_finish(others, pending, now) - mine_busy
-    idle_if_grant = abs(mine - others_finish(others, pending - 1, now))
-    return idle_if_defer < idle_if_grant
+        return DEFER  # a prefetch near the end: decided when w's current unit is nearly done (see above)
+    idle = {GRANT: abs(mine - others_finish(others, sizes[1:], now)),
+            DEFER: others_finish(others, sizes, now) - mine_busy}
+    if halves and sizes[0] == 1.0:
+        idle[HALF] = abs(mine_busy + 0.5 * w.chunk_time - others_finish(others, [0.5, *sizes[1:]], now))
+    return min((GRANT, HALF, DEFER), key=lambda k: idle.get(k, float("inf")))  # ties: the coarser answer
+
+
+def tail_defer(w: WorkerState, alive: Sequence[WorkerState], pending: int | Sequence[float], now: float) -> bool:
+    """:func:`tail_choice` without halves: whether to hold ``w``'s claim back."""
+    return tail_choice(w, alive, pending, now) == DEFER
 
 
 def is_eval_round(round_no: int, last: bool, eval_every: int) -> bool:

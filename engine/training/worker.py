@@ -152,7 +152,7 @@ class Worker:
     def _clock(self) -> tuple[float, float]:
         return time.perf_counter(), time.thread_time()
 
-    def _slow_down(self, since: tuple[float, float], smooth: bool = False) -> None:
+    def _slow_down(self, since: tuple[float, float], smooth: bool = False, rows: int = 1, whole: bool = True) -> None:
         """The test-only slowdown knob: all of this device's work (batches and evaluations alike)
         takes ``slowdown`` times its wall time, like a slower device would.
 
@@ -165,17 +165,23 @@ class Worker:
         batches, not of this one: a slower device takes longer to compute, but a moment the host
         took its core away costs it the same as anyone else. Scaling each batch's own wall time
         turned every 50 ms the core was taken into 150 ms for a "3x" worker -- three times the
-        jitter of its fast peer, which is what made the fast one wait at the merges."""
+        jitter of its fast peer, which is what made the fast one wait at the merges. The mean is
+        per sample (``rows``) of whole batches only: half a batch at the end of a round sleeps half
+        as long as a whole one, and its own (higher) per-sample time does not slow the next ones."""
         if self.slowdown <= 1:
             return
         wall = time.perf_counter() - since[0]
         if smooth:
-            self._walls.append(wall)
-            wall = sum(self._walls) / len(self._walls)
+            if whole or not self._walls:
+                self._walls.append(wall / max(1, rows))
+            wall = sum(self._walls) / len(self._walls) * max(1, rows)
         time.sleep(wall * (self.slowdown - 1))
 
-    def train_chunk(self, chunk_id: int) -> dict[str, Any]:
+    def train_chunk(self, chunk_id: int, part: list[int] | None = None) -> dict[str, Any]:
+        """One optimizer step on chunk ``chunk_id``'s batch, or on the rows of one ``part``
+        ([part, parts]) of it (a piece at the end of a round: the same bytes whoever trains it)."""
         from hwtui.engine.training.data import chunk_batch
+        from hwtui.engine.training.queue import unit_rows
 
         # The batch is cut inside the timed span: it is this device's work too (the idle share of a
         # round must not count it as waiting).
@@ -183,7 +189,8 @@ class Worker:
         t0 = since[0]
         start = time.monotonic()
         self.model.train()
-        x, y = (t.to(self.dev.device, non_blocking=True) for t in
+        lo, hi = unit_rows(chunk_id if part is None else (chunk_id, part[0], part[1]), self.cfg.batch_size)
+        x, y = (t[lo:hi].to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
@@ -196,15 +203,16 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        self._slow_down(since, smooth=True)
+        self._slow_down(since, smooth=True, rows=hi - lo, whole=part is None)
         self.chunks_trained += 1
         if not math.isfinite(value):
             raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
         # start/end on the system-wide monotonic clock the coordinator reads too: it places the
         # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
-        return {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0,
+        done = {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0,
                 "start": start, "end": time.monotonic()}
+        return done if part is None else done | {"part": part}
 
     def evaluate(self) -> float:
         import torch
@@ -236,7 +244,6 @@ class Worker:
         from hwtui.engine.training import merge as M
 
         self._fault("merge", msg["round"])
-        loss_local = self.evaluate() if msg.get("evaluate", True) else None  # only on evaluation rounds
         tensors = M.model_tensors(self.model)
         bad = first_non_finite(tensors)
         if bad is not None:  # checked before the collective: a poisoned copy never reaches the others
@@ -255,12 +262,14 @@ class Worker:
         bad = first_non_finite(merged)
         if bad is not None:  # finite inputs can still overflow when summed: never apply or save that
             raise Diverged(f"merged tensor {bad}", math.nan)
-        reply = self.chan.request({"kind": "reduced", "round": msg["round"], "loss_local": loss_local, "total": total},
-                                  self.reply_timeout)
+        reply = self.chan.request({"kind": "reduced", "round": msg["round"], "total": total}, self.reply_timeout)
         if reply["kind"] != "commit":
             if self.outer is not None:
                 self.outer.reject()
             return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
+        # Evaluation rounds: this copy's held-out loss, now that the round is committed (before the
+        # all-reduce, a slow device's evaluation kept every other device waiting in the collective).
+        loss_local = self.evaluate() if reply.get("evaluate", True) else None
         if self.outer is not None:
             self.outer.accept()
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
@@ -270,7 +279,8 @@ class Worker:
             self.opt.state.clear()
         if reply.get("writer"):
             loss_merged = self.evaluate() if reply.get("evaluate", True) else None
-            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None}
+            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
+                                    "loss_local": loss_local}
             ck = reply.get("checkpoint")
             if ck:
                 from hwtui.engine.training import checkpoint
@@ -282,12 +292,14 @@ class Worker:
                                        outer=outer_t)
                 done["checkpoint"] = str(path)
             self.chan.send(done)
+        elif loss_local is not None:
+            self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
         return {"kind": "claim", "done": None}
 
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         kind = msg.get("kind")
         if kind == "chunk":
-            return {"kind": "claim", "done": self.train_chunk(msg["chunk"])}
+            return {"kind": "claim", "done": self.train_chunk(msg["chunk"], msg.get("part"))}
         if kind == "regroup":
             return self.regroup(msg)
         if kind == "merge":
@@ -300,7 +312,7 @@ class Worker:
         from collections import deque
 
         depth = 1 if self.cfg.prefetch and knobs.prefetch() else 0  # chunks to hold beyond the one training
-        ahead: deque[int] = deque()  # granted, not started
+        ahead: deque[tuple[int, list[int] | None]] = deque()  # granted, not started: (chunk, part)
         result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
         control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
         waiting = False  # a claim is out and its answer not read yet
@@ -308,7 +320,7 @@ class Worker:
             if waiting and control is None and (msg := self.chan.poll()) is not None:
                 waiting = False
                 if msg["kind"] == "chunk":
-                    ahead.append(msg["chunk"])
+                    ahead.append((msg["chunk"], msg.get("part")))
                 else:
                     control = msg
             if not waiting and control is None and len(ahead) <= depth:
@@ -318,13 +330,13 @@ class Worker:
                 self.chan.send({"kind": "done", "done": result})
                 result = None
             if ahead and control is None:
-                result = self.train_chunk(ahead.popleft())
+                result = self.train_chunk(*ahead.popleft())
                 continue
             if control is None:  # nothing to train: there is always a claim out here
                 control, waiting = self.chan.recv(self.reply_timeout), False
             msg, control = control, None
             if msg["kind"] == "chunk":
-                ahead.append(msg["chunk"])
+                ahead.append((msg["chunk"], msg.get("part")))
                 continue
             # merge (only once every chunk of the round is reported), regroup (may come with a chunk
             # still ahead: it trains after the new group is formed) or stop.

@@ -16,6 +16,7 @@ from typing import Any
 
 from hwtui.core.supervisor import Child, encode_message
 from hwtui.engine.training.config import WorkerConfig
+from hwtui.engine.training.queue import Unit
 from hwtui.probes.vendor_envs import interpreter_for
 
 
@@ -28,11 +29,12 @@ class WorkerState:
     hello: dict[str, Any] | None = None
     gen: int = -1
     pending: dict[str, Any] | None = None  # a request awaiting our answer
-    held: list[int] = field(default_factory=list)  # chunks granted, not reported done: [training, prefetched]
+    held: list[Unit] = field(default_factory=list)  # chunks/pieces granted, not reported done: [training, prefetched]
     in_merge: bool = False
     samples: int = 0
     chunks_claimed: int = 0
     chunks_done: int = 0
+    busy_samples: int = 0  # samples it trained (lost ones included: its speed, not its merged work)
     busy_seconds: float = 0.0
     round_busy: float = 0.0  # seconds spent training chunks in the current round
     round_first: float | None = None  # when its first chunk of the round began (monotonic clock)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def _checkpoint_dir(tmp_path: Path, **hyper) -> Path:
                 "hyperparameters": cfg.hyperparameters()}
     checkpoint.save(tmp_path, 20, {"w": torch.ones(2)}, None, manifest)
     resume.write_assignments(tmp_path, 0, {1: {0: (0, 2), 1: (1, 3)}, 2: {0: (4,), 1: (5, 6, 7)},
-                                           3: {0: (8, 9), 1: (10, 11)}})
+                                           3: {0: (8, (11, 1, 2)), 1: (9, 10, (11, 0, 2))}})
     return tmp_path
 
 
@@ -110,7 +111,8 @@ def test_resume_refuses_changed_hyperparameters_unless_overridden(tmp_path):
     point = resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, lr=0.01, merge="outer-nesterov",
                                     overrides=frozenset({"lr"})))
     assert (point.step, point.round, point.next_chunk, point.samples) == (20, 2, 40, 640)
-    assert point.replay == {3: {0: (8, 9), 1: (10, 11)}}  # rounds after the checkpoint are replayed
+    assert point.replay == {3: {0: (8, (11, 1, 2)), 1: (9, 10, (11, 0, 2))}}  # rounds after the checkpoint, halves too
+    assert json.loads((tmp_path / resume.ASSIGNMENTS).read_text())["rounds"]["3"]["0"] == [8, "11:1/2"]
     with pytest.raises(TrainingError, match="holds a model"):
         resume.load(TrainConfig(devices=(), checkpoint_dir=d, resume=True, merge="outer-nesterov",
                                 model=ModelConfig(d_model=32)))
@@ -122,31 +124,49 @@ def test_queue_replays_a_recorded_assignment_and_ignores_one_that_does_not_fit()
     assert [q.claim(1), q.claim(1), q.claim(0), q.claim(0), q.claim(0), q.claim(0)] == [10, None, 8, 9, 11, None]
     for cid, rank in ((8, 0), (9, 0), (10, 1), (11, 0)):
         q.complete(rank, cid)
-    assert q.assignment() == {0: (8, 9, 11), 1: (10,)} and q.round_record()["assignment"] == {"0": [8, 9, 11], "1": [10]}
+    assert q.assignment() == {0: (8, 9, 11), 1: (10,)} and q.round_record(4)["assignment"] == {"0": [8, 9, 11], "1": [10]}
     assert not q.start_round(4, 4, [0, 1], assignment={0: (1, 2), 1: (3, 4)})  # other chunks: not used
     assert {c.owner for c in q.chunks.values()} == {None}
 
 
 def test_read_assignments_refuses_what_is_not_one(tmp_path):
     bad = tmp_path / "x.json"
-    bad.write_text("[1, 2")
-    with pytest.raises(TrainingError, match="not a chunk assignment record"):
-        resume.read_assignments(bad)
+    for text in ("[1, 2", '{"rounds": {"1": {"0": [1, "2:2/2"]}}}', '{"rounds": {"1": {"0": [1.5]}}}'):
+        bad.write_text(text)
+        with pytest.raises(TrainingError, match="not a chunk assignment record"):
+            resume.read_assignments(bad)
     assert resume.read_assignments(tmp_path / "absent.json") == {}
 
 
 # -- real runs: a recorded assignment reproduces a dynamic run bit for bit ---------------------------
 
 def _train(tmp: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+    # HWTUI_TEST_HALVES: every round's last chunk goes out in two halves (the finer tail), so the
+    # recorded assignment surely holds pieces, whatever this machine's timing makes of the tail.
     return subprocess.run(
-        [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "10", "--batch-size", "4",
+        [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "10", "--batch-size", "5",
          "--merge-every", "5", "--eval-every", "100", "--merge", "outer-nesterov", "--context", "32", "--d-model", "32",
          "--checkpoint-dir", str(tmp / name), "--report", str(tmp / f"{name}.json"), *extra],
-        cwd=REPO, env={**os.environ, "HWTUI_TEST_SLOWDOWN": "1:2"}, capture_output=True, text=True, timeout=170)
+        cwd=REPO, env={**os.environ, "HWTUI_TEST_SLOWDOWN": "1:2", "HWTUI_TEST_HALVES": "1"},
+        capture_output=True, text=True, timeout=170)
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _every_sample_once(rep: dict, batch: int) -> None:
+    """Each round: its chunks covered exactly once (whole, or each half once), the samples exact."""
+    from hwtui.engine.training.queue import covering_units, unit_parse, unit_samples
+
+    for rnd in rep["rounds"]:
+        lo, hi = rnd["chunks"]
+        units = [unit_parse(u) for us in rnd["assignment"].values() for u in us]
+        assert covering_units(list(range(lo, hi + 1)), units) is not None, rnd["assignment"]
+        by_rank = {r: sum(unit_samples(unit_parse(u), batch) for u in us) for r, us in rnd["assignment"].items()}
+        assert by_rank == rnd["samples_by"] and rnd["samples"] == sum(by_rank.values()) == (hi - lo + 1) * batch
+        assert sum(rnd["done_by"].values()) == hi - lo + 1
+    assert rep["samples"] == sum(r["samples"] for r in rep["rounds"]) == sum(w["samples"] for w in rep["workers"])
 
 
 @pytest.mark.torch
@@ -157,12 +177,28 @@ def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hy
     b = _train(tmp_path, "b", "--replay-assignment", str(tmp_path / "a.json"))
     assert b.returncode == 0, b.stderr
     rep_a, rep_b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    # Every round ended on a chunk cut in two (batch 5: rows 0-1 and 2-4; the tail rule may cut
+    # others too), recorded and replayed.
+    assert all(r["pieces"] >= 2 and r["pieces"] % 2 == 0 for r in rep_a["rounds"]), rep_a["rounds"]
     assert [r["assignment"] for r in rep_a["rounds"]] == [r["assignment"] for r in rep_b["rounds"]]
     assert all(r["replayed"] for r in rep_b["rounds"]) and not any(r["replayed"] for r in rep_a["rounds"])
+    for rep in (rep_a, rep_b):
+        _every_sample_once(rep, 5)
     ck_a, ck_b = tmp_path / "a" / "ckpt-00000010", tmp_path / "b" / "ckpt-00000010"
     for f in (checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.OUTER_FILE):
         assert _sha(ck_a / f) == _sha(ck_b / f), f  # the outer momentum is checkpointed too
     assert json.loads((tmp_path / "a" / resume.ASSIGNMENTS).read_text())["rounds"]["2"] == rep_a["rounds"][1]["assignment"]
+    # --resume from round 1's checkpoint (round 2's is gone) replays round 2 as recorded, halves
+    # included, and lands on the same weights as the run that recorded it.
+    shutil.copytree(tmp_path / "a", tmp_path / "c")
+    shutil.rmtree(tmp_path / "c" / "ckpt-00000010")
+    c = _train(tmp_path, "c", "--resume")
+    assert c.returncode == 0, c.stderr
+    rep_c = json.loads((tmp_path / "c.json").read_text())
+    assert [r["round"] for r in rep_c["rounds"]] == [2] and rep_c["rounds"][0]["replayed"]
+    assert rep_c["rounds"][0]["assignment"] == rep_a["rounds"][1]["assignment"]
+    for f in (checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.OUTER_FILE):
+        assert _sha(ck_a / f) == _sha(tmp_path / "c" / "ckpt-00000010" / f), f
     # --resume with another --lr is refused before any worker starts, and says how to allow it.
     c = _train(tmp_path, "a", "--resume", "--steps", "15", "--lr", "0.01")
     assert c.returncode == 2 and c.stderr.count("\n") == 1 and "--override lr" in c.stderr, c.stderr

@@ -9,7 +9,16 @@ from __future__ import annotations
 import pytest
 
 from hwtui.engine.training import schedule
-from hwtui.engine.training.schedule import chunk_estimate, idle_parts, others_finish, tail_defer
+from hwtui.engine.training.schedule import (
+    DEFER,
+    GRANT,
+    HALF,
+    chunk_estimate,
+    idle_parts,
+    others_finish,
+    tail_choice,
+    tail_defer,
+)
 from hwtui.engine.training.workers import WorkerState
 
 
@@ -20,29 +29,43 @@ def worker(rank: int, chunk_time: float | None, held: int = 0, started_at: float
 
 
 def simulate_round(times: list[float], chunks: int, offsets: list[float] | None = None,
-                   rule=tail_defer) -> tuple[float, list[float]]:
+                   rule=None, halves: bool = False) -> tuple[float, list[float]]:
     """One round of ``chunks`` chunks on workers whose chunks take ``times`` seconds (known exactly),
-    each starting ``offsets`` late. Returns (round seconds, each worker's idle share)."""
+    each starting ``offsets`` late. ``rule`` (default :func:`tail_choice`) answers each claim with
+    grant / half / defer; a half cuts the next chunk in two in its place, as the queue does.
+    Returns (round seconds, each worker's idle share)."""
+    def choose(w, ws, pending, now):
+        if rule is None:
+            return tail_choice(w, ws, pending, now, halves=halves)
+        return DEFER if rule(w, ws, pending, now) else GRANT
+
     ws = [worker(r, t) for r, t in enumerate(times)]
     offsets = offsets or [0.0] * len(ws)
     busy = [0.0] * len(ws)
-    pending, now = chunks, 0.0
+    pending, now = [1.0] * chunks, 0.0  # each pending unit's fraction of a chunk, in queue order
+    size: dict[int, float] = {}
     while True:
         for w in ws:  # every free worker asks; a held-back claim asks again at the next event
-            if not w.held and pending and now >= offsets[w.rank] and not rule(w, ws, pending, now):
-                w.held, w.started_at, pending = [chunks - pending], now, pending - 1
-        ends = [w.started_at + (w.chunk_time or 0.0) for w in ws if w.held]
+            if not w.held and pending and now >= offsets[w.rank]:
+                answer = choose(w, ws, pending, now)
+                if answer == DEFER:
+                    continue
+                if answer == HALF:
+                    pending[:1] = [0.5, 0.5]
+                size[w.rank] = pending.pop(0)
+                w.held, w.started_at = [0 if size[w.rank] == 1.0 else (0, 0, 2)], now
+        ends = [w.started_at + size[w.rank] * (w.chunk_time or 0.0) for w in ws if w.held]
         if not ends and not pending:
             break
         later = [o for o in offsets if o > now]
         now = min(ends + later)
         for w in ws:
-            if w.held and w.started_at + (w.chunk_time or 0.0) <= now + 1e-12:
-                w.held, busy[w.rank] = [], busy[w.rank] + (w.chunk_time or 0.0)
+            if w.held and w.started_at + size[w.rank] * (w.chunk_time or 0.0) <= now + 1e-12:
+                w.held, busy[w.rank] = [], busy[w.rank] + size[w.rank] * (w.chunk_time or 0.0)
     return now, [1 - b / now for b in busy]
 
 
-def makespan_rule(w: WorkerState, alive, pending: int, now: float) -> bool:
+def makespan_rule(w: WorkerState, alive, pending, now: float) -> bool:
     """The rule before: hold back when the others would finish every pending chunk sooner."""
     others = [x for x in alive if x is not w]
     return others_finish(others, pending, now) < schedule.busy_left(w, now) + (w.chunk_time or 0.0)
@@ -58,9 +81,37 @@ def test_no_worker_idles_more_than_a_tenth_of_a_round_with_one_device_three_time
 
 
 def test_the_rule_bounds_idle_where_finishing_first_left_the_slow_device_waiting():
-    worst_new = max(max(simulate_round([1.0, r], 40)[1]) for r in SLOWER)
+    worst_new = max(max(simulate_round([1.0, r], 40, rule=tail_defer)[1]) for r in SLOWER)
     worst_old = max(max(simulate_round([1.0, r], 40, rule=makespan_rule)[1]) for r in SLOWER)
     assert worst_new < worst_old
+
+
+FINE = [2.5 + i * 0.02 for i in range(51)]  # 2.5x to 3.5x slower in finer steps: every phase of the tail
+
+
+@pytest.mark.parametrize("chunks", [20, 40, 60])  # merge every 10, 20, 30 on two workers
+def test_half_chunks_at_the_tail_halve_the_worst_idle_of_a_round(chunks):
+    whole = max(max(simulate_round([1.0, r], chunks, rule=tail_defer)[1]) for r in FINE)
+    halves = max(max(simulate_round([1.0, r], chunks, halves=True)[1]) for r in FINE)
+    # merge every 20: 6.5% -> 3.3%; every 10: 13.5% (over the target) -> 6.5%
+    assert halves <= 0.55 * whole and halves <= 0.07, (whole, halves)
+
+
+def test_equal_workers_split_an_odd_last_chunk_instead_of_one_waiting_a_whole_chunk():
+    assert max(simulate_round([1.0, 1.0], 41, rule=tail_defer)[1]) == pytest.approx(1 / 21)
+    seconds, idle = simulate_round([1.0, 1.0], 41, halves=True)
+    assert seconds == pytest.approx(20.5) and max(idle) == pytest.approx(0.0)
+
+
+def test_a_half_is_granted_only_when_it_leaves_less_idle_than_a_whole_chunk_or_waiting():
+    fast, slow = worker(0, 1.0, held=1, started_at=-0.95), worker(1, 3.0)
+    # The fast one is 0.05 s from done, two chunks pending. Whole: slow ends at 3.0, fast at 1.05
+    # (waits 1.95). Held back: the fast one trains both, ends at 2.05 and the slow one waits 2.05.
+    # Half: slow ends at 1.5; fast does its other half and the last chunk, ends at 1.55 (waits 0.05).
+    assert tail_choice(slow, [fast, slow], [1.0, 1.0], 0.0, halves=True) == HALF
+    assert tail_choice(slow, [fast, slow], [1.0, 1.0], 0.0) == GRANT  # without halves: the old answer
+    assert tail_choice(slow, [fast, slow], [0.5, 1.0], 0.0, halves=True) in (GRANT, DEFER)  # a half is not cut again
+    assert tail_choice(slow, [fast, slow], [1.0] * 30, 0.0, halves=True) == GRANT  # early in a round
 
 
 def test_equal_workers_share_a_round_evenly():
