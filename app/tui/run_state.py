@@ -181,9 +181,9 @@ class Training:
     checkpoints: list[TrainCheckpoint] = field(default_factory=list)
     lost: list[TrainWorkerLost] = field(default_factory=list)
     done: TrainDone | None = None
-    chunks_at_merge: int = 0  # chunks done when the last merge came: this round's progress starts there
-    first_report: tuple[float, int] | None = None  # (t, chunks) of the first worker report: the rate's origin
-    last_report: tuple[float, int] | None = None
+    chunks_at_merge: float = 0.0  # chunks done when the last merge came: this round's progress starts there
+    first_report: tuple[float, float] | None = None  # (t, chunks) of the first worker report: the rate's origin
+    last_report: tuple[float, float] | None = None
 
     @property
     def steps(self) -> int:
@@ -194,8 +194,12 @@ class Training:
         return self.merges[-1].step if self.merges else 0
 
     @property
-    def chunks_done(self) -> int:
-        return sum(w.step for w in self.workers.values())
+    def chunks_done(self) -> float:
+        """Whole chunks' worth of samples the workers trained: at the end of a round a worker may
+        train half a chunk (one optimizer step on half a batch), which counts as half."""
+        if self.start is not None and self.start.batch_size > 0:
+            return sum(w.samples for w in self.workers.values()) / self.start.batch_size
+        return float(sum(w.step for w in self.workers.values()))
 
     @property
     def trained_step(self) -> float:

@@ -166,6 +166,20 @@ def test_training_progress_never_overshoots_before_done():
     assert s.progress()[0] == 1.0 and s.progress()[1] == 0.0
 
 
+def test_half_chunks_at_the_end_of_a_round_count_as_half_a_step():
+    """The engine's finer tail: a worker may train half a chunk (one optimizer step on half a
+    batch). Progress follows samples, so the bar never runs ahead of the engine within a round."""
+    s = RunState()
+    s.apply(_train_start(steps=10, ranks=2, merge_every=5))
+    # Rank 0: 3 whole chunks and a half; rank 1: 1 whole and the other half. 6 optimizer steps,
+    # 5 chunks' worth of samples.
+    s.apply(TrainWorker(rank=0, device="cpu:0", step=4, samples=16 * 3 + 8, samples_per_s=1.0, loss=1.0,
+                        mem_used=None, mem_total=None, chunks_claimed=4, t=101.0))
+    s.apply(TrainWorker(rank=1, device="cpu:1", step=2, samples=16 * 1 + 8, samples_per_s=1.0, loss=1.0,
+                        mem_used=None, mem_total=None, chunks_claimed=2, t=102.0))
+    assert s.train.step == pytest.approx(2.5), "5 chunks over 2 workers is 2.5 steps, not 6 / 2 = 3"
+
+
 def test_worker_lost_is_an_error_and_marks_the_worker():
     s = RunState()
     s.apply(_train_start(ranks=2))
