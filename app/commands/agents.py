@@ -63,7 +63,12 @@ def _line(n: dict[str, Any]) -> str:
     ver = f" serving {rep.get('serving')}" if rep.get("serving") else ""
     if flight:
         ver += f", pushing {flight.get('version')} {100 * (flight.get('progress') or 0):.0f}%"
-    return f"{n['node']:<16} ok     {len(devs)} device(s){ver}  {'; '.join(parts)}"
+    # A node with no accelerator says so, with its CPU's use, instead of "0 device(s)".
+    cpu = next((d for d in n["devices"] if d.get("device") == "cpu"), None)
+    if not devs and cpu is not None:
+        parts = [f"cpu {'-' if cpu.get('util') is None else format(cpu['util'], '.0f') + '%'}"]
+    what = f"{len(devs)} device(s)" if devs else "no accelerator"
+    return f"{n['node']:<16} ok     {what}{ver}  {'; '.join(parts)}"
 
 
 def run(args: argparse.Namespace) -> int:
