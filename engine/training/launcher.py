@@ -55,7 +55,7 @@ from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
-from hwtui.engine.training.queue import ChunkQueue, Unit, unit_samples
+from hwtui.engine.training.queue import ChunkQueue, unit_from_message, unit_message, unit_samples
 from hwtui.engine.training.schedule import (
     DEFER,
     GRANT,
@@ -245,7 +245,7 @@ class Coordinator:
                         f"try a lower --lr")
 
     def _chunk_done(self, w: WorkerState, done: dict[str, Any]) -> None:
-        unit = _unit_of(done)
+        unit = unit_from_message(done)
         self.queue.complete(w.rank, unit)
         w.held.remove(unit)
         w.started_at = time.monotonic()  # its prefetched chunk (if any) starts now
@@ -414,8 +414,7 @@ class Coordinator:
                         w.started_at = time.monotonic()
                     w.held.append(unit)
                     w.chunks_claimed += 1
-                    w.reply({"kind": "chunk", "chunk": unit} if isinstance(unit, int) else
-                            {"kind": "chunk", "chunk": unit[0], "part": [unit[1], unit[2]]})
+                    w.reply({"kind": "chunk", **unit_message(unit)})
         if self.queue.complete() and all(w.pending_kind == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
 
@@ -549,12 +548,6 @@ class Coordinator:
                     pass
         self.group.terminate(grace_s=5.0)
         self.group.close()
-
-
-def _unit_of(done: dict[str, Any]) -> Unit:
-    """The unit a worker reports: ``chunk``, plus ``part`` [part, parts] for a piece of one."""
-    part = done.get("part")
-    return int(done["chunk"]) if part is None else (int(done["chunk"]), int(part[0]), int(part[1]))
 
 
 def _exit_reason(code: int | None) -> str:

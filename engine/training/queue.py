@@ -73,9 +73,20 @@ def unit_name(u: Unit) -> int | str:
     return u if isinstance(u, int) else f"{u[0]}:{u[1]}/{u[2]}"
 
 
+def unit_message(u: Unit) -> dict[str, Any]:
+    """How a unit travels between the coordinator and a worker: ``{"chunk": c}``, plus
+    ``"part": [part, parts]`` for a piece (the inverse of :func:`unit_from_message`)."""
+    return {"chunk": u} if isinstance(u, int) else {"chunk": u[0], "part": [u[1], u[2]]}
+
+
+def unit_from_message(msg: Mapping[str, Any]) -> Unit:
+    """The unit a ``chunk`` command or a worker's ``done`` report names (see :func:`unit_message`)."""
+    part = msg.get("part")
+    return int(msg["chunk"]) if part is None else (int(msg["chunk"]), int(part[0]), int(part[1]))
+
+
 def unit_parse(x: Any) -> Unit:
-    """The inverse of :func:`unit_name` (also accepts a JSON message's ``[chunk, [part, parts]]``).
-    Raises ValueError for anything else."""
+    """The inverse of :func:`unit_name`. Raises ValueError for anything else."""
     if isinstance(x, bool):
         raise ValueError(f"not a chunk: {x!r}")
     if isinstance(x, int):

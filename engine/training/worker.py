@@ -32,6 +32,7 @@ from typing import Any
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
 from hwtui.engine.training.config import ConfigError, WorkerConfig
+from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_rows
 
 
 class Diverged(RuntimeError):
@@ -177,11 +178,12 @@ class Worker:
             wall = sum(self._walls) / len(self._walls) * max(1, rows)
         time.sleep(wall * (self.slowdown - 1))
 
-    def train_chunk(self, chunk_id: int, part: list[int] | None = None) -> dict[str, Any]:
-        """One optimizer step on chunk ``chunk_id``'s batch, or on the rows of one ``part``
-        ([part, parts]) of it (a piece at the end of a round: the same bytes whoever trains it)."""
+    def train_chunk(self, unit: Unit) -> dict[str, Any]:
+        """One optimizer step on a chunk's batch, or on the rows of one piece of it (a piece at
+        the end of a round: the same bytes whoever trains it)."""
         from hwtui.engine.training.data import chunk_batch
-        from hwtui.engine.training.queue import unit_rows
+
+        chunk_id = unit_chunk(unit)
 
         # The batch is cut inside the timed span: it is this device's work too (the idle share of a
         # round must not count it as waiting).
@@ -189,7 +191,7 @@ class Worker:
         t0 = since[0]
         start = time.monotonic()
         self.model.train()
-        lo, hi = unit_rows(chunk_id if part is None else (chunk_id, part[0], part[1]), self.cfg.batch_size)
+        lo, hi = unit_rows(unit, self.cfg.batch_size)
         x, y = (t[lo:hi].to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         self.opt.zero_grad(set_to_none=True)
@@ -203,16 +205,15 @@ class Worker:
             loss.backward()
             self.opt.step()
         value = float(loss.detach())  # .item() synchronises the device too
-        self._slow_down(since, smooth=True, rows=hi - lo, whole=part is None)
+        self._slow_down(since, smooth=True, rows=hi - lo, whole=isinstance(unit, int))
         self.chunks_trained += 1
         if not math.isfinite(value):
             raise Diverged("the training loss", value, chunk_id)
         self._fault("chunk", self.chunks_trained)
         # start/end on the system-wide monotonic clock the coordinator reads too: it places the
         # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
-        done = {"chunk": chunk_id, "loss": value, "seconds": time.perf_counter() - t0,
+        return {**unit_message(unit), "loss": value, "seconds": time.perf_counter() - t0,
                 "start": start, "end": time.monotonic()}
-        return done if part is None else done | {"part": part}
 
     def evaluate(self) -> float:
         import torch
@@ -299,7 +300,7 @@ class Worker:
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         kind = msg.get("kind")
         if kind == "chunk":
-            return {"kind": "claim", "done": self.train_chunk(msg["chunk"], msg.get("part"))}
+            return {"kind": "claim", "done": self.train_chunk(unit_from_message(msg))}
         if kind == "regroup":
             return self.regroup(msg)
         if kind == "merge":
@@ -312,7 +313,7 @@ class Worker:
         from collections import deque
 
         depth = 1 if self.cfg.prefetch and knobs.prefetch() else 0  # chunks to hold beyond the one training
-        ahead: deque[tuple[int, list[int] | None]] = deque()  # granted, not started: (chunk, part)
+        ahead: deque[Unit] = deque()  # granted, not started
         result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
         control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
         waiting = False  # a claim is out and its answer not read yet
@@ -320,7 +321,7 @@ class Worker:
             if waiting and control is None and (msg := self.chan.poll()) is not None:
                 waiting = False
                 if msg["kind"] == "chunk":
-                    ahead.append((msg["chunk"], msg.get("part")))
+                    ahead.append(unit_from_message(msg))
                 else:
                     control = msg
             if not waiting and control is None and len(ahead) <= depth:
@@ -330,13 +331,13 @@ class Worker:
                 self.chan.send({"kind": "done", "done": result})
                 result = None
             if ahead and control is None:
-                result = self.train_chunk(*ahead.popleft())
+                result = self.train_chunk(ahead.popleft())
                 continue
             if control is None:  # nothing to train: there is always a claim out here
                 control, waiting = self.chan.recv(self.reply_timeout), False
             msg, control = control, None
             if msg["kind"] == "chunk":
-                ahead.append((msg["chunk"], msg.get("part")))
+                ahead.append(unit_from_message(msg))
                 continue
             # merge (only once every chunk of the round is reported), regroup (may come with a chunk
             # still ahead: it trains after the new group is formed) or stop.
