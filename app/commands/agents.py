@@ -48,6 +48,10 @@ def client_settings(args: argparse.Namespace) -> tuple[str | None, Any]:
     return client_token(getattr(args, "token_file", None)), verify
 
 
+def _util(d: dict[str, Any]) -> str:
+    return "-" if d.get("util") is None else f"{d['util']:.0f}%"
+
+
 def _line(n: dict[str, Any]) -> str:
     if n["stale"]:
         age = "never answered" if n["age_s"] is None else f"last answer {n['age_s']:.1f} s ago"
@@ -55,9 +59,8 @@ def _line(n: dict[str, Any]) -> str:
     devs = [d for d in n["devices"] if d.get("device") != "cpu"]
     parts = []
     for d in devs:
-        util = "-" if d.get("util") is None else f"{d['util']:.0f}%"
         mem = "-" if not d.get("mem_total") else f"{(d.get('mem_used') or 0) / 2**30:.1f}/{d['mem_total'] / 2**30:.0f}G"
-        parts.append(f"{d['device']} {util} {mem}")
+        parts.append(f"{d['device']} {_util(d)} {mem}")
     rep = n["replication"] or {}
     flight = rep.get("in_flight") or {}
     ver = f" serving {rep.get('serving')}" if rep.get("serving") else ""
@@ -66,7 +69,7 @@ def _line(n: dict[str, Any]) -> str:
     # A node with no accelerator says so, with its CPU's use, instead of "0 device(s)".
     cpu = next((d for d in n["devices"] if d.get("device") == "cpu"), None)
     if not devs and cpu is not None:
-        parts = [f"cpu {'-' if cpu.get('util') is None else format(cpu['util'], '.0f') + '%'}"]
+        parts = [f"cpu {_util(cpu)}"]
     what = f"{len(devs)} device(s)" if devs else "no accelerator"
     return f"{n['node']:<16} ok     {what}{ver}  {'; '.join(parts)}"
 

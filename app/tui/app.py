@@ -128,13 +128,15 @@ class HwtuiApp(App[int]):
             self.notify(f"could not save choices: {exc}", severity="warning")
 
     # -- actions ------------------------------------------------------------------------------
+    def _nodes_elsewhere(self) -> bool:
+        """There is a cluster view (`--agents`) and another screen shows."""
+        return self.nodes_screen is not None and self.screen is not self.nodes_screen
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "nodes":  # hidden without a cluster view, and on the cluster view itself
-            return self.nodes_screen is not None and self.screen is not self.nodes_screen
-        return True
+        return self._nodes_elsewhere() if action == "nodes" else True  # `a` is hidden where it means nothing
 
     def action_nodes(self) -> None:
-        if self.nodes_screen is not None and self.screen is not self.nodes_screen:
+        if self._nodes_elsewhere():
             self.switch_screen("nodes")
 
     def action_help(self) -> None:
