@@ -195,9 +195,9 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
             env["HWTUI_AGENT_TOKEN"] = token
             prefix = ["ip", "netns", "exec", net.node_ns[0]]
         for i in range(receivers + 1):
-            where = ["ip", "netns", "exec", net.node_ns[i]] if net else []
+            in_ns = ["ip", "netns", "exec", net.node_ns[i]] if net else []
             listen = f"{net.addresses[i]}:9477" if net else "127.0.0.1:0"
-            child = Child([*where, sys.executable, "-m", "hwtui.app", "agent", "--listen", listen, "--node", f"n{i}",
+            child = Child([*in_ns, sys.executable, "-m", "hwtui.app", "agent", "--listen", listen, "--node", f"n{i}",
                            "--out", str(base / f"out{i}"), "--check-interval", "3600",
                            *(["--token-file", str(base / "agent.token")] if net else [])], name=f"agent{i}", env=env,
                           stdout="pipe", stderr="inherit", text=True).start()

@@ -13,11 +13,12 @@ rank hands this class to the worker through its ``staging_factory`` seam.
 The staging copy is also written back to disk *while the transfer runs* (``Writeback``): each
 bucket, once received and verified, is handed to a background thread that starts its writeback
 (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which releases the GIL, on that byte range only, so
-pages still being received are not written twice). It only starts it: waiting for each range before
-starting the next kept one bucket in the device's queue (two receivers of 1 GB writing one disk:
-prepare took 0.11-0.21 s after the transfer that way, 0.01-0.15 s now). ``flush`` at prepare still does the whole fsync before the
-vote (durability is unchanged: fsync writes what is left, waits for what is under way and flushes
-the device's cache), but finds almost nothing left to write (1 GB was 0.4-0.7 s with no head start).
+pages still being received are not written twice). It only starts it: waiting for each range
+before starting the next kept one bucket in the device's queue (two receivers of 1 GB writing one
+disk: prepare took 0.11-0.21 s after the transfer that way, 0.01-0.15 s now). ``flush`` at
+prepare still does the whole fsync before the vote (durability is unchanged: fsync writes what is
+left, waits for what is under way and flushes the device's cache), but finds almost nothing left
+to write (1 GB was 0.4-0.7 s with no head start).
 """
 
 from __future__ import annotations
