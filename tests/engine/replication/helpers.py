@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hwtui.core.events import LogEvent
 from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
 
 
@@ -58,3 +59,8 @@ def assert_bytes_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.T
         assert g.dtype == t.dtype and tuple(g.shape) == tuple(t.shape), name
         # Compare raw bytes: NaN-safe and exact for every dtype.
         assert torch.equal(g.contiguous().view(-1).view(torch.uint8), t.contiguous().view(-1).view(torch.uint8)), name
+
+
+def paths_line(events: list[Any]) -> str:
+    """The launcher's "Replication paths" log line: which path each rank took, and why."""
+    return next(e.message for e in events if isinstance(e, LogEvent) and e.message.startswith("Replication paths"))

@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hwtui.core.events import LogEvent
 from hwtui.engine.replication.events import ReplBucket
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+from .helpers import paths_line
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -38,7 +39,7 @@ def model(tmp_path):
 def test_same_host_receivers_copy_from_page_cache_and_verify(model):
     result, events = _run(model / "p.json", model / "out")
     assert result.ok, result.error
-    line = next(e.message for e in events if isinstance(e, LogEvent) and e.message.startswith("Replication paths"))
+    line = paths_line(events)
     assert "same-host path: rank(s) 1, 2 copy each bucket from the source's page cache" in line
     assert "same boot id and the same source file" in line
     assert {r["rank"]: r["path"] for r in result.report["ranks"]} == {0: "source", 1: "same-host", 2: "same-host"}
@@ -56,6 +57,6 @@ def test_same_host_copy_is_verified_on_the_receivers_own_bytes(model):
     # Turned off, the same ranks take the network path, and the line says why.
     result, events = _run(model / "p.json", model / "out", same_host=False)
     assert result.ok, result.error
-    line = next(e.message for e in events if isinstance(e, LogEvent) and e.message.startswith("Replication paths"))
+    line = paths_line(events)
     assert "network path: rank(s) 1, 2 receive each bucket by gloo broadcast (same-host path turned off" in line
     assert all(r["collectives"] > 0 for r in result.report["ranks"])

@@ -13,12 +13,11 @@ import os
 
 import pytest
 
-from hwtui.core.events import LogEvent
 from hwtui.engine.replication.events import ReplBucket
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import load_plan
 
-from .helpers import assert_bytes_equal, make_model, served, write_plan
+from .helpers import assert_bytes_equal, make_model, paths_line, served, write_plan
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
@@ -55,7 +54,7 @@ def test_non_mappable_source_reaches_same_host_ranks_through_shared_memory(mixed
 
     result = _run(tmp_path, on_event=on_event)
     assert result.ok, result.error
-    line = next(e.message for e in events if isinstance(e, LogEvent) and e.message.startswith("Replication paths"))
+    line = paths_line(events)
     assert "shm path: rank(s) 1, 2 copy each bucket from the source's staging copy in /dev/shm and verify it" in line
     assert "a source file is not safetensors (cannot be mapped)" in line
     assert {r["rank"]: r["path"] for r in result.report["ranks"]} == {0: "source", 1: "shm", 2: "shm"}
