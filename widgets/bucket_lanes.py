@@ -49,8 +49,9 @@ class BucketLanes(Widget):
             return Text("waiting for repl.start", style="dim")
         width = max(self.size.width, 20)
         text = Text(no_wrap=True, overflow="ellipsis")
+        # Busy lanes over the limit, then their bytes apart ("3/4" and "0.2 MB" once ran into "3/40.2 MB").
         text.append(f"source window {r.occupancy}/{r.window}", style="bold")
-        text.append(f" {r.bytes_in_flight / 1e6:.1f} MB", style="")
+        text.append(f" ({r.bytes_in_flight / 1e6:.1f} MB in flight)", style="")
         text.append(f"  receivers verifying {r.awaiting_receivers}", style="magenta" if r.awaiting_receivers else "dim")
         legend = Text()
         for state in GLYPH:

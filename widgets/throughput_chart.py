@@ -7,6 +7,11 @@ from typing import Any
 from hwtui.widgets.plot_chart import PlotChart
 
 
+def _gbps(value: float | None) -> str:
+    """A figure the engine has not given yet is "-", never a made-up 0.00."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 class ThroughputChart(PlotChart):
     DEFAULT_CSS = "ThroughputChart { height: 9; width: 1fr; }"
     X_LABEL = "s"
@@ -15,7 +20,9 @@ class ThroughputChart(PlotChart):
         super().__init__(**kwargs)
         self.times: list[float] = []
         self.points: list[float] = []
-        self.current = self.peak = self.average = 0.0
+        self.peak = 0.0
+        self.current: float | None = None  # None until the engine's first throughput sample
+        self.average: float | None = None
 
     def show(self, repl: Any) -> None:
         self.times = [t for t, _ in repl.throughput]
@@ -24,7 +31,7 @@ class ThroughputChart(PlotChart):
         self.data_changed()
 
     def summary(self) -> str:
-        return f"GB/s now {self.current:.2f}  peak {self.peak:.2f}  avg {self.average:.2f}"
+        return f"GB/s now {_gbps(self.current)}  peak {self.peak:.2f}  avg {_gbps(self.average)}"
 
     def draw(self, plt: Any) -> None:
         if self.points:

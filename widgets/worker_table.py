@@ -1,4 +1,8 @@
-"""Training workers: device, step, samples/s, share of the work, loss, memory."""
+"""Training workers: device, chunks trained, samples/s, share of the work, loss, memory.
+
+CHUNKS is the worker's own count of optimizer steps (one per chunk); with dynamic balance a fast
+worker takes more than the run's steps, so it is not labelled STEP (the run's step is the header's).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ class WorkerTable(DataTable):
         self._keys: set[int] = set()
 
     def on_mount(self) -> None:
-        for label, key in (("RANK", "rank"), ("DEVICE", "device"), ("STEP", "step"), ("SAMPLES/S", "sps"),
+        for label, key in (("RANK", "rank"), ("DEVICE", "device"), ("CHUNKS", "step"), ("SAMPLES/S", "sps"),
                            ("SHARE", "share"), ("LOSS", "loss"), ("MEM", "mem")):
             self.add_column(label, key=key)
 

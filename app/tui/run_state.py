@@ -20,7 +20,6 @@ of truth the engine itself reports:
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from collections import deque
@@ -52,6 +51,8 @@ from hwtui.engine.training.events import (
 _ALARMING = re.compile(r"error|warn|traceback|exception|fatal|killed|not found|refused", re.IGNORECASE)
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
 SOURCE_RANK = 0  # the replication source: its window is the window
+# Until the engine's own "done, ok" the bar stops short of full: "99.9%", never "100.0%".
+FINISHING_FRACTION = 0.999
 
 
 def _size(n: float) -> str:
@@ -83,9 +84,8 @@ class Replication:
     lanes: list[int | None] = field(default_factory=list)  # the source's window: slot -> bucket_id
     sent: set[int] = field(default_factory=set)  # the source's send completed
     window: int = 0  # the source's current limit (adaptive mode moves it)
-    occupancy: int = 0
     peak_lanes: int = 0  # most lanes ever busy at once (== the source's peak_occupancy)
-    bytes_in_flight: int = 0
+    nbytes: dict[int, int] = field(default_factory=dict)  # bucket_id -> its size, as the engine reported it
     throughput: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     peak_gbps: float = 0.0
     bytes_done: int = 0
@@ -119,14 +119,29 @@ class Replication:
         return self.start.n_buckets if self.start is not None else len(self.states)
 
     @property
-    def current_gbps(self) -> float:
-        return self.throughput[-1][1] if self.throughput else 0.0
+    def occupancy(self) -> int:
+        """Lanes busy now: the header counts the very lanes drawn below it, so the two always agree."""
+        return sum(1 for b in self.lanes if b is not None)
 
     @property
-    def average_gbps(self) -> float:
+    def bytes_in_flight(self) -> int:
+        return sum(self.nbytes.get(b, 0) for b in self.lanes if b is not None)
+
+    @property
+    def bytes_verified(self) -> int:
+        """Bytes of the buckets every rank verified (the world-level ``done``): what "buckets N/M" counts."""
+        return sum(self.nbytes.get(b, 0) for b, s in self.states.items() if s is BucketState.DONE)
+
+    @property
+    def current_gbps(self) -> float | None:
+        """The engine's last throughput sample; None before its first (never a made-up 0.00)."""
+        return self.throughput[-1][1] if self.throughput else None
+
+    @property
+    def average_gbps(self) -> float | None:
         if self.done is not None:
             return self.done.gbps
-        return self.bytes_done / self.elapsed_s / 1e9 if self.elapsed_s > 0 else 0.0
+        return self.bytes_done / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
 
     @property
     def awaiting_receivers(self) -> int:
@@ -221,10 +236,22 @@ class Training:
         cap = self.steps - 1e-9 if self.steps else float("inf")
         return min(self.trained_step, cap)
 
+    @property
+    def finishing(self) -> bool:
+        """The engine merged the last round and has not said done yet."""
+        return self.done is None and bool(self.steps) and self.merged_step >= self.steps
+
+    @property
+    def shown_step(self) -> int:
+        """The step the header shows; the loss line is labelled with the same number."""
+        return int(self.step)
+
     def eta(self) -> float | None:
         """Seconds left at the measured rate of chunks between the first and the last worker report."""
         if self.done is not None:
             return 0.0
+        if self.finishing:
+            return None  # no rate covers shutting down
         if self.first_report is None or self.last_report is None or not self.steps:
             return None
         (t0, c0), (t1, c1) = self.first_report, self.last_report
@@ -276,10 +303,17 @@ class RunState:
         self.log_total += 1
 
     def _outcome(self, ok: bool, text: str) -> None:
-        """Log a phase's result; a failure is also an error, so it is shown, never only logged."""
-        self._log(("info" if ok else "error", text))
-        if not ok:
-            self.errors.append(text)
+        """Log a phase's result; a failure is also an error, so it is shown, never only logged.
+
+        After the user's stop, the engine reporting "FAILED" is that stop: a warning, not an error.
+        """
+        if ok:
+            self._log(("info", text))
+        else:
+            self._error(text)
+
+    def _finished_phase(self, ok: bool) -> str:
+        return "done" if ok else ("stopped" if self.stopped else "failed")
 
     def _error(self, text: str) -> None:
         # After the user pressed stop, ranks dying of SIGTERM are the stop, not failures.
@@ -322,6 +356,8 @@ class RunState:
         """The user asked for the stop: what follows (exit 143, killed ranks) is that stop."""
         with self.lock:
             self.stopped = True
+            if self.done_ok is not True:
+                self.phase = "stopping"
             self.version += 1
 
     def finish(self, exit_code: int) -> None:
@@ -329,6 +365,8 @@ class RunState:
             self.exit_code = exit_code
             if self.stopped:
                 self._log(("warn", f"engine stopped by the user (exit status {exit_code})"))
+                if self.done_ok is not True:
+                    self.phase = "stopped"
             elif exit_code != 0:
                 for line in self.stderr_tail:  # what the engine said last explains the failure
                     self._log(("stderr", line))
@@ -386,12 +424,16 @@ class RunState:
             case ReplBucket():
                 self._bucket(ev)
             case ReplWindow():
-                r.window, r.occupancy, r.bytes_in_flight = ev.window, ev.occupancy, ev.bytes_in_flight
+                # Only the limit: occupancy and bytes in flight are the lanes' own (the bucket
+                # events and this one interleave, so copying its counts drew "3/4" over 4 busy lanes).
+                r.window = ev.window
             case ReplThroughput():
                 r.elapsed_s = ev.elapsed_s
                 r.throughput.append((ev.elapsed_s, ev.gbps))
                 r.peak_gbps = max(r.peak_gbps, ev.gbps)
-                r.bytes_done = ev.bytes_done or r.bytes_done
+                # The bytes the buckets say were verified are the floor: the bar never shows
+                # less than "buckets N/M" does.
+                r.bytes_done = max(ev.bytes_done or 0, r.bytes_verified)
                 r.total_bytes = ev.total_bytes or r.total_bytes
             case ReplCommit():
                 r.commits.append(ev)
@@ -401,7 +443,7 @@ class RunState:
                 r.done = ev
                 r.bytes_done = ev.bytes or r.bytes_done
                 r.elapsed_s = ev.seconds or r.elapsed_s
-                self.phase = "done" if ev.ok else "failed"
+                self.phase = self._finished_phase(ev.ok)
                 self._outcome(ev.ok, f"replication {'done' if ev.ok else 'FAILED'}: "
                                      f"{ev.gbps:.2f} GB/s average over {ev.seconds:.3g} s")
 
@@ -410,6 +452,8 @@ class RunState:
         bid, new = ev.bucket_id, BucketState(ev.state)
         self.phase = "transferring"
         r.moving = True
+        if ev.nbytes > 0:
+            r.nbytes[bid] = ev.nbytes
         if ev.rank == SOURCE_RANK:
             # The source's own stages drive the lanes: staged/inflight enter its window, its
             # "done" (the send completed) leaves it, whatever the receivers are doing.
@@ -426,6 +470,8 @@ class RunState:
             if new is BucketState.DONE or new.order <= current.order:
                 return
         r.states[bid] = new
+        if new is BucketState.DONE and ev.rank is None:
+            r.bytes_done = max(r.bytes_done, r.bytes_verified)
         if new is BucketState.FAILED:
             self._error(f"bucket {bid} failed on rank {ev.rank if ev.rank is not None else '?'}")
 
@@ -454,15 +500,22 @@ class RunState:
                               else f"starting workers ({reported}/{len(tr.workers)} reported)")
                 losses = [w.loss for w in tr.workers.values() if w.loss is not None]
                 if losses:
-                    step = math.ceil(tr.trained_step)  # the step in progress, as the workers count it
+                    step = tr.shown_step  # the header's step: "step 35/50" beside "loss step 35"
                     mean = sum(losses) / len(losses)
                     if tr.loss and tr.loss[-1][0] == step:
                         tr.loss[-1] = (step, mean)
                     else:
                         tr.loss.append((step, mean))
             case TrainMerge():
+                before = tr.merged_step
                 tr.merges.append(ev)
                 tr.chunks_at_merge = tr.chunks_done
+                if tr.loss and before < tr.loss[-1][0] < tr.shown_step:
+                    # The round's last point was drawn while the step stayed short of the total
+                    # (not all before the merge): it is this merge's step, as the header now says.
+                    tr.loss[-1] = (tr.shown_step, tr.loss[-1][1])
+                if tr.finishing:
+                    self.phase = "finishing"
             case TrainCheckpoint():
                 tr.checkpoints.append(ev)
                 self._log(("info", f"checkpoint step {ev.step} -> {ev.path}"))
@@ -472,7 +525,7 @@ class RunState:
                 self._error(f"worker rank {ev.rank} ({ev.device}) lost: {ev.reason}; {ev.chunks_requeued} chunks requeued")
             case TrainDone():
                 tr.done = ev
-                self.phase = "done" if ev.ok else "failed"
+                self.phase = self._finished_phase(ev.ok)
                 self._outcome(ev.ok, f"training {'done' if ev.ok else 'FAILED'}: {ev.samples} samples in "
                                      f"{ev.seconds:.1f} s, final loss {ev.final_loss}")
 
@@ -509,24 +562,44 @@ class RunState:
         return None if done is None else done.ok
 
     def progress(self) -> tuple[float, float | None, str]:
-        """``(fraction 0..1, eta seconds or None, label)`` for the mode that is running."""
+        """``(fraction 0..1, eta seconds or None, label)`` for the mode that is running.
+
+        A run that ended without the engine's "ok" (stopped, failed) has no ETA: "ETA 00:00" beside
+        a stopped bar read as "about to finish".
+        """
+        ended = self.exit_code is not None or self.stopped
         if self.mode == "replicate":
             r = self.repl
             total = r.total_bytes
-            frac = 1.0 if r.done is not None and r.done.ok else (r.bytes_done / total if total else 0.0)
+            ok = r.done is not None and r.done.ok
+            # All bytes moved is not done: verification and the commit follow (seconds, with --commit).
+            frac = 1.0 if ok else min(r.bytes_done / total if total else 0.0, FINISHING_FRACTION)
             rate = r.bytes_done / r.elapsed_s if r.elapsed_s > 0 else 0.0
-            eta = 0.0 if r.done is not None else ((total - r.bytes_done) / rate if rate > 0 else None)
+            eta: float | None = 0.0 if ok else ((total - r.bytes_done) / rate if rate > 0 else None)
             label = f"{_size(r.bytes_done)} / {_size(total)}"
-            if r.bytes_done == 0 and r.done is None:
+            if not ok and (ended or r.done is not None):
+                eta = None
+                label += f"  {self.phase}"
+            elif r.bytes_done == 0 and r.done is None:
                 label += f"  {self.phase}"
             return min(frac, 1.0), eta, label
         if self.mode == "train":
             tr = self.train
-            frac = tr.step / tr.steps if tr.steps else 0.0
-            label = f"step {int(tr.step)} / {tr.steps} (merged {tr.merged_step})"
-            if tr.done is None and self.phase != "training":
+            ok = tr.done is not None and tr.done.ok
+            frac = 1.0 if ok else min(tr.step / tr.steps if tr.steps else 0.0, FINISHING_FRACTION)
+            label = f"step {tr.shown_step} / {tr.steps} (merged {tr.merged_step})"
+            eta = tr.eta()
+            if not ok and (ended or tr.done is not None):
+                eta = None
                 label += f"  {self.phase}"
-            return min(frac, 1.0), tr.eta(), label
+            elif tr.finishing:
+                # The last round merged; the workers stop and the report is written (1-6 s on a
+                # GPU box, with no events): not 100 % until the engine says done.
+                frac, eta = min(frac, FINISHING_FRACTION), None
+                label += "  finishing (workers stopping, writing the report)"
+            elif tr.done is None and self.phase != "training":
+                label += f"  {self.phase}"
+            return min(frac, 1.0), eta, label
         if self.mode == "cluster":
             done = self.cluster.done is not None
             return (1.0 if done else 0.0), (0.0 if done else None), f"{len(self.cluster.nodes)} nodes reported"

@@ -497,6 +497,8 @@ class RunScreen(WizardStep):
                 switcher.current = "view-cluster"
                 self.query_one(ClusterSummary).show(state.cluster)
                 self._show_cluster_findings(state)
+            else:  # a new run before its first event: never the previous run's panels
+                switcher.current = "view-idle"
             self.query_one(ErrorLog).catch_up(list(state.log), state.log_total)
             errors = len(state.errors)
         title = f"log ({errors} error{'s' if errors != 1 else ''})" if errors else "log"

@@ -9,7 +9,7 @@ import pytest
 
 from hwtui.app.tui.run_state import RunState, to_event
 from hwtui.core.events import ErrorEvent, LogEvent, UnknownEvent, parse_line
-from hwtui.engine.replication.events import ReplBucket, ReplStart, ReplWindow
+from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplWindow
 from hwtui.engine.training.events import TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 
 DATA = Path(__file__).parent / "data"
@@ -282,3 +282,118 @@ def test_a_rank_report_before_the_start_event_is_kept():
              "n_buckets": 1, "bucket_bytes": 10, "world_size": 4, "device": "cpu", "transport": "gloo",
              "window": 2, "chunk_bytes": 10})
     assert s.repl.starting_up and "ranks ready 2/4 (world joined)" in s.progress()[2]
+
+
+# -- issue 25: the screen never contradicts the engine or itself ----------------------------------
+
+def _frames(name: str):
+    """Every frame of a recorded stream: the state after each event, with the raw event."""
+    s = RunState()
+    for line in (DATA / name).read_text().splitlines():
+        s.apply(parse_line(line))
+        yield s, json.loads(line)
+
+
+def test_replication_figures_agree_frame_by_frame_with_the_engines_events():
+    """Window header, lanes, bucket counts, bytes and GB/s agree after every event of a real run."""
+    bytes_of: dict[int, int] = {}
+    world_done: set[int] = set()
+    throughput = None
+    for s, raw in _frames("real_replicate.jsonl"):
+        r = s.repl
+        if raw["kind"] == "repl.bucket":
+            bytes_of[raw["bucket_id"]] = raw["nbytes"]
+            if raw["rank"] is None and raw["state"] == "done":
+                world_done.add(raw["bucket_id"])
+        if raw["kind"] == "repl.throughput":
+            throughput = raw
+        if r.start is None:
+            continue
+        busy = [b for b in r.lanes if b is not None]
+        assert r.occupancy == len(busy), "the header counts the lanes drawn under it"
+        assert r.bytes_in_flight == sum(bytes_of[b] for b in busy)
+        assert r.count("done") == len(world_done)
+        verified = sum(bytes_of[b] for b in world_done)
+        assert r.bytes_done >= verified, "the bar never shows less than 'buckets N/M' does"
+        if r.done is None:
+            frac = s.progress()[0]
+            assert frac == pytest.approx(min(r.bytes_done / r.total_bytes, 0.999))
+            assert f"{frac * 100:5.1f}" != "100.0", "100 % only once the engine says done"
+            if world_done:
+                assert frac > 0, "buckets done while the bar says 0.0%"
+        if throughput is None:
+            assert r.current_gbps is None, "no GB/s figure before the engine gave one"
+        else:
+            assert r.current_gbps == throughput["gbps"]
+
+
+def test_the_window_header_never_disagrees_with_the_lanes_when_window_events_lag():
+    s = RunState()
+    s.apply(_start(n=6, window=4))
+    for bid in range(4):
+        s.apply(_b(bid, "staged", 0))
+        s.apply(_b(bid, "inflight", 0))
+    # The window event of an earlier moment arrives after the fourth bucket entered.
+    s.apply(ReplWindow(occupancy=3, window=4, bytes_in_flight=300))
+    assert s.repl.occupancy == 4 == sum(1 for b in s.repl.lanes if b is not None)
+    assert s.repl.bytes_in_flight == 400
+
+
+def test_a_stopped_replication_is_stopped_not_failed():
+    """'s' during a run: the engine's own 'FAILED' after the stop is the stop (warning), no ETA."""
+    s = RunState()
+    s.apply(_start(n=4))
+    s.apply(_b(0, "staged", 0))
+    s.mark_stopped()
+    s.apply(ReplDone(ok=False, seconds=11.6, bytes=0, gbps=0.0, report=None))
+    s.apply(ReplCommit(version="v", phase="abort", ok=False, detail="stopped"))
+    s.finish(143)
+    assert not s.errors, s.errors
+    assert all(level != "error" for level, _ in s.log)
+    frac, eta, label = s.progress()
+    assert eta is None and label.endswith("stopped") and s.phase == "stopped"
+
+
+def test_a_stopped_training_is_stopped_not_failed():
+    s = RunState()
+    s.apply(_train_start(steps=10))
+    s.apply(_w(0, 3, t=101.0))
+    s.mark_stopped()
+    s.apply(TrainDone(ok=False, seconds=2.0, samples=48, final_loss=None, report=None))
+    s.finish(143)
+    assert not s.errors and s.progress()[1] is None and s.progress()[2].endswith("stopped")
+
+
+def test_a_failed_run_has_no_eta():
+    s = RunState()
+    s.apply(_start(n=4))
+    s.apply(ReplDone(ok=False, seconds=1.0, bytes=0, gbps=0.0, report=None))
+    frac, eta, label = s.progress()
+    assert eta is None and label.endswith("failed") and s.errors
+
+
+def test_training_is_finishing_between_the_last_merge_and_done():
+    s = RunState()
+    s.apply(_train_start(steps=10, ranks=1, merge_every=5))
+    s.apply(_w(0, 5, t=101.0))
+    s.apply(TrainMerge(round=1, step=5, shares=[1.0], loss_merged=1.0, loss_workers_mean=1.0))
+    s.apply(_w(0, 10, t=102.0))
+    s.apply(TrainMerge(round=2, step=10, shares=[1.0], loss_merged=1.0, loss_workers_mean=1.0))
+    frac, eta, label = s.progress()
+    assert s.train.finishing and s.phase == "finishing"
+    assert f"{frac * 100:5.1f}" != "100.0" and eta is None and "finishing" in label
+    s.apply(TrainDone(ok=True, seconds=3.0, samples=160, final_loss=1.0, report=None))
+    assert s.progress()[0] == 1.0 and not s.train.finishing and s.phase == "done"
+
+
+def test_real_training_shows_100_percent_only_at_done_and_one_step_number():
+    """The recorded run: the loss line is labelled with the header's step; 100 % only at train.done."""
+    for s, raw in _frames("real_train.jsonl"):
+        if s.train.start is None:
+            continue
+        frac, _, label = s.progress()
+        if s.train.done is None:
+            assert f"{frac * 100:5.1f}" != "100.0", (raw["kind"], label)
+        if raw["kind"] in ("train.worker", "train.merge", "train.done") and s.train.loss:
+            assert s.train.loss[-1][0] == s.train.shown_step, raw["kind"]
+            assert label.startswith(f"step {s.train.shown_step} / ")
