@@ -19,6 +19,7 @@ from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
+from hwtui.probes.nvml_memory import read_memory
 
 # NVML return codes (nvml.h); NVMLError(code) builds the matching subclass in nvidia-ml-py.
 ERROR_KINDS = {
@@ -60,9 +61,9 @@ class _Lost(Exception):
 
 
 def _reader(nvml: Any, unsupported: dict[str, str]) -> Callable[..., Any]:
-    def read(field: str, fn_name: str, *args: Any) -> Any:
+    def read(field: str, fn_name: str, *args: Any, call: Callable[..., Any] | None = None) -> Any:
         try:
-            return getattr(nvml, fn_name)(*args)
+            return (call or getattr(nvml, fn_name))(*args)
         except nvml.NVMLError as exc:
             kind = _kind(exc)
             if kind == "GpuIsLost":
@@ -110,8 +111,8 @@ def read_device(nvml: Any, index: int) -> dict[str, Any]:
         pci = read("pci_bus_id", "nvmlDeviceGetPciInfo", handle)
         dev["pci"] = None if pci is None else normalize_bus_id(getattr(pci, "busId", pci))
         dev["minor_number"] = read("minor_number", "nvmlDeviceGetMinorNumber", handle)
-        mem = read("memory", "nvmlDeviceGetMemoryInfo", handle)
-        dev["memory"] = None if mem is None else {"total": int(mem.total), "used": int(mem.used), "free": int(mem.free)}
+        # v2 where the driver has it: "used" as nvidia-smi shows it, the driver's reservation apart.
+        dev["memory"] = read("memory", "nvmlDeviceGetMemoryInfo", nvml, handle, call=read_memory)
         util = read("utilization", "nvmlDeviceGetUtilizationRates", handle)
         dev["utilization"] = None if util is None else {"gpu": int(util.gpu), "memory": int(util.memory)}
         dev["temperature_c"] = read("temperature", "nvmlDeviceGetTemperature", handle, _TEMPERATURE_GPU)

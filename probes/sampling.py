@@ -18,6 +18,7 @@ from typing import Any
 from hwtui.probes.devices import Device
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.host_counters import parse_meminfo
+from hwtui.probes.nvml_memory import V2, read_memory
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
 
@@ -49,6 +50,7 @@ class Sampler:
         self._nvml: Any = None
         self._handles: dict[str, Any] = {}
         self._power_limits: dict[str, float | None] = {}
+        self._memory_v2: dict[str, bool] = {}  # pci -> the driver answers NVML memory v2
         self._hwmon = {d.pci: hwmon_dir(host, d.pci) for d in self.devices if d.backend in ("hip", "xpu")}
         self._energy: dict[str, tuple[float, int]] = {}
         self._recorded_nvml: dict[str, dict[str, Any]] = {}
@@ -129,9 +131,13 @@ class Sampler:
             except nvml.NVMLError:
                 return None
 
-        mem = get("nvmlDeviceGetMemoryInfo")
-        if mem is not None:
-            sample.mem_used, sample.mem_total = int(mem.used), int(mem.total)
+        try:
+            # nvidia-smi's figures (v2), as the check records them; v1 once the driver showed it has no v2.
+            mem = read_memory(nvml, handle, try_v2=self._memory_v2.get(dev.pci, True))
+            self._memory_v2[dev.pci] = mem["version"] == V2
+            sample.mem_used, sample.mem_total = mem["used"], mem["total"]
+        except nvml.NVMLError:
+            pass
         util = get("nvmlDeviceGetUtilizationRates")
         sample.util = None if util is None else float(util.gpu)
         temp = get("nvmlDeviceGetTemperature", 0)

@@ -19,6 +19,7 @@ import pynvml
 
 class FakeNVML:
     NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
 
     def __init__(self, data: dict[str, Any]):
         self.data = data
@@ -100,8 +101,16 @@ class FakeNVML:
     def nvmlDeviceGetMinorNumber(self, h):
         return self._dev(h, "nvmlDeviceGetMinorNumber")["minor_number"]
 
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(**self._dev(h, "nvmlDeviceGetMemoryInfo")["memory"])
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        """v1 from ``memory``; with ``version`` (nvmlMemory_v2) from ``memory_v2``, which a recorded
+        device without it answers as an old driver does: the _v2 entry point is not found."""
+        dev = self._dev(h, "nvmlDeviceGetMemoryInfo")
+        if not version:
+            return SimpleNamespace(**dev["memory"])
+        assert version == pynvml.nvmlMemory_v2
+        if "memory_v2" not in dev:
+            self._raise(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return SimpleNamespace(**dev["memory_v2"])
 
     def nvmlDeviceGetUtilizationRates(self, h):
         return SimpleNamespace(**self._dev(h, "nvmlDeviceGetUtilizationRates")["utilization"])
