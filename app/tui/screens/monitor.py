@@ -70,13 +70,22 @@ class MonitorScreen(Screen):
         return cast("AppContext", self.app)
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="title")
-        with Vertical(id="host-box"):
+        # Titles and settings are given here, on the widgets as they are made, not looked up in
+        # on_mount: under load `?` on the cluster view once ran this screen's on_mount before its
+        # children were there (NoMatches: DevicePanel) and the app died.
+        yield Static(f" hwtui monitor - {self.hw.host.description}   w: wizard  ?: help  q: quit", id="title")
+        with Vertical(id="host-box") as host_box:
+            host_box.border_title = "host"
             yield HostStrip(id="host")
-        with Vertical(id="devices-box"):
-            yield DevicePanel(id="monitor-devices")
+        with Vertical(id="devices-box") as devices_box:
+            devices_box.border_title = "devices"
+            panel = DevicePanel(id="monitor-devices")
+            panel.marks_selection = True
+            yield panel
         with Container(id="bottom"):
-            yield ProcessTable(id="processes")
+            processes = ProcessTable(id="processes")
+            processes.border_title = "processes on devices"
+            yield processes
             with Vertical(id="chart-box"):
                 yield DeviceChart(id="device-chart")
         yield Footer()
@@ -106,12 +115,7 @@ class MonitorScreen(Screen):
         self._show_chart()
 
     def on_mount(self) -> None:
-        self.query_one(DevicePanel).marks_selection = True
         self.set_class(self.size.width >= WIDE, "-wide")
-        self.query_one("#host-box").border_title = "host"
-        self.query_one("#devices-box").border_title = "devices"
-        self.query_one(ProcessTable).border_title = "processes on devices"
-        self.query_one("#title", Static).update(f" hwtui monitor - {self.hw.host.description}   w: wizard  ?: help  q: quit")
 
     def on_screen_resume(self) -> None:
         if not self._polling:
