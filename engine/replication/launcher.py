@@ -546,6 +546,7 @@ def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper
         if failure is None:
             if stopper.requested:
                 failure = (stopper.describe(), 128 + (stopper.signum or signal.SIGTERM))
+                _stop_ranks(children, coord)
             for r, code in exited.items():
                 timed_out_on_peer = any(e.rank == r and e.where == "transport" for e in coord.errors)
                 if (failure is None and code is not None and code != 0 and not (coord.results.get(r) or {}).get("clean")
@@ -586,6 +587,33 @@ def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper
     if failure is None:
         return None, 0
     return failure
+
+
+def _stop_ranks(children: dict[int, Child], coord: Coordinator) -> None:
+    """The user's stop, acted on at once (the TUI's `q` and `s` wait on it).
+
+    A rank still starting (before its world joined: importing torch, loading the plan, blocked in
+    the rendezvous, where a C++ wait does not even run Python's signal handler) has nothing to
+    undo: it is killed. A rank past that gets SIGTERM now, so its abort runs while the launcher
+    waits, not after the launcher's grace and the group's (1 s + 2 s: `q` during start-up took
+    5.7 s, ended by the TUI's SIGKILL fallback). What a killed rank leaves in /dev/shm the launcher
+    sweeps as it always does.
+    """
+    joined = RANK_PHASES.index("world joined")
+    killed, told = [], []
+    for rank, child in children.items():
+        if child.poll() is not None:
+            continue
+        if coord.rank_phase.get(rank, -1) < joined:
+            child.signal_group(signal.SIGKILL)
+            killed.append(rank)
+        else:
+            child.signal_group(signal.SIGTERM)
+            told.append(rank)
+    parts = ([f"rank(s) {', '.join(map(str, killed))} killed while starting"] if killed else []) + (
+        [f"rank(s) {', '.join(map(str, told))} told to abort (SIGTERM)"] if told else [])
+    if parts:
+        coord.sink(LogEvent(message="stop: " + "; ".join(parts), level="warn", source="replication"))
 
 
 def _hung_text(coord: Coordinator, suspects: list[int]) -> str:

@@ -267,3 +267,41 @@ def test_joins_a_torchrun_world(tmp_path):
     reports = [json.loads((tmp_path / f"rep{r}.json").read_text()) for r in (0, 1)]
     assert all(r["mode"] == "join" and r["world_size"] == 2 and r["ok"] and r["committed"] for r in reports)
     assert [r["ranks"][0]["rank"] for r in reports] == [0, 1]
+
+
+def test_sigterm_while_ranks_start_ends_every_rank_at_once(tmp_path):
+    """`q`/`s` in the TUI during rank start-up (issue 25): ranks that have not joined the world are
+    killed at once (one blocked in the rendezvous does not even run Python's handler), the launcher
+    exits by itself with 143, and no rank outlives it."""
+    import psutil
+
+    make_model(tmp_path / "src", seed=12, big=20_000, n=4)
+    write_plan(tmp_path / "src", tmp_path / "p.json", version="q1", bucket_kib=16)
+    # Rank 1 sleeps before its world forms; rank 0 then waits in the rendezvous for it.
+    env = dict(os.environ, HWTUI_TEST_FAULT="hang:rank=1,phase=load")
+    proc = subprocess.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                             "--nproc", "2", "--events", "-", "--commit", "--out", str(tmp_path / "out"), "--timeout", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(json.loads(line))
+        ev = lines[-1]
+        if ev.get("kind") == "repl.ranks" and ev["counts"].get("plan loaded", 0) >= 1:
+            break  # rank 0 loaded its plan and went on to the rendezvous; rank 1 is held before it
+    assert lines and lines[-1].get("kind") == "repl.ranks", "the ranks never reported their start-up"
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(ranks) >= 2
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, "the launcher ended by itself, not by a SIGKILL"
+    alive = [p.pid for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"ranks outlived the launcher: {alive}"
+    lines += [json.loads(x) for x in out.splitlines() if x.strip()]
+    stops = [x["message"] for x in lines if x["kind"] == "log" and x["message"].startswith("stop: ")]
+    assert stops == ["stop: rank(s) 0, 1 killed while starting"], stops
+    assert lines[-1]["kind"] == "repl.done" and not lines[-1]["ok"]
+    assert served(tmp_path / "out", 1)[0] is None
