@@ -125,7 +125,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from hwtui.app.commands.check import run as run_check
 
         return run_check(args)
-    if args.json or args.junit or args.strict or args.only:
+    if args.json or args.junit or args.strict or args.only is not None:
         raise HwtuiError("--json, --junit, --strict and --only go with --check (or a command that takes them)")
     from hwtui.app.tui.launch import run_tui
 
@@ -165,9 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"hwtui: internal error: {type(exc).__name__}: {exc} (HWTUI_DEBUG=1 shows the traceback)", file=sys.stderr)
             return EXIT_INTERNAL
+        from hwtui.app.install_hint import install_command
+
         what = args.command or "this"
         print(f"hwtui: error: `hwtui {what}` needs the {extra} extra ({exc.name} is not installed): "
-              f'pip install "hwtui[{extra}]"', file=sys.stderr)
+              f"{install_command(extra)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("hwtui: interrupted", file=sys.stderr)

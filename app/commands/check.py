@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     host = host_from_args(args)
     only = None
-    if args.only:
+    if args.only is not None:  # `--only ''` is a typo to report, not "everything"
         only = {a.strip() for a in args.only.split(",") if a.strip()}
         known = set(areas())
         unknown = only - known
