@@ -84,5 +84,5 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.app.output.text_report import render
 
         print(render(result.findings, summarize(result.findings), result.duration_s, host.description,
-                     Painter(use_color(sys.stdout))))
+                     Painter(use_color(sys.stdout)), verbose=getattr(args, "verbosity", 0) > 0))
     return EXIT_FAILED if is_failure(result, args.strict) else EXIT_OK

@@ -85,3 +85,11 @@ def test_missing_extra_hint_speaks_the_installers_words(tmp_path, prefix, want):
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert want in line and "pip install" not in line, line
+
+
+def test_check_verbose_shows_the_detail_of_passes(tmp_path):
+    fs = machines.laptop_no_gpu(tmp_path / "l")
+    plain = hwtui("--check", "--only", "hardware", "--sysroot", str(fs.root))
+    verbose = hwtui("-v", "--check", "--only", "hardware", "--sysroot", str(fs.root))
+    assert plain.returncode == verbose.returncode
+    assert len(verbose.stdout.splitlines()) > len(plain.stdout.splitlines())
