@@ -37,7 +37,7 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> lis
     stages: list[Stage] = []
     plan = cfg.plan
     if cfg.source == "weights":
-        plan = str(workdir / "plan.json")
+        plan = str(workdir / "model.plan")  # binary hwtui.plan/2: `hwtui plan` warns about a *.json name
         bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])
         stages.append(Stage("plan", [*hw, "plan", "--weights", cfg.weights, "--bucket-mb", str(bucket_mb), "-o", plan]))
     stages.append(Stage("run", [
