@@ -93,3 +93,12 @@ def test_check_verbose_shows_the_detail_of_passes(tmp_path):
     verbose = hwtui("-v", "--check", "--only", "hardware", "--sysroot", str(fs.root))
     assert plain.returncode == verbose.returncode
     assert len(verbose.stdout.splitlines()) > len(plain.stdout.splitlines())
+
+
+def test_tui_engine_hint_speaks_the_installers_words_too(monkeypatch):
+    from hwtui.app.tui import engine_process
+
+    monkeypatch.setattr(engine_process, "missing_engine_modules", lambda: ["torch"])
+    monkeypatch.setattr(sys, "prefix", "/home/u/.local/share/uv/tools/hwtui")
+    monkeypatch.setattr(sys, "executable", "/home/u/.local/share/uv/tools/hwtui/bin/python")
+    assert engine_process.engine_extra_problem() == 'the engine needs torch: uv tool install "hwtui[engine]"'
