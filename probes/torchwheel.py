@@ -342,7 +342,13 @@ def wheel_rules(facts: Facts) -> Iterator[Finding]:
         if vendors & {"NVIDIA", "AMD", "Intel"}:
             yield warn("torch.wheel.build", "torch is not installed", "The engine (replicate, train) needs torch.", remedy)
         else:
-            yield skip("torch.wheel.build", "torch is not installed")
+            # No GPU to match, but the line to type is still exact (the README promises it): a
+            # fresh install needs no uninstall step, and the CPU index keeps CUDA wheels out.
+            python, _ = python_of(facts)
+            tag, _ = recommended_tag(facts, devices)
+            fresh = f"{python} -m pip install torch --index-url {INDEX_URL}/{tag}" if tag else remedy
+            yield Finding("torch.wheel.build", Status.SKIP, "torch is not installed",
+                          "The engine (replicate, train) needs torch.", fresh)
         return
     if build.get("error"):
         yield error("torch.wheel.build", "cannot read the installed torch build", build["error"], remedy)

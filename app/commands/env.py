@@ -2,7 +2,8 @@
 
 Runs the ``env`` checks (launcher, rendezvous, NCCL/RDMA, vendor runtimes, knobs, hygiene) and
 turns what they detected into shell lines. ``--write FILE`` saves them atomically as a file to
-``source``; the per-rank variables stay with the launcher.
+``source`` instead of printing them (one line says where); the per-rank variables stay with the
+launcher.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ HELP = "print the environment exports that make this node ready (NCCL, RDMA, ren
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--write", metavar="FILE", help="also save the exports to FILE (atomically), to `source FILE`")
+    parser.add_argument("--write", metavar="FILE", help="save the exports to FILE (atomically) instead of printing them, to `source FILE`")
     parser.add_argument("--checkpoint-dir", metavar="DIR",
                         help="checkpoint directory to check and export (default: $HWTUI_CHECKPOINT_DIR)")
 
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_text(args.write, text)
         except OSError as exc:
             raise HwtuiError(f"--write {args.write}: {exc.strerror or exc}") from None
-    sys.stdout.write(text)
-    if args.write:
         print(f"hwtui: wrote {args.write}; load it with: source {args.write}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     if bad:
         print(f"hwtui: {len(bad)} env check(s) failed: " + ", ".join(f.id for f in bad[:6])
               + (" ..." if len(bad) > 6 else "") + "; see hwtui --check --only env", file=sys.stderr)

@@ -10,9 +10,13 @@ from hwtui.app.output.style import printable
 
 HELP = "list accelerators of every vendor with one global id"
 
+# The --json document's schema tag: consumers check it before reading "devices", so a later change of
+# shape is a new tag, never a silent misread.
+SCHEMA = "hwtui.gpus/1"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--json", action="store_true", help=f"print one JSON document (schema {SCHEMA}: devices as rows) instead of a table")
     parser.add_argument("--all", action="store_true", help="also list devices that cannot be used (passthrough, wrong driver)")
 
 
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     usable = [d for d in devices if d.usable]
     shown = devices if (args.all or args.json) else usable
     if args.json:
-        json.dump(redact([d.to_dict() for d in shown]), sys.stdout, indent=2)
+        json.dump({"schema": SCHEMA, "devices": redact([d.to_dict() for d in shown])}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not shown:

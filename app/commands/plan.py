@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import IO, Any
 
 from hwtui.probes.dist.replication_defaults import DEFAULT_BUCKET_MB
 
@@ -24,11 +25,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", dest="plan_version", metavar="V",
                         help="version of these weights (default: derived from their checksums)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
-                        help="where to write the plan (atomically; format hwtui.plan/2: a JSON header and binary tables)")
+                        help="where to write the plan, e.g. model.plan (atomically; format hwtui.plan/2: a JSON header and binary "
+                             "tables, so a *.json name gets a warning)")
     parser.add_argument("--manifest", metavar="FILE", help="also write the manifest of this version (the next --prev)")
 
 
+class PlanPrinter:
+    """``hwtui plan``'s progress from the planner's own events: a bar (% and ETA) on a terminal,
+    a line a second elsewhere, nothing with -q."""
+
+    PHASES = {"tensors": "hashing tensors", "buckets": "hashing buckets"}
+
+    def __init__(self, out: IO[str], verbosity: int = 0, mode: str | None = None):
+        from hwtui.app.output.progress import ProgressLine, mode_for
+
+        self.progress = ProgressLine(out, mode or mode_for(out, verbosity), every=0.0 if verbosity > 0 else 1.0)
+
+    def __call__(self, ev: Any) -> None:
+        from hwtui.app.output.progress import format_bytes
+
+        self.progress.update(ev.elapsed_s, "plan", ev.bytes_done, ev.total_bytes,
+                             f"{format_bytes(ev.bytes_done)}/{format_bytes(ev.total_bytes)}",
+                             self.PHASES.get(ev.phase, ev.phase))
+
+
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from hwtui.core.errors import HwtuiError
@@ -37,9 +59,14 @@ def run(args: argparse.Namespace) -> int:
     bucket_bytes = int(args.bucket_mb * (1 << 20))
     if bucket_bytes <= 0:
         raise HwtuiError("--bucket-mb must be positive")
+    verbosity = getattr(args, "verbosity", 0)
     t0 = time.perf_counter()
-    plan = build_plan_from_files(args.weights, model=args.model, version=args.plan_version, bucket_bytes=bucket_bytes,
-                                 align=args.align, prev_path=args.prev)
+    printer = PlanPrinter(sys.stdout, verbosity)
+    try:
+        plan = build_plan_from_files(args.weights, model=args.model, version=args.plan_version, bucket_bytes=bucket_bytes,
+                                     align=args.align, prev_path=args.prev, on_event=printer)
+    finally:
+        printer.progress.clear()  # the bar gives way to the result line (or to the error)
     write_plan(args.output, plan)
     if args.manifest:
         write_json_atomic(args.manifest, manifest_of(plan))
@@ -48,4 +75,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"plan {args.output}: {plan['model']} {plan['version']} ({kind}): {sent}/{n} tensors, "
           f"{plan['total_bytes'] / 1e6:.1f} MB in {len(plan['buckets'])} bucket(s), {len(plan['deleted'])} deleted, "
           f"digest {plan['digest'][:16]} ({time.perf_counter() - t0:.2f} s)")
+    if str(args.output).lower().endswith(".json"):
+        # Written all the same (scripts and the TUI name plans *.json, and `replicate` reads either):
+        # but the file is binary, and an editor or jq given it would choke.
+        print(f"hwtui: warning: {args.output} is a binary plan (hwtui.plan/2: a JSON header and binary tables), "
+              f"not JSON; name plans *.plan", file=sys.stderr)
     return 0

@@ -44,7 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events", metavar="FILE",
                         help="write events as JSON lines to FILE ('-' = stdout; '{rank}' in FILE is replaced by the rank)")
     parser.add_argument("--report", metavar="FILE", help="write the final JSON report to FILE (atomically; '{rank}' as above)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every bucket of every rank")
 
 
 class _LazyJsonl:
@@ -67,28 +66,42 @@ class _LazyJsonl:
 
 
 class Printer:
-    """The human view: decision line, start, throughput about once a second, commit, summary."""
+    """The human view: decision line, start, a progress bar (% and ETA) or a line a second, commit, summary.
 
-    def __init__(self, out: IO[str], verbose: bool):
-        self.out, self.verbose = out, verbose
-        self._last = 0.0
+    ``verbose`` (-v) adds every bucket and every rank update; ``quiet`` (-q) keeps only results (commit,
+    summary, what each rank serves) and errors. Every figure is the engine's (:mod:`hwtui.app.output.progress`).
+    """
+
+    def __init__(self, out: IO[str], verbose: bool, quiet: bool = False, mode: str | None = None):
+        from hwtui.app.output.progress import NORMAL, QUIET, VERBOSE, ProgressLine, mode_for
+
+        self.out, self.verbose, self.quiet = out, verbose and not quiet, quiet
+        verbosity = QUIET if quiet else (VERBOSE if verbose else NORMAL)
+        self.progress = ProgressLine(out, mode or mode_for(out, verbosity), every=0.0 if self.verbose else 1.0)
         self._ranks_phase: str | None = None
 
     def _p(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        self.progress.line(text)
+
+    def _info(self, text: str) -> None:
+        if not self.quiet:
+            self._p(text)
+
+    def _err(self, text: str) -> None:
+        self.progress.clear()
+        print(text, file=sys.stderr, flush=True)
 
     def __call__(self, ev: Any) -> None:
-        import time
-
+        from hwtui.app.output.progress import format_bytes
         from hwtui.core.events import ErrorEvent, LogEvent
         from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
         if isinstance(ev, LogEvent):
-            self._p(ev.message)
+            self._info(ev.message)
         elif isinstance(ev, ReplStart):
-            self._p(f"replicating {ev.model} {ev.version}: {ev.total_bytes / 1e6:.1f} MB in {ev.n_buckets} bucket(s) of "
-                    f"{ev.bucket_bytes / 2**20:g} MiB to {ev.world_size} ranks on {ev.device} via {ev.transport}; "
-                    f"window {ev.window}, chunk {ev.chunk_bytes / 2**20:g} MiB")
+            self._info(f"replicating {ev.model} {ev.version}: {ev.total_bytes / 1e6:.1f} MB in {ev.n_buckets} bucket(s) of "
+                       f"{ev.bucket_bytes / 2**20:g} MiB to {ev.world_size} ranks on {ev.device} via {ev.transport}; "
+                       f"window {ev.window}, chunk {ev.chunk_bytes / 2**20:g} MiB")
         elif isinstance(ev, ReplRanks):
             # One line each time the whole world reaches a phase (every update with -v), e.g.
             # "ranks: 3/3 world joined (ready 1/3)".
@@ -96,24 +109,30 @@ class Printer:
             if self.verbose or (whole and ev.phase != self._ranks_phase):
                 self._ranks_phase = ev.phase if whole else self._ranks_phase
                 tail = "" if ev.phase == "ready" else f" (ready {ev.ready}/{ev.world_size})"
-                self._p(f"ranks: {ev.counts.get(ev.phase, 0)}/{ev.world_size} {ev.phase}{tail}")
+                self._info(f"ranks: {ev.counts.get(ev.phase, 0)}/{ev.world_size} {ev.phase}{tail}")
         elif isinstance(ev, ReplThroughput):
-            now = time.monotonic()
-            if now - self._last >= 1.0 or ev.bytes_done >= ev.total_bytes or self.verbose:
-                self._last = now
-                self._p(f"  {ev.bytes_done / 1e6:9.1f} / {ev.total_bytes / 1e6:.1f} MB  {ev.gbps:6.2f} GB/s  "
-                        f"{ev.elapsed_s:6.2f} s")
+            # Throttled on the engine's own clock (elapsed_s): one line a second in a log, a redraw
+            # ten times a second on a terminal, every event with -v.
+            self.progress.update(ev.elapsed_s, "replicating", ev.bytes_done, ev.total_bytes,
+                                 f"{format_bytes(ev.bytes_done)}/{format_bytes(ev.total_bytes)}",
+                                 f"{ev.gbps:.2f} GB/s  {ev.elapsed_s:.1f} s")
         elif isinstance(ev, ReplBucket) and (self.verbose or ev.state == "failed"):
             who = "all ranks" if ev.rank is None else f"rank {ev.rank}"
-            self._p(f"  bucket {ev.bucket_id} {ev.state} on {who} ({ev.nbytes} B, {ev.seconds * 1e3:.1f} ms)")
+            self._info(f"  bucket {ev.bucket_id} {ev.state} on {who} ({ev.nbytes} B, {ev.seconds * 1e3:.1f} ms)")
         elif isinstance(ev, ReplCommit):
-            self._p(f"commit {ev.phase}: {'ok' if ev.ok else 'FAILED'} ({ev.detail})")
+            # -q: a prepare that went well is a step on the way; a switch or a failure is a result.
+            text = f"commit {ev.phase}: {'ok' if ev.ok else 'FAILED'} ({ev.detail})"
+            if ev.ok and ev.phase == "prepare":
+                self._info(text)
+            else:
+                self._p(text)
         elif isinstance(ev, ErrorEvent):
             if ev.where == "replication":
-                print(f"hwtui: error: {ev.message}", file=sys.stderr, flush=True)
+                self._err(f"hwtui: error: {ev.message}")
             elif self.verbose or ev.where in ("verify", "source"):
-                print(f"  {ev.message}", file=sys.stderr, flush=True)
+                self._err(f"  {ev.message}")
         elif isinstance(ev, ReplDone):
+            self.progress.close()
             if ev.ok:
                 r = ev.report or {}
                 mem = (r.get("peak_memory") or {}).get("max_pool_peak_bytes", 0)
@@ -144,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, attr, getattr(args, attr).replace("{rank}", rank))
     human = sys.stderr if args.events == "-" else sys.stdout
     events = _LazyJsonl(args.events) if args.events else None
-    sink = Fanout(Printer(human, args.verbose), events)
+    verbosity = getattr(args, "verbosity", 0)
+    printer = Printer(human, verbose=verbosity > 0, quiet=verbosity < 0)
+    sink = Fanout(printer, events)
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
@@ -157,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             JsonlWriter("-")(ErrorEvent(message=str(exc), where="input"))
         raise
     finally:
+        printer.progress.clear()  # a run that raised leaves no half-drawn bar before its error line
         if events is not None:
             events.close()
     if args.report:

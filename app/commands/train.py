@@ -129,18 +129,99 @@ def resolve_devices(args: argparse.Namespace) -> list:
         raise HwtuiError(str(exc)) from None
 
 
-class _Printer:
-    """Human-readable progress, on stdout or (with --events -) stderr."""
+class TrainProgress:
+    """How far the merged model is, from the engine's events alone.
 
-    def __init__(self, stream):
-        self.stream = stream
+    A merge round (``train.merge``) fixes the merged model's step exactly. Between merges each
+    worker's chunk count (``train.worker.step``, one optimizer step per chunk) says how far the
+    round is: a round of ``m`` steps is ``m`` chunks per worker, so the chunks trained since the
+    last merge over the workers alive are the steps since it (capped at the next merge). Time is
+    the events' own timestamps, from ``train.start``.
+    """
+
+    def __init__(self) -> None:
+        self.steps = self.base = self.merged = self.merge_every = 0
+        self.alive = 1
+        self.t0: float | None = None
+        self.chunks: dict[int, int] = {}
+        self.chunks_at_merge = 0
+
+    def feed(self, ev) -> None:
+        k = ev.kind
+        if k == "train.start":
+            self.steps, self.merge_every = ev.steps, ev.merge_every
+            self.base = self.merged = getattr(ev, "start_step", 0)
+            self.alive, self.t0 = max(1, len(ev.workers)), ev.t
+        elif k == "train.worker":
+            self.chunks[ev.rank] = ev.step
+        elif k == "train.merge":
+            self.chunks_at_merge += (ev.step - self.merged) * self.alive
+            self.merged = ev.step
+        elif k == "train.worker_lost":
+            self.alive = max(1, self.alive - 1)
+
+    @property
+    def started(self) -> bool:
+        return self.t0 is not None
+
+    def step(self) -> float:
+        """The merged model's step now, fractional between merges."""
+        if self.merged >= self.steps:
+            return float(self.steps)
+        since = (sum(self.chunks.values()) - self.chunks_at_merge) / self.alive
+        # A round ends at its merge (evaluation and checkpoint included): until then, just short of it.
+        upto = min(self.merged + self.merge_every, self.steps) - 1e-6
+        return min(max(float(self.merged), self.merged + since), upto)
+
+    def elapsed(self, ev) -> float:
+        return max(0.0, ev.t - (self.t0 if self.t0 is not None else ev.t))
+
+    def figures(self, ev) -> tuple[float, float, float]:
+        """(done, total, elapsed_s) of this run (a resume counts from its checkpoint's step)."""
+        return self.step() - self.base, float(self.steps - self.base), self.elapsed(ev)
+
+
+class _Printer:
+    """Human-readable progress, on stdout or (with --events -) stderr.
+
+    A bar with % and ETA on a terminal (redrawn as workers report); in a log, each merge round's
+    line carries % and ETA, plus a progress line every ten seconds of a long round. -q: only the
+    summary, lost workers and errors; -v: every worker's figures too.
+    """
+
+    def __init__(self, stream, verbosity: int = 0, mode: str | None = None):
+        from hwtui.app.output.progress import ProgressLine, mode_for
+
+        self.stream, self.verbosity = stream, verbosity
+        self.progress = ProgressLine(stream, mode or mode_for(stream, verbosity), every=10.0)
+        self.track = TrainProgress()
 
     def __call__(self, ev) -> None:
+        from hwtui.app.output.progress import LIVE, status
+
         if getattr(ev, "where", None) == "startup" or (ev.kind == "train.done" and ev.report is None):
             return  # a run that could not start: the CLI prints that one line itself (exit 2)
+        self.track.feed(ev)
+        if self.verbosity < 0 and ev.kind not in ("train.done", "train.worker_lost", "error"):
+            return
         text = self.format(ev)
+        if ev.kind == "train.worker" and self.verbosity > 0:
+            loss = "-" if ev.loss is None else f"{ev.loss:.4f}"
+            text = f"  worker {ev.rank} ({ev.device}): step {ev.step}, {ev.samples:,} samples, {ev.samples_per_s:.1f}/s, loss {loss}"
+        if ev.kind == "train.merge" and self.track.started:
+            done, total, elapsed = self.track.figures(ev)
+            text = f"{text}  [{status(done, total, elapsed, f'step {ev.step}/{self.track.steps}')}]"
+        if ev.kind in ("train.done", "error"):
+            self.progress.clear()
         if text:
-            print(text, file=self.stream, flush=True)
+            self.progress.line(text)
+        # On a terminal the bar follows every report; in a log the round lines carry % and ETA, and
+        # workers' reports add a line only every ten seconds (a long round is not silent).
+        live = self.progress.mode == LIVE
+        if (ev.kind == "train.worker" or (live and ev.kind in ("train.start", "train.merge"))) and self.track.started:
+            done, total, elapsed = self.track.figures(ev)
+            self.progress.update(elapsed, "training", done, total,
+                                 f"step {int(self.track.step())}/{self.track.steps}", force=ev.kind == "train.start")
 
     @staticmethod
     def format(ev) -> str | None:
@@ -203,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError(str(exc)) from None
 
     to_stdout = args.events == "-"
-    human = _Printer(sys.stderr if to_stdout else sys.stdout)
+    human = _Printer(sys.stderr if to_stdout else sys.stdout, getattr(args, "verbosity", 0))
     try:
         writer = JsonlWriter(args.events) if args.events else None
     except OSError as exc:
@@ -221,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     except TrainingError as exc:
         raise HwtuiError(str(exc)) from None
     finally:
+        human.progress.clear()  # no half-drawn bar before an error line
         for s, handler in old.items():
             signal.signal(s, handler)
         if writer:

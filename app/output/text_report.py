@@ -29,7 +29,8 @@ def render(findings: list[Finding], summary: dict[str, int], duration_s: float, 
             if show_detail:
                 for dl in f.detail.splitlines()[:6]:
                     lines.append(f"         {printable(dl)}")
-            if f.remedy and f.status in (Status.WARN, Status.FAIL, Status.ERROR):
+            # A skip with a remedy is a check that could run once something is installed: say how.
+            if f.remedy and f.status in (Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP):
                 lines.append(f"         {paint('fix:', 'cyan')} {printable(f.remedy)}")
         lines.append("")
     counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary.get(s.value))

@@ -37,7 +37,7 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> lis
     stages: list[Stage] = []
     plan = cfg.plan
     if cfg.source == "weights":
-        plan = str(workdir / "plan.json")
+        plan = str(workdir / "model.plan")  # binary hwtui.plan/2: `hwtui plan` warns about a *.json name
         bucket_mb = cfg.bucket_mb or int(defaults["bucket_mb"])
         stages.append(Stage("plan", [*hw, "plan", "--weights", cfg.weights, "--bucket-mb", str(bucket_mb), "-o", plan]))
     stages.append(Stage("run", [
@@ -48,7 +48,7 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> lis
     return stages
 
 
-ENGINE_EXTRA = 'pip install "hwtui[engine]"'
+ENGINE_EXTRA = 'pip install "hwtui[engine]"'  # under pip; engine_extra_problem() says uv's or pipx's words there
 # The modules the engine extra brings (app/cli.py's ENGINE_EXTRA_MODULES names the same; not
 # imported from there because the CLI imports the TUI: that would be an import cycle).
 ENGINE_MODULES = ("torch", "xxhash", "safetensors", "numpy")
@@ -63,8 +63,10 @@ def missing_engine_modules() -> list[str]:
 
 def engine_extra_problem() -> str:
     """One line saying what to install before a run, or "" when the engine can run."""
+    from hwtui.app.install_hint import install_command
+
     missing = missing_engine_modules()
-    return f"the engine needs {', '.join(missing)}: {ENGINE_EXTRA}" if missing else ""
+    return f"the engine needs {', '.join(missing)}: {install_command('engine')}" if missing else ""
 
 
 def hardware_not_here(cfg: TuiConfig, defaults: dict[str, Any]) -> str:

@@ -1,15 +1,24 @@
 """The agent's state as Prometheus text exposition (format 0.0.4).
 
 Label values are escaped as the format demands (backslash, quote, newline), so a device name or
-a version string can never break a scrape or inject a series.
+a version string can never break a scrape or inject a series. Every family is a set of disjoint
+series: ``sum()`` over any label gives a true total (no ``status="total"`` row beside the statuses).
+``hwtui_build_info`` says which hwtui and Python serve the numbers, the usual way (a gauge of 1).
 """
 
 from __future__ import annotations
 
+import functools
+import platform
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hwtui.core.finding import Status
 from hwtui.core.redact import redact_text
+
+# The statuses a finding can have: the check summary also carries "total" (and "worst"), which as
+# series would count every finding twice under sum().
+_STATUSES = tuple(s.value for s in Status)
 
 # (metric, sample key, help, scale)
 _DEVICE_GAUGES = (
@@ -38,9 +47,22 @@ def _number(v: Any) -> str | None:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
+@functools.lru_cache(maxsize=1)
+def build_labels() -> dict[str, str]:
+    """hwtui's version (from the installed distribution) and the interpreter's; read once, not per scrape."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        hwtui_version = version("hwtui")
+    except PackageNotFoundError:
+        hwtui_version = "0+unknown"
+    return {"version": hwtui_version, "python": platform.python_version()}
+
+
 def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], replication: Mapping[str, Any],
-           processes: Mapping[str, Any]) -> str:
-    """``devices``/``check``/``processes`` are the refreshers' views ({value, age_s, error})."""
+           processes: Mapping[str, Any], build: Mapping[str, str] | None = None) -> str:
+    """``devices``/``check``/``processes`` are the refreshers' views ({value, age_s, error});
+    ``build`` the build-info labels (default: :func:`build_labels`)."""
     lines: list[str] = []
 
     def family(name: str, help_: str, kind: str, samples: Iterable[tuple[Mapping[str, Any], Any]]) -> None:
@@ -49,6 +71,8 @@ def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], repl
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(f"{name}{_labels(lab)} {num}" for lab, num in rows)
 
+    family("hwtui_build_info", "hwtui version and Python serving these metrics (always 1)", "gauge",
+           [({"node": node, **(build if build is not None else build_labels())}, 1)])
     samples = devices.get("value") or []
     for metric, key, help_, _ in _DEVICE_GAUGES:
         family(metric, help_, "gauge",
@@ -58,7 +82,7 @@ def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], repl
                [({"node": node}, view.get("age_s"))])
     summary = (check.get("value") or {}).get("summary") or {}
     family("hwtui_check_findings", "Findings of the local check by status", "gauge",
-           (({"node": node, "status": k}, v) for k, v in sorted(summary.items()) if k != "worst"))
+           (({"node": node, "status": k}, summary.get(k)) for k in _STATUSES if k in summary))
     family("hwtui_device_processes", "Processes holding a device open", "gauge",
            [({"node": node}, len(processes.get("value") or []))])
     serving = replication.get("serving")

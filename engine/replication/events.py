@@ -98,6 +98,20 @@ class ReplThroughput(Event):
     elapsed_s: float
 
 
+@event("repl.plan")
+class PlanProgress(Event):
+    """``hwtui plan`` hashing its input. Planning reads every byte twice (each tensor's checksum,
+    then each bucket's), so ``total_bytes`` counts both passes and ``bytes_done`` only grows."""
+
+    phase: str  # one of PLAN_PHASES
+    bytes_done: int
+    total_bytes: int
+    elapsed_s: float  # since planning started
+
+
+PLAN_PHASES = ("tensors", "buckets")
+
+
 @event("repl.commit")
 class ReplCommit(Event):
     version: str
@@ -115,5 +129,5 @@ class ReplDone(Event):
     report: dict[str, Any] | None = None
 
 
-__all__ = ["ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
+__all__ = ["PlanProgress", "PLAN_PHASES", "ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
            "BUCKET_STATES", "BucketState", "COMMIT_PHASES"]

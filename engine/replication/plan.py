@@ -36,6 +36,7 @@ import contextlib
 import gc
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,6 +451,43 @@ class PlanInputs:
     source_headers: dict[int, bytes] = field(default_factory=dict)  # file -> exact safetensors header bytes
 
 
+# Planning reports its hashing about every 64 MiB: often enough for a bar to move several times a
+# second, rarely enough that the event costs nothing beside the hashing (~1 per 20 ms at 3 GB/s).
+PROGRESS_STEP = 64 << 20
+
+
+class _Meter:
+    """Bytes hashed so far, as :class:`PlanProgress` events (none without a sink)."""
+
+    def __init__(self, on_event: Callable[[Any], None] | None, total: int):
+        self.on_event, self.total, self.done = on_event, total, 0
+        self.t0 = time.perf_counter()
+        self._next = 0
+
+    def add(self, phase: str, nbytes: int, total: int | None = None) -> None:
+        if self.on_event is None:
+            return
+        from hwtui.engine.replication.events import PlanProgress
+
+        self.done += nbytes
+        if total is not None:
+            self.total = total
+        if self.done >= self._next or self.done >= self.total:
+            self._next = self.done + PROGRESS_STEP
+            self.on_event(PlanProgress(phase=phase, bytes_done=self.done, total_bytes=max(self.total, self.done),
+                                       elapsed_s=round(time.perf_counter() - self.t0, 6)))
+
+
+def _steps(nbytes: np.ndarray) -> list[tuple[int, int]]:
+    """Cut a run of tensors into [lo, hi) slices of about PROGRESS_STEP bytes each (a big tensor is one slice)."""
+    if not len(nbytes):
+        return []
+    ends = np.cumsum(nbytes)
+    cuts = np.searchsorted(ends, np.arange(PROGRESS_STEP, int(ends[-1]), PROGRESS_STEP), side="right")
+    bounds = [0, *dict.fromkeys(int(c) for c in cuts if 0 < c < len(nbytes)), len(nbytes)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
 def build_plan(inputs: PlanInputs, **kw: Any) -> Plan:
     """Lay out the next version into buckets. O(n log n) in the number of tensors."""
     with _gc_paused():
@@ -501,7 +539,8 @@ def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray,
 
 
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
-                prev: tuple[str | None, dict[str, tuple[str, list[int], str]]] | None = None) -> Plan:
+                prev: tuple[str | None, dict[str, tuple[str, list[int], str]]] | None = None,
+                on_event: Callable[[Any], None] | None = None) -> Plan:
     if version is not None:
         check_version(version, "version")
     if type(bucket_bytes) is not int or bucket_bytes <= 0:
@@ -521,7 +560,10 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     else:
         order = np.lexsort((rank, off_arr, file_arr))  # stream order: (file, offset, name)
 
-    # Every tensor's checksum, in stream order (sequential reads of the page cache).
+    # Every tensor's checksum, in stream order (sequential reads of the page cache). Pass two (the
+    # buckets) reads what is sent again: until the layout is known, assume everything is.
+    meter = _Meter(on_event, 2 * int(nb_arr.sum()))
+    meter.add("tensors", 0)
     is_st = [f["format"] == "safetensors" for f in inputs.files]
     checksum = np.zeros(n_tensors, dtype=np.uint64)
     digest64 = xxhash.xxh3_64_intdigest
@@ -531,19 +573,26 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
         mv = inputs.buffers.get(f) if is_st[f] else None
         if mv is not None:
             # Tensors of at most 16 bytes: XXH3 column-wise over all of them (xxh3_small.py). The rest
-            # through C-level iteration (map over slices): no bytecode per tensor.
+            # through C-level iteration (map over slices): no bytecode per tensor; one run per
+            # PROGRESS_STEP of bytes, so a progress event costs nothing per tensor either.
             lo, ns = off_arr[idx], nb_arr[idx]
             short = ns <= xxh3_small.MAX_LEN
             if short.any():
                 buf = np.frombuffer(mv, dtype=np.uint8)
                 checksum[idx[short]] = xxh3_small.xxh3_64_short(buf, lo[short], ns[short])
+                meter.add("tensors", int(ns[short].sum()))
             if not short.all():
                 rest, lo = idx[~short], lo[~short]
-                slices = map(slice, lo.tolist(), (lo + nb_arr[rest]).tolist())
-                checksum[rest] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
-                                             count=len(rest))
+                sizes = nb_arr[rest]
+                for a, b in _steps(sizes) if on_event is not None else [(0, len(rest))]:
+                    slices = map(slice, lo[a:b].tolist(), (lo[a:b] + sizes[a:b]).tolist())
+                    checksum[rest[a:b]] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
+                                                      count=b - a)
+                    meter.add("tensors", int(sizes[a:b].sum()))
         else:
-            checksum[idx] = [digest64(fetch(k)) for k in idx.tolist()]
+            for a, b in _steps(nb_arr[idx]):
+                checksum[idx[a:b]] = [digest64(fetch(k)) for k in idx[a:b].tolist()]
+                meter.add("tensors", int(nb_arr[idx[a:b]].sum()))
 
     send = np.ones(n_tensors, dtype=bool)
     if prev_tensors:
@@ -561,7 +610,8 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     else:
         layout = _layout_aligned(stream, nb_arr, bucket_bytes, align)
     i_src, i_toff, i_n, i_b, i_off, b_size = layout
-    b_ck = _bucket_checksums(inputs, fetch, is_st, file_arr, off_arr, i_src, i_toff, i_n, i_b, i_off, b_size)
+    meter.add("buckets", 0, total=meter.done + int(b_size.sum()))  # now the second pass is known exactly
+    b_ck = _bucket_checksums(inputs, fetch, is_st, file_arr, off_arr, i_src, i_toff, i_n, i_b, i_off, b_size, meter)
 
     # The tensor table, sorted by name; ragged shapes permuted with index arithmetic, not a Python loop.
     ndims_src, dims_src = cols.ndims, cols.dims
@@ -661,7 +711,7 @@ def _layout_aligned(stream: np.ndarray, nbytes: np.ndarray, bucket: int, align: 
 
 def _bucket_checksums(inputs: PlanInputs, fetch: Callable[[int], Any], is_st: list[bool], file_arr: np.ndarray,
                       off_arr: np.ndarray, i_src: np.ndarray, i_toff: np.ndarray, i_n: np.ndarray, i_b: np.ndarray,
-                      i_off: np.ndarray, b_size: np.ndarray) -> np.ndarray:
+                      i_off: np.ndarray, b_size: np.ndarray, meter: _Meter | None = None) -> np.ndarray:
     """xxh3 of each bucket's packed bytes (padding hashed as zeros). A bucket that is one gap-free
     byte range of one mapped safetensors file is hashed in one call; others piece by piece."""
     nb = len(b_size)
@@ -687,6 +737,8 @@ def _bucket_checksums(inputs: PlanInputs, fetch: Callable[[int], Any], is_st: li
     first = first_piece[flat_b]
     for b, f0, p0 in zip(flat_b.tolist(), f[first].tolist(), fpos[first].tolist(), strict=True):
         out[b] = digest64(inputs.buffers[f0][p0:p0 + sizes[b]])
+        if meter is not None:
+            meter.add("buckets", sizes[b])
     # The rest piece by piece; only their pieces become Python ints.
     for b in np.flatnonzero(~flat).tolist():
         lo, hi = bounds[b], bounds[b + 1]
@@ -704,6 +756,8 @@ def _bucket_checksums(inputs: PlanInputs, fetch: Callable[[int], Any], is_st: li
             pos = offs[i] + ns[i]
         h.pad(sizes[b] - pos)
         out[b] = int(h.hexdigest(), 16)
+        if meter is not None:
+            meter.add("buckets", sizes[b])
     return out
 
 
@@ -746,13 +800,14 @@ def open_weight_files(paths: Iterable[str | os.PathLike[str]]) -> PlanInputs:
 
 
 def build_plan_from_files(paths: list[str], *, model: str | None, version: str | None, bucket_bytes: int, align: int = 1,
-                          prev_path: str | None = None) -> Plan:
+                          prev_path: str | None = None, on_event: Callable[[Any], None] | None = None) -> Plan:
+    """``on_event`` receives :class:`~hwtui.engine.replication.events.PlanProgress` as the bytes are hashed."""
     prev = load_previous(prev_path) if prev_path else None
     with _gc_paused():
         inputs = open_weight_files(paths)
     try:
         return build_plan(inputs, model=model or Path(paths[0]).stem, version=version, bucket_bytes=bucket_bytes,
-                          align=align, prev=prev)
+                          align=align, prev=prev, on_event=on_event)
     finally:
         inputs.buffers.clear()  # the memoryviews pin the mappings
         for close in inputs.closers:

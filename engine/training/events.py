@@ -18,6 +18,7 @@ class TrainStart(Event):
     balance: str
     merge_every: int
     params: int
+    start_step: int = 0  # the merged model's step when training starts (a resume's checkpoint step)
 
 
 @event("train.worker")

@@ -363,7 +363,8 @@ class Coordinator:
         self.sink(LogEvent(message=f"corpus: {hello0.get('corpus')}", source="train"))
         self.sink(TrainStart(workers=[{"rank": w.rank, "device": w.device, "vendor": w.ref.vendor, "name": w.ref.name}
                                       for w in self.workers], steps=cfg.steps, batch_size=cfg.batch_size,
-                             balance=cfg.balance, merge_every=cfg.merge_every, params=self.params))
+                             balance=cfg.balance, merge_every=cfg.merge_every, params=self.params,
+                             start_step=self.step))
         self.phase = Phase.TRAINING
         self.t_train = time.monotonic()
         self._next_round()

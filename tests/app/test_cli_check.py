@@ -93,7 +93,9 @@ def test_list_gpus_table_and_json(mixed):
     assert lines[0].split()[:5] == ["ID", "Vendor", "Model", "VRAM", "Backend"]
     assert "GeForce RTX 4090" in lines[1] and "cuda" in lines[1]
     assert "Radeon RX 7800 XT" in lines[3] and "16 GB" in lines[3] and "hip" in lines[3]
-    rows = json.loads(hwtui("list-gpus", "--json", "--sysroot", str(mixed.root)).stdout)
+    doc = json.loads(hwtui("list-gpus", "--json", "--sysroot", str(mixed.root)).stdout)
+    assert set(doc) == {"schema", "devices"} and doc["schema"] == "hwtui.gpus/1"
+    rows = doc["devices"]
     for row in rows:
         assert {"id", "vendor", "backend", "device", "name", "pci", "driver", "vram_total"} <= set(row)
     assert [r["vendor"] for r in rows] == ["NVIDIA", "Intel", "AMD"]
@@ -104,7 +106,7 @@ def test_list_gpus_table_and_json(mixed):
 def test_list_gpus_no_gpu_is_normal(tmp_path):
     fs = machines.laptop_no_gpu(tmp_path / "l")
     r = hwtui("list-gpus", "--json", "--sysroot", str(fs.root))
-    assert r.returncode == 0 and json.loads(r.stdout) == []
+    assert r.returncode == 0 and json.loads(r.stdout) == {"schema": "hwtui.gpus/1", "devices": []}
     r = hwtui("list-gpus", "--sysroot", str(fs.root))
     assert r.returncode == 0 and "No accelerator found" in r.stdout
 

@@ -50,7 +50,7 @@ def test_a_command_named_as_an_option_value_still_runs_the_real_command(tmp_path
     # `--only push` puts "push" first in argv; the command is list-gpus, on an empty machine tree.
     r = _hwtui("--only", "push", "list-gpus", "--json", "--sysroot", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == []
+    assert json.loads(r.stdout) == {"schema": "hwtui.gpus/1", "devices": []}
 
 
 def test_an_unknown_option_is_still_one_line_and_exit_2():

@@ -73,13 +73,15 @@ def test_list_gpus_snapshot_and_replay_agree(tmp_path):
 
     def stable(text: str) -> list[dict]:
         out = []
-        for d in json.loads(text):
+        doc = json.loads(text)
+        assert doc["schema"] == "hwtui.gpus/1"
+        for d in doc["devices"]:
             d = {k: v for k, v in d.items() if k not in volatile}
             d["extra"] = {k: v for k, v in (d.get("extra") or {}).items() if k not in volatile}
             out.append(d)
         return out
 
-    assert stable(live.stdout) == stable(replay.stdout) and json.loads(live.stdout)
+    assert stable(live.stdout) == stable(replay.stdout) and json.loads(live.stdout)["devices"]
     live_check = json.loads(hwtui("--check", "--json").stdout)["findings"]
     replay_check = json.loads(hwtui("--check", "--json", "--replay", str(snap)).stdout)["findings"]
     assert sorted((f["id"], f["status"]) for f in live_check) == sorted((f["id"], f["status"]) for f in replay_check)

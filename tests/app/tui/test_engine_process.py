@@ -20,8 +20,8 @@ def test_weights_are_planned_first_then_replicated(tmp_path):
     cfg = TuiConfig(mode="replicate", source="weights", weights="/m/model.safetensors", bucket_mb=32, window=3)
     plan, run = build_stages(cfg, DEFAULTS, tmp_path)
     assert plan.argv[1:] == ["-m", "hwtui.app", "plan", "--weights", "/m/model.safetensors", "--bucket-mb", "32",
-                             "-o", str(tmp_path / "plan.json")]
-    assert run.argv[1:] == ["-m", "hwtui.app", "replicate", "--plan", str(tmp_path / "plan.json"), "--device", "cpu",
+                             "-o", str(tmp_path / "model.plan")]
+    assert run.argv[1:] == ["-m", "hwtui.app", "replicate", "--plan", str(tmp_path / "model.plan"), "--device", "cpu",
                             "--nproc", "2", "--inflight", "3", "--chunk-mb", "16", "--events", "-"]
     assert plan.argv[0] == run.argv[0] == sys.executable
 
