@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hwtui.probes.host import Host
+from hwtui.probes.host import FactUnavailable, Host
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,29 @@ def parse_net_dev(text: str) -> tuple[int, int]:
     return rx, tx
 
 
+def host_memory(host: Host) -> tuple[int | None, int | None]:
+    """(used, total) bytes, both from one source: /proc/meminfo, else the recorded runtime fact.
+
+    The host strip and the device panel's ``cpu`` row both read it: on the 8x H100 replay the strip
+    (meminfo alone: ``mem ?/62.5G``) once contradicted the row (the runtime fact: 584.4G/2015.0G).
+
+    Why one source: a snapshot can hold MemTotal but no MemAvailable (an old kernel, a trimmed
+    tree), and pairing its total with the recorder's own MemAvailable drew another machine's
+    "used" figure. Figures that do not parse or do not add up are unknown, not a crash.
+    """
+    used, total = parse_meminfo(host.read_text("/proc/meminfo") or "")
+    if used is not None:
+        return used, total
+    try:
+        rt = host.fact("host_runtime", lambda: {}) or {}
+    except FactUnavailable:
+        rt = {}
+    rt_total, rt_available = rt.get("mem_total"), rt.get("mem_available")
+    if isinstance(rt_total, int) and isinstance(rt_available, int) and 0 <= rt_available <= rt_total:
+        return rt_total - rt_available, rt_total
+    return None, total if total is not None else (rt_total if isinstance(rt_total, int) else None)
+
+
 class HostCounters:
     """Successive readings of one host; rates come from the difference with the previous one."""
 
@@ -84,7 +107,7 @@ class HostCounters:
             total = times[1] - self._cpu[1]
             cpu_pct = 100.0 * busy / total if total > 0 else None
         self._cpu = times
-        used, total_mem = parse_meminfo(self.host.read_text("/proc/meminfo") or "")
+        used, total_mem = host_memory(self.host)
         rx_rate = tx_rate = None
         net = self.host.read_text("/proc/net/dev")
         if net is not None:

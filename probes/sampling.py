@@ -17,7 +17,7 @@ from typing import Any
 
 from hwtui.probes.devices import Device
 from hwtui.probes.host import FactUnavailable, Host
-from hwtui.probes.host_counters import parse_meminfo
+from hwtui.probes.host_counters import host_memory
 from hwtui.probes.nvml_memory import V2, read_memory
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
@@ -174,7 +174,7 @@ class Sampler:
                                     float(psutil.cpu_percent(interval=None)), None, None, None)
             except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable
                 pass
-        used, total = _meminfo(self.host)
+        used, total = host_memory(self.host)
         return DeviceSample("cpu", self._cpu_name, used, total, None, None, None, None)
 
     def close(self) -> None:
@@ -197,23 +197,3 @@ def _cpu_name(host: Host) -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return "CPU"
-
-
-def _meminfo(host: Host) -> tuple[int | None, int | None]:
-    """(used, total) bytes, both from one source: /proc/meminfo, else the recorded runtime fact.
-
-    Why one source: a snapshot can hold MemTotal but no MemAvailable (an old kernel, a trimmed
-    tree), and pairing its total with the recorder's own MemAvailable drew another machine's
-    "used" figure. Figures that do not parse or do not add up are unknown, not a crash.
-    """
-    used, total = parse_meminfo(host.read_text("/proc/meminfo") or "")
-    if used is not None:
-        return used, total
-    try:
-        rt = host.fact("host_runtime", lambda: {}) or {}
-    except FactUnavailable:
-        rt = {}
-    rt_total, rt_available = rt.get("mem_total"), rt.get("mem_available")
-    if isinstance(rt_total, int) and isinstance(rt_available, int) and 0 <= rt_available <= rt_total:
-        return rt_total - rt_available, rt_total
-    return None, total if total is not None else (rt_total if isinstance(rt_total, int) else None)

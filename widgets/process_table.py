@@ -28,7 +28,12 @@ PAD = 1  # cells either side of a column's text (as a DataTable draws them)
 
 
 def _mem(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+    """In G like the device panel beside it (one unit family on screen); two decimals below 1 G so a
+    small process is not "0.0G"."""
+    if n is None:
+        return "-"
+    gib = n / 2**30
+    return f"{gib:.1f}G" if gib >= 1 else f"{gib:.2f}G"
 
 
 def cells(p: Any) -> dict[str, str]:

@@ -70,3 +70,19 @@ def test_nvml_processes():
 
     (row,) = nvml_processes(FakeNvml(), {"cuda:0": "h0", "cuda:1": "h1"})
     assert row.device == "cuda:0" and row.mem_bytes == 3 * 2**30 and row.pid == os.getpid()
+
+
+def test_host_strip_and_cpu_row_agree_on_a_replay_whose_meminfo_lacks_memavailable():
+    """The 8x H100 example: /proc/meminfo holds MemTotal only. The strip once said `mem ?/62.5G`
+    beside a cpu row of 584.4G/2015.0G; both now read one source (issue 25)."""
+    import json
+    from pathlib import Path
+
+    from hwtui.probes.host import ReplayHost
+    from hwtui.probes.sampling import Sampler
+
+    snap = json.loads((Path(__file__).resolve().parents[2] / "docs/examples/h100x8.snapshot.json").read_text())
+    host = ReplayHost(snap)
+    strip = HostCounters(host).sample()
+    cpu_row = next(s for s in Sampler(host).sample() if s.key == "cpu")
+    assert strip.mem_used is not None and (strip.mem_used, strip.mem_total) == (cpu_row.mem_used, cpu_row.mem_total)
