@@ -7,7 +7,9 @@ screens do not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -61,3 +63,42 @@ def columns(values: Sequence[float], width: int, height: int, hi: float | None =
 
 def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 1024**3:.1f}G"
+
+
+def nice_ticks(lo: float, hi: float, max_ticks: int, integer: bool = False) -> list[float]:
+    """Round tick values covering ``[lo, hi]``: steps of 1, 2, 2.5 or 5 times a power of ten.
+
+    Why: plotext spaces its ticks evenly over the data's own range, which printed ``16.7``,
+    ``83.3`` and ``-59.0/-44.2/-29.5`` on hwtui's charts. The smallest round step that needs at
+    most ``max_ticks + 1`` ticks wins; the outer ticks enclose ``[lo, hi]`` so the axis ends on
+    round values. ``integer``: steps of at least 1 (training steps).
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)) or max_ticks < 1:
+        return []
+    lo, hi = min(lo, hi), max(lo, hi)
+    if (hi - lo) / max_ticks < 1e-300:  # one value (or two a denormal apart): an axis of one unit around it
+        hi = lo + (1.0 if lo == 0 else abs(lo))
+    mag = 10 ** math.floor(math.log10((hi - lo) / max_ticks))
+    if integer:
+        mag = max(mag, 1)  # whole steps only, however short the range
+    for step in (m * mag * scale for scale in (1, 10, 100) for m in (1, 2, 2.5, 5)):
+        if integer and (step < 1 or step != int(step)):
+            continue
+        first, last = _whole(lo / step, math.floor), _whole(hi / step, math.ceil)
+        last = max(last, first + 1)  # an axis has two ends, even for a range within a step's hair
+        if last - first + 1 <= max_ticks + 1:
+            return [float(f"{k * step:.12g}") for k in range(first, last + 1)]  # 0.30000000000000004 -> 0.3
+    return [lo, hi]
+
+
+def _whole(quotient: float, towards: Any) -> int:
+    """``floor``/``ceil`` of a quotient that float error left a hair off a whole number (2.0000000001)."""
+    nearest = round(quotient)
+    return int(nearest) if math.isclose(quotient, nearest, rel_tol=1e-9, abs_tol=1e-9) else int(towards(quotient))
+
+
+def tick_label(value: float) -> str:
+    """``25``, ``2.5``, ``0.25``, ``1.5k``: at most four significant digits, no trailing zeros."""
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.4g}k"
+    return f"{value:.4g}"

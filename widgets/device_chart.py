@@ -1,7 +1,9 @@
 """One device's history as a chart with axes: utilisation and temperature (left axis), power (right axis).
 
-Time runs along x in seconds before now. A sensor the device does not have is not plotted and not
-named. The latest figures are the title, so they read as text too.
+Time runs along x in seconds before now (labelled "seconds ago", ticks at round values). A sensor
+the device does not have is not plotted and not named. The latest figures are the title, so they
+read as text too. Each series has its own marker, keyed in the x label, so they are told apart
+without colour (NO_COLOR once drew three identical grey dots).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from hwtui.widgets.sparkline_panel import metric_value
 
 WINDOW = 60  # points the time axis spans at least
 
-SERIES = (("util", "util", "%", "cyan", "left"), ("temp", "temp_c", "C", "yellow", "left"),
-          ("pwr", "power_w", "W", "magenta", "right"))
+# name, attribute, unit, colour, y side, marker (told apart without colour)
+SERIES = (("util", "util", "%", "cyan", "left", "•"), ("temp", "temp_c", "C", "yellow", "left", "+"),
+          ("pwr", "power_w", "W", "magenta", "right", "x"))
 
 
 class DeviceChart(PlotChart):
     DEFAULT_CSS = "DeviceChart { height: 1fr; min-height: 8; width: 1fr; }"
-    X_LABEL = "s"
+    X_LABEL = "seconds ago"
     BUILD_IN_THREAD = True  # redrawn on every monitor tick: built off the UI thread
 
     def __init__(self, **kwargs: Any) -> None:
@@ -49,19 +52,24 @@ class DeviceChart(PlotChart):
             parts[-1] += f"/{self.power_limit:.0f}W"
         return "  ".join(parts)
 
+    def _plotted(self) -> list[tuple[str, str, str, str, str, str]]:
+        return [row for row in SERIES if any(v is not None for v in self.series.get(row[1]) or [])]
+
+    def x_label(self) -> str:
+        key = "  ".join(f"{marker} {name}" for name, *_, marker in self._plotted())
+        return f"{self.X_LABEL}   {key}" if key else self.X_LABEL
+
     def draw(self, plt: Any) -> None:
         plotted_right = False
-        for name, attr, unit, colour, side in SERIES:
+        for _name, attr, _unit, colour, side, marker in self._plotted():
             values = self.series.get(attr) or []
             points = [(-(len(values) - 1 - i) * self.interval, v) for i, v in enumerate(values) if v is not None]
-            if len(points) < 1:
-                continue
-            plt.plot([x for x, _ in points], [v for _, v in points], marker="braille", color=colour,
-                     yside=side, label=f"{name} {unit}")
+            plt.plot([x for x, _ in points], [v for _, v in points], marker=marker, color=colour, yside=side)
             plotted_right = plotted_right or side == "right"
         # The whole window of history from the start, so the time axis does not stretch as points arrive.
         n = max((len(self.series.get(attr) or []) for _, attr, *_ in SERIES), default=0)
-        plt.xlim(-(max(n, WINDOW) - 1) * self.interval, 0)
-        plt.ylim(0, 100, yside="left")
+        self.set_ticks(plt, "x", 0, (max(n, WINDOW) - 1) * self.interval, mirrored=True)
+        self.set_ticks(plt, "y", 0, 100, yside="left")
         if plotted_right:
-            plt.ylim(0, self.power_limit or None, yside="right")
+            peak = max((v for v in self.series.get("power_w") or [] if v is not None), default=0.0)
+            self.set_ticks(plt, "y", 0, max(peak, 1.0), yside="right", top=self.power_limit)

@@ -27,4 +27,7 @@ class LossChart(PlotChart):
 
     def draw(self, plt: Any) -> None:
         if self.points:
-            plt.plot([s for s, _ in self.points], [v for _, v in self.points], marker="braille", color="magenta")
+            steps, losses = [s for s, _ in self.points], [v for _, v in self.points]
+            plt.plot(steps, losses, marker="braille", color="magenta")
+            self.set_ticks(plt, "x", min(steps), max(max(steps), min(steps) + 1), integer=True)
+            self.set_ticks(plt, "y", min(losses), max(losses))

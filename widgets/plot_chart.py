@@ -33,7 +33,14 @@ from textual.app import RenderResult
 from textual.strip import Strip
 from textual_plotext import PlotextPlot
 
+from hwtui.widgets._draw import nice_ticks, tick_label
+
 CPU_BUDGET = 0.01  # share of one core a thread-built chart may use (the monitor as a whole aims at <= 2 %)
+# Below this a chart cannot be read (at 80x24 the loss chart was one row with a point outside its
+# frame): the chart gives way to its figures and a one-line note. Height: title, frame (2), tick
+# labels and the x label take 5 rows; 3 rows of plot is the least that shows a trend.
+MIN_WIDTH, MIN_HEIGHT = 24, 8
+X_CELLS_PER_TICK, Y_ROWS_PER_TICK = 10, 3
 
 
 class PlotChart(PlotextPlot):
@@ -51,6 +58,7 @@ class PlotChart(PlotextPlot):
         self._last_build = (0.0, 0.0)  # (monotonic start, CPU seconds) of the last build
         self._build_timer: Any = None
         self._building = False  # a worker is building; when it is done it checks for newer data
+        self._plot_size = (0, 0)  # the size being built: set_ticks sizes the ticks to it
 
     def summary(self) -> str:
         """The chart's title: its figures as text."""
@@ -58,6 +66,38 @@ class PlotChart(PlotextPlot):
 
     def draw(self, plt: Any) -> None:
         """Plot the series (``plt`` is cleared, titled and labelled already)."""
+
+    def x_label(self) -> str:
+        """The x axis' label; subclasses add a key to their series' markers."""
+        return self.X_LABEL
+
+    def set_ticks(self, plt: Any, axis: str, lo: float, hi: float, *, integer: bool = False,
+                  mirrored: bool = False, yside: str | None = None, top: float | None = None) -> list[float]:
+        """Round ticks over ``[lo, hi]`` on ``axis`` ("x" or "y"), as many as the chart's size reads
+        well, and the axis' limits set to the outer ticks. ``mirrored``: the data runs over
+        ``[-hi, -lo]`` (time before now) and the labels say how long ago, without the minus sign.
+        ``top``: a fixed upper limit (a device's power limit): the axis ends there and only the
+        round ticks below it are labelled."""
+        width, height = self._plot_size
+        count = max(2, (width // X_CELLS_PER_TICK) if axis == "x" else (height - 4) // Y_ROWS_PER_TICK + 1)
+        ticks = nice_ticks(lo, top if top is not None else hi, count, integer=integer)
+        if top is not None:
+            ticks = [t for t in ticks if t <= top]
+        if not ticks:
+            return ticks
+        labels = [tick_label(t) for t in ticks]
+        positions = [-t for t in ticks] if mirrored else ticks
+        low, high = min(positions), max(positions) if top is None else top
+        # A hair of room past the outer tick: plotext drew a point lying exactly on the limit one
+        # cell outside the frame.
+        pad = (high - low) * 0.01
+        if axis == "x":
+            plt.xticks(positions, labels)
+            plt.xlim(low - (pad if mirrored else 0), high + (0 if mirrored else pad))
+        else:
+            plt.yticks(positions, labels, yside=yside)
+            plt.ylim(low, high + pad, yside=yside)
+        return ticks
 
     def data_changed(self) -> None:
         """Subclasses call this after storing new data: the next paint shows it."""
@@ -84,15 +124,20 @@ class PlotChart(PlotextPlot):
         self._request_build()
 
     def _build(self, width: int, height: int, theme: str) -> Text:
+        if width < MIN_WIDTH or height < MIN_HEIGHT:
+            note = f"(chart hidden: {width}x{height} is too small to read, it needs {MIN_WIDTH}x{MIN_HEIGHT})"
+            return Text(f"{self.summary()}\n{note}" if height >= 2 else note, no_wrap=True, overflow="ellipsis")
         with self._plot_lock:
+            self._plot_size = (width, height)
             plt = self.plt
             plt.clear_data()
             plt.clear_figure()
             plt.plotsize(width, height)
             plt._set_size(width, height)  # as PlotextPlot.render does (textual-plotext issue 5)
             plt.title(self.summary())
-            if self.X_LABEL:
-                plt.xlabel(self.X_LABEL)
+            label = self.x_label()
+            if label:
+                plt.xlabel(label)
             self.draw(plt)
             plt.theme(theme)
             return Text.from_ansi(plt.build())

@@ -36,4 +36,5 @@ class ThroughputChart(PlotChart):
     def draw(self, plt: Any) -> None:
         if self.points:
             plt.plot(self.times, self.points, marker="braille", color="cyan")
-            plt.ylim(0, max(self.peak, 1e-9) * 1.05)
+            self.set_ticks(plt, "x", 0, max(max(self.times), 1e-3))
+            self.set_ticks(plt, "y", 0, max(self.peak, 1e-9))
