@@ -77,7 +77,7 @@ def nice_ticks(lo: float, hi: float, max_ticks: int, integer: bool = False) -> l
         return []
     lo, hi = min(lo, hi), max(lo, hi)
     if (hi - lo) / max_ticks < 1e-300:  # one value (or two a denormal apart): an axis of one unit around it
-        hi = lo + (1.0 if lo == 0 else abs(lo))
+        hi = lo + (abs(lo) if abs(lo) > 1e-290 else 1.0)
     mag = 10 ** math.floor(math.log10((hi - lo) / max_ticks))
     if integer:
         mag = max(mag, 1)  # whole steps only, however short the range
