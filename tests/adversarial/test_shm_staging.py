@@ -85,8 +85,9 @@ def _check_replicas(out: Path, expected, version: str = "s1") -> None:
         assert_bytes_equal(got, expected)
 
 
+@pytest.mark.parametrize("kind", ["symlink", "file"])
 @pytest.mark.parametrize("planter", ["root", "nobody"])
-def test_planted_symlinks_and_files_at_every_name_are_never_followed_or_written(tmp_path, model, planter):
+def test_planted_symlinks_and_files_at_every_name_are_never_followed_or_written(tmp_path, model, planter, kind):
     expected, digest = model
     victim = tmp_path / "victim"
     victim.write_bytes(PRECIOUS)
@@ -94,21 +95,25 @@ def test_planted_symlinks_and_files_at_every_name_are_never_followed_or_written(
     victim_dir = tmp_path / "victim-dir"
     victim_dir.mkdir()
     (victim_dir / "rank0").write_bytes(PRECIOUS)
-    # Every name 769874d could choose: a symlink to the victim at even ports, a 0666 file (the
-    # planter's copy of the weights, had hwtui written it) at odd ones. Plus names of the new form:
-    # a symlink, a file and a directory, none of which hwtui may follow, write or remove.
+    # Every name 769874d could choose: a symlink to the victim, or a 0666 file the planter also
+    # keeps a hard link to (its copy of the weights, had hwtui written them). Plus names of the new
+    # form: a symlink, a file and a directory, none of which hwtui may follow, write or remove.
     old = [f"hwtui-{digest[:16]}-{p}-rank{r}" for p in _ports() for r in range(3)]
     tag = secrets.token_hex(8)
     new_link, new_file, new_dir = (f"hwtui-run-{tag}{s}" for s in ("link", "file", "dir"))
+    keep = f"hwtui-plant-{tag}"  # the planter's hard links
     uid = os.geteuid() if planter == "root" else NOBODY
 
     def plant() -> None:
         os.umask(0)
-        for i, name in enumerate(old):
-            if (i // 3) % 2 == 0:
+        if kind == "file":
+            os.mkdir(keep, 0o700)
+        for name in old:
+            if kind == "symlink":
                 os.symlink(str(victim), name)
             else:
                 os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                os.link(name, f"{keep}/{name}")
         os.symlink(str(victim_dir), new_link)
         os.close(os.open(new_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
         os.mkdir(new_dir, 0o777)  # a directory others may write: never one of hwtui's
@@ -125,16 +130,22 @@ def test_planted_symlinks_and_files_at_every_name_are_never_followed_or_written(
         assert "shm path: rank(s) 1, 2" in paths_line(events)
         _check_replicas(tmp_path / "out", expected)
         assert victim.read_bytes() == PRECIOUS and (victim_dir / "rank0").read_bytes() == PRECIOUS
-        for i, name in enumerate(old):
+        for name in old:
+            if kind == "file":  # the planter's copy holds nothing, and the planted name is still theirs
+                assert os.path.getsize(f"/dev/shm/{keep}/{name}") == 0, name
             st = os.lstat(f"/dev/shm/{name}")
             assert st.st_uid == uid, name
-            if (i // 3) % 2 == 0:
+            if kind == "symlink":
                 assert stat.S_ISLNK(st.st_mode) and os.readlink(f"/dev/shm/{name}") == str(victim), name
             else:
                 assert stat.S_ISREG(st.st_mode) and st.st_size == 0 and stat.S_IMODE(st.st_mode) == 0o666, name
         assert os.readlink(f"/dev/shm/{new_link}") == str(victim_dir)
         assert os.path.getsize(f"/dev/shm/{new_file}") == 0 and os.path.getsize(f"/dev/shm/{new_dir}/rank0") == 0
     finally:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(f"/dev/shm/{keep}"):
+                os.unlink(f"/dev/shm/{keep}/{name}")
+            os.rmdir(f"/dev/shm/{keep}")
         for name in planted:
             with contextlib.suppress(OSError):
                 if name == new_dir:

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hwtui.engine.replication import shm as shm_mod
-from hwtui.engine.replication.shm import RUN_PREFIX, make_run_dir, sweep_dead_run_dirs
+RUN_PREFIX = "hwtui-run-"
 
 TENSORS = [{"name": "a", "dtype": "F32", "shape": [4], "nbytes": 16, "checksum": "0"},
            {"name": "b", "dtype": "U8", "shape": [3], "nbytes": 3, "checksum": "0"}]
@@ -147,6 +146,9 @@ def _sticky_dir(tmp_path: Path) -> Path:
 
 def test_run_dir_names_already_taken_by_anything_are_skipped(tmp_path, monkeypatch):
     """Whatever sits at the name hwtui draws (a symlink, a file, another's directory) is never used."""
+    from hwtui.engine.replication import shm as shm_mod
+    from hwtui.engine.replication.shm import make_run_dir
+
     shm = _sticky_dir(tmp_path)
     victim_dir = tmp_path / "victim-dir"
     victim_dir.mkdir()
@@ -183,6 +185,8 @@ def test_sweep_takes_only_this_users_dead_directories_and_follows_nothing(tmp_pa
     """A live run's directory (its owner holds the lock), another user's, a symlink, a file, a
     directory that is not private: all stay. A dead run's goes, and a symlink inside it goes
     without its target being touched."""
+    from hwtui.engine.replication.shm import sweep_dead_run_dirs
+
     shm = _sticky_dir(tmp_path)
     # A concurrent run, alive (its own start-up sweeps too, so it starts before anything is planted).
     live = subprocess.Popen([sys.executable, "-c", _HOLD, str(shm)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -221,6 +225,9 @@ def test_sweep_takes_only_this_users_dead_directories_and_follows_nothing(tmp_pa
 
 
 def test_a_sweep_between_mkdir_and_lock_makes_the_creator_start_over(tmp_path, monkeypatch):
+    from hwtui.engine.replication import shm as shm_mod
+    from hwtui.engine.replication.shm import make_run_dir, sweep_dead_run_dirs
+
     shm = _sticky_dir(tmp_path)
     real_open = os.open
     swept: list[list[str]] = []
