@@ -249,3 +249,26 @@ def test_a_sweep_between_mkdir_and_lock_makes_the_creator_start_over(tmp_path, m
         os.close(fd)
     finally:
         run.remove()
+
+
+@pytest.mark.torch
+def test_a_plan_uploaded_to_a_resident_receiver_is_kept_owner_only(tmp_path):
+    """The agent's resident receiver writes what a pusher sends under its --out: 0600, exclusive."""
+    import io
+
+    from hwtui.engine.agent.resident import ResidentRank
+    from hwtui.engine.replication.plan import load_plan
+    from tests.engine.replication.helpers import make_model, write_plan
+
+    make_model(tmp_path / "m", seed=3, big=400, n=3)
+    write_plan(tmp_path / "m", tmp_path / "p.plan", version="v1", bucket_kib=4)
+    raw = (tmp_path / "p.plan").read_bytes()
+    digest = load_plan(tmp_path / "p.plan").digest
+    node = ResidentRank(node="solo", out=tmp_path / "solo", advertise="127.0.0.1")
+    try:
+        node.upload_plan({"digest": digest}, len(raw), io.BytesIO(raw).read)
+        kept = list((tmp_path / "solo" / "pushes").iterdir())
+        assert [p.name for p in kept] == [f"upload-{digest}.plan"]
+        assert _mode(kept[0]) == 0o600 and kept[0].read_bytes() == raw
+    finally:
+        node.close()
