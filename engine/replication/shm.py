@@ -94,15 +94,6 @@ def make_run_dir(base: str | None = None) -> RunDir:
     raise FileExistsError(f"could not make a private staging directory under {base}")
 
 
-def is_run_file(path: str | None, base: str | None = None) -> bool:
-    """Whether ``path`` names a staging file in a run directory (``<base>/hwtui-run-*/<name>``)."""
-    if not path:
-        return False
-    parent = os.path.dirname(str(path))
-    return (os.path.dirname(parent) == (base or shm_dir())
-            and os.path.basename(parent).startswith(RUN_PREFIX))
-
-
 def sweep_dead_run_dirs(base: str | None = None) -> list[str]:
     """Remove the run directories of this user whose owner is gone (their lock is free); return their paths."""
     base = base or shm_dir()
