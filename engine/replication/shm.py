@@ -60,7 +60,8 @@ class RunDir:
             return
         fd, self._fd = self._fd, None
         try:
-            _empty_and_remove(fd, self.path)
+            with contextlib.suppress(OSError):
+                _empty_and_remove(fd, self.path)
         finally:
             os.close(fd)
 
@@ -140,9 +141,9 @@ def _sweep_one(dfd: int, name: str, fd: int) -> bool:
 
 
 def _empty_and_remove(fd: int, path: str, dfd: int | None = None) -> None:
-    """Unlink every entry of the directory ``fd`` (no recursion: hwtui puts only files there), then rmdir it."""
+    """Unlink every entry of the directory ``fd`` (no recursion: hwtui puts only files there), then
+    rmdir it; OSError when it cannot (a subdirectory someone put there keeps it, for its owner)."""
     for entry in os.listdir(fd):
         with contextlib.suppress(OSError):
-            os.unlink(entry, dir_fd=fd)  # unlink never follows a link; a subdirectory stays (and so does ours)
-    with contextlib.suppress(OSError):
-        os.rmdir(path, dir_fd=dfd)
+            os.unlink(entry, dir_fd=fd)  # unlink never follows a link
+    os.rmdir(path, dir_fd=dfd)
