@@ -116,3 +116,20 @@ def test_no_shared_memory_copy_outlives_a_run_killed_at_any_phase(mixed, fault):
     assert "rank" in (result.error or "")
     assert _leftovers(digest, _shm(tmp_path)) == [], fault
     assert served(tmp_path / "out", 1)[0] is None and served(tmp_path / "out", 2)[0] is None
+
+
+def test_without_usable_shared_memory_the_ranks_take_the_network(mixed):
+    """No private directory can be made there: nothing is staged in shared memory, the bytes travel."""
+    tmp_path, expected, digest = mixed
+    env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
+    env["HWTUI_SHM_DIR"] = str(tmp_path / "missing")
+    events: list = []
+    result = run_replication(ReplicationOptions(plan=str(tmp_path / "p.json"), nproc=3, env=env, commit=True,
+                                                out=str(tmp_path / "out"), timeout=15.0), on_event=events.append)
+    assert result.ok, result.error
+    assert {r["rank"]: r["path"] for r in result.report["ranks"]} == {0: "source", 1: "network", 2: "network"}
+    for rank in (1, 2):
+        version, got = served(tmp_path / "out", rank)
+        assert version == "s1"
+        assert_bytes_equal(got, expected)
+    assert _leftovers(digest) == [] and not (tmp_path / "missing").exists()
