@@ -2,14 +2,14 @@
 
 A rank that stages a copy in ``/dev/shm`` for the ranks on its host (the source of a torch pickle,
 or a host leader without ``--out``) does so in its own **run directory**:
-``/dev/shm/hwtui-run-<128 random bits>``, made with an exclusive ``mkdir`` (mode 0700), so no
+``/dev/shm/hwtui-staging-<128 random bits, hex>``, made with an exclusive ``mkdir`` (mode 0700), so no
 other user can plant a name inside it, and nobody can guess its name ahead of time. The files in it
 are created ``O_EXCL|O_NOFOLLOW``, 0600 (``core.private_file``).
 
 The rank keeps an ``flock`` on the directory for as long as it lives (the kernel drops it when the
 process dies, SIGKILL included). That is how a sweep tells a dead run's leftovers from a live
 concurrent run's: every run (each rank as it starts, the launcher before and after its ranks, a
-rank that fails) removes the ``hwtui-run-*`` directories that are directories (never symlinks),
+rank that fails) removes the ``hwtui-staging-<32 hex digits>`` entries that are directories (never symlinks),
 owned by this user, 0700, and whose lock it can take. Anything else there (another user's, a
 symlink, a planted file, a live run's) is left alone. The sweep never follows a symlink: it works
 through directory file descriptors, and ``unlink`` removes a link, not its target.
@@ -24,13 +24,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import secrets
 import stat
 from collections.abc import Mapping
 
 SHM_DIR = "/dev/shm"
 SHM_DIR_ENV = "HWTUI_SHM_DIR"  # another shared-memory directory (tests, hosts with tmpfs elsewhere)
-RUN_PREFIX = "hwtui-run-"
+RUN_PREFIX = "hwtui-staging-"
+# Only names hwtui draws: another program's temporary directory that merely starts alike (the TUI's
+# own are "hwtui-run-*" under $TMPDIR, which may be /dev/shm) is never swept.
+_RUN_NAME = re.compile(r"hwtui-staging-[0-9a-f]{32}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _MAKE_TRIES = 16
 
@@ -105,7 +109,7 @@ def sweep_dead_run_dirs(base: str | None = None) -> list[str]:
     removed: list[str] = []
     try:
         for name in os.listdir(dfd):
-            if not name.startswith(RUN_PREFIX):
+            if not _RUN_NAME.fullmatch(name):
                 continue
             try:
                 fd = os.open(name, _DIR_FLAGS, dir_fd=dfd)  # a symlink fails here (ELOOP/ENOTDIR)

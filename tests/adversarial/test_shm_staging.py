@@ -100,7 +100,7 @@ def test_planted_symlinks_and_files_at_every_name_are_never_followed_or_written(
     # form: a symlink, a file and a directory, none of which hwtui may follow, write or remove.
     old = [f"hwtui-{digest[:16]}-{p}-rank{r}" for p in _ports() for r in range(3)]
     tag = secrets.token_hex(8)
-    new_link, new_file, new_dir = (f"hwtui-run-{tag}{s}" for s in ("link", "file", "dir"))
+    new_link, new_file, new_dir = (f"hwtui-staging-{secrets.token_hex(16)}" for _ in range(3))
     keep = f"hwtui-plant-{tag}"  # the planter's hard links
     uid = os.geteuid() if planter == "root" else NOBODY
 
@@ -168,7 +168,7 @@ def _staging_files(shm: Path, digest: str) -> set[str]:
             return False
         return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
-    mine = [d for d in glob.glob(f"{shm}/hwtui-run-*") if ours(d)]
+    mine = [d for d in glob.glob(f"{shm}/hwtui-staging-*") if ours(d)]
     return {f for d in mine for f in glob.glob(f"{d}/rank*")} | set(glob.glob(f"/dev/shm/hwtui-{digest[:16]}-*"))
 
 
@@ -199,8 +199,8 @@ def test_a_sigkilled_launchers_staging_goes_with_the_next_run_and_a_live_runs_st
     shm.mkdir()
     shm.chmod(0o1777)  # what /dev/shm is
     # Another user's leftovers (a dead run of theirs, by name) and a symlink: never touched.
-    theirs = f"hwtui-run-{secrets.token_hex(16)}"
-    link = f"hwtui-run-{secrets.token_hex(16)}"
+    theirs = f"hwtui-staging-{secrets.token_hex(16)}"
+    link = f"hwtui-staging-{secrets.token_hex(16)}"
     victim_dir = tmp_path / "victim-dir"
     victim_dir.mkdir()
     (victim_dir / "rank0").write_bytes(PRECIOUS)

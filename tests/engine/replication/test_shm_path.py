@@ -84,7 +84,7 @@ def test_non_mappable_source_reaches_same_host_ranks_through_shared_memory(mixed
     # 0600 staging file; nothing else, and nothing at the old predictable names.
     assert len(seen_shm) == 1 and len(seen_shm[0]) == 1, seen_shm
     run_dir = seen_shm[0][0]
-    assert re.fullmatch(rf"{re.escape(str(shm))}/hwtui-run-[0-9a-f]{{32}}", run_dir), run_dir
+    assert re.fullmatch(rf"{re.escape(str(shm))}/hwtui-staging-[0-9a-f]{{32}}", run_dir), run_dir
     assert modes == {run_dir: (0o700, os.geteuid(), False), f"{run_dir}/rank0": (0o600, os.geteuid(), False)}
     for rank in (1, 2):
         version, got = served(tmp_path / "out", rank)

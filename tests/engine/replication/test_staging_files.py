@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import stat
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-RUN_PREFIX = "hwtui-run-"
+RUN_PREFIX = "hwtui-staging-"
 
 TENSORS = [{"name": "a", "dtype": "F32", "shape": [4], "nbytes": 16, "checksum": "0"},
            {"name": "b", "dtype": "U8", "shape": [3], "nbytes": 3, "checksum": "0"}]
@@ -196,16 +197,23 @@ def test_sweep_takes_only_this_users_dead_directories_and_follows_nothing(tmp_pa
     victim_dir = tmp_path / "victim-dir"
     victim_dir.mkdir()
     (victim_dir / "keep").write_bytes(PRECIOUS)
-    dead = shm / f"{RUN_PREFIX}dead"
+    NAMES = {k: f"{RUN_PREFIX}{secrets.token_hex(16)}" for k in ("dead", "link", "file", "shared", "nobody")}
+    dead = shm / NAMES["dead"]
     dead.mkdir(mode=0o700)
     (dead / "rank0").write_bytes(b"weights")
     (dead / "link").symlink_to(victim)
-    (shm / f"{RUN_PREFIX}link").symlink_to(victim_dir)
-    (shm / f"{RUN_PREFIX}file").write_bytes(b"x")
-    shared = shm / f"{RUN_PREFIX}shared"
+    (shm / NAMES["link"]).symlink_to(victim_dir)
+    (shm / NAMES["file"]).write_bytes(b"x")
+    shared = shm / NAMES["shared"]
     shared.mkdir(mode=0o755)
     (shared / "f").write_bytes(b"x")
-    others = shm / f"{RUN_PREFIX}nobody"
+    # Private directories of this user whose names hwtui never draws (the TUI's temporary
+    # directory, were $TMPDIR /dev/shm; a name that only starts alike): never swept.
+    alike = [shm / "hwtui-run-k2x9_q1a", shm / f"{RUN_PREFIX}{'0' * 31}", shm / f"{RUN_PREFIX}{'g' * 32}"]
+    for d in alike:
+        d.mkdir(mode=0o700)
+        (d / "f").write_bytes(b"x")
+    others = shm / NAMES["nobody"]
     as_user(NOBODY, shm, lambda: (os.mkdir(others.name, 0o700),
                                   os.close(os.open(f"{others.name}/rank0", os.O_CREAT | os.O_WRONLY, 0o600))))
     assert os.lstat(others).st_uid == NOBODY
@@ -215,8 +223,9 @@ def test_sweep_takes_only_this_users_dead_directories_and_follows_nothing(tmp_pa
         assert removed == [str(dead)]
         assert (live_path / "rank0").exists()
         assert victim.read_bytes() == PRECIOUS and (victim_dir / "keep").read_bytes() == PRECIOUS
-        assert (others / "rank0").exists() and (shared / "f").exists() and (shm / f"{RUN_PREFIX}file").exists()
-        assert os.path.islink(shm / f"{RUN_PREFIX}link")
+        assert (others / "rank0").exists() and (shared / "f").exists() and (shm / NAMES["file"]).exists()
+        assert os.path.islink(shm / NAMES["link"])
+        assert all((d / "f").exists() for d in alike)
     finally:
         live.stdin.close()
         live.wait(timeout=60)
