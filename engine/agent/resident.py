@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from hwtui.core.atomic import atomic_open, atomic_write_text
 from hwtui.core.errors import HwtuiError
+from hwtui.core.private_file import create_private
 from hwtui.core.redact import redact_text
 from hwtui.core.supervisor import Child, Group, exit_text
 
@@ -263,7 +264,9 @@ class ResidentRank:
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
             # No fsync: this file lives for one push; a torn one fails its digest check on load.
-            with open(incoming, "xb") as fh:
+            # Exclusive, owner-only, never through a symlink (core.private_file), like every file
+            # hwtui makes where a receiver's weights go.
+            with os.fdopen(create_private(incoming), "wb") as fh:
                 left = length
                 while left:
                     chunk = read(left)
@@ -327,7 +330,7 @@ class ResidentRank:
             raise PushRefused(400, "plan is not valid base64") from None
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
-            with atomic_open(incoming, "wb", encoding=None) as fh:
+            with atomic_open(incoming, "wb", encoding=None, perms=0o600) as fh:
                 fh.write(raw)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -28,10 +28,12 @@ import ctypes
 import mmap
 import os
 import queue
+import stat
 import threading
 from pathlib import Path
 from typing import Any
 
+from hwtui.core.private_file import create_private, open_private
 from hwtui.engine.replication.staging import Staging
 
 
@@ -46,14 +48,19 @@ def make_spare(served_root: str | os.PathLike[str], size: int) -> int:
     final = spare_path(served_root)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(".spare.tmp")
-    with open(tmp, "w+b") as fh:
-        fh.truncate(size)
+    # Exclusive, 0600, never through a symlink: it becomes a staging copy of the weights. A
+    # leftover of a killed agent at that name is unlinked (not followed) first.
+    fd = create_private(tmp, replace=True)
+    try:
+        os.ftruncate(fd, size)
         if size:
-            with mmap.mmap(fh.fileno(), size) as mm:
+            with mmap.mmap(fd, size) as mm:
                 data = torch.frombuffer(mm, dtype=torch.uint8)
                 data.zero_()
                 del data
-        os.fsync(fh.fileno())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, final)
     return size
 
@@ -86,7 +93,7 @@ class Writeback:
         self._ranges: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self.error: str | None = None
         self.bytes = 0
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if self._sync is not None else -1
+        self._fd = open_private(path, os.O_RDONLY) if self._sync is not None else -1
         self._thread = threading.Thread(target=self._run, name="staging-writeback", daemon=True)
         if self._sync is not None:
             self._thread.start()
@@ -146,13 +153,22 @@ class SpareStaging(Staging):
     def _init(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str,
               file: str | os.PathLike[str] | None, first: list[str] | None, header: bytes | None) -> None:
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
-        reuse = device == "cpu" and file is not None and spare is not None and spare.is_file()
+        reuse = device == "cpu" and file is not None and spare is not None and _own_regular_file(spare)
         if reuse:
             assert file is not None and spare is not None
             Path(file).parent.mkdir(parents=True, exist_ok=True)
             os.replace(spare, file)
         super().__init__(tensors, metadata, device=device, file=file, first=first, header=header, reuse_file=reuse)
         self.used_spare = reuse
+
+
+def _own_regular_file(path: Path) -> bool:
+    """A spare hwtui made: a regular file of this user, not a symlink (never followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def remove_spare(served_root: str | os.PathLike[str]) -> None:

@@ -95,7 +95,8 @@ def host_facts(paths: list[str]) -> dict[str, Any]:
             files.append([st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
         except OSError:
             files.append(None)
-    return {"boot_id": read("/proc/sys/kernel/random/boot_id"), "netns": netns, "files": files}
+    # The user: a host leader's staging copy is readable by its own user only (0600).
+    return {"boot_id": read("/proc/sys/kernel/random/boot_id"), "netns": netns, "files": files, "uid": os.geteuid()}
 
 
 def same_host_reason(mine: dict[str, Any], source: dict[str, Any]) -> tuple[bool, str]:

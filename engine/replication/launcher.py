@@ -26,6 +26,7 @@ from typing import Any
 from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
 from hwtui.core.events import ErrorEvent, Event, LogEvent, from_dict
 from hwtui.core.net import free_loopback_port
+from hwtui.core.private_file import create_private
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
 from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
@@ -40,7 +41,7 @@ from hwtui.engine.replication.events import (
 )
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
-from hwtui.engine.replication.staging import remove_shm_staging
+from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
@@ -169,7 +170,7 @@ def preflight_out(opts: ReplicationOptions, world_ranks: list[int], plan: Plan) 
         try:
             served.root.mkdir(parents=True, exist_ok=True)
             probe = served.root / ".write-probe"
-            probe.write_bytes(b"")
+            os.close(create_private(probe, replace=True))  # never through a planted link
             probe.unlink()
         except OSError as exc:
             raise HwtuiError(f"rank {r} cannot write under {served.root}: {exc.strerror or exc}") from None
@@ -502,6 +503,10 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                phases: dict[str, float]) -> tuple[str | None, int]:
     port = free_loopback_port()
     t_launch = time.perf_counter()
+    # Shared-memory staging left by a run that was killed outright (this launcher's predecessor
+    # SIGKILLed: its ranks died with it) goes now; a live run's is locked and stays.
+    base = shm_dir(opts.env)
+    sweep_dead_run_dirs(base)
     try:
         with Group() as group:
             children: dict[int, Child] = {}
@@ -515,9 +520,10 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                     stdout="null", stderr="inherit"))
             return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
     finally:
-        # Every rank has exited or was terminated with its group: no shared-memory staging copy
-        # outlives the run, whichever way it ended (a SIGKILLed rank cannot remove its own).
-        remove_shm_staging(coord.plan.digest, port)
+        # Every rank has exited or was terminated with its group, so its staging directory's lock
+        # is free: no shared-memory staging copy outlives the run, whichever way it ended (a
+        # SIGKILLed rank cannot remove its own).
+        sweep_dead_run_dirs(base)
 
 
 def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper: _Stop, timeouts: Timeouts,

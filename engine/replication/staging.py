@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
+from hwtui.core.private_file import create_private, open_private
 from hwtui.engine.replication.checksum import tensor_hex
 from hwtui.engine.replication.weights import DTYPES, read_safetensors_header
 
@@ -95,32 +96,6 @@ def check_header_matches(header: bytes, plan: Any) -> None:
     for (a, n), (b, _) in zip(spans, spans[1:], strict=False):
         if a + n > b:
             raise HwtuiError("the source's safetensors header has overlapping tensors")
-
-
-SHM_DIR = "/dev/shm"
-
-
-def shm_staging_path(plan_digest: str, port: int, rank: int) -> str:
-    """A rank's shared-memory staging copy for the ranks that copy from it (host leader, or the source)."""
-    return f"{SHM_DIR}/hwtui-{plan_digest[:16]}-{port}-rank{rank}"
-
-
-def shm_staging_glob(plan_digest: str, port: int) -> str:
-    return f"hwtui-{plan_digest[:16]}-{port}-rank*"
-
-
-def is_shm_staging(path: str | None) -> bool:
-    return bool(path) and os.path.dirname(str(path)) == SHM_DIR and os.path.basename(str(path)).startswith("hwtui-")
-
-
-def remove_shm_staging(plan_digest: str, port: int) -> list[str]:
-    """The launcher's sweep once every local rank is gone: a rank killed outright cannot remove its own."""
-    removed = []
-    for path in Path(SHM_DIR).glob(shm_staging_glob(plan_digest, port)):
-        with contextlib.suppress(OSError):
-            path.unlink()
-            removed.append(str(path))
-    return removed
 
 
 def anonymous_buffer(nbytes: int) -> mmap.mmap:
@@ -230,11 +205,21 @@ class Staging:
         if self.file is not None and device == "cpu":
             self.file.parent.mkdir(parents=True, exist_ok=True)
             total = len(self.header) + self.data_bytes
-            with open(self.file, "r+b" if reuse_file else "w+b") as fh:
-                if not reuse_file or os.fstat(fh.fileno()).st_size != total:
-                    fh.truncate(total)
-                fh.write(self.header)
-                self._mm = mmap.mmap(fh.fileno(), total) if total else None
+            # Created exclusively, 0600, never through a symlink (core.private_file): the file may
+            # sit in /dev/shm or under a shared --out; a spare is reopened the same way.
+            fd = open_private(self.file) if reuse_file else create_private(self.file, replace=True)
+            try:
+                if not reuse_file or os.fstat(fd).st_size != total:
+                    os.ftruncate(fd, total)
+                pwrite_all(fd, self.header, 0)
+                self._mm = mmap.mmap(fd, total) if total else None
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._mm is None:
+                os.close(fd)
+            else:
+                self._fd = fd  # kept for pwrite: the path is never opened again
             whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
             self.data = whole[len(self.header):]
         elif device == "cpu" and self.data_bytes:
@@ -312,7 +297,7 @@ class Staging:
     def _file_fd(self) -> int | None:
         """The staging file, open for pwrite (host copies only; a device copy is written out at flush)."""
         if self._fd is None and self.file is not None and self.device == "cpu" and self._mm is not None:
-            self._fd = os.open(self.file, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            self._fd = open_private(self.file)
         return self._fd
 
     def verify(self, names: list[str] | None = None) -> list[str]:
@@ -333,13 +318,29 @@ class Staging:
         # mapping dirties its page at the write fault, and pwrite'd pages are dirty in the page
         # cache already, so msync(MS_SYNC) would only walk the same range once more).
         if self._mm is None and self.device != "cpu":
-            with open(self.file, "wb") as fh:
-                fh.write(self.header)
-                fh.write(self.data.cpu().numpy().tobytes())
-        elif self._mm is None and not self.file.exists():  # an empty model: header only
-            self.file.write_bytes(self.header)
-        with open(self.file, "rb+") as fh:
-            os.fsync(fh.fileno())
+            self._write_out(self.header, self.data.cpu().numpy())
+        elif self._mm is None and not os.path.lexists(self.file):  # an empty model: header only
+            self._write_out(self.header)
+        if self._fd is not None:
+            os.fsync(self._fd)
+            return
+        fd = open_private(self.file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_out(self, *parts: Any) -> None:
+        """A staging file written whole at flush (a device copy, an empty model): created like any other."""
+        assert self.file is not None
+        fd = create_private(self.file, replace=True)
+        try:
+            at = 0
+            for part in parts:
+                pwrite_all(fd, part, at)
+                at += memoryview(part).nbytes
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self.data = None  # type: ignore[assignment]  # drop the view before unmapping

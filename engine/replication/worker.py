@@ -49,14 +49,13 @@ from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.shm import RunDir, make_run_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.staging import (
     Prefaulted,
     Staging,
     check_header_matches,
     faithful_eligible,
     header_layout,
-    is_shm_staging,
-    shm_staging_path,
     source_header,
 )
 from hwtui.engine.replication.transport import prepare_backend
@@ -139,6 +138,7 @@ class Worker:
         self.leader_of: dict[int, int] = {}  # host-copy rank -> its host leader
         self.leader_files: dict[int, str] = {}  # host leader -> the staging file its followers map
         self.shm_file: str | None = None  # a leader's /dev/shm staging file, removed at the end
+        self.run_dir: RunDir | None = None  # the private /dev/shm directory it lives in (engine.replication.shm)
         self.published: Any = None  # the source's /dev/shm staging copy for its "shm" path ranks
         self.announcements: list[Any] = []
         self._local_reader: _SourceReader | None = None  # a leader's pending "bucket ready" broadcasts
@@ -305,7 +305,7 @@ class Worker:
                                  chunk_bytes=self.cfg.chunk_bytes, max_inflight_bytes=self.cfg.max_inflight_bytes,
                                  verify=self.cfg.verify, commit=self.cfg.commit, transport=self.choice.name)
         record["host"] = host_facts([f["path"] for f in plan["files"]])
-        record["staging_file"] = str(self.served.staging_file(plan["version"])) if self.served else None
+        record["staging_file"] = self._staging_file_for_followers(plan)
         mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
         slots = [torch.empty_like(mine) for _ in range(self.world)]
         self._wait(dist.all_gather(slots, mine, async_op=True), "init", "settings exchange")
@@ -314,6 +314,21 @@ class Worker:
         if diff is not None:
             raise HwtuiError(diff)
         self._choose_paths(plan, records)
+
+    def _staging_file_for_followers(self, plan: Plan) -> str | None:
+        """The file this rank would stage in if it leads its host: its ``--out`` staging file, else
+        a file in a fresh private directory in /dev/shm (0700, unpredictable name, locked while this
+        rank lives: engine.replication.shm), made before the records go out so followers learn its
+        name from them. None where no follower could use it (then nobody copies from this rank)."""
+        if self.served is not None:
+            return str(self.served.staging_file(plan["version"]))
+        if not self.cfg.same_host or self.cfg.device != "cpu" or self.comm_device() != "cpu":
+            return None
+        try:
+            self.run_dir = make_run_dir()
+        except OSError:
+            return None  # no usable shared memory: this rank's host-mates take the network instead
+        return self.run_dir.file(f"rank{self.rank}")
 
     def _choose_paths(self, plan: Plan, records: list[dict[str, Any]]) -> None:
         """Where each receiver takes its bytes from (the same answer on every rank, from the gathered records).
@@ -336,13 +351,17 @@ class Worker:
         mappable = all(f.get("format") == "safetensors" for f in plan["files"])
         src_host = records[SRC].get("host") or {}
 
-        def host_key(r: int) -> tuple[Any, Any]:
+        def host_key(r: int) -> tuple[Any, Any, Any]:
+            # The user too: a leader's staging file is 0600 in a 0700 directory, readable by its own user only.
             h = records[r].get("host") or {}
-            return h.get("boot_id"), h.get("netns")
+            return h.get("boot_id"), h.get("netns"), h.get("uid")
+
+        def can_lead(r: int) -> bool:
+            return bool(records[r].get("staging_file"))
 
         self.paths = {SRC: ("source", "holds the files")}
         self.leader_of = {}
-        leaders: dict[tuple[Any, Any], int] = {}
+        leaders: dict[tuple[Any, Any, Any], int] = {}
         for r in range(1, self.world):
             if why_not is not None:
                 self.paths[r] = ("network", why_not)
@@ -351,7 +370,7 @@ class Worker:
             if local and mappable:
                 self.paths[r] = ("same-host", why)
                 continue
-            if local and host_key(r) == host_key(SRC):
+            if local and host_key(r) == host_key(SRC) and can_lead(SRC):
                 # The source's bytes are not a file it can map (a torch pickle is unpickled into
                 # memory): the source stages each bucket in /dev/shm and announces it, as a host
                 # leader does for its followers; the bytes still never touch a socket.
@@ -362,7 +381,7 @@ class Worker:
             if local:
                 why = "same host, but a source file is not safetensors (only safetensors files can be mapped)"
             key = host_key(r)
-            if host_key(r) == host_key(SRC) or not key[0] or key not in leaders:
+            if host_key(r) == host_key(SRC) or not key[0] or key not in leaders or not can_lead(leaders[key]):
                 leaders.setdefault(key, r)
                 self.paths[r] = ("network", f"host leader: {why}" if key != host_key(SRC) else why)
             else:
@@ -379,11 +398,12 @@ class Worker:
             group = dist.new_group(members)
             if self.rank in members:
                 self.host_group = group
-        # Where every leader stages (followers map it): its --out staging file, else a file in /dev/shm.
-        self.leader_files = {}
-        for leader in set(self.leader_of.values()):
-            path = records[leader].get("staging_file")
-            self.leader_files[leader] = path or shm_staging_path(plan.digest, self.cfg.master_port, leader)
+        # Where every leader stages (followers map it): its --out staging file, else a file in its
+        # private /dev/shm directory. A rank that leads nobody gives its directory up now.
+        self.leader_files = {leader: str(records[leader]["staging_file"]) for leader in set(self.leader_of.values())}
+        if self.rank not in self.leader_files and self.run_dir is not None:
+            self.run_dir.remove()
+            self.run_dir = None
         if self.rank == SRC:
             parts = []
             for kind in ("same-host", "shm", "network", "host-copy"):
@@ -960,19 +980,21 @@ class Worker:
         if self.published is not None:
             self.published.close()
             self.published = None
-        if self.shm_file is not None:
+        self.shm_file = None
+        if self.run_dir is not None:
             with contextlib.suppress(OSError):
-                os.unlink(self.shm_file)
-            self.shm_file = None
+                self.run_dir.remove()  # the staging file, the directory, and its lock
+            self.run_dir = None
 
     def cleanup_staging(self) -> None:
         self.remove_shm()
-        # A run that fails removes every shared-memory copy this rank knows of: a leader (or the
-        # source) killed outright cannot remove its own, and its followers are the ones on its host.
-        for r in set(self.leader_of.values()) if self.rank in self.leader_of else ():
-            if is_shm_staging(self.leader_files.get(r)):
-                with contextlib.suppress(OSError):
-                    os.unlink(self.leader_files[r])
+        # A leader (or the source) killed outright cannot remove its own copy, and its followers
+        # are the ones on its host: a follower of a failed run sweeps every directory whose owner
+        # is gone (its lock is free). Never by a path a peer sent: a live run's copy, another
+        # user's files and anything planted are left alone (engine.replication.shm).
+        if self.rank in self.leader_of:
+            with contextlib.suppress(OSError):
+                sweep_dead_run_dirs()
         if self.staging is not None:
             self.staging.close()
         if self.served is not None and self.plan_version is not None and not self.keep_staging:
