@@ -143,8 +143,11 @@ STARTING_POLL_S = 1.0
 
 
 def _starting(doc: dict[str, Any] | None, error: str | None) -> bool:
-    """The agent answered, has no facts yet and no failure to report: its first collection runs."""
-    return error is None and doc is not None and not doc.get("facts") and doc.get("error") is None
+    """The agent answered as an agent does while its first collection runs: ``facts`` there and
+    null, no value ever produced (``age_s`` null) and no failure. Anything else without facts (an
+    empty object, another service) is a failure, not a reason to wait."""
+    return (error is None and isinstance(doc, dict) and "facts" in doc and doc["facts"] is None
+            and "age_s" in doc and doc["age_s"] is None and doc.get("error") is None)
 
 
 def compare_agents(docs: list[tuple[Any, dict[str, Any] | None, str | None]]) -> list[Any]:

@@ -121,3 +121,13 @@ def test_compare_agents_takes_any_document():
         findings = compare_agents([(t[0], doc, None), (t[1], {"node": "b", "facts": _facts("2.5.1")}, None)])
         for f in findings:
             assert all(is_clean(s) for s in (f.title, f.detail, f.remedy)), f
+
+
+def test_only_an_agent_answering_as_a_starting_agent_is_waited_for():
+    from hwtui.app.commands.agents import _starting
+
+    assert _starting({"schema": "hwtui.agent/1", "node": "a", "facts": None, "age_s": None, "error": None}, None)
+    for doc in ({}, {"node": "a"}, {"facts": None}, {"facts": None, "age_s": 3.0, "error": None},
+                {"facts": None, "age_s": None, "error": "ImportError: torch"}, {"facts": {}, "age_s": None}):
+        assert not _starting(doc, None), doc
+    assert not _starting({"facts": None, "age_s": None}, "no answer in time")
