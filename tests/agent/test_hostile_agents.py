@@ -160,6 +160,8 @@ async def test_the_tui_cluster_view_survives_every_bad_field_and_shows_unknown()
               "escape": summary_bytes(EVIL, [{"device": BIDI, "util": 1}], {"serving": EVIL, "in_flight": None}),
               "markup": summary_bytes("[red]x[/red][link=http://e]y", [{"device": "[b]cuda:0"}])}
     hostile = {label: HostileAgent(answer(body)) for label, body in bodies.items()}
+    # And one that drip-feeds: cut at each poll's deadline, shown STALE, never holding the others.
+    hostile["drip"] = HostileAgent(answer(summary_bytes("drip", pad="x" * 4000)), drip_s=0.05, drip_from=90)
     try:
         screen = NodesScreen(parse_agents(_agent_args(*(h.port for h in hostile.values()))))
         screen.poller.interval = 3.0
@@ -182,13 +184,16 @@ async def test_the_tui_cluster_view_survives_every_bad_field_and_shows_unknown()
 
             urls = {label: f"http://127.0.0.1:{h.port}" for label, h in hostile.items()}
 
+            drip_url = urls.pop("drip")
+
             def all_in() -> bool:
                 got = rows()
-                return all(u in got and got[u][0][1] == "ok" for u in urls.values())
+                return (all(u in got and got[u][0][1] == "ok" for u in urls.values())
+                        and drip_url in got and got[drip_url][0][2] == "no answer in time")
 
             await wait_for(pilot, all_in, timeout=60)
             got = {label: rows()[u] for label, u in urls.items()}
-            assert pilot.app.is_running
+            assert pilot.app.is_running and rows()[drip_url][0][1].startswith("STALE")
             for cells_list in got.values():
                 for cells in cells_list:
                     for c in cells:
