@@ -208,7 +208,12 @@ async def fetch_bounded(client: Any, url: str | Any, *, deadline: float, max_byt
     """``fetch_json`` with one deadline for the whole exchange: an agent that answers a byte at a
     time never holds a poll (or `hwtui agents`) longer than ``deadline`` seconds. Raises
     ``asyncio.TimeoutError`` at the deadline."""
-    return await asyncio.wait_for(fetch_json(client, url, timeout=deadline, max_bytes=max_bytes), deadline)
+    exchange = fetch_json(client, url, timeout=deadline, max_bytes=max_bytes)
+    timeout_cm = getattr(asyncio, "timeout", None)  # 3.11+: no extra task per poll, unlike wait_for
+    if timeout_cm is None:
+        return await asyncio.wait_for(exchange, deadline)
+    async with timeout_cm(deadline):
+        return await exchange
 
 
 class Poller:
