@@ -131,3 +131,25 @@ def test_only_an_agent_answering_as_a_starting_agent_is_waited_for():
                 {"facts": None, "age_s": None, "error": "ImportError: torch"}, {"facts": {}, "age_s": None}):
         assert not _starting(doc, None), doc
     assert not _starting({"facts": None, "age_s": None}, "no answer in time")
+
+
+def test_a_drip_feeding_agent_cannot_hold_the_check(tmp_path):
+    """`--check --agents` has one deadline per agent too (10 s): an agent that answers a byte at a
+    time (200 s for its answer) is named unreachable and the check ends. The bounded subprocess wait
+    is the proof, no timing assertion."""
+    import os
+    import subprocess
+    import sys
+
+    drip = HostileAgent(answer(json.dumps({"node": "d", "facts": _facts("2.5.1"), "pad": "x" * 4000}).encode()),
+                        drip_s=0.05, drip_from=90)
+    try:
+        out = subprocess.run([sys.executable, "-m", "hwtui", "--check", "--json", "--agents", f"127.0.0.1:{drip.port}"],
+                             capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                             env={**os.environ, "HWTUI_AGENT_TOKEN": TOKEN})
+        doc = json.loads(out.stdout)
+        found = {f["id"]: f for f in doc["findings"]}
+        assert out.returncode == 1
+        assert "no answer in time" in found[f"cluster.agent[127.0.0.1:{drip.port}]"]["title"]
+    finally:
+        drip.close()
