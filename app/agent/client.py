@@ -162,14 +162,22 @@ class NodeView:
 def _error_text(exc: BaseException) -> str:
     httpx = import_httpx()
 
-    if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError)):
+    if isinstance(exc, httpx.TimeoutException):
         return "no answer in time"
     if isinstance(exc, httpx.ConnectError):
         return "connection refused or unreachable"
-    if isinstance(exc, (PermissionError, RuntimeError)):  # fetch_json's own one-line reasons
-        return clean(str(exc), MAX_ERROR)
-    # An exception's text can quote what the agent sent (a protocol error): clean, never raw.
+    # An exception's text can quote what the agent sent (a protocol error, its "error" field): clean, never raw.
     return clean(redact_text(f"{type(exc).__name__}: {exc}"), MAX_ERROR)
+
+
+def _poll_error(exc: BaseException) -> str:
+    """Why one poll of one agent failed, for the views: fetch_json's own one-line reasons as they
+    are, the poll's deadline as a timeout, anything else as ``_error_text`` says it."""
+    if isinstance(exc, (PermissionError, RuntimeError)):
+        return clean(str(exc), MAX_ERROR)
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer in time"
+    return _error_text(exc)
 
 
 async def fetch_json(client: Any, url: str | Any, *, timeout: float, max_bytes: int = MAX_RESPONSE) -> dict[str, Any]:
@@ -263,7 +271,7 @@ class Poller:
                                       deadline=self.request_timeout, max_bytes=MAX_SUMMARY)
         except Exception as exc:  # noqa: BLE001 - every failure is this node's state, never the view's crash
             view.failures += 1
-            view.error = _error_text(exc)
+            view.error = _poll_error(exc)
         else:
             view.summary, view.last_ok, view.error = parse_summary(doc), time.monotonic(), None
             view.latency_s = view.last_ok - t
@@ -341,7 +349,7 @@ async def fetch_all(targets: Sequence[Target], path: str, *, token: str | None, 
             try:
                 return t, await fetch_bounded(client, f"{t.url}{path}", deadline=timeout), None
             except Exception as exc:  # noqa: BLE001 - every failure is this agent's, named
-                return t, None, _error_text(exc)
+                return t, None, _poll_error(exc)
 
         return list(await asyncio.gather(*(one(t) for t in targets)))
 
