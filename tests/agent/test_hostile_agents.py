@@ -69,8 +69,8 @@ def test_hwtui_agents_strips_controls_and_returns_by_the_deadline_whatever_the_a
     try:
         spec = _agent_args(good.port, *(h.port for h in hostile))
         env = {**os.environ, "HWTUI_AGENT_TOKEN": TOKEN, "NO_COLOR": "1"}
-        # The bound: the drip alone would take 200 s per dripping agent; the deadline is 3 s.
-        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--agents", spec, "--interval", "3"],
+        # The bound: the drip alone would take 200 s per dripping agent; the deadline is 5 s.
+        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--agents", spec, "--interval", "5"],
                              capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
         _assert_clean(out.stdout)
         _assert_clean(out.stderr)
@@ -100,7 +100,7 @@ def test_the_json_output_names_every_bad_field_unknown(tmp_path):
     hostile = {label: HostileAgent(answer(body)) for label, body in BAD_FIELDS.items()}
     try:
         env = {**os.environ, "HWTUI_AGENT_TOKEN": TOKEN}
-        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--json", "--interval", "3",
+        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--json", "--interval", "5",
                               "--agents", _agent_args(*(h.port for h in hostile.values()))],
                              capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
@@ -131,7 +131,7 @@ def test_a_drip_feeding_agent_is_cut_at_the_deadline_and_the_others_keep_updatin
     drip = HostileAgent(answer(summary_bytes("drip", pad="x" * 4000)), drip_s=0.05, drip_from=90)
     try:
         async def main():
-            async with Poller(parse_agents(_agent_args(good.port, drip.port)), token=TOKEN, interval=1.0) as poller:
+            async with Poller(parse_agents(_agent_args(good.port, drip.port)), token=TOKEN, interval=3.0) as poller:
                 seen = []
                 for _ in range(3):
                     # round() returns only when every node's poll ended: bounded by the deadline.
@@ -164,8 +164,8 @@ async def test_the_tui_cluster_view_survives_every_bad_field_and_shows_unknown()
     hostile["drip"] = HostileAgent(answer(summary_bytes("drip", pad="x" * 4000)), drip_s=0.05, drip_from=90)
     try:
         screen = NodesScreen(parse_agents(_agent_args(*(h.port for h in hostile.values()))))
-        screen.poller.interval = 3.0
-        screen.poller.request_timeout = 3.0
+        screen.poller.interval = 4.0
+        screen.poller.request_timeout = 4.0
 
         class Host(App[None]):
             def on_mount(self) -> None:
