@@ -146,6 +146,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     return run_tui(args)
 
 
+def _command_words(args: argparse.Namespace) -> str:
+    """How the user asked for what needs an extra, when it was no subcommand: `hwtui --agents ...`."""
+    if getattr(args, "agents", None):
+        return "--check --agents" if args.check else "--agents"
+    return "--check" if args.check else "(the terminal UI)"
+
+
 def _tolerant_streams() -> None:
     """Text that cannot be encoded (a lone surrogate from a hostile file) prints escaped, never raises."""
     for stream in (sys.stdout, sys.stderr):
@@ -181,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_INTERNAL
         from hwtui.app.install_hint import install_command
 
-        what = args.command or "this"
+        what = args.command or _command_words(args)
         print(f"hwtui: error: `hwtui {what}` needs the {extra} extra ({exc.name} is not installed): "
               f"{install_command(extra)}", file=sys.stderr)
         return EXIT_USAGE

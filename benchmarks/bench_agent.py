@@ -67,7 +67,7 @@ def view_benchmark(nodes: int, seconds: float) -> int:
                     worst_age = max(worst_age, max((now - v.last_ok) if v.last_ok is not None else float("inf")
                                                    for v in poller.views.values()))
                     if now >= next_draw:  # what the view draws, once per interval
-                        rows += sum(len(node_rows(n)) for n in poller.snapshot())
+                        rows += sum(len(node_rows(n)) for n in poller.statuses())
                         next_draw += poller.interval
                 wall, cpu = time.monotonic() - t0, time.process_time() - c0
                 stop.set()

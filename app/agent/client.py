@@ -1,7 +1,11 @@
 """Polling many agents at once with httpx (asyncio): the live cluster view's data, and one-shot reads.
 
 Every node has its own polling task, so a node that is slow or dead costs only its own task: the
-others keep their own period. Each request is bounded (``request_timeout``); a node whose last good
+others keep their own period. An agent is untrusted: each poll has one overall deadline
+(``request_timeout``, the whole exchange: connect, head and body, so an agent that drip-feeds its
+answer is cut there, where httpx's own timeout is per read), its answer is capped in size
+(``MAX_SUMMARY``), and it is read only through the typed parser of ``engine.agent.summary``, which
+turns every invalid field into "unknown" and strips terminal controls from every string. A node whose last good
 answer is older than ``STALE_INTERVALS`` refresh intervals (or that never answered) is *stale*, and
 views say so instead of showing old figures as current.
 
@@ -21,10 +25,14 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.redact import redact_text
+from hwtui.core.terminal_text import clean
+from hwtui.engine.agent.summary import NodeStatus, Summary, parse_summary
 
 DEFAULT_PORT = 9477
 STALE_INTERVALS = 2.0
-MAX_RESPONSE = 8 << 20  # a summary is a few KB; an answer this large is not an agent's
+MAX_RESPONSE = 8 << 20  # facts with every finding: tens of KB; an answer this large is not an agent's
+MAX_SUMMARY = 1 << 20  # a summary is a few KB (256 devices: about 60 KB)
+MAX_ERROR = 200  # characters of a failure's text shown for a node
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$")
 
 
@@ -101,7 +109,7 @@ def import_httpx() -> Any:
     import importlib
     import sys
 
-    if "httpx" in sys.modules:
+    if sys.modules.get("httpx") is not None:  # None there means "blocked": import_module raises for it
         return sys.modules["httpx"]
     blocked = "httpx._main" not in sys.modules
     if blocked:
@@ -120,15 +128,18 @@ def tls_verify(targets: Sequence[Target], verify: Any) -> Any:
 
 
 def headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    # identity: agents never compress, and an answer is capped in the bytes that arrive (aiter_raw),
+    # so a compressed one (a decompression bomb) would only fail as "not JSON".
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return {"Accept-Encoding": "identity", **auth}
 
 
 @dataclass
 class NodeView:
     target: Target
-    doc: dict[str, Any] | None = None  # last good /v1/summary
+    summary: Summary | None = None  # last good /v1/summary, checked (engine.agent.summary)
     last_ok: float | None = None  # monotonic
-    error: str | None = None
+    error: str | None = None  # clean text
     latency_s: float | None = None
     polls: int = 0
     failures: int = 0
@@ -140,14 +151,12 @@ class NodeView:
         age = self.age(now)
         return age is None or age > STALE_INTERVALS * interval
 
+    def status(self, interval: float, now: float | None = None) -> NodeStatus:
+        return NodeStatus(agent=self.target.name, url=self.target.url, stale=self.stale(interval, now),
+                          age_s=self.age(now), error=self.error, latency_s=self.latency_s, summary=self.summary)
+
     def to_dict(self, interval: float, now: float | None = None) -> dict[str, Any]:
-        age = self.age(now)
-        doc = self.doc or {}
-        return {"node": doc.get("node") or self.target.name, "agent": self.target.name, "url": self.target.url,
-                "stale": self.stale(interval, now), "age_s": None if age is None else round(age, 3),
-                "error": self.error, "latency_s": None if self.latency_s is None else round(self.latency_s, 4),
-                "devices": doc.get("devices") or [], "devices_age_s": doc.get("devices_age_s"),
-                "worst": doc.get("worst"), "replication": doc.get("replication") or {}}
+        return self.status(interval, now).to_dict()
 
 
 def _error_text(exc: BaseException) -> str:
@@ -157,12 +166,24 @@ def _error_text(exc: BaseException) -> str:
         return "no answer in time"
     if isinstance(exc, httpx.ConnectError):
         return "connection refused or unreachable"
-    return redact_text(f"{type(exc).__name__}: {exc}")[:200]
+    # An exception's text can quote what the agent sent (a protocol error, its "error" field): clean, never raw.
+    return clean(redact_text(f"{type(exc).__name__}: {exc}"), MAX_ERROR)
 
 
-async def fetch_json(client: Any, url: str | Any, *, timeout: float) -> dict[str, Any]:
+def _poll_error(exc: BaseException) -> str:
+    """Why one poll of one agent failed, for the views: fetch_json's own one-line reasons as they
+    are, the poll's deadline as a timeout, anything else as ``_error_text`` says it."""
+    if isinstance(exc, (PermissionError, RuntimeError)):
+        return clean(str(exc), MAX_ERROR)
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer in time"
+    return _error_text(exc)
+
+
+async def fetch_json(client: Any, url: str | Any, *, timeout: float, max_bytes: int = MAX_RESPONSE) -> dict[str, Any]:
     """GET ``url`` (or send a prebuilt GET ``httpx.Request``) -> JSON object; raises with a one-line
-    reason (HTTP status, size, not JSON)."""
+    reason (HTTP status, size, not JSON). ``timeout`` bounds each read; the caller bounds the whole
+    exchange (``fetch_bounded``)."""
     import json
 
     request = client.build_request("GET", url, timeout=timeout) if isinstance(url, str) else url
@@ -172,10 +193,13 @@ async def fetch_json(client: Any, url: str | Any, *, timeout: float) -> dict[str
             raise PermissionError("refused: the agent wants a token (HWTUI_AGENT_TOKEN or --token-file)")
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}")
+        length = resp.headers.get("content-length", "")
+        if length.isascii() and length.isdigit() and int(length) > max_bytes:
+            raise RuntimeError("answer too large")
         body = bytearray()
-        async for chunk in resp.aiter_bytes():
+        async for chunk in resp.aiter_raw():  # raw: a compressed answer cannot expand past the cap
             body += chunk
-            if len(body) > MAX_RESPONSE:
+            if len(body) > max_bytes:
                 raise RuntimeError("answer too large")
     finally:
         await resp.aclose()
@@ -186,6 +210,18 @@ async def fetch_json(client: Any, url: str | Any, *, timeout: float) -> dict[str
     if not isinstance(doc, dict):
         raise RuntimeError("answer is not a JSON object")
     return doc
+
+
+async def fetch_bounded(client: Any, url: str | Any, *, deadline: float, max_bytes: int = MAX_RESPONSE) -> dict[str, Any]:
+    """``fetch_json`` with one deadline for the whole exchange: an agent that answers a byte at a
+    time never holds a poll (or `hwtui agents`) longer than ``deadline`` seconds. Raises
+    ``asyncio.TimeoutError`` at the deadline."""
+    exchange = fetch_json(client, url, timeout=deadline, max_bytes=max_bytes)
+    timeout_cm = getattr(asyncio, "timeout", None)  # 3.11+: no extra task per poll, unlike wait_for
+    if timeout_cm is None:
+        return await asyncio.wait_for(exchange, deadline)
+    async with timeout_cm(deadline):
+        return await exchange
 
 
 class Poller:
@@ -231,13 +267,13 @@ class Poller:
         t = time.monotonic()
         view.polls += 1
         try:
-            doc = await fetch_json(self._clients[view.target.url], self._requests[view.target.url],
-                                   timeout=self.request_timeout)
+            doc = await fetch_bounded(self._clients[view.target.url], self._requests[view.target.url],
+                                      deadline=self.request_timeout, max_bytes=MAX_SUMMARY)
         except Exception as exc:  # noqa: BLE001 - every failure is this node's state, never the view's crash
             view.failures += 1
-            view.error = _error_text(exc) if not isinstance(exc, (PermissionError, RuntimeError)) else str(exc)
+            view.error = _poll_error(exc)
         else:
-            view.doc, view.last_ok, view.error = doc, time.monotonic(), None
+            view.summary, view.last_ok, view.error = parse_summary(doc), time.monotonic(), None
             view.latency_s = view.last_ok - t
         if self._on_update is not None:
             self._on_update(view)
@@ -280,9 +316,14 @@ class Poller:
                 task.cancel()
             await asyncio.gather(*out.values(), return_exceptions=True)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def statuses(self) -> list[NodeStatus]:
+        """Every node's checked state now: what the views draw."""
         now = time.monotonic()
-        return [v.to_dict(self.interval, now) for v in self.views.values()]
+        return [v.status(self.interval, now) for v in self.views.values()]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """``statuses`` as the JSON objects of ``hwtui.agents/1``."""
+        return [s.to_dict() for s in self.statuses()]
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -296,17 +337,19 @@ async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
 
 async def fetch_all(targets: Sequence[Target], path: str, *, token: str | None, timeout: float,
                     verify: Any = True) -> list[tuple[Target, dict[str, Any] | None, str | None]]:
-    """One GET of ``path`` on every target at once: (target, document or None, error or None)."""
+    """One GET of ``path`` on every target at once: (target, document or None, error or None).
+
+    ``timeout`` is each agent's whole deadline. The documents are the agents' own, unchecked:
+    callers read them through a parser (``engine.agent.summary``) or clean them (``clean_tree``)."""
     httpx = import_httpx()
 
-    async with httpx.AsyncClient(headers=headers(token), verify=tls_verify(targets, verify), trust_env=False) as client:
+    async with httpx.AsyncClient(headers=headers(token), verify=tls_verify(targets, verify), trust_env=False,
+                                 follow_redirects=False) as client:
         async def one(t: Target) -> tuple[Target, dict[str, Any] | None, str | None]:
             try:
-                return t, await fetch_json(client, f"{t.url}{path}", timeout=timeout), None
-            except (PermissionError, RuntimeError) as exc:
-                return t, None, str(exc)
-            except Exception as exc:  # noqa: BLE001
-                return t, None, _error_text(exc)
+                return t, await fetch_bounded(client, f"{t.url}{path}", deadline=timeout), None
+            except Exception as exc:  # noqa: BLE001 - every failure is this agent's, named
+                return t, None, _poll_error(exc)
 
         return list(await asyncio.gather(*(one(t) for t in targets)))
 
@@ -316,8 +359,8 @@ class Cluster:
     """What ``hwtui agents`` prints: every node's view after one round or a watch."""
 
     interval: float
-    nodes: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[NodeStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "hwtui.agents/1", "interval_s": self.interval,
-                "stale": [n["node"] for n in self.nodes if n["stale"]], "nodes": self.nodes}
+                "stale": [n.node for n in self.nodes if n.stale], "nodes": [n.to_dict() for n in self.nodes]}

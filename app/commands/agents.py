@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
+from hwtui.core.terminal_text import clean
+from hwtui.engine.agent.summary import Device, NodeStatus
 
 HELP = "poll the node agents (`hwtui agent`) of a cluster: devices, samples, versions served, stale nodes"
 
@@ -48,30 +50,52 @@ def client_settings(args: argparse.Namespace) -> tuple[str | None, Any]:
     return client_token(getattr(args, "token_file", None)), verify
 
 
-def _util(d: dict[str, Any]) -> str:
-    return "-" if d.get("util") is None else f"{d['util']:.0f}%"
+def _num(value: float | None, field: str, unknown: tuple[str, ...], fmt: str) -> str:
+    """A checked figure: ``?`` when the agent sent an invalid one, ``-`` when it sent none."""
+    if field in unknown:
+        return "?"
+    return "-" if value is None else format(value, fmt)
 
 
-def _line(n: dict[str, Any]) -> str:
-    if n["stale"]:
-        age = "never answered" if n["age_s"] is None else f"last answer {n['age_s']:.1f} s ago"
-        return f"{n['node']:<16} STALE  {age}: {n['error'] or 'no fresh answer'}"
-    devs = [d for d in n["devices"] if d.get("device") != "cpu"]
+def _util(d: Device) -> str:
+    u = _num(d.util, "util", d.unknown, ".0f")
+    return u if u in ("?", "-") else f"{u}%"
+
+
+def _line(n: NodeStatus) -> str:
+    """One node's line. Every string in a NodeStatus is already clean (engine.agent.summary); the
+    line is cleaned once more as a whole, so nothing built here can reach the terminal as a control."""
+    return clean(_compose(n))
+
+
+def _compose(n: NodeStatus) -> str:
+    if n.stale:
+        age = "never answered" if n.age_s is None else f"last answer {n.age_s:.1f} s ago"
+        return f"{n.node:<16} STALE  {age}: {n.error or 'no fresh answer'}"
+    devs = [d for d in n.devices if not d.is_cpu]
     parts = []
     for d in devs:
-        mem = "-" if not d.get("mem_total") else f"{(d.get('mem_used') or 0) / 2**30:.1f}/{d['mem_total'] / 2**30:.0f}G"
-        parts.append(f"{d['device']} {_util(d)} {mem}")
-    rep = n["replication"] or {}
-    flight = rep.get("in_flight") or {}
-    ver = f" serving {rep.get('serving')}" if rep.get("serving") else ""
-    if flight:
-        ver += f", pushing {flight.get('version')} {100 * (flight.get('progress') or 0):.0f}%"
+        if "mem_total" in d.unknown or "mem_used" in d.unknown:
+            mem = "?"
+        elif not d.mem_total:
+            mem = "-"
+        else:
+            mem = f"{(d.mem_used or 0) / 2**30:.1f}/{d.mem_total / 2**30:.0f}G"
+        parts.append(f"{d.device or '?'} {_util(d)} {mem}")
+    rep = n.replication
+    unknown = n.unknown
+    flight = rep.in_flight
+    ver = " serving ?" if "replication.serving" in unknown else (f" serving {rep.serving}" if rep.serving else "")
+    if flight is not None:
+        pct = "?" if flight.progress is None else f"{100 * flight.progress:.0f}%"
+        ver += f", pushing {flight.version or '?'} {pct}"
     # A node with no accelerator says so, with its CPU's use, instead of "0 device(s)".
-    cpu = next((d for d in n["devices"] if d.get("device") == "cpu"), None)
+    cpu = next((d for d in n.devices if d.is_cpu), None)
     if not devs and cpu is not None:
         parts = [f"cpu {_util(cpu)}"]
-    what = f"{len(devs)} device(s)" if devs else "no accelerator"
-    return f"{n['node']:<16} ok     {what}{ver}  {'; '.join(parts)}"
+    what = f"{len(devs)} device(s)" if devs else ("devices unknown" if "devices" in unknown else "no accelerator")
+    extra = f"  ({len(unknown)} unknown field(s))" if unknown else ""
+    return f"{n.node:<16} ok     {what}{ver}  {'; '.join(parts)}{extra}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,17 +112,17 @@ def run(args: argparse.Namespace) -> int:
         async with Poller(targets, token=token, interval=args.interval, verify=verify) as poller:
             if args.watch is None:
                 await poller.round()
-                return Cluster(poller.interval, poller.snapshot())
+                return Cluster(poller.interval, poller.statuses())
             stop = asyncio.Event()
             task = asyncio.ensure_future(poller.run(stop))
             end = time.monotonic() + args.watch
             while time.monotonic() < end:
                 await asyncio.sleep(min(poller.interval, max(0.0, end - time.monotonic())))
                 if args.json:
-                    print(json.dumps(Cluster(poller.interval, poller.snapshot()).to_dict(), separators=(",", ":")), flush=True)
+                    print(json.dumps(Cluster(poller.interval, poller.statuses()).to_dict(), separators=(",", ":")), flush=True)
             stop.set()
             await task
-            return Cluster(poller.interval, poller.snapshot())
+            return Cluster(poller.interval, poller.statuses())
 
     cluster = asyncio.run(main())
     if args.json:
@@ -108,44 +132,117 @@ def run(args: argparse.Namespace) -> int:
     else:
         for n in cluster.nodes:
             print(_line(n))
-    return EXIT_FAILED if any(n["stale"] for n in cluster.nodes) else EXIT_OK
+    return EXIT_FAILED if any(n.stale for n in cluster.nodes) else EXIT_OK
+
+
+# How long `--check --agents` waits for agents that are still collecting their first facts (the
+# first collection imports torch: 30-60 s on a cold node). Beyond it such a node is "starting"
+# (WARN), never FAIL: nothing is wrong with it yet.
+STARTING_WAIT_S = 90.0
+STARTING_POLL_S = 1.0
+
+
+def _starting(doc: dict[str, Any] | None, error: str | None) -> bool:
+    """The agent answered as an agent does while its first collection runs: ``facts`` there and
+    null, no value ever produced (``age_s`` null) and no failure. Anything else without facts (an
+    empty object, another service) is a failure, not a reason to wait."""
+    return (error is None and isinstance(doc, dict) and "facts" in doc and doc["facts"] is None
+            and "age_s" in doc and doc["age_s"] is None and doc.get("error") is None)
 
 
 def compare_agents(docs: list[tuple[Any, dict[str, Any] | None, str | None]]) -> list[Any]:
-    """Findings: every unreachable agent (FAIL, named), then the comparison of the nodes that answered."""
-    from hwtui.core.finding import fail
-    from hwtui.engine.cluster.compare import compare
+    """Findings: every unreachable agent (FAIL, named), every agent still starting (WARN), then the
+    comparison of the nodes that answered. Each agent's document is untrusted: its facts are
+    cleaned (engine.agent.summary.parse_facts) and a rule that still trips on one is an error
+    finding naming the rule, never a crash."""
+    from hwtui.core.finding import error as error_finding
+    from hwtui.core.finding import fail, warn
+    from hwtui.engine.agent.summary import MAX_NAME, parse_facts
+    from hwtui.engine.cluster.compare import RULES, by_node
 
     findings = []
     reports = []
-    for rank, (target, doc, error) in enumerate(docs):
-        facts = (doc or {}).get("facts")
-        node = (doc or {}).get("node") or target.name
-        if not facts:
-            why = error or (doc or {}).get("error") or "its facts are not ready yet (torch still importing?)"
+    for rank, (target, doc, err) in enumerate(docs):
+        doc = doc if isinstance(doc, dict) else None
+        facts, malformed = parse_facts((doc or {}).get("facts"))
+        raw_node = (doc or {}).get("node")
+        node = clean(raw_node, MAX_NAME).strip() if isinstance(raw_node, str) and len(raw_node) <= MAX_NAME else ""
+        node = node or target.name
+        if facts is None and _starting(doc, err):
+            findings.append(warn(f"cluster.agent[{target.name}]",
+                                 f"agent {target.name} is starting: its first facts are not collected yet",
+                                 "The agent answers, and collects its node facts once at start (importing torch "
+                                 "takes a while); the node is compared once they are in.",
+                                 "run the check again in a minute", node=target.name))
+            continue
+        if facts is None:
+            agent_error = (doc or {}).get("error")
+            why = err or (clean(agent_error, 200) if isinstance(agent_error, str) else "") or "it sent none"
             findings.append(fail(f"cluster.agent[{target.name}]", f"agent {target.name} gave no node facts: {why}",
                                  "A node that cannot be compared is a node a job can hang on.",
                                  f"on {target.name}: systemctl status hwtui-agent (or start `hwtui agent`); "
                                  f"curl {target.url}/v1/node", node=target.name))
             continue
+        if malformed:
+            findings.append(warn(f"cluster.agent_facts[{target.name}]",
+                                 f"agent {target.name} sent malformed facts: {', '.join(malformed)} (not compared)",
+                                 "Each of these should be an object; the agent is not a current hwtui agent, or "
+                                 "not one at all.", f"on {target.name}: hwtui --version; systemctl status hwtui-agent",
+                                 node=target.name))
         reports.append({**facts, "rank": rank, "local_rank": 0, "world_size": len(docs), "node": node})
     if reports:
-        findings.extend(compare(reports))
+        nodes = by_node(reports)
+        for rule in RULES:
+            try:
+                findings.extend(rule(nodes))
+            except Exception as exc:  # noqa: BLE001 - an agent's odd facts cost this rule, not the check
+                name = rule.__name__.removeprefix("rule_")
+                findings.append(error_finding(f"cluster.compare[{name}]",
+                                              f"the nodes' {name} could not be compared: an agent sent facts of "
+                                              f"an unexpected shape ({type(exc).__name__})",
+                                              "", "curl each agent's /v1/facts and look for the odd one"))
     return findings
+
+
+async def _fetch_facts(targets: list[Any], token: str | None, verify: Any,
+                       wait: float) -> list[tuple[Any, dict[str, Any] | None, str | None]]:
+    """Every agent's /v1/facts; agents still collecting their first facts are asked again every
+    ``STARTING_POLL_S`` until they have them or ``wait`` seconds have passed (bounded)."""
+    from hwtui.app.agent.client import fetch_all
+
+    docs = await fetch_all(targets, "/v1/facts", token=token, timeout=10.0, verify=verify)
+    end = time.monotonic() + wait
+    said = False
+    while True:
+        pending = [i for i, (_, doc, err) in enumerate(docs) if _starting(doc, err)]
+        left = end - time.monotonic()
+        if not pending or left <= 0:
+            return docs
+        if not said:
+            names = ", ".join(docs[i][0].name for i in pending)
+            print(f"hwtui: waiting up to {wait:.0f} s for starting agent(s) to collect their facts: {names}",
+                  file=sys.stderr, flush=True)
+            said = True
+        await asyncio.sleep(min(STARTING_POLL_S, left))
+        again = await fetch_all([docs[i][0] for i in pending], "/v1/facts", token=token,
+                                timeout=min(10.0, max(left, 1.0)), verify=verify)
+        for i, got in zip(pending, again, strict=True):
+            docs[i] = got
 
 
 def run_check(args: argparse.Namespace) -> int:
     """``hwtui --check --agents LIST``: compare the nodes from their agents' facts."""
-    from hwtui.app.agent.client import fetch_all, parse_agents
+    from hwtui.app.agent.client import import_httpx, parse_agents
     from hwtui.core.finding import Finding, Status, summarize
     from hwtui.core.redact import redact
 
     if args.only or args.sysroot or args.replay:
         raise HwtuiError("--check --agents compares live nodes: --only, --sysroot and --replay do not apply")
     targets = parse_agents(args.agents)
+    import_httpx()  # a base install: the one-line "needs the agent extra", before anything else
     token, verify = client_settings(args)
     t = time.monotonic()
-    docs = asyncio.run(fetch_all(targets, "/v1/facts", token=token, timeout=10.0, verify=verify))
+    docs = asyncio.run(_fetch_facts(targets, token, verify, STARTING_WAIT_S))
     findings = [Finding.from_dict(redact(f.to_dict())) for f in compare_agents(docs)]
     duration = time.monotonic() - t
     if args.junit:

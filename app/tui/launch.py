@@ -32,6 +32,16 @@ def require_terminal() -> None:
 def run_tui(args: argparse.Namespace) -> int:
     from hwtui.app.commands._host import host_from_args
 
+    nodes_screen_args = None
+    if getattr(args, "agents", None):
+        from hwtui.app.agent.client import import_httpx, parse_agents
+
+        # Bad input and a missing extra before the terminal check and before Textual starts: inside
+        # the app, a missing httpx was a Textual traceback and exit 0 (a base install: `pip install
+        # hwtui` without the agent extra). Here it is cli.py's one line, exit 2.
+        targets = parse_agents(args.agents)
+        import_httpx()
+        nodes_screen_args = targets
     require_terminal()
 
     interval = getattr(args, "interval", None)
@@ -47,13 +57,12 @@ def run_tui(args: argparse.Namespace) -> int:
     if interval is not None:
         config.interval = float(interval)
     nodes_screen = None
-    if getattr(args, "agents", None):
-        from hwtui.app.agent.client import parse_agents
+    if nodes_screen_args is not None:
         from hwtui.app.commands.agents import client_settings
         from hwtui.app.tui.screens.nodes import NodesScreen
 
         token, verify = client_settings(args)
-        nodes_screen = NodesScreen(parse_agents(args.agents), token=token, verify=verify)
+        nodes_screen = NodesScreen(nodes_screen_args, token=token, verify=verify)
     # The monitor first: a live view of this machine, the wizard one key (w) away (--agents: every node).
     app = HwtuiApp(host, config, config_file=config_file, host_args=host_args(args), start_step="monitor",
                    nodes_screen=nodes_screen)

@@ -237,10 +237,14 @@ async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch
 
 def test_the_text_view_names_a_node_without_accelerators():
     from hwtui.app.commands.agents import _line
+    from hwtui.engine.agent.summary import NodeStatus, parse_summary
 
-    base = {"node": "n", "stale": False, "age_s": 0.1, "error": None, "replication": {"serving": "v2"}}
-    cpu_only = _line({**base, "devices": [{"device": "cpu", "util": 7.2}]})
+    def status(doc):
+        return NodeStatus(agent="n:1", url="http://n:1", stale=False, age_s=0.1,
+                          summary=parse_summary({"node": "n", "replication": {"serving": "v2"}, **doc}))
+
+    cpu_only = _line(status({"devices": [{"device": "cpu", "util": 7.2}]}))
     assert "no accelerator serving v2" in cpu_only and "cpu 7%" in cpu_only
-    gpu = _line({**base, "devices": [{"device": "cpu", "util": 7.2},
-                                     {"device": "cuda:0", "util": 55.0, "mem_used": 2**30, "mem_total": 8 * 2**30}]})
+    gpu = _line(status({"devices": [{"device": "cpu", "util": 7.2},
+                                    {"device": "cuda:0", "util": 55.0, "mem_used": 2**30, "mem_total": 8 * 2**30}]}))
     assert "1 device(s) serving v2" in gpu and "cuda:0 55% 1.0/8G" in gpu and "cpu" not in gpu

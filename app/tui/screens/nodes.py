@@ -3,7 +3,8 @@
 One asyncio task per node polls its agent (hwtui.app.agent.client.Poller) on Textual's own event
 loop, so nothing here blocks the UI; the table repaints once per refresh interval, which adapts to
 the number of nodes. A node that is slow or dead is shown STALE with the age of its last answer and
-never holds the others up.
+never holds the others up. What the agents send is read only through the checked form
+(``engine.agent.summary``): a bad field shows ``?``, never a crash of the view.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from hwtui.app.agent.client import Poller, Target
+from hwtui.engine.agent.summary import NodeStatus
 from hwtui.widgets.cluster_nodes import ClusterNodes
 
 
@@ -42,8 +44,8 @@ class NodesScreen(Screen[None]):
         yield ClusterNodes(id="nodes")
         yield Footer()
 
-    def _title(self, nodes: list[dict[str, Any]]) -> str:
-        stale = sum(1 for n in nodes if n.get("stale"))
+    def _title(self, nodes: list[NodeStatus]) -> str:
+        stale = sum(1 for n in nodes if n.stale)
         return (f"Cluster: {len(self.poller.targets)} node(s), refresh every {self.poller.interval:g} s"
                 + (f", {stale} STALE" if stale else ""))
 
@@ -64,8 +66,9 @@ class NodesScreen(Screen[None]):
     def repaint(self) -> None:
         if not self.is_current:
             return  # another screen shows (the Run screen draws the same poller's nodes itself), or the app is closing
-        nodes = self.poller.snapshot()
+        nodes = self.poller.statuses()
         self.query_one(ClusterNodes).show(nodes)
+        # Static parses markup: the title holds only figures, and the nodes go through Text cells.
         self.query_one("#nodes-title", Static).update(self._title(nodes))
 
     async def on_unmount(self) -> None:

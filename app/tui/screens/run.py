@@ -199,9 +199,9 @@ class RunScreen(WizardStep):
         poller = self._poller
         if poller is None:
             return
-        nodes = poller.snapshot()
+        nodes = poller.statuses()
         self.query_one(ClusterNodes).show(nodes)
-        stale = sum(1 for n in nodes if n.get("stale"))
+        stale = sum(1 for n in nodes if n.stale)
         self.query_one("#nodes-box").border_title = (f"nodes: {len(nodes)}, refresh {poller.interval:g} s"
                                                      + (f", {stale} STALE" if stale else ""))
 

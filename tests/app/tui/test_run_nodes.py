@@ -28,7 +28,9 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
     plan.write_text("{}")
     try:
         nodes = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
-        nodes.poller.interval = 0.2
+        # 1 s (stale past 2 s), not 0.2: on a loaded box a 0.4 s stale threshold let the live node
+        # flicker STALE, and the wait below needs a moment with only the dead one stale.
+        nodes.poller.interval = 1.0
         app = HwtuiApp(ReplayHost.load(snapshots["h100_x8"]), TuiConfig.load(), config_file=config_path(),
                        engine_stages=RecordedEngine("replicate_ok.jsonl"), sampler_factory=FixedSampler,
                        nodes_screen=nodes)

@@ -178,6 +178,13 @@ class _FixedPoller:
                 {"node": "beta:9477", "url": "http://beta:9477", "stale": True, "age_s": 12.0,
                  "error": "connection refused or unreachable", "devices": [], "replication": {}}]
 
+    def statuses(self):
+        """The nodes as the views read them: checked by the agents' one parser."""
+        from hwtui.engine.agent.summary import NodeStatus, parse_summary
+
+        return [NodeStatus(agent=n["node"], url=n["url"], stale=n["stale"], age_s=n["age_s"], error=n.get("error"),
+                           summary=None if n["stale"] else parse_summary(n)) for n in self.snapshot()]
+
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
 def test_replication_with_agents(snap_compare, make, size):
