@@ -186,7 +186,8 @@ _GET = "GET /v1/node HTTP/1.1\r\nHost: x\r\n"
 
 MALFORMED = {
     # Content-Length: the superscript two passes str.isdigit() and then fails int().
-    "superscript length": (_POST + "Content-Length: \u00b2\r\n\r\n{}").encode(),
+    "superscript length": (_POST + "Content-Length: \u00b2\r\n\r\n{}").encode("latin-1"),
+    "superscript length, UTF-8": (_POST + "Content-Length: \u00b2\r\n\r\n{}").encode(),
     "arabic-indic digits": (_POST + "Content-Length: \u0662\r\n\r\n{}").encode(),
     "negative length": (_POST + "Content-Length: -1\r\n\r\n{}").encode(),
     "plus-signed length": (_POST + "Content-Length: +2\r\n\r\n{}").encode(),
