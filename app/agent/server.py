@@ -48,6 +48,8 @@ HEAD_DEADLINE_S = 10.0  # for a whole request head: a client trickling a byte ev
 BODY_DEADLINE_S = 60.0  # for a whole body
 MAX_PENDING = 128  # connections that have not shown the token (a thread each); the oldest is cut for a new one
 MAX_TRUSTED = 256  # connections that have; more are answered, then closed
+MAX_ANON_BUSY = 4  # requests without the token handled at once; the others wait (then 429)
+ANON_WRITE_S = 5.0  # bounds the writes of an answer to a request without the token
 
 UPLOAD_MIN_RATE = 4 << 20  # bytes/s a streamed upload must keep up on average (its deadline grows with its size)
 
@@ -78,6 +80,7 @@ class Limits:
     idle_s: float = REQUEST_TIMEOUT_S
     max_pending: int = MAX_PENDING
     max_trusted: int = MAX_TRUSTED
+    max_anon_busy: int = MAX_ANON_BUSY
 
 
 def is_loopback(address: str) -> bool:
@@ -113,6 +116,10 @@ class AgentServer(ThreadingHTTPServer):
         # Set before the base class binds: a failed bind calls server_close(), which uses them.
         self.limits = limits or Limits()
         self.admission = Admission(self.limits.max_pending, self.limits.max_trusted)
+        # Requests without the token (loopback GETs, and the 401s) are served a few at a time: a
+        # flood of them (pipelined /metrics on 128 connections) would otherwise keep every core and
+        # the GIL busy, and the request with the token would wait behind them. It never waits here.
+        self.anon_slots = threading.BoundedSemaphore(self.limits.max_anon_busy)
         self._count_lock = threading.Lock()
         self.requests = 0
         self.refused = 0
@@ -261,8 +268,22 @@ class AgentHandler(BaseHTTPRequestHandler):
         self.headers = head  # type: ignore[assignment] # .get(name) is all the handlers use
         self.close_connection = not head.keep_alive
         self.connection.settimeout(REQUEST_TIMEOUT_S)  # bounds the answer's writes
-        if matches(self.server.token, head.get("Authorization")) and not self.server.admission.promote(self.connection):
-            self.close_connection = True  # the trusted pool is full (or this one was cut): answer, then close
+        slots = None
+        if matches(self.server.token, head.get("Authorization")):
+            if not self.server.admission.promote(self.connection):
+                self.close_connection = True  # the trusted pool is full (or this one was cut): answer, then close
+        else:
+            slots = self.server.anon_slots
+            if not slots.acquire(timeout=limits.head_deadline_s):
+                return self._refuse(BadRequest(429, "too many requests without the token at once; retry later"))
+            self.connection.settimeout(ANON_WRITE_S)  # a client that does not read holds its slot no longer
+        try:
+            self._dispatch(head)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    def _dispatch(self, head: RequestHead) -> None:
         if head.method in ("GET", "HEAD"):
             if head.content_length or head.expect_continue:
                 return self._refuse(BadRequest(400, f"a {head.method} carries no body"))

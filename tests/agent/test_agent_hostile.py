@@ -123,6 +123,19 @@ def test_300_slow_unauthenticated_connections_leave_room_for_a_client_with_the_t
             s.close()
 
 
+@pytest.mark.parametrize("agent", [Limits(head_deadline_s=0.5, max_anon_busy=1)], indirect=True)
+def test_requests_without_the_token_never_hold_up_one_with_it(agent):
+    # Every slot for token-less requests busy (as under a flood of pipelined loopback GETs): a
+    # request with the token is served at once, one without waits for a slot, then gets 429.
+    assert agent.anon_slots.acquire(timeout=10)
+    try:
+        assert authed_get(agent.port) == 200
+        assert status_of(exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nHost: x\r\n\r\n")) == 429
+    finally:
+        agent.anon_slots.release()
+    assert status_of(exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+
+
 @pytest.mark.parametrize("agent", [Limits(head_deadline_s=1.0)], indirect=True)
 def test_a_head_trickled_byte_by_byte_is_cut_at_its_deadline(agent):
     # One byte every 50 ms never trips a per-read timeout; the head's deadline (1 s here) does.
