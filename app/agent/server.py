@@ -5,10 +5,16 @@ Rules every request meets before any handler runs:
 * **Who may ask.** A GET from a loopback address needs nothing (a local dashboard or node
   exporter); every other request -- any request from another host, and every POST from anywhere --
   needs ``Authorization: Bearer <token>``; without it the answer is 401 and nothing else happens.
-* **Bounded.** Each connection has a socket timeout (a client that stops sending is dropped, TLS
-  handshakes included, which run in the connection's thread, never in the accept loop); a POST
-  body needs a Content-Length no larger than ``MAX_BODY`` and is refused with 413 before a byte of
-  it is read; bodies are JSON parsed with a depth guard, never pickled.
+* **Bounded.** A request head must arrive whole within ``HEAD_DEADLINE_S`` (counted from the
+  accept, TLS handshake included, or on a kept-alive connection from its first byte) and a body
+  within its own deadline; a client that stops sending, or sends a byte now and then, is dropped.
+  TLS handshakes run in the connection's thread, never in the accept loop. A POST body needs a
+  Content-Length no larger than ``MAX_BODY`` and is refused with 413 before a byte of it is read;
+  bodies are JSON parsed with a depth guard, never pickled. A malformed head is a 4xx
+  (``http_head``), never a silent drop or a 5xx.
+* **Room for clients with the token.** Connections that have not shown the token are capped on
+  their own and the oldest is cut when a new one arrives (``admission``): hundreds of slow
+  connections cannot turn away the pusher.
 * **Never blocked by a probe.** Handlers only read the refreshers' last good values
   (``NodeState``), so an answer costs microseconds whatever the probes do.
 """
@@ -22,10 +28,13 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
+from hwtui.app.agent.admission import Admission, cut
+from hwtui.app.agent.http_head import BadRequest, ClientGone, RequestHead, parse_head, read_head
 from hwtui.app.agent.token import matches
 from hwtui.core.redact import redact
 from hwtui.engine.agent import metrics
@@ -34,9 +43,13 @@ from hwtui.engine.agent.state import NodeState
 
 SCHEMA = "hwtui.agent/1"
 MAX_BODY = 32 << 20  # a push's plan for a large model is a few MB of JSON
-REQUEST_TIMEOUT_S = 15.0  # per socket operation
-BODY_DEADLINE_S = 60.0  # for a whole body: a client trickling a byte every 14 s is cut off
-MAX_CONNECTIONS = 256  # open at once (a thread each); more are closed at once, never queued
+REQUEST_TIMEOUT_S = 15.0  # one write, and the wait for a kept-alive connection's next request
+HEAD_DEADLINE_S = 10.0  # for a whole request head: a client trickling a byte every few seconds is cut off
+BODY_DEADLINE_S = 60.0  # for a whole body
+MAX_PENDING = 128  # connections that have not shown the token (a thread each); the oldest is cut for a new one
+MAX_TRUSTED = 256  # connections that have; more are answered, then closed
+MAX_ANON_BUSY = 4  # requests without the token handled at once; the others wait (then 429)
+ANON_WRITE_S = 5.0  # bounds the writes of an answer to a request without the token
 
 UPLOAD_MIN_RATE = 4 << 20  # bytes/s a streamed upload must keep up on average (its deadline grows with its size)
 
@@ -58,10 +71,16 @@ class StreamRoute:
         self.max_bytes = max_bytes
 
 
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+@dataclass(frozen=True)
+class Limits:
+    """The time and connection bounds of one server (tests shorten them)."""
+
+    head_deadline_s: float = HEAD_DEADLINE_S
+    body_deadline_s: float = BODY_DEADLINE_S
+    idle_s: float = REQUEST_TIMEOUT_S
+    max_pending: int = MAX_PENDING
+    max_trusted: int = MAX_TRUSTED
+    max_anon_busy: int = MAX_ANON_BUSY
 
 
 def is_loopback(address: str) -> bool:
@@ -87,19 +106,29 @@ def parse_json_body(raw: bytes | bytearray) -> dict[str, Any]:
 class AgentServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Connections are accepted at once and bounded by Admission; a short listen queue would only
+    # drop the SYNs of a client arriving during a burst (a 1 s retransmit each).
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], state: NodeState, token: str, *,
-                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler | StreamRoute] | None = None):
+                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler | StreamRoute] | None = None,
+                 limits: Limits | None = None):
+        # Set before the base class binds: a failed bind calls server_close(), which uses them.
+        self.limits = limits or Limits()
+        self.admission = Admission(self.limits.max_pending, self.limits.max_trusted)
+        # Requests without the token (loopback GETs, and the 401s) are served a few at a time: a
+        # flood of them (pipelined /metrics on 128 connections) would otherwise keep every core and
+        # the GIL busy, and the request with the token would wait behind them. It never waits here.
+        self.anon_slots = threading.BoundedSemaphore(self.limits.max_anon_busy)
+        self._count_lock = threading.Lock()
+        self.requests = 0
+        self.refused = 0
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, AgentHandler)
         self.state = state
         self.token = token
         self.post_routes = dict(post_routes or {})
         self.tls = tls
-        self.requests = 0
-        self.refused = 0
-        self._count_lock = threading.Lock()
-        self._open: set[Any] = set()
         if tls is not None:
             # Handshakes happen in each connection's thread (AgentHandler.setup), never in accept().
             self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
@@ -113,32 +142,19 @@ class AgentServer(ThreadingHTTPServer):
             return
         print(f"hwtui agent: request from {client_address[0]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
-    def get_request(self) -> tuple[Any, Any]:
-        conn, addr = super().get_request()
-        with self._count_lock:
-            self._open.add(conn)
-        return conn, addr
-
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        with self._count_lock:
-            return len(self._open) <= MAX_CONNECTIONS
+        self.admission.admit(request)  # never refuses: it cuts the oldest connection without the token
+        return True
 
     def shutdown_request(self, request: Any) -> None:
-        with self._count_lock:
-            self._open.discard(request)
+        self.admission.release(request)
         super().shutdown_request(request)
 
     def server_close(self) -> None:
         """Close the listener and every keep-alive connection: a stopped agent answers nothing."""
         super().server_close()
-        with self._count_lock:
-            conns, self._open = list(self._open), set()
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
+        for conn in self.admission.close_all():
+            cut(conn)  # its own thread wakes, sees the end and closes it
 
     @property
     def port(self) -> int:
@@ -205,10 +221,17 @@ class AgentHandler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_S
     server_version = "hwtui-agent"
     sys_version = ""
+    head: RequestHead
 
     def setup(self) -> None:
+        # The first head's deadline counts from the accept, so a connection that never completes
+        # a TLS handshake or a head holds its thread no longer than any slow head does.
+        self._deadline = time.monotonic() + self.server.limits.head_deadline_s
+        self._served = False
+        self.command, self.path, self.requestline, self.request_version = "", "", "", "HTTP/1.1"
         super().setup()
         if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.settimeout(max(0.01, self._deadline - time.monotonic()))
             try:
                 self.connection.do_handshake()
             except (OSError, ssl.SSLError):
@@ -217,6 +240,82 @@ class AgentHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass  # one line per request would drown a journal at a 1 s poll of 64 nodes
+
+    # ------------------------------------------------------------------ one request
+
+    def handle_one_request(self) -> None:
+        """Read one head under its deadline, refuse it (4xx) or serve it; replaces http.server's
+        parser, which answers some malformed heads with nothing (``Content-Length: ²``), takes
+        HTTP/0.9, ignores Transfer-Encoding and waits per read, not per head."""
+        self.close_connection = True
+        limits = self.server.limits
+        try:
+            if self._served:  # kept alive: wait for the next request; its head's deadline starts with it
+                self.connection.settimeout(limits.idle_s)
+                if not self.rfile.peek(1):  # type: ignore[attr-defined]
+                    return
+                self._deadline = time.monotonic() + limits.head_deadline_s
+            lines = read_head(self.rfile, self.connection, self._deadline, limits.idle_s)
+            self.head = parse_head(lines)
+        except (ClientGone, OSError, ValueError):
+            return  # closed, reset, cut by admission, or idle too long: nobody to answer
+        except BadRequest as exc:
+            return self._refuse(exc)
+        head = self.head
+        self._served = True
+        self.command, self.path, self.request_version = head.method, head.target, head.version
+        self.requestline = f"{head.method} {head.target} {head.version}"
+        self.headers = head  # type: ignore[assignment] # .get(name) is all the handlers use
+        self.close_connection = not head.keep_alive
+        self.connection.settimeout(REQUEST_TIMEOUT_S)  # bounds the answer's writes
+        slots = None
+        if matches(self.server.token, head.get("Authorization")):
+            if not self.server.admission.promote(self.connection):
+                self.close_connection = True  # the trusted pool is full (or this one was cut): answer, then close
+        else:
+            slots = self.server.anon_slots
+            if not slots.acquire(timeout=limits.head_deadline_s):
+                return self._refuse(BadRequest(429, "too many requests without the token at once; retry later"))
+            self.connection.settimeout(ANON_WRITE_S)  # a client that does not read holds its slot no longer
+        try:
+            self._dispatch(head)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    def _dispatch(self, head: RequestHead) -> None:
+        if head.method in ("GET", "HEAD"):
+            if head.content_length or head.expect_continue:
+                return self._refuse(BadRequest(400, f"a {head.method} carries no body"))
+            self.do_GET()
+        elif head.method == "POST":
+            self.do_POST()
+        else:
+            return self._refuse(BadRequest(405, f"method {head.method} is not served (GET, HEAD, POST)"))
+        self.wfile.flush()
+
+    def _refuse(self, exc: BadRequest) -> None:
+        """Answer a refused request and close, draining a little of what the client still sends
+        first: closing with unread bytes makes the kernel send a reset, which can destroy the
+        answer before the client reads it."""
+        self.close_connection = True
+        conn = self.connection
+        try:
+            conn.settimeout(2.0)  # a client that does not read its answer holds nothing
+            self._error(exc.status, str(exc))
+            self.wfile.flush()
+            if isinstance(conn, ssl.SSLSocket):
+                return
+            conn.shutdown(socket.SHUT_WR)
+            drained, until = 0, time.monotonic() + 1.0
+            while drained < (256 << 10) and time.monotonic() < until:
+                conn.settimeout(max(0.01, until - time.monotonic()))
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ plumbing
 
@@ -227,6 +326,10 @@ class AgentHandler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         if status == 401:
             self.send_header("WWW-Authenticate", 'Bearer realm="hwtui-agent"')
+        if status == 405:
+            self.send_header("Allow", "GET, HEAD, POST")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -241,34 +344,47 @@ class AgentHandler(BaseHTTPRequestHandler):
     def _authorized(self) -> bool:
         if self.command in ("GET", "HEAD") and is_loopback(self.client_address[0]):
             return True
-        return matches(self.server.token, self.headers.get("Authorization"))
+        return matches(self.server.token, self.head.get("Authorization"))
 
     def _length(self, limit: int) -> int:
-        raw_len = self.headers.get("Content-Length")
-        if raw_len is None or not raw_len.strip().isdigit() or len(raw_len) > 12:
+        length = self.head.content_length
+        if length is None:
             raise BadRequest(411, "a POST needs a Content-Length")
-        length = int(raw_len)
         if length > limit:
             raise BadRequest(413, f"the body is {length} bytes; at most {limit} are accepted")
+        if self.head.expect_continue:
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return length
+
+    def _read_some(self, n: int, deadline: float) -> bytes:
+        """Up to n bytes of the body, waiting no later than ``deadline`` (one recv at most)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BadRequest(408, "the body did not arrive in time")
+        self.connection.settimeout(min(remaining, REQUEST_TIMEOUT_S))
+        try:
+            chunk = self.rfile.read1(n)
+        except TimeoutError:
+            raise BadRequest(408, "the body did not arrive in time") from None
+        finally:
+            self.connection.settimeout(REQUEST_TIMEOUT_S)
+        if not chunk:
+            raise BadRequest(400, "the body ended early")
+        return chunk
 
     def _stream(self, route: StreamRoute) -> tuple[int, dict[str, Any]]:
         length = self._length(route.max_bytes)
-        deadline = time.monotonic() + BODY_DEADLINE_S + length / UPLOAD_MIN_RATE
+        deadline = time.monotonic() + self.server.limits.body_deadline_s + length / UPLOAD_MIN_RATE
         got = 0
 
         def read(n: int) -> bytes:
             nonlocal got
-            if time.monotonic() > deadline:
-                raise BadRequest(408, "the body did not arrive in time")
-            chunk = self.rfile.read1(max(1, min(n, 1 << 20, length - got)))
-            if not chunk:
-                raise BadRequest(400, "the body ended early")
+            chunk = self._read_some(max(1, min(n, 1 << 20, length - got)), deadline)
             got += len(chunk)
             return chunk
 
         try:
-            query = {k: v[-1] for k, v in parse_qs(urlsplit(self.path).query, max_num_fields=16).items()}
+            query = {k: v[-1] for k, v in parse_qs(self.head.query, max_num_fields=16).items()}
         except ValueError:
             raise BadRequest(400, "too many query fields") from None
         status, doc = route.fn(query, length, read)
@@ -279,20 +395,15 @@ class AgentHandler(BaseHTTPRequestHandler):
     def _body(self) -> dict[str, Any]:
         length = self._length(MAX_BODY)
         data = bytearray()
-        deadline = time.monotonic() + BODY_DEADLINE_S
+        deadline = time.monotonic() + self.server.limits.body_deadline_s
         while len(data) < length:
-            if time.monotonic() > deadline:
-                raise BadRequest(408, f"the body did not arrive within {BODY_DEADLINE_S:g} s")
-            chunk = self.rfile.read1(min(1 << 20, length - len(data)))
-            if not chunk:
-                raise BadRequest(400, "the body ended early")
-            data += chunk
+            data += self._read_some(min(1 << 20, length - len(data)), deadline)
         return parse_json_body(data)
 
     # ------------------------------------------------------------------ verbs
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = urlsplit(self.path).path.rstrip("/") or "/"
+        path = self.head.path.rstrip("/") or "/"
         if not self._authorized():
             self.server.count(refused=True)
             self.close_connection = True
@@ -309,7 +420,7 @@ class AgentHandler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
     def do_POST(self) -> None:  # noqa: N802
-        path = urlsplit(self.path).path.rstrip("/")
+        path = self.head.path.rstrip("/")
         if not self._authorized():
             self.server.count(refused=True)
             self.close_connection = True  # the unread body must not be taken for the next request
@@ -325,8 +436,7 @@ class AgentHandler(BaseHTTPRequestHandler):
             else:
                 status, doc = handler(self._body())
         except BadRequest as exc:
-            self.close_connection = True
-            return self._error(exc.status, str(exc))
+            return self._refuse(exc)
         self._json(status, doc)
 
 

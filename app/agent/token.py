@@ -21,24 +21,38 @@ def default_token_file() -> Path:
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
-    """The token in ``path``; refuses a file that others can read (it would not be a secret)."""
+    """The token in ``path``; refuses a file that is not a secret of this user's.
+
+    Refused, each in one line: not a regular file (checked on the opened descriptor, which the
+    non-blocking, no-follow open makes safe for a FIFO, a device or a directory); readable by
+    group or others; owned by anyone but the running user or root (its owner could read it, or
+    swap in a token of their choosing).
+    """
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
-    except OSError as exc:
-        raise HwtuiError(f"token file {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
+    except (OSError, ValueError) as exc:
+        raise HwtuiError(f"token file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise HwtuiError(f"token file {path} is not a regular file")
         if st.st_mode & 0o077:
             raise HwtuiError(f"token file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
                              f"chmod 600 {path}")
-        raw = fh.read(MAX_TOKEN_FILE + 1)
+        if st.st_uid not in (os.geteuid(), 0):
+            raise HwtuiError(f"token file {path} is owned by uid {st.st_uid}, not by this user "
+                             f"(uid {os.geteuid()}) or root; chown it or use another file")
+        raw = os.read(fd, MAX_TOKEN_FILE + 1)
+    except OSError as exc:
+        raise HwtuiError(f"token file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     token = raw.decode("utf-8", errors="replace").strip()
-    if not token or len(raw) > MAX_TOKEN_FILE or any(c.isspace() for c in token):
+    if (not token or len(raw) > MAX_TOKEN_FILE or any(c.isspace() for c in token)
+            or not (token.isascii() and token.isprintable())):
         raise HwtuiError(f"token file {path} does not hold one token (a single line without spaces)")
     return token
 

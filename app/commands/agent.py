@@ -8,6 +8,10 @@ hosts the resident replication rank that ``hwtui push`` pushes into.
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
+import os
+import re
 import signal
 import socket
 import sys
@@ -37,12 +41,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the --listen host, or the address that routes to the pusher)")
 
 
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+MAX_PEM = 1 << 20  # a certificate chain or a key is a few KB
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        return len(host) <= 253 and _HOSTNAME.fullmatch(host) is not None
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or len(port) > 5 or not 0 <= int(port) <= 65535:
-        raise HwtuiError(f"--listen {value!r}: expected HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT})")
+    if (not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 <= int(port) <= 65535
+            or not _valid_host(host)):
+        raise HwtuiError(f"--listen {value!r}: expected HOST:PORT, HOST an address or a host name "
+                         f"(e.g. 127.0.0.1:{DEFAULT_PORT} or [::1]:{DEFAULT_PORT})")
     return host, int(port)
+
+
+def _pem_fd(option: str, path: str) -> int:
+    """An open descriptor of the regular file ``path`` (a FIFO would hang the load, a device never
+    end it): checked without blocking (core.bounded_read), and loaded through the descriptor so the
+    file checked is the file read."""
+    from hwtui.core.bounded_read import open_regular
+
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ValueError) as exc:
+        raise HwtuiError(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if st.st_size > MAX_PEM:
+        os.close(fd)
+        raise HwtuiError(f"{option} {path}: larger than {MAX_PEM >> 10} KiB; not a PEM file")
+    return fd
 
 
 def _tls(cert: str | None, key: str | None):
@@ -52,12 +86,23 @@ def _tls(cert: str | None, key: str | None):
         raise HwtuiError("--cert and --key go together")
     import ssl
 
+    def no_prompt() -> bytes:
+        # OpenSSL would otherwise ask for the passphrase on the terminal: a service waits forever.
+        raise HwtuiError(f"--key {key}: the key is encrypted; give the agent an unencrypted key (mode 0600)")
+
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    cert_fd = _pem_fd("--cert", cert)
     try:
-        ctx.load_cert_chain(cert, key)
+        key_fd = _pem_fd("--key", key)
+        try:
+            ctx.load_cert_chain(f"/proc/self/fd/{cert_fd}", f"/proc/self/fd/{key_fd}", password=no_prompt)
+        finally:
+            os.close(key_fd)
     except (OSError, ssl.SSLError) as exc:
-        raise HwtuiError(f"--cert/--key: cannot load them ({exc})") from None
+        raise HwtuiError(f"--cert {cert} / --key {key}: cannot load them ({exc})") from None
+    finally:
+        os.close(cert_fd)
     return ctx
 
 
@@ -95,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = AgentServer((host_addr, port), state, token, tls=tls, post_routes=post_routes)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise HwtuiError(f"--listen {args.listen}: port {port} is already in use (another agent?)") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise HwtuiError(f"--listen {args.listen}: {host_addr} is not an address of this machine") from None
         raise HwtuiError(f"--listen {args.listen}: {exc.strerror or exc}") from None
     state.start()
     stop = threading.Event()

@@ -136,7 +136,7 @@ def test_answers_go_out_without_waiting_for_a_delayed_ack(agent):
     server, _ = agent
     with httpx.Client() as client:
         assert client.get(f"http://127.0.0.1:{server.port}/v1/node", timeout=5).json()["node"] == "n1"
-        conns = list(server._open)
+        conns = server.admission.connections()
         assert conns, "the kept-alive connection is open on the server"
         assert all(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for c in conns)
 
