@@ -43,7 +43,7 @@ from hwtui.engine.replication.agree import (
     settings_record,
 )
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
-from hwtui.engine.replication.commit import ServedDir, write_decision
+from hwtui.engine.replication.commit import ServedDir, serve_modes, write_decision
 from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
@@ -218,7 +218,7 @@ class Worker:
         if self.rank == SRC:
             preflight_sources(plan)
         elif self.cfg.out and self.cfg.commit:
-            self.served = ServedDir(self.cfg.out, self.rank)
+            self.served = ServedDir(self.cfg.out, self.rank, serve_modes(self.cfg.serve_group), self.faults.at_phase)
             have = self.served.current_version()
             if plan["prev_version"] is not None and have != plan["prev_version"]:
                 raise HwtuiError(f"rank {self.rank} serves version {have!r} but the plan is a delta from "
