@@ -100,9 +100,14 @@ def serve_modes(group: str | None) -> ServeModes:
     return ServeModes(gid)
 
 
-def own(path: Path, mode: int, gid: int | None = None, directory: bool = False) -> None:
-    """Give ``path`` its mode (and group) through a descriptor opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
+def own(path: Path, mode: int, gid: int | None = None, directory: bool = False, follow: bool = False) -> None:
+    """Give ``path`` its mode (and group) through a descriptor opened without following a symlink.
+
+    ``follow``: only for a rank directory itself, which the node agent links (``ranks/rank<R>``
+    -> ``../served``); nothing below it is ever reached through a symlink.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0) | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         if gid is not None:
             os.fchown(fd, -1, gid)
@@ -111,11 +116,11 @@ def own(path: Path, mode: int, gid: int | None = None, directory: bool = False) 
         os.close(fd)
 
 
-def make_dir(path: Path, mode: int, gid: int | None = None) -> None:
+def make_dir(path: Path, mode: int, gid: int | None = None, follow: bool = False) -> None:
     """``path`` as a directory (created if missing; its parent must exist) with exactly this mode and group."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, PRIVATE_DIR)  # owner-only until own() below: the umask never widens it
-    own(path, mode, gid, directory=True)
+    own(path, mode, gid, directory=True, follow=follow)
 
 
 _FS_IOC_GETFLAGS = 0x80086601  # _IOR('f', 1, long) on 64-bit Linux
@@ -292,7 +297,7 @@ class ServedDir:
     def ensure_root(self) -> None:
         """The rank directory, created if missing, with the run's directory mode and group."""
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        make_dir(self.root, self.modes.dir_mode, self.modes.gid)
+        make_dir(self.root, self.modes.dir_mode, self.modes.gid, follow=True)
 
     def begin(self, version: str) -> None:
         if (self.root / "versions" / version).exists():
@@ -320,7 +325,7 @@ class ServedDir:
         manifest or the new CURRENT -- fails here: the rank votes no and every rank aborts.
         """
         versions = self.root / "versions"
-        make_dir(self.root, self.modes.dir_mode, self.modes.gid)
+        make_dir(self.root, self.modes.dir_mode, self.modes.gid, follow=True)
         make_dir(versions, self.modes.dir_mode, self.modes.gid)
         if (versions / version).exists() or (versions / version).is_symlink():
             raise HwtuiError(f"{versions / version} is in the way of the switch")
@@ -329,7 +334,7 @@ class ServedDir:
         # list of dicts first cost every rank seconds and half a GB.
         write_json_atomic(staged / "manifest.json", manifest)
         self._seal(version)
-        refuse_frozen([self.root, versions, self.root / "staging", staged, staged / "model.safetensors",
+        refuse_frozen([self.root.resolve(), versions, self.root / "staging", staged, staged / "model.safetensors",
                        staged / "manifest.json", self.root / "CURRENT"])
         self._hook("probe")
         self._probe_switch(version)
