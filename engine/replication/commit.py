@@ -336,7 +336,6 @@ class ServedDir:
         self._seal(version)
         refuse_frozen([self.root.resolve(), versions, self.root / "staging", staged, staged / "model.safetensors",
                        staged / "manifest.json", self.root / "CURRENT"])
-        self._hook("probe")
         self._probe_switch(version)
         self._hook("current")
         self._write_pending_current(version, self._current_text(version, manifest["plan_digest"]))
