@@ -247,6 +247,38 @@ def test_no_space_for_the_new_current_is_caught_before_the_vote(base, out):
     assert serving(out, base) == {1: "v2", 2: "v2"}
 
 
+# rank 2's directory on a tmpfs of its own, filled until exactly FREE pages are left ($3).
+_FULL_DISK = ('set -e; mount --make-rprivate /; cp -a "$1/." "$2"; mount -t tmpfs -o size=4m,mode=700 hwtui-test "$1"; '
+              'cp -a "$2/." "$1"; "$4" -c "import os,sys; d,free=sys.argv[1],int(sys.argv[2]); s=os.statvfs(d); '
+              'open(os.path.join(d,\'.filler\'),\'wb\').write(bytes(s.f_bavail*s.f_frsize-free*4096))" "$1" "$3"; '
+              'shift 4; exec "$@"')
+
+
+@pytest.mark.parametrize("spare_pages,switches", [(0, False), (1, True)])
+def test_a_real_full_disk_at_current_votes_no(base, out, tmp_path, spare_pages, switches):
+    """Exactly the pages the staging copy and its manifest take are free on rank 2: the new CURRENT
+    finds no space. On 769874d that came after the decision (rank 1 v2, rank 2 v1); now rank 2
+    votes no. One page more and the same run commits: CURRENT was the write that did not fit."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    v1 = out / "rank2" / "versions" / "v1"
+    pages = sum(-(-(v1 / name).stat().st_size // 4096) for name in ("model.safetensors", "manifest.json"))
+    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_DISK, "sh", str(out / "rank2"), str(tmp_path),
+            str(pages + spare_pages), sys.executable]
+    proc = cli(base["root"] / "v2.json", out, wrap=wrap)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if switches:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+        assert serving(out, base, ranks=(1,)) == {1: "v2"}  # rank 2's tmpfs went with its namespace
+        return
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "rank 2 cannot switch to 'v2'" in proc.stderr and "No space left on device" in proc.stderr, proc.stderr
+    # The last line is read back inside the namespace, from rank 2's tmpfs: nobody switched.
+    assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
+    assert not decision_path(out, "v2").exists() and serving(out, base, ranks=(1,)) == {1: "v1"}
+
+
 @pytest.mark.parametrize("fault", ["fail:rank=2,phase=commit", "fail:rank=2,phase=switched",
                                    "kill:rank=2,phase=switched"])
 def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base, out, chattr, fault):
