@@ -138,6 +138,10 @@ def refuse_frozen(paths: list[Path]) -> None:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue  # a symlink has no flags; the rename replaces the link itself
+            raise
         try:
             flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8))[0]  # the kernel writes an int
         except OSError:
@@ -310,9 +314,8 @@ class ServedDir:
 
     def _sweep(self, version: str) -> None:
         """Leftovers of an aborted run of ``version`` (never a decided one: that is finished, not begun)."""
-        shutil.rmtree(self.staging_dir(version), ignore_errors=True)
-        for probe in self._probes(version):
-            shutil.rmtree(probe, ignore_errors=True)
+        for path in (self.staging_dir(version), *self._probes(version)):
+            _remove(path)
         for leftover in (self.pending_current(version), self.pending_current(version).with_suffix(".tmp")):
             with contextlib.suppress(OSError):  # what cannot go makes prepare fail, before the vote
                 leftover.unlink()
@@ -427,7 +430,7 @@ class ServedDir:
         return "finished the switch"
 
     def abort(self, version: str) -> None:
-        shutil.rmtree(self.staging_dir(version), ignore_errors=True)
+        _remove(self.staging_dir(version))
         with contextlib.suppress(FileNotFoundError):
             self.pending_current(version).unlink()
         with contextlib.suppress(OSError):
@@ -441,6 +444,15 @@ class ServedDir:
         path = self.root / cur["file"]
         infos, _, _ = read_safetensors_header(path)
         return MappedFile(path), {i.name: (i.file_offset, i.nbytes) for i in infos}
+
+
+def _remove(path: Path) -> None:
+    """Best effort: a symlink (never followed) or a file is unlinked, a directory removed with its contents."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def verify_file(path: str | os.PathLike[str], tensors: list[dict[str, Any]]) -> list[str]:

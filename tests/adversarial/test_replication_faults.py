@@ -356,3 +356,26 @@ def test_decision_for_another_plan_under_the_same_version_is_refused(base, out):
     with pytest.raises(HwtuiError, match="from another plan"):
         replicate(base["root"] / "v2.json", out, nproc=3)
     assert serving(out, base) == {1: "v1", 2: "v1"}
+
+
+def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(base, out, tmp_path):
+    victim, victim_dir = tmp_path / "victim", tmp_path / "victim-dir"
+    victim.write_text("not yours")
+    victim_dir.mkdir()
+    rank2 = out / "rank2"
+    (rank2 / "staging").mkdir()
+    for name in (".CURRENT.v2.tmp", ".CURRENT.v2.pending"):
+        (rank2 / name).symlink_to(victim)
+    for name in ("staging/v2", "staging/.probe-v2", "versions/.probe-v2"):
+        (rank2 / name).symlink_to(victim_dir)
+    # CURRENT itself a link (to a copy of what it said): the switch replaces the link, not its target.
+    (tmp_path / "current-copy").write_bytes((rank2 / "CURRENT").read_bytes())
+    (rank2 / "CURRENT").unlink()
+    (rank2 / "CURRENT").symlink_to(tmp_path / "current-copy")
+    result, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert result.ok, result.error
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+    assert victim.read_text() == "not yours" and not list(victim_dir.iterdir())
+    assert json.loads((tmp_path / "current-copy").read_text())["version"] == "v1"
+    assert not (rank2 / "CURRENT").is_symlink() and not (rank2 / "staging").exists()
+    assert not [p for p in rank2.iterdir() if p.name.startswith(".CURRENT")]
