@@ -279,6 +279,7 @@ def test_a_real_full_disk_at_current_votes_no(base, out, tmp_path, spare_pages, 
     assert not decision_path(out, "v2").exists() and serving(out, base, ranks=(1,)) == {1: "v1"}
 
 
+@pytest.mark.timeout(300)  # up to four runs of the CLI, on a loaded box
 @pytest.mark.parametrize("fault", ["fail:rank=2,phase=commit", "fail:rank=2,phase=switched",
                                    "kill:rank=2,phase=switched"])
 def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base, out, chattr, fault):

@@ -141,3 +141,16 @@ def test_serve_group_without_commit_is_exit_2(base, tmp_path, group):
     proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v1.json"),
                            "--nproc", "2", "--serve-group", group.gr_name], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--commit" in proc.stderr, proc.stderr
+
+
+def test_a_group_this_user_cannot_give_files_to_is_refused():
+    """Checked before anything is written, not found by a chown in the middle of prepare."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    code = ("import os\nfrom hwtui.core.errors import HwtuiError\nfrom hwtui.engine.replication.commit import serve_modes\n"
+            "os.setgroups([]); os.setegid(65534); os.seteuid(65534)\n"
+            "assert serve_modes('65534').gid == 65534\n"
+            "try:\n    serve_modes('0')\nexcept HwtuiError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "--serve-group '0': this user is not a member, so it cannot give files to that group"
