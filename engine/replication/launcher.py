@@ -28,7 +28,7 @@ from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
 from hwtui.core.events import ErrorEvent, Event, LogEvent, from_dict
 from hwtui.core.net import free_loopback_port
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
-from hwtui.engine.replication.commit import PRIVATE_FILE, OutLock, ServedDir, read_decision, serve_modes, write_new_file
+from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
 from hwtui.engine.replication.events import (
     RANK_PHASES,
@@ -41,6 +41,7 @@ from hwtui.engine.replication.events import (
 )
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.served_files import PRIVATE_FILE, serve_modes, write_new_file
 from hwtui.engine.replication.staging import remove_shm_staging
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT

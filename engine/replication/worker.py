@@ -43,12 +43,13 @@ from hwtui.engine.replication.agree import (
     settings_record,
 )
 from hwtui.engine.replication.checksum import Streaming, xxh3_hex
-from hwtui.engine.replication.commit import ServedDir, serve_modes, write_decision
+from hwtui.engine.replication.commit import ServedDir, write_decision
 from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.staging import (
     Prefaulted,
     Staging,

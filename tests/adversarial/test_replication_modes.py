@@ -147,7 +147,7 @@ def test_a_group_this_user_cannot_give_files_to_is_refused():
     """Checked before anything is written, not found by a chown in the middle of prepare."""
     if os.geteuid() != 0:
         pytest.skip("needs root to become another user")
-    code = ("import os\nfrom hwtui.core.errors import HwtuiError\nfrom hwtui.engine.replication.commit import serve_modes\n"
+    code = ("import os\nfrom hwtui.core.errors import HwtuiError\nfrom hwtui.engine.replication.served_files import serve_modes\n"
             "os.setgroups([]); os.setegid(65534); os.seteuid(65534)\n"
             "assert serve_modes('65534').gid == 65534\n"
             "try:\n    serve_modes('0')\nexcept HwtuiError as e:\n    print(e)\n")
