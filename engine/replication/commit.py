@@ -25,8 +25,8 @@ CURRENT. Any failure, timeout or signal before the decision removes staging/<v> 
 CURRENT -- the served version -- exactly as it was on every rank.
 
 After the decision a rank can still fail to switch (SIGKILL, a disk made immutable or read-only
-between the vote and the rename, an I/O error). Its
-prepared, verified staging copy is then kept, and re-running the same command finishes the switch
+between the vote and the rename, an I/O error). Its prepared, verified staging copy and its
+pending CURRENT are then kept, and re-running the same command finishes the switch
 (:meth:`ServedDir.finish`) without moving a byte: the decision record says the version is
 committed, so rolling forward is the only correct outcome. Re-running a version every rank
 already serves is a no-op success.
@@ -288,7 +288,8 @@ class ServedDir:
             (self.root / "staging").rmdir()  # only when empty: other versions' leftovers stay visible
         self._hook("switched")  # between the two renames: versions/<v> is there, CURRENT not yet
         pending = self.pending_current(version)
-        if not pending.is_file():  # a copy prepared by an older hwtui: write it now (a re-run may repeat it)
+        if pending.is_symlink() or not pending.is_file():
+            # Prepared by an older hwtui (or something else stands there): write it now; a re-run may repeat it.
             self._write_pending_current(version, self._current_text(version, plan_digest))
         os.replace(pending, self.root / "CURRENT")
         fsync_dir(self.root)
