@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit", action="store_true",
                         help="switch every receiver to the new version once all ranks verified it (needs --out)")
     parser.add_argument("--out", metavar="DIR", help="per-rank served versions: DIR/rank<R>/CURRENT, versions/, staging/")
+    parser.add_argument("--serve-group", metavar="GROUP",
+                        help="let GROUP read what --out serves: served files 0640 and group-owned, directories 0750 "
+                             "(default: owner-only, 0600/0700); a name or gid known on every receiver's host")
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S", help="seconds any bucket may wait (default 20)")
     parser.add_argument("--init-timeout", type=float, default=60.0, metavar="S", help="seconds to form the world (default 60)")
     parser.add_argument("--events", metavar="FILE",
@@ -169,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
-                              verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out, timeout=args.timeout,
+                              verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out,
+                              serve_group=args.serve_group, timeout=args.timeout,
                               init_timeout=args.init_timeout)
     try:
         result = run_replication(opts, on_event=sink)

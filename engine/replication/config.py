@@ -45,6 +45,7 @@ class WorkerConfig:
     same_host: bool = True  # receivers on the source's host copy from its page cache (see worker._copy_local)
     commit: bool = False
     out: str | None = None
+    serve_group: str | None = None  # --serve-group: served files 0640 and group-owned (resolved on the rank's host)
     timeouts: Timeouts = field(default_factory=Timeouts)
     fault: str | None = None  # HWTUI_TEST_FAULT, test-only (see faults.py)
     parent_pid: int | None = None  # local mode: the launcher; a worker whose parent changed exits

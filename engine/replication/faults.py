@@ -12,9 +12,11 @@ Syntax: ``ACTION:key=value[,key=value]`` and several faults separated by ``;``:
   full or immutable disk).
 
 Phases: ``load`` (before the world forms), ``setup`` (rank 0, its /dev/shm staging copy made,
-before the start barrier), ``prepare`` (prepared, before the vote), ``decide``
-(rank 0, after a unanimous vote, before the decision record is written) and ``commit`` (after
-the decision, before this rank switches).
+before the start barrier), ``current`` (a receiver, inside prepare, as it writes the CURRENT that
+will serve the new version: a full disk there must make it vote no), ``prepare`` (prepared,
+before the vote), ``decide`` (rank 0, after a unanimous vote, before the decision record is
+written), ``commit`` (after the decision, before this rank switches) and ``switched`` (between
+the switch's two renames: ``versions/<v>`` is in place, CURRENT not yet).
 
 It exists so the tests can prove that corruption, a dead rank and a hung rank each end the run
 with a named error and no commit; it costs one dict lookup per bucket when unset.

@@ -41,6 +41,7 @@ from hwtui.engine.replication.events import (
 )
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
 from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
@@ -70,6 +71,7 @@ class ReplicationOptions:
     same_host: bool = True
     commit: bool = False
     out: str | None = None
+    serve_group: str | None = None  # --serve-group: served files 0640 and owned by this group (default: 0600)
     timeout: float = 20.0  # per bucket wait
     init_timeout: float = 60.0
     commit_timeout: float | None = None  # None: same as timeout
@@ -110,6 +112,9 @@ def resolve_settings(opts: ReplicationOptions) -> dict[str, Any]:
         raise HwtuiError("timeouts must be positive")
     if opts.commit and not opts.out:
         raise HwtuiError("--commit needs --out DIR (where each receiver keeps the version it serves)")
+    if opts.serve_group is not None and not opts.commit:
+        raise HwtuiError("--serve-group applies to what --commit --out serves: add --commit --out DIR")
+    serve_modes(opts.serve_group)  # an unknown group is bad input before anything starts
     return {"window": inflight, "chunk_bytes": max(1, int(chunk_mb * MB)), "adaptive": opts.adaptive,
             "max_inflight_bytes": int(opts.max_inflight_mb * MB) if opts.max_inflight_mb else None,
             "target_bucket_s": opts.target_bucket_ms / 1000.0, "verify": opts.verify, "device": opts.device}
@@ -166,9 +171,9 @@ def preflight_out(opts: ReplicationOptions, world_ranks: list[int], plan: Plan) 
     for r in world_ranks:
         if r == 0:
             continue
-        served = ServedDir(opts.out, r)
+        served = ServedDir(opts.out, r, serve_modes(opts.serve_group))
         try:
-            served.root.mkdir(parents=True, exist_ok=True)
+            served.ensure_root()
             probe = served.root / ".write-probe"
             os.close(create_private(probe, replace=True))  # never through a planted link
             probe.unlink()
@@ -357,12 +362,12 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
         raise HwtuiError("replication needs at least 2 ranks (a source and a receiver): --nproc 2 or more")
     ranks = [joined["rank"]] if joined else list(range(world))
     plan = preflight(opts, ranks)
-    lock = OutLock(opts.out, ranks).acquire() if opts.out else None
+    lock = OutLock(opts.out, ranks, serve_modes(opts.serve_group)).acquire() if opts.out else None
     try:
         recover = preflight_out(opts, ranks, plan)
         if recover:
             assert opts.out is not None
-            return _finish_decided(opts.out, plan, ranks, settings, world, "join" if joined else "local", sink, t_wall)
+            return _finish_decided(opts, plan, ranks, settings, world, "join" if joined else "local", sink, t_wall)
         return _replicate(opts, plan, ranks, world, joined, settings, sink, stop, t_wall)
     finally:
         if lock is not None:
@@ -388,6 +393,7 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
         inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
         target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
         same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
+        serve_group=opts.serve_group,
         timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
         fault=opts.env.get("HWTUI_TEST_FAULT"))
     launcher_phases: dict[str, float] = {}
@@ -448,10 +454,11 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
     return ReplicationResult(ok=ok, exit_code=0 if ok else exit_code, error=error, report=report)
 
 
-def _finish_decided(out: str, plan: Plan, ranks: list[int], settings: dict[str, Any], world: int, mode: str,
-                    sink: Callable[[Event], None], t_wall: float) -> ReplicationResult:
+def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], settings: dict[str, Any], world: int,
+                    mode: str, sink: Callable[[Event], None], t_wall: float) -> ReplicationResult:
     """Re-run of a decided version: finish the switch on every rank that did not make it; no byte moves."""
-    version = plan["version"]
+    assert opts.out is not None
+    out, version, modes = opts.out, plan["version"], serve_modes(opts.serve_group)
     sink(LogEvent(message=f"version {version} is already committed under {out} (decisions/{version}.json): "
                           "finishing the switch where a rank did not make it; nothing is transferred",
                   source="replication.commit"))
@@ -461,13 +468,16 @@ def _finish_decided(out: str, plan: Plan, ranks: list[int], settings: dict[str, 
         if r == 0:
             continue
         try:
-            done[r] = ServedDir(out, r).finish(version, plan.digest, plan["tensors"])
+            done[r] = ServedDir(out, r, modes).finish(version, plan.digest, plan["tensors"])
         except (OSError, HwtuiError) as exc:
             errors.append(f"rank {r}: {getattr(exc, 'strerror', None) or exc}")
     serving = _serving(out, ranks)
     lagging = {r: v for r, v in serving.items() if v != version}
     ok = not lagging and not errors
-    error = None if ok else "; ".join(errors) or f"{serving_text(lagging)} after finishing the switch"
+    # A rank that still lags names the command that finishes it, like the first run's split does.
+    error = None if ok else (f"version {version} is committed (decision recorded) but "
+                             f"{serving_text(lagging) or 'a rank could not finish'}"
+                             + (f" ({'; '.join(errors)})" if errors else "") + ": re-run the same command to finish the switch")
     sink(ReplCommit(version=version, phase="commit", ok=ok,
                     detail="; ".join(f"rank {r} {what}" for r, what in sorted(done.items())) + f" ({serving_text(serving)})"))
     settings.update({"transport": None, "world_size": world, "mode": mode})

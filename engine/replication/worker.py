@@ -49,6 +49,7 @@ from hwtui.engine.replication.events import ReplBucket, ReplWindow
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.plan import Plan, load_plan, manifest_of, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import RunDir, make_run_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.staging import (
     Prefaulted,
@@ -218,7 +219,7 @@ class Worker:
         if self.rank == SRC:
             preflight_sources(plan)
         elif self.cfg.out and self.cfg.commit:
-            self.served = ServedDir(self.cfg.out, self.rank)
+            self.served = ServedDir(self.cfg.out, self.rank, serve_modes(self.cfg.serve_group), self.faults.at_phase)
             have = self.served.current_version()
             if plan["prev_version"] is not None and have != plan["prev_version"]:
                 raise HwtuiError(f"rank {self.rank} serves version {have!r} but the plan is a delta from "

@@ -129,21 +129,190 @@ def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base, ou
     assert secs < 40
 
 
-def test_a_rank_that_could_not_switch_votes_no_and_every_rank_aborts(base, out):
-    # rank 2's directory accepts the staging copy but not the switch (a directory where the switch
-    # must write a file stands in for an immutable or full disk): caught before the vote.
-    (out / "rank2" / ".switch-probe").mkdir()
+def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | None = None,
+        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """``hwtui replicate --commit`` as an operator runs it (``wrap``: a command it runs under, e.g. unshare)."""
+    env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
+    if fault:
+        env["HWTUI_TEST_FAULT"] = fault
+    argv = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3", "--commit",
+            "--out", str(out), "--timeout", "10"]
+    return subprocess.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_aborted_everywhere(out: Path, base) -> None:
+    """Nobody switched, nothing of v2 is left: no decision, no staging copy, no pending CURRENT."""
+    assert not decision_path(out, "v2").exists()
+    assert serving(out, base) == {1: "v1", 2: "v1"}
+    for r in (1, 2):
+        assert not (out / f"rank{r}" / "staging" / "v2").exists(), r
+        assert not (out / f"rank{r}" / ".CURRENT.v2.pending").exists(), r
+        assert not (out / f"rank{r}" / "versions" / "v2").exists(), r
+        assert not [p.name for p in (out / f"rank{r}" / "versions").iterdir() if p.name.startswith(".probe")], r
+
+
+@pytest.fixture
+def chattr(tmp_path):
+    """``chattr(path, "+i")``, undone after the test; None where inode flags cannot be set (not root, no ext4)."""
+    probe = tmp_path / "chattr-probe"
+    probe.mkdir()
+    try:
+        if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+            yield None
+            return
+    except FileNotFoundError:  # no e2fsprogs
+        yield None
+        return
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+    done: list[tuple[Path, str]] = []
+
+    def set_flag(path: Path, flag: str) -> None:
+        subprocess.run(["chattr", flag, str(path)], check=True)
+        done.append((path, flag.replace("+", "-")))
+
+    yield set_flag
+    for path, undo in reversed(done):
+        subprocess.run(["chattr", undo, str(path)], check=False)
+
+
+@pytest.mark.parametrize("target,flag", [("versions", "+i"), ("versions", "+a"), ("CURRENT", "+i")])
+def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base, out, chattr, target, flag):
+    # On 769874d an immutable versions/ passed the probe (it wrote into the rank directory), the
+    # vote was unanimous and rank 2 failed its rename after the decision: rank 1 served v2, rank 2 v1.
+    if chattr is None:
+        pytest.skip("chattr is not permitted here (needs CAP_LINUX_IMMUTABLE on a filesystem with inode flags)")
+    chattr(out / "rank2" / target, flag)
+    proc = cli(base["root"] / "v2.json", out)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "rank 2 cannot switch to 'v2'" in proc.stderr, proc.stderr
+    assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
+    assert_aborted_everywhere(out, base)
+    # The flag removed, the same command again: every rank switches.
+    subprocess.run(["chattr", flag.replace("+", "-"), str(out / "rank2" / target)], check=True)
+    again = cli(base["root"] / "v2.json", out)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+
+
+def test_something_in_the_way_of_the_new_current_votes_no(base, out):
+    # The same without root: a non-empty directory where rank 2 must write its new CURRENT.
+    blocker = out / "rank2" / ".CURRENT.v2.tmp"
+    blocker.mkdir()
+    (blocker / "x").write_text("in the way")
     result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert not result.ok and result.exit_code == 1
     assert "rank 2 cannot switch to 'v2'" in result.error, result.error
     assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
-    assert not decision_path(out, "v2").exists()
-    assert serving(out, base) == {1: "v1", 2: "v1"}
-    # The disk fixed, the same command again: every rank switches.
-    (out / "rank2" / ".switch-probe").rmdir()
+    assert_aborted_everywhere(out, base)
+    (blocker / "x").unlink()
+    blocker.rmdir()
     again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert again.ok, again.error
     assert serving(out, base) == {1: "v2", 2: "v2"} and again.report["serving"] == {"1": "v2", "2": "v2"}
+
+
+# Run under a private mount namespace: rank 2's versions/ becomes another mount for this run only.
+_MOUNTS = {
+    "ro-bind": 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1"',
+    "tmpfs": 'cp -a "$1/." "$2" && mount -t tmpfs -o mode=700 hwtui-test "$1" && cp -a "$2/." "$1"',
+    "tmpfs-ro": 'cp -a "$1/." "$2" && mount -t tmpfs -o mode=700 hwtui-test "$1" && cp -a "$2/." "$1" && mount -o remount,ro "$1"',
+}
+
+
+@pytest.mark.parametrize("mount", sorted(_MOUNTS))
+def test_versions_on_another_or_read_only_mount_votes_no(base, out, tmp_path, mount):
+    # A read-only versions/ refuses the rename (EROFS); a writable one on another mount refuses it
+    # too (EXDEV): both used to be found only by the switch, after the decision.
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    script = f'set -e; mount --make-rprivate /; {_MOUNTS[mount]}; shift 2; exec "$@"'
+    wrap = ["unshare", "-m", "--", "sh", "-c", script, "sh", str(out / "rank2" / "versions"), str(tmp_path)]
+    proc = cli(base["root"] / "v2.json", out, wrap=wrap)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "rank 2 cannot switch to 'v2'" in proc.stderr, proc.stderr
+    # The mount went with the namespace: what every rank serves is read back from the real disk.
+    assert_aborted_everywhere(out, base)
+
+
+def test_no_space_for_the_new_current_is_caught_before_the_vote(base, out):
+    # On 769874d CURRENT was written after the decision: a full disk there left a split.
+    result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=current")
+    assert not result.ok and result.exit_code == 1
+    assert "rank 2 cannot switch to 'v2'" in result.error and "No space left on device" in result.error, result.error
+    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+    assert_aborted_everywhere(out, base)
+    again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert again.ok, again.error
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+
+
+# rank 2's directory on a tmpfs of its own, filled until exactly FREE pages are left ($3).
+_FULL_DISK = ('set -e; mount --make-rprivate /; cp -a "$1/." "$2"; mount -t tmpfs -o size=4m,mode=700 hwtui-test "$1"; '
+              'cp -a "$2/." "$1"; "$4" -c "import os,sys; d,free=sys.argv[1],int(sys.argv[2]); s=os.statvfs(d); '
+              'open(os.path.join(d,\'.filler\'),\'wb\').write(bytes(s.f_bavail*s.f_frsize-free*4096))" "$1" "$3"; '
+              'shift 4; exec "$@"')
+
+
+@pytest.mark.parametrize("spare_pages,switches", [(0, False), (1, True)])
+def test_a_real_full_disk_at_current_votes_no(base, out, tmp_path, spare_pages, switches):
+    """Exactly the pages the staging copy and its manifest take are free on rank 2: the new CURRENT
+    finds no space. On 769874d that came after the decision (rank 1 v2, rank 2 v1); now rank 2
+    votes no. One page more and the same run commits: CURRENT was the write that did not fit."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    v1 = out / "rank2" / "versions" / "v1"
+    pages = sum(-(-(v1 / name).stat().st_size // 4096) for name in ("model.safetensors", "manifest.json"))
+    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_DISK, "sh", str(out / "rank2"), str(tmp_path),
+            str(pages + spare_pages), sys.executable]
+    proc = cli(base["root"] / "v2.json", out, wrap=wrap)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if switches:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+        assert serving(out, base, ranks=(1,)) == {1: "v2"}  # rank 2's tmpfs went with its namespace
+        return
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "rank 2 cannot switch to 'v2'" in proc.stderr and "No space left on device" in proc.stderr, proc.stderr
+    # The last line is read back inside the namespace, from rank 2's tmpfs: nobody switched.
+    assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
+    assert not decision_path(out, "v2").exists() and serving(out, base, ranks=(1,)) == {1: "v1"}
+
+
+@pytest.mark.timeout(300)  # up to four runs of the CLI, on a loaded box
+@pytest.mark.parametrize("fault", ["fail:rank=2,phase=commit", "fail:rank=2,phase=switched",
+                                   "kill:rank=2,phase=switched"])
+def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base, out, chattr, fault):
+    """After the decision the only way is forward: one line names the command, and that command finishes it."""
+    plan = base["root"] / "v2.json"
+    proc = cli(plan, out, fault=fault)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
+    assert len(errors) == 1 and errors[0].endswith("re-run the same command to finish the switch"), proc.stderr
+    assert "rank 2 serves v1" in errors[0], errors[0]
+    assert decision_path(out, "v2").exists()
+    assert serving(out, base) == {1: "v2", 2: "v1"}
+    assert proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v1"
+    moved = "phase=switched" in fault
+    assert (out / "rank2" / "versions" / "v2").is_dir() is moved
+    assert (out / "rank2" / "staging" / "v2").is_dir() is not moved
+
+    # The re-run meets a fault of its own (versions/ made immutable meanwhile, where the rename is
+    # still to come): it says so in one line naming the same command, and changes nothing.
+    if not moved and chattr is not None:
+        chattr(out / "rank2" / "versions", "+i")
+        stuck = cli(plan, out)
+        assert stuck.returncode == 1 and "Traceback" not in stuck.stdout + stuck.stderr
+        errors = [line for line in stuck.stderr.splitlines() if line.startswith("hwtui: error:")]
+        assert len(errors) == 1 and errors[0].endswith("re-run the same command to finish the switch"), stuck.stderr
+        assert serving(out, base) == {1: "v2", 2: "v1"}
+        subprocess.run(["chattr", "-i", str(out / "rank2" / "versions")], check=True)
+
+    again = cli(plan, out)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+    assert serving(out, base) == {1: "v2", 2: "v2"}  # every byte, on every rank
+    assert not (out / "rank2" / ".CURRENT.v2.pending").exists() and not (out / "rank2" / "staging").exists()
 
 
 def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base, out):
@@ -188,3 +357,26 @@ def test_decision_for_another_plan_under_the_same_version_is_refused(base, out):
     with pytest.raises(HwtuiError, match="from another plan"):
         replicate(base["root"] / "v2.json", out, nproc=3)
     assert serving(out, base) == {1: "v1", 2: "v1"}
+
+
+def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(base, out, tmp_path):
+    victim, victim_dir = tmp_path / "victim", tmp_path / "victim-dir"
+    victim.write_text("not yours")
+    victim_dir.mkdir()
+    rank2 = out / "rank2"
+    (rank2 / "staging").mkdir()
+    for name in (".CURRENT.v2.tmp", ".CURRENT.v2.pending"):
+        (rank2 / name).symlink_to(victim)
+    for name in ("staging/v2", "staging/.probe-v2", "versions/.probe-v2"):
+        (rank2 / name).symlink_to(victim_dir)
+    # CURRENT itself a link (to a copy of what it said): the switch replaces the link, not its target.
+    (tmp_path / "current-copy").write_bytes((rank2 / "CURRENT").read_bytes())
+    (rank2 / "CURRENT").unlink()
+    (rank2 / "CURRENT").symlink_to(tmp_path / "current-copy")
+    result, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    assert result.ok, result.error
+    assert serving(out, base) == {1: "v2", 2: "v2"}
+    assert victim.read_text() == "not yours" and not list(victim_dir.iterdir())
+    assert json.loads((tmp_path / "current-copy").read_text())["version"] == "v1"
+    assert not (rank2 / "CURRENT").is_symlink() and not (rank2 / "staging").exists()
+    assert not [p for p in rank2.iterdir() if p.name.startswith(".CURRENT")]
