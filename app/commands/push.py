@@ -98,7 +98,9 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
             if status == 404:
                 return HwtuiError(f"agent {t.name} takes no pushes: start it with --out DIR")
             error = doc.get("error") if isinstance(doc, dict) else None
-            return HwtuiError(f"agent {t.name}: {error or f'HTTP {status}'}")
+            # 507: the node's disk is full (or unwritable): not bad input, a node that failed.
+            return HwtuiError(f"agent {t.name}: {error or f'HTTP {status}'}",
+                              EXIT_FAILED if status == 507 else EXIT_USAGE)
 
         async def prepare(t: Any) -> dict[str, Any]:
             try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import json
 import os
 import re
@@ -263,12 +264,27 @@ class ResidentRank:
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
             # No fsync: this file lives for one push; a torn one fails its digest check on load.
-            with open(incoming, "xb") as fh:
-                left = length
+            left = length
+            try:
+                with open(incoming, "xb") as fh:
+                    while left:
+                        chunk = read(left)
+                        left -= len(chunk)
+                        fh.write(chunk)
+            except OSError as exc:
+                # A full (or read-only) disk is an answer, not a dropped connection: the rest of the
+                # body is read and discarded (bounded by its length and the server's deadline) so
+                # the client, still sending, gets to read the refusal instead of a reset.
+                with contextlib.suppress(OSError):
+                    incoming.unlink()
                 while left:
-                    chunk = read(left)
-                    fh.write(chunk)
-                    left -= len(chunk)
+                    left -= len(read(left))
+                where = self.out / "pushes"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise PushRefused(507, f"node {self.node}: no space left on {where} for the plan "
+                                           f"({length} bytes)") from None
+                raise PushRefused(507, f"node {self.node}: cannot store the plan under {where}: "
+                                       f"{exc.strerror or exc}") from None
             # validate=1: the source's agent, which checks the plan's invariants before any rank starts.
             self._load_incoming(incoming, digest, validate=query.get("validate") == "1")
             os.replace(incoming, self._upload_path(digest))
