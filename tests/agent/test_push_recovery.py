@@ -206,7 +206,7 @@ def test_a_dead_push_leaves_nothing_and_a_stopped_rank_no_traceback(world, model
     restart(world, 0)
     restart(world, 2, HWTUI_TEST_FAULT="hang:rank=2,bucket=3")
     plan, _ = models["v5"]
-    for how in (signal.SIGKILL, signal.SIGTERM):
+    for how in (signal.SIGTERM, signal.SIGKILL):
         bg = push_bg(plan, world.agents())
         try:
             world.wait_phase(2, "transfer", watch=bg)
