@@ -6,8 +6,14 @@ worker: xxh3 per bucket, per-tensor checks, a unanimous vote, then the two-phase
 slot it is not serving. Agents keep torch imported and the process group formed between pushes, so
 a second push into the same agents costs little more than its transfer.
 
-Exit codes: 0 every receiver committed; 1 the push failed (nothing committed; the nodes are named);
-2 bad input (plan, options, an agent refusing the request).
+The report says what each node serves as the node itself tells it when the push is over (read
+back, never inferred from the push's messages; a node that cannot be read is "unknown"). A
+version that was decided but not switched everywhere is a split, reported with the command that
+finishes it: ``--resume`` (or a re-run of the same push) finishes the switch on the nodes that
+missed it from their verified staged copy, and sends the version again to those without one.
+
+Exit codes: 0 every receiver committed and serves the version; 1 the push failed or is split (what
+each node serves is named); 2 bad input (plan, options, an agent refusing the request).
 """
 
 from __future__ import annotations

@@ -7,12 +7,20 @@ Layout under the agent's ``--out DIR``::
     ranks/rank<R> -> ../served                the worker keeps a rank's versions in OUT/rank<R>; the
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
+    served/staging/<v>                        the version a push is receiving (or a prepared copy
+                                              whose switch is still owed: engine.agent.recovery)
+    ranks/decisions/<v>.json                  the decision record for <v>: the source's (the
+                                              authority), and each receiver's copy, written
+                                              when it learns the decision, before it switches
     pushes/<push id>.plan                     the plan file of a push (its digest checked before it is accepted)
     pushes/upload-<digest>.plan               plans uploaded by digest (POST /v1/push/plan), the newest few
 
 A push writes the new version next to the served one (the slot not serving); only after every rank
 voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
-node always has its served version intact and at most two versions on disk.
+node always has its served version intact and at most two versions on disk, plus the copy of the
+one push it is receiving. What a dead agent left (a staging copy, its push's plan file) is finished
+or removed by the decision record when the agent starts again (``_recover``), and a new push
+removes any staged copy an earlier one left.
 """
 
 from __future__ import annotations
@@ -302,10 +310,11 @@ class ResidentRank:
             self._flight_child = None
         try:
             # A new push supersedes whatever an earlier one left staged (an aborted push's copy, a
-            # copy kept undecided): a node holds its two slots and this push's copy, never more.
+            # copy kept undecided or not yet switched to): a node holds its two slots and this
+            # push's copy, never more. (A decided version whose copy goes here is sent again by
+            # `hwtui push --resume`, should anyone still want it.)
             for item in recovery.staged(self.served, self.ranks_out):
-                if not item["decided"] or item["version"] == plan["version"]:
-                    recovery.discard(self.served, item["version"])
+                recovery.discard(self.served, item["version"])
             # The resident rank loads it from here and checks the digest again (the worker's load).
             os.replace(incoming, plan_path)
             if rank != 0:
