@@ -156,16 +156,17 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
         if busy:
             raise HwtuiError(f"agent(s) {', '.join(busy)} are busy with another push; try again when it ends")
         for t, d in zip(targets, prepared, strict=True):
-            nodes[t.url].update(node=d.get("node") or t.name, before=d.get("serving"))
+            nodes[t.url].update(node=_text(d.get("node") or t.name, 64),
+                                before=_text(d.get("serving"), 128) if isinstance(d.get("serving"), str) else None)
 
         # 1b. What the nodes already hold of this version, read from them. The source's decision
         #     record is the authority: a decided version is finished on the receivers that missed
         #     its switch (from their verified staged copy, without moving a byte), a receiver that
         #     serves it already is left alone, and only the rest receive it (again).
-        decision = prepared[0].get("decision")
+        decision = _dict_or_none(prepared[0].get("decision"))
         if decision and decision.get("plan_digest") != plan["digest"]:
             raise HwtuiError(f"version {plan['version']!r} was committed from another plan "
-                             f"({str(decision.get('plan_digest'))[:16]}) on source {targets[0].name}; plan a new version")
+                             f"({_text(decision.get('plan_digest'), 16)}) on source {targets[0].name}; plan a new version")
         group = list(targets)
         for t, d in zip(targets[1:], prepared[1:], strict=True):
             if d.get("serving") != plan["version"]:
@@ -187,10 +188,10 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                     nodes[t.url]["note"] = f"could not finish the decided switch: {_why(exc)}"
                     return
                 if status == 200 and doc.get("done"):
-                    nodes[t.url].update(outcome="committed", how=doc.get("what"))
+                    nodes[t.url].update(outcome="committed", how=_text(doc.get("what")))
                     group.remove(t)
                 elif status == 200:
-                    nodes[t.url]["note"] = str(doc.get("what") or "")[:300]
+                    nodes[t.url]["note"] = _text(doc.get("what"))
 
             await asyncio.gather(*(finish(t) for t in list(group[1:])))
         marks["settled"] = time.time()
@@ -340,8 +341,12 @@ async def _read_back(client: _Client, plan: dict[str, Any], targets: list[Any], 
         except Exception as exc:  # noqa: BLE001 - named as unknown, with why
             row.update(read_back=False, serving=None, read_error=_why(exc))
             return
-        row.update(read_back=True, serving=doc.get("serving"), serving_digest=doc.get("serving_digest"),
-                   decision=doc.get("decision"), staged=doc.get("staged") or [], busy=doc.get("busy"))
+        # An agent's answer is untrusted: each field is taken only in the type it must have.
+        serving = doc.get("serving")
+        row.update(read_back=True, serving=_text(serving) if isinstance(serving, str) else None,
+                   serving_digest=doc.get("serving_digest") if isinstance(doc.get("serving_digest"), str) else None,
+                   decision=_dict_or_none(doc.get("decision")), staged=_staged(doc.get("staged")),
+                   busy=doc.get("busy") is True)
 
     await asyncio.gather(*(read(t) for t in targets))
     source = nodes[targets[0].url]
@@ -356,7 +361,7 @@ async def _read_back(client: _Client, plan: dict[str, Any], targets: list[Any], 
             status, doc = await client.post(f"{t.url}/v1/push/resolve", {
                 "version": plan["version"], "plan_digest": plan["digest"], "decision": "abort"}, timeout=30)
             if status == 200:
-                nodes[t.url]["staged"] = doc.get("staged") or []
+                nodes[t.url]["staged"] = _staged(doc.get("staged"))
 
     await asyncio.gather(*(discard(t) for t in undecided))
 
@@ -391,6 +396,23 @@ async def _finish_doc(args: argparse.Namespace, client: _Client, plan: dict[str,
             "start_to_end_s": round(time.monotonic() - t_start, 4), "transfer_s": round(transfer, 4),
             "receivers": len(receivers), "state": state, "resume": _resume_command(args) if state != "committed" else None,
             "nodes": rows}
+
+
+def _text(value: Any, limit: int = 300) -> str:
+    """A string from an agent, fit for a terminal: control characters replaced, bounded."""
+    return "".join(c if c.isprintable() else "?" for c in str(value if value is not None else "")[:limit])
+
+
+def _dict_or_none(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) and value else None
+
+
+def _staged(value: Any) -> list[dict[str, Any]]:
+    """An agent's list of staged copies, keeping only well-formed entries (bounded)."""
+    if not isinstance(value, list):
+        return []
+    return [{"version": _text(v.get("version"), 128), "prepared": v.get("prepared") is True,
+             "decided": v.get("decided") is True} for v in value[:16] if isinstance(v, dict)]
 
 
 def _resume_command(args: argparse.Namespace) -> str:
@@ -431,8 +453,9 @@ def run(args: argparse.Namespace) -> int:
                 (f", serves {r.get('serving') or 'nothing'}" if r.get("read_back") else ", state unknown")
             err = "; ".join(([r["note"]] if r.get("note") else [])
                             + (r.get("failures") or ([r["error"]] if r.get("error") else [])))
-            print(f"  {r.get('node', r['agent']):<16} rank {r['rank']} {r['role']:<8} {what}" + (f" ({err[:200]})" if err else ""))
-        print(final_line(doc))
+            print(_text(f"  {r.get('node', r['agent']):<16} rank {r['rank']} {r['role']:<8} {what}"
+                        + (f" ({err[:200]})" if err else ""), 1000))
+        print(_text(final_line(doc), 100_000))
     if doc["ok"]:
         return EXIT_OK
     if any(r.get("status") == 400 for r in doc["nodes"]):
