@@ -177,6 +177,7 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
             nodes[t.url].update(outcome="committed", how="already served it")
             group.remove(t)
         if args.resume and len(group) > 1 and not decision:
+            await _read_back(client, plan, targets, nodes)  # undecided copies it finds are removed
             raise HwtuiError(f"nothing to resume: version {plan['version']!r} was never decided on source "
                              f"{targets[0].name} (push it again without --resume)")
         if decision and len(group) > 1:

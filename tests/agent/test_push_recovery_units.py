@@ -106,3 +106,30 @@ def test_an_agent_start_finishes_decided_copies_and_removes_a_dead_push_s_leftov
         assert any(r.startswith("v1: finished") for r in state["recovered"]), state["recovered"]
     finally:
         node.close()
+
+
+def test_resume_with_nothing_decided_is_refused_and_removes_undecided_copies(tmp_path, monkeypatch, capsys):
+    """A prepared copy whose push was never decided (its agent died mid-vote, then restarted) is a
+    leftover: `--resume` says there is nothing to resume, and its read-back removes that copy."""
+    from hwtui.app.agent.push_routes import make_routes
+    from hwtui.app.cli import main
+    from tests.agent.helpers import TOKEN, start_agent, stop_agent
+    from tests.engine.replication.helpers import write_plan
+
+    make_model(tmp_path / "p", seed=9, big=2000, n=3)
+    write_plan(tmp_path / "p", tmp_path / "p.plan", version="v1", bucket_kib=4)
+    nodes = [ResidentRank(node=f"n{i}", out=tmp_path / f"n{i}", advertise="127.0.0.1") for i in range(2)]
+    stage(tmp_path, nodes[1].out, "v1")
+    servers = [start_agent(f"n{i}", post_routes=make_routes(n), replication=n.state) for i, n in enumerate(nodes)]
+    monkeypatch.setenv("HWTUI_AGENT_TOKEN", TOKEN)
+    try:
+        rc = main(["push", "--plan", str(tmp_path / "p.plan"), "--agents",
+                   ",".join(f"127.0.0.1:{s.port}" for s in servers), "--resume"])
+    finally:
+        for s in servers:
+            stop_agent(s)
+        for n in nodes:
+            n.close()
+    err = capsys.readouterr().err
+    assert rc == 2 and "nothing to resume" in err and err.count("\n") == 1, err
+    assert not (nodes[1].served / "staging").exists()
