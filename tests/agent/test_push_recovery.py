@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     out = {}
-    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5", "v6"), start=1):
+    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5", "v6", "v7"), start=1):
         expected = make_model(d / v, seed=i, big=120_000, n=12)
         write_plan(d / v, d / f"{v}.plan", version=v, bucket_kib=64)
         out[v] = (d / f"{v}.plan", expected)
@@ -55,9 +55,13 @@ def world(tmp_path_factory):
 
 
 def restart(world: Agents, i: int, **fault: str) -> None:
+    """Agent ``i`` afresh (with ``fault``); any other agent not running is started too, plainly."""
     if i in world.procs:
         world.kill(i)
     world.start(i, **fault)
+    for j in range(world.n):
+        if j not in world.procs:
+            world.start(j)
 
 
 def serves(world: Agents, i: int) -> tuple[str | None, dict]:
@@ -231,6 +235,36 @@ def test_a_dead_push_leaves_nothing_and_a_stopped_rank_no_traceback(world, model
     for i in (1, 2):
         assert leftovers(world, i) == {"staging": [], "plans": [], "versions": ["v4", "v6"]}
         assert_bytes_equal(serves(world, i)[1], expected)
+
+
+def test_a_push_aborted_at_the_vote_leaves_no_prepared_copy_behind(world, models):
+    """F10: node2's agent dies after node1 prepared (fsynced its copy and voted yes): node1 keeps its
+    copy (it cannot know there is no decision), so the pusher's read-back, finding no decision at
+    the source, removes it; node2's own prepared copy, kept undecided by its restarted agent, goes
+    with the next `--resume` (nothing to resume)."""
+    restart(world, 2, HWTUI_TEST_FAULT="hang:rank=2,phase=prepare")
+    plan, _ = models["v7"]
+    bg = push_bg(plan, world.agents(), "--json")
+    try:
+        world.wait_phase(2, "voting", watch=bg)
+        world.wait_phase(1, "voting", watch=bg)
+        world.kill(2)
+        out, err = bg.communicate(timeout=120)
+    finally:
+        if bg.poll() is None:
+            os.killpg(bg.pid, signal.SIGKILL)
+            bg.wait(10)
+    assert bg.returncode == 1, out + err
+    doc = json.loads(out)
+    assert doc["state"] == "not committed" or doc["state"] == "unknown", doc
+    assert leftovers(world, 1) == {"staging": [], "plans": [], "versions": ["v4", "v6"]}
+    world.start(2)
+    assert leftovers(world, 2)["staging"] == ["v7"]  # prepared, undecided here: kept for the pusher
+    done = push(plan, world.agents(), "--resume")
+    assert done.returncode == 2 and "nothing to resume" in done.stderr, done.stdout + done.stderr
+    for i in (1, 2):
+        assert leftovers(world, i) == {"staging": [], "plans": [], "versions": ["v4", "v6"]}
+        assert serves(world, i)[0] == "v6"
 
 
 def env_python() -> list[str]:
