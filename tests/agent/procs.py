@@ -1,5 +1,5 @@
 """Agents as real processes on loopback (`hwtui agent --out DIR`), each with its own resident rank, so a
-test can SIGKILL or SIGTERM an agent at a phase of a push and restart it on the same port.
+test can SIGKILL or SIGTERM an agent at a phase of a push and restart it (on a new port).
 
 Waits are on state (an agent's reported push phase, read from ``GET /v1/replication``), each bounded.
 """
@@ -51,7 +51,9 @@ class Agents:
         return ",".join(f"127.0.0.1:{self.ports[i]}" for i in range(self.n))
 
     def start(self, i: int, **extra: str) -> None:
-        port = self.ports.get(i, 0)
+        # A fresh port each start (``agents()`` names the current ones): reusing a dead agent's
+        # port could race another test's ephemeral bind on a loaded box.
+        port = 0
         self.logs[i] = self.tmp / f"node{i}.{len(list(self.tmp.glob(f'node{i}.*.log')))}.log"
         argv = [sys.executable, "-m", "hwtui.app", "agent", "--listen", f"127.0.0.1:{port}", "--token-file",
                 str(self.token_file), "--node", f"node{i}", "--out", str(self.out(i)), "--check-interval", "3600",

@@ -78,6 +78,7 @@ def test_an_upload_into_a_full_disk_is_answered_507_and_leaves_nothing(full_agen
 
 def test_the_pusher_prints_the_full_disk_not_unreachable(full_agent, tmp_path, monkeypatch, capsys):
     pytest.importorskip("xxhash")
+    pytest.importorskip("torch")
     from tests.engine.replication.helpers import make_model, write_plan
 
     where, _ = full_agent
