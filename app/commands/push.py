@@ -192,9 +192,13 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                     nodes[t.url].update(outcome="committed", how=_text(doc.get("what")))
                     group.remove(t)
                 elif status == 200:
-                    nodes[t.url]["note"] = _text(doc.get("what"))
+                    nodes[t.url].update(note=_text(doc.get("what")), moved_on=doc.get("moved_on") is True)
 
             await asyncio.gather(*(finish(t) for t in list(group[1:])))
+            moved_on = [t.name for t in group[1:] if nodes[t.url].get("moved_on")]
+            if moved_on:
+                raise HwtuiError(f"agent(s) {', '.join(moved_on)} served version {plan['version']!r} before and moved "
+                                 "on; going back is a new version: plan one")
         marks["settled"] = time.time()
         if len(group) > 1 and len(group) < len(targets):
             # Only some receivers need the bytes: a world of the source and those.

@@ -206,6 +206,11 @@ class ResidentRank:
                             **self._holds(version)}
                 recovery.discard(self.served, version)
                 return {"node": self.node, "done": True, "what": "its staged copy was removed", **self._holds(version)}
+            if self.serving() != version and version in (self.slots().get("A"), self.slots().get("B")):
+                # It served this version before and has moved on: going back is a new version,
+                # not a switch it missed (the push then refuses it as it always did).
+                return {"node": self.node, "done": False, "moved_on": True, "what": f"it served {version} before "
+                        "and moved on (going back is a new version)", **self._holds(version)}
             done, how = recovery.finish(self.served, self.ranks_out, version, digest)
             if done and how != "already serves it":
                 self._rotate_slots(version)
@@ -655,14 +660,17 @@ class ResidentRank:
 
     def _child_gone(self, child: Child) -> None:
         with self._lock:
+            flight = dict(self.in_flight or {}) if self.busy and self._flight_child is child else {}
+        if flight.get("version") and flight.get("rank", 0) != 0:
+            # The rank could not clean up after itself (never CURRENT or versions/ of another
+            # version). Outside the lock: finishing hashes the staged copy, and the node stays busy
+            # meanwhile, so no push or resolve can start.
+            self._settle(str(flight["version"]))
+        with self._lock:
             if self.child is child:
                 self.world_key = None
             if self.busy and self._flight_child is child:
                 code = child.poll()
-                # The rank could not clean up after itself: only staging/<v> goes, never CURRENT or versions/.
-                version = (self.in_flight or {}).get("version")
-                if version and (self.in_flight or {}).get("rank", 0) != 0:
-                    self._settle(str(version))
                 stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})
                 if self.last is not None and not stopped:

@@ -265,6 +265,10 @@ def test_a_push_aborted_at_the_vote_leaves_no_prepared_copy_behind(world, models
     for i in (1, 2):
         assert leftovers(world, i) == {"staging": [], "plans": [], "versions": ["v4", "v6"]}
         assert serves(world, i)[0] == "v6"
+    # A re-run of an older push is no missed switch: the nodes moved on from v4; going back is refused.
+    back = push(models["v4"][0], world.agents())
+    assert back.returncode == 2 and "moved on" in back.stderr, back.stdout + back.stderr
+    assert serves(world, 1)[0] == serves(world, 2)[0] == "v6"
 
 
 def env_python() -> list[str]:

@@ -133,3 +133,21 @@ def test_resume_with_nothing_decided_is_refused_and_removes_undecided_copies(tmp
     err = capsys.readouterr().err
     assert rc == 2 and "nothing to resume" in err and err.count("\n") == 1, err
     assert not (nodes[1].served / "staging").exists()
+
+
+def test_a_version_a_node_moved_on_from_is_not_switched_back_by_a_resume(tmp_path):
+    """Re-running an old push is not a missed switch: a node that served v1 and now serves v2 keeps v2."""
+    out = tmp_path / "n"
+    for v in ("v1", "v2"):
+        (out / "served" / "versions" / v).mkdir(parents=True)
+    (out / "served" / "CURRENT").write_text(json.dumps({"version": "v2", "plan_digest": "cd" * 16,
+                                                        "file": "versions/v2/model.safetensors"}))
+    (out / "served" / "SLOTS").write_text(json.dumps({"A": "v1", "B": "v2", "serving": "B"}))
+    write_decision(out / "ranks", "v1", "ab" * 16, [1])
+    node = ResidentRank(node="n", out=out, advertise="127.0.0.1")
+    try:
+        answer = node.resolve({"version": "v1", "plan_digest": "ab" * 16, "decision": "commit"})
+        assert not answer["done"] and "moved on" in answer["what"] and node.serving() == "v2"
+        assert sorted(p.name for p in (out / "served" / "versions").iterdir()) == ["v1", "v2"]
+    finally:
+        node.close()
