@@ -188,7 +188,7 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
                 except Exception as exc:  # noqa: BLE001 - it receives the version again, or is named below
                     nodes[t.url]["note"] = f"could not finish the decided switch: {_why(exc)}"
                     return
-                if status == 200 and doc.get("done"):
+                if status == 200 and doc.get("done") is True:
                     nodes[t.url].update(outcome="committed", how=_text(doc.get("what")))
                     group.remove(t)
                 elif status == 200:

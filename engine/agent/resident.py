@@ -409,27 +409,19 @@ class ResidentRank:
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
             # No fsync: this file lives for one push; a torn one fails its digest check on load.
-            left = length
-            try:
-                with open(incoming, "xb") as fh:
-                    while left:
-                        chunk = read(left)
-                        left -= len(chunk)
-                        fh.write(chunk)
-            except OSError as exc:
+            failed = self._receive_to(incoming, length, read)
+            if failed is not None:
                 # A full (or read-only) disk is an answer, not a dropped connection: the rest of the
-                # body is read and discarded (bounded by its length and the server's deadline) so
+                # body was read and discarded (bounded by its length and the server's deadline) so
                 # the client, still sending, gets to read the refusal instead of a reset.
                 with contextlib.suppress(OSError):
                     incoming.unlink()
-                while left:
-                    left -= len(read(left))
                 where = self.out / "pushes"
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                if failed.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise PushRefused(507, f"node {self.node}: no space left on {where} for the plan "
-                                           f"({length} bytes)") from None
+                                           f"({length} bytes)")
                 raise PushRefused(507, f"node {self.node}: cannot store the plan under {where}: "
-                                       f"{exc.strerror or exc}") from None
+                                       f"{failed.strerror or failed}")
             # validate=1: the source's agent, which checks the plan's invariants before any rank starts.
             self._load_incoming(incoming, digest, validate=query.get("validate") == "1")
             os.replace(incoming, self._upload_path(digest))
@@ -442,6 +434,35 @@ class ResidentRank:
             with contextlib.suppress(OSError):
                 old.unlink()
         return {"node": self.node, "digest": digest, "bytes": length}
+
+    @staticmethod
+    def _receive_to(path: Path, length: int, read: Any) -> OSError | None:
+        """Write the ``length`` bytes ``read`` gives to a new file ``path``; the first error writing
+        it (a full disk), else None. Every byte is read either way; an error *reading* (the client
+        went, or fell behind) is not caught here: it ends the request as before."""
+        failed: OSError | None = None
+        fh = None
+        try:
+            fh = open(path, "xb")  # noqa: SIM115 - closed below, where a full disk's error shows too
+        except OSError as exc:
+            failed = exc
+        left = length
+        try:
+            while left:
+                chunk = read(left)
+                left -= len(chunk)
+                if failed is None and fh is not None:
+                    try:
+                        fh.write(chunk)
+                    except OSError as exc:
+                        failed = exc
+        finally:
+            if fh is not None:
+                try:
+                    fh.close()  # flushes the buffer: ENOSPC can surface only here
+                except OSError as exc:
+                    failed = failed or exc
+        return failed
 
     def _upload_path(self, digest: str) -> Path:
         return self.out / "pushes" / f"upload-{digest}.plan"
