@@ -25,4 +25,5 @@ def make_routes(resident: ResidentRank) -> dict[str, Any]:
             return exc.status, {"error": str(exc), "node": resident.node}
 
     return {"/v1/push/plan": StreamRoute(upload, MAX_PLAN_BYTES), "/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
-            "/v1/push/abort": guarded(resident.abort), "/v1/push/wait": guarded(resident.wait)}
+            "/v1/push/abort": guarded(resident.abort), "/v1/push/wait": guarded(resident.wait),
+            "/v1/push/resolve": guarded(resident.resolve)}

@@ -7,12 +7,20 @@ Layout under the agent's ``--out DIR``::
     ranks/rank<R> -> ../served                the worker keeps a rank's versions in OUT/rank<R>; the
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
+    served/staging/<v>                        the version a push is receiving (or a prepared copy
+                                              whose switch is still owed: engine.agent.recovery)
+    ranks/decisions/<v>.json                  the decision record for <v>: the source's (the
+                                              authority), and each receiver's copy, written
+                                              when it learns the decision, before it switches
     pushes/<push id>.plan                     the plan file of a push (its digest checked before it is accepted)
     pushes/upload-<digest>.plan               plans uploaded by digest (POST /v1/push/plan), the newest few
 
 A push writes the new version next to the served one (the slot not serving); only after every rank
 voted yes does CURRENT switch, and only then is the version the new slot held before removed. So a
-node always has its served version intact and at most two versions on disk.
+node always has its served version intact and at most two versions on disk, plus the copy of the
+one push it is receiving. What a dead agent left (a staging copy, its push's plan file) is finished
+or removed by the decision record when the agent starts again (``_recover``), and a new push
+removes any staged copy an earlier one left.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import json
 import os
 import re
@@ -39,6 +48,7 @@ from hwtui.core.errors import HwtuiError
 from hwtui.core.private_file import create_private
 from hwtui.core.redact import redact_text
 from hwtui.core.supervisor import Child, Group, exit_text
+from hwtui.engine.agent import recovery
 
 if TYPE_CHECKING:
     from hwtui.engine.replication.config import WorkerConfig
@@ -63,6 +73,16 @@ def _need(cond: bool, message: str) -> None:
         raise PushRefused(400, message)
 
 
+def _is_version(v: Any) -> bool:
+    from hwtui.engine.replication.plan_legacy import check_version
+
+    try:
+        check_version(v, "version")
+    except HwtuiError:
+        return False
+    return True
+
+
 def free_port(address: str) -> int:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -80,6 +100,7 @@ class ResidentRank:
         self.node = node
         self.out = Path(out).resolve()
         self.served = self.out / "served"
+        self.ranks_out = self.out / "ranks"  # the worker's --out: decisions/<v>.json live here
         self.advertise = advertise
         self._lock = threading.Lock()
         # Notified whenever the push in flight changes phase or ends: what /v1/push/wait waits on.
@@ -102,6 +123,7 @@ class ResidentRank:
             d.mkdir(parents=True, exist_ok=True)
         if (self.served / ".trash").exists():  # evictions an agent stopped before they were deleted
             _remove_in_background(self.served / ".trash")
+        self.recovered = self._recover()
 
     # ------------------------------------------------------------------ state
 
@@ -126,6 +148,7 @@ class ResidentRank:
             warm = self.child is not None and self.child.running and self.world_key is not None
             return {"serving": self.serving(), "slots": self.slots(), "in_flight": flight, "last": last,
                     "pushes": dict(self.pushes), "spare": dict(self.spare),
+                    "staged": recovery.staged(self.served, self.ranks_out), "recovered": list(self.recovered),
                     "resident": {"warm": warm, "starts": self.child_starts,
                                                                "pid": self.child.pid if warm and self.child else None}}
 
@@ -135,11 +158,128 @@ class ResidentRank:
         """Whether this node can reuse its process group for ``world_key``, and a port to form a new one on."""
         key = body.get("world_key")
         _need(isinstance(key, str) and 0 < len(key) <= 4096, "world_key must be a string")
+        version = body.get("version")
+        _need(version is None or (isinstance(version, str) and _is_version(version)),
+              "version must be a version name")
         with self._lock:
             warm = (self.child is not None and self.child.running and self.world_key == key and not self.busy)
             busy = self.busy
-        return {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
-                "port": free_port(self.advertise), "serving": self.serving()}
+        answer = {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
+                  "port": free_port(self.advertise), **self._holds(version)}
+        return answer
+
+    def _holds(self, version: str | None) -> dict[str, Any]:
+        """What this node serves, read from its disk, and (with ``version``) what it holds of that
+        version: the pusher's read-back, before a push (what to finish, what to skip) and after it."""
+        try:
+            cur = recovery.served_dir(self.served).current() or {}
+        except HwtuiError:
+            cur = {}
+        out: dict[str, Any] = {"serving": cur.get("version"), "serving_digest": cur.get("plan_digest"),
+                               "staged": recovery.staged(self.served, self.ranks_out)}
+        if version is not None:
+            dec = recovery.decision(self.ranks_out, version)
+            out["decision"] = {"version": version, "plan_digest": dec.get("plan_digest")} if dec else None
+        return out
+
+    def resolve(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Finish (``decision: commit``) or discard (``abort``) a version this node missed the end of.
+
+        The pusher read the decision from the source's record (the authority); a node that holds
+        a prepared copy of a committed version switches to it after hashing it again against its
+        manifest; one without a usable copy says it needs the bytes again. ``abort`` removes a
+        staged copy of a version nothing decided, never a version this node serves or has decided.
+        """
+        version, digest, what = body.get("version"), body.get("plan_digest"), body.get("decision")
+        _need(isinstance(version, str) and _is_version(version), "version must be a version name")
+        _need(isinstance(digest, str) and bool(_DIGEST.match(digest)), "plan_digest must be the plan's hex digest")
+        _need(what in ("commit", "abort"), "decision must be commit or abort")
+        assert isinstance(version, str) and isinstance(digest, str)
+        with self._lock:
+            if self.busy:
+                raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
+            self.busy = True
+        try:
+            if what == "abort":
+                local = recovery.decision(self.ranks_out, version)
+                if local is not None or self.serving() == version:
+                    return {"node": self.node, "done": False, "what": f"it has a decision for {version}: kept",
+                            **self._holds(version)}
+                recovery.discard(self.served, version)
+                return {"node": self.node, "done": True, "what": "its staged copy was removed", **self._holds(version)}
+            if self.serving() != version and version in (self.slots().get("A"), self.slots().get("B")):
+                # It served this version before and has moved on: going back is a new version,
+                # not a switch it missed (the push then refuses it as it always did).
+                return {"node": self.node, "done": False, "moved_on": True, "what": f"it served {version} before "
+                        "and moved on (going back is a new version)", **self._holds(version)}
+            done, how = recovery.finish(self.served, self.ranks_out, version, digest)
+            if done and how != "already serves it":
+                self._rotate_slots(version)
+            return {"node": self.node, "done": done, "what": how, **self._holds(version)}
+        finally:
+            with self._lock:
+                self.busy = False
+                self._changed.notify_all()
+
+    def _recover(self) -> list[str]:
+        """At agent start: finish or discard what a dead agent left, by the decision record.
+
+        No push is in flight here (the agent is not listening yet), so everything a push leaves
+        while it runs is a dead push's: its plan file, half-received uploads, a half-made spare.
+        A staged copy of a version this node has a decision for is switched to (verified first);
+        one prepared but undecided here is kept (the pusher's read-back resolves it by the
+        source's record: ``hwtui push --resume``); any other staged copy can never commit and goes.
+        Returns what was done, in words (also in ``GET /v1/replication`` as ``recovered``)."""
+        done: list[str] = []
+        pushes = self.out / "pushes"
+        for p in sorted(pushes.glob("*.plan")):
+            if not p.name.startswith("upload-"):  # a dead push's own plan, or a half-received upload
+                with contextlib.suppress(OSError):
+                    p.unlink()
+        with contextlib.suppress(OSError):
+            (self.served / "spare" / ".spare.tmp").unlink()
+        for item in recovery.staged(self.served, self.ranks_out):
+            v = item["version"]
+            if self.serving() == v:
+                recovery.discard(self.served, v)
+                continue
+            dec = recovery.decision(self.ranks_out, v)
+            if dec is not None and item["prepared"]:
+                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")))
+                done.append(f"{v}: {how}")
+                if ok:
+                    self._rotate_slots(v)
+            elif item["prepared"]:
+                done.append(f"{v}: a prepared copy kept, undecided here (hwtui push --resume resolves it)")
+            else:
+                recovery.discard(self.served, v)
+                done.append(f"{v}: the staged copy of a push that ended with its agent was removed")
+        cur = self.serving()
+        try:
+            versions = sorted(os.listdir(self.served / "versions"))
+        except OSError:
+            versions = []
+        for v in versions:
+            # Moved into versions/ but CURRENT not yet replaced: the switch of a decided version.
+            dec = recovery.decision(self.ranks_out, v)
+            if v != cur and dec is not None and v not in self.slots().values():
+                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")))
+                if ok:
+                    done.append(f"{v}: {how}")
+                    self._rotate_slots(v)
+                    cur = v
+        slots = self.slots()
+        if cur is not None and cur not in (slots.get("A"), slots.get("B")):
+            self._rotate_slots(cur)  # switched, but the agent died before it recorded the slot
+        elif cur is not None and slots.get(str(slots.get("serving"))) != cur:
+            slots["serving"] = "A" if slots.get("A") == cur else "B"
+            atomic_write_text(self.served / "SLOTS", json.dumps(slots) + "\n")
+        keep = {cur, *(self.slots().get(k) for k in ("A", "B"))}
+        for v in versions:
+            if v not in keep and (self.served / "versions" / v).exists():
+                shutil.rmtree(self.served / "versions" / v, ignore_errors=True)
+                done.append(f"{v}: a version in neither slot was removed")
+        return done
 
     def start(self, body: dict[str, Any]) -> dict[str, Any]:
         push_id: Any = body.get("push_id")
@@ -175,6 +315,12 @@ class ResidentRank:
             # node free mid-start, so an abort of this push found nothing to stop).
             self._flight_child = None
         try:
+            # A new push supersedes whatever an earlier one left staged (an aborted push's copy, a
+            # copy kept undecided or not yet switched to): a node holds its two slots and this
+            # push's copy, never more. (A decided version whose copy goes here is sent again by
+            # `hwtui push --resume`, should anyone still want it.)
+            for item in recovery.staged(self.served, self.ranks_out):
+                recovery.discard(self.served, item["version"])
             # The resident rank loads it from here and checks the digest again (the worker's load).
             os.replace(incoming, plan_path)
             if rank != 0:
@@ -264,14 +410,19 @@ class ResidentRank:
         incoming = self.out / "pushes" / f".incoming-{uuid.uuid4().hex}.plan"
         try:
             # No fsync: this file lives for one push; a torn one fails its digest check on load.
-            # Exclusive, owner-only, never through a symlink (core.private_file), like every file
-            # hwtui makes where a receiver's weights go.
-            with os.fdopen(create_private(incoming), "wb") as fh:
-                left = length
-                while left:
-                    chunk = read(left)
-                    fh.write(chunk)
-                    left -= len(chunk)
+            failed = self._receive_to(incoming, length, read)
+            if failed is not None:
+                # A full (or read-only) disk is an answer, not a dropped connection: the rest of the
+                # body was read and discarded (bounded by its length and the server's deadline) so
+                # the client, still sending, gets to read the refusal instead of a reset.
+                with contextlib.suppress(OSError):
+                    incoming.unlink()
+                where = self.out / "pushes"
+                if failed.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise PushRefused(507, f"node {self.node}: no space left on {where} for the plan "
+                                           f"({length} bytes)")
+                raise PushRefused(507, f"node {self.node}: cannot store the plan under {where}: "
+                                       f"{failed.strerror or failed}")
             # validate=1: the source's agent, which checks the plan's invariants before any rank starts.
             self._load_incoming(incoming, digest, validate=query.get("validate") == "1")
             os.replace(incoming, self._upload_path(digest))
@@ -284,6 +435,37 @@ class ResidentRank:
             with contextlib.suppress(OSError):
                 old.unlink()
         return {"node": self.node, "digest": digest, "bytes": length}
+
+    @staticmethod
+    def _receive_to(path: Path, length: int, read: Any) -> OSError | None:
+        """Write the ``length`` bytes ``read`` gives to a new file ``path``; the first error writing
+        it (a full disk), else None. Every byte is read either way; an error *reading* (the client
+        went, or fell behind) is not caught here: it ends the request as before."""
+        failed: OSError | None = None
+        fh = None
+        try:
+            # Exclusive, owner-only, never through a symlink (core.private_file), like every file hwtui
+            # makes where a receiver's weights go; closed below, where a full disk's error shows too.
+            fh = os.fdopen(create_private(path), "wb")
+        except OSError as exc:
+            failed = exc
+        left = length
+        try:
+            while left:
+                chunk = read(left)
+                left -= len(chunk)
+                if failed is None and fh is not None:
+                    try:
+                        fh.write(chunk)
+                    except OSError as exc:
+                        failed = exc
+        finally:
+            if fh is not None:
+                try:
+                    fh.close()  # flushes the buffer: ENOSPC can surface only here
+                except OSError as exc:
+                    failed = failed or exc
+        return failed
 
     def _upload_path(self, digest: str) -> Path:
         return self.out / "pushes" / f"upload-{digest}.plan"
@@ -478,8 +660,11 @@ class ResidentRank:
         if flight.get("rank", 0) == 0:
             committed = decided
         else:
-            committed = decided and (msg.get("code") == 0 or (flight.get("version") is not None
-                                                              and self.serving() == flight.get("version")))
+            # The agent may not have seen the "decided" message of a rank that died right after it
+            # recorded the decision (and _settle finished the switch): this node's record counts too.
+            version = flight.get("version")
+            decided = decided or (version is not None and recovery.decision(self.ranks_out, str(version)) is not None)
+            committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
         outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")
@@ -499,25 +684,43 @@ class ResidentRank:
 
     def _child_gone(self, child: Child) -> None:
         with self._lock:
+            flight = dict(self.in_flight or {}) if self.busy and self._flight_child is child else {}
+        if flight.get("version") and flight.get("rank", 0) != 0:
+            # The rank could not clean up after itself (never CURRENT or versions/ of another
+            # version). Outside the lock: finishing hashes the staged copy, and the node stays busy
+            # meanwhile, so no push or resolve can start.
+            self._settle(str(flight["version"]))
+        with self._lock:
             if self.child is child:
                 self.world_key = None
             if self.busy and self._flight_child is child:
                 code = child.poll()
-                # The rank could not clean up after itself: only staging/<v> goes, never CURRENT or versions/.
-                version = (self.in_flight or {}).get("version")
-                if version:
-                    shutil.rmtree(self.served / "staging" / str(version), ignore_errors=True)
-                    with contextlib.suppress(OSError):
-                        (self.served / "staging").rmdir()
                 stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})
                 if self.last is not None and not stopped:
                     self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
 
+    def _settle(self, version: str) -> None:
+        """A receiver's rank died during push of ``version``: finish it if this node has its decision,
+        keep a prepared copy that may have been decided elsewhere, remove anything else."""
+        sd = recovery.served_dir(self.served)
+        dec = recovery.decision(self.ranks_out, version)
+        if dec is not None and self.serving() != version:
+            ok, _ = recovery.finish(self.served, self.ranks_out, version, str(dec.get("plan_digest")))
+            if ok:
+                self._rotate_slots(version)
+        elif not sd.prepared(version) or self.serving() == version:
+            recovery.discard(self.served, version)
+
     def _rotate_slots(self, version: str) -> None:
         """The new version takes the slot that was not serving; the version it held is removed."""
+        if not (self.served / "SLOTS").exists():  # this node's first version
+            atomic_write_text(self.served / "SLOTS", json.dumps({"A": version, "B": None, "serving": "A"}) + "\n")
+            return
         slots = self.slots()
         old = str(slots.get("serving"))
+        if slots.get(old) == version:
+            return  # recorded already (a switch finished by _settle, then reported)
         new = "B" if old == "A" else "A"
         evicted = slots.get(new)
         slots[new], slots["serving"] = version, new

@@ -74,6 +74,24 @@ class ResidentWorker(Worker):
         if state == "done" and b < len(self._bucket_ranges) and hasattr(self.staging, "written"):
             self.staging.written(self._bucket_ranges[b])
 
+    def _decide(self, plan: Any) -> bool:
+        """The vote's outcome, recorded on this receiver's node too before it switches.
+
+        The source's record is the authority, but it is on another node: an agent killed between
+        the decision and its rank's switch finds this one at its next start and finishes the
+        switch from its verified staged copy (engine.agent.recovery) instead of staying behind."""
+        decided = super()._decide(plan)
+        if decided and self.rank != SRC and self.cfg.out:
+            from hwtui.engine.replication.commit import write_decision
+
+            try:
+                write_decision(self.cfg.out, plan["version"], plan.digest, [self.rank])
+            except OSError as exc:  # the switch goes on; a pusher's --resume can still settle this node
+                self.emit(ErrorEvent(message=f"rank {self.rank}: the decision for {plan['version']!r} could not "
+                                             f"be recorded on this node: {exc.strerror or exc}", rank=self.rank,
+                                     where="commit"))
+        return decided
+
     def collective_timeout(self, seconds: float) -> None:
         """Bound every later collective of this rank's groups by ``seconds`` (gloo's own timeout).
 
@@ -194,11 +212,32 @@ def _make_spare(cfg: WorkerConfig, emit: Any) -> None:
     emit({"kind": "resident.spare", "ok": True, "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
 
 
+def _quiet_when_unheard(send: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``send``, dropping messages once the agent has closed its end of the answer pipe.
+
+    The agent closes it when it stops this rank (an abort, or the agent shutting down on SIGTERM)
+    without waiting for the last report. The rank still has its own cleanup to do (the staging
+    copy goes, the exit is quiet): a BrokenPipeError escaping from a report mid-cleanup printed a
+    traceback into the agent's log and cut the cleanup short. Nobody is left to tell: the rank
+    ends when its command channel closes (or with its agent, PR_SET_PDEATHSIG)."""
+    heard = [True]
+
+    def quiet(msg: Any) -> None:
+        if not heard[0]:
+            return
+        try:
+            send(msg)
+        except BrokenPipeError:
+            heard[0] = False
+
+    return quiet
+
+
 def main(argv: list[str]) -> int:
     fd = int(argv[0])
     _die_with_parent()
 
-    emit = AnswerPipe(fd).send
+    emit = _quiet_when_unheard(AnswerPipe(fd).send)
 
     # The same gate as a replicate rank: SIGTERM (the agent stopping this rank: an abort, or the
     # agent shutting down) waits until the vote and the switch are done, so a rank is never

@@ -1,0 +1,112 @@
+"""Agents as real processes on loopback (`hwtui agent --out DIR`), each with its own resident rank, so a
+test can SIGKILL or SIGTERM an agent at a phase of a push and restart it (on a new port).
+
+Waits are on state (an agent's reported push phase, read from ``GET /v1/replication``), each bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.agent.helpers import TOKEN
+
+# An agent that imports torch for its resident rank on a loaded box: generous, and only a bound.
+START_S = 120.0
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_", "MASTER_", "RANK", "WORLD_SIZE"))}
+    out.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "HWTUI_AGENT_TOKEN": TOKEN, **extra})
+    return out
+
+
+class Agents:
+    """``n`` agents named node0..node<n-1> on 127.0.0.1, node0 the source of every push."""
+
+    def __init__(self, tmp: Path, n: int = 3):
+        self.tmp = tmp
+        self.n = n
+        self.token_file = tmp / "agent.token"
+        self.token_file.write_text(TOKEN + "\n")
+        self.token_file.chmod(0o600)
+        self.ports: dict[int, int] = {}
+        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.logs: dict[int, Path] = {}
+
+    def out(self, i: int) -> Path:
+        return self.tmp / f"node{i}"
+
+    def served(self, i: int) -> Path:
+        return self.out(i) / "served"
+
+    def agents(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[i]}" for i in range(self.n))
+
+    def start(self, i: int, **extra: str) -> None:
+        # A fresh port each start (``agents()`` names the current ones): reusing a dead agent's
+        # port could race another test's ephemeral bind on a loaded box.
+        port = 0
+        self.logs[i] = self.tmp / f"node{i}.{len(list(self.tmp.glob(f'node{i}.*.log')))}.log"
+        argv = [sys.executable, "-m", "hwtui.app", "agent", "--listen", f"127.0.0.1:{port}", "--token-file",
+                str(self.token_file), "--node", f"node{i}", "--out", str(self.out(i)), "--check-interval", "3600",
+                "--interval", "0.5"]
+        with open(self.logs[i], "w") as log:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env(**extra),
+                                    start_new_session=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the agent's one line: bounded by its own start (or its exit)
+        assert "listening on" in line, self.logs[i].read_text()
+        self.ports[i] = int(line.rsplit(":", 1)[1])
+        self.procs[i] = proc
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> str:
+        """Signal agent ``i`` (its resident rank dies with it) and wait for it: its log."""
+        proc = self.procs.pop(i)
+        os.kill(proc.pid, sig)
+        proc.wait(60)
+        # The resident rank was in the agent's session: it goes with a killed agent (PR_SET_PDEATHSIG).
+        return self.logs[i].read_text()
+
+    def replication(self, i: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[i]}/v1/replication", timeout=10) as r:
+            doc = json.loads(r.read())
+        return doc.get("replication", doc) if isinstance(doc, dict) else {}
+
+    def wait_phase(self, i: int, phase: str, bound_s: float = 120.0, watch: subprocess.Popen[str] | None = None) -> None:
+        """Until agent ``i`` reports its push in flight at ``phase`` (bounded; also ends if ``watch`` exits)."""
+        deadline = time.monotonic() + bound_s
+        seen = None
+        while time.monotonic() < deadline:
+            flight = self.replication(i).get("in_flight") or {}
+            seen = flight.get("phase")
+            if seen == phase:
+                return
+            if watch is not None and watch.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"node{i} never reached phase {phase!r} (last seen {seen!r})")
+
+    def close(self) -> None:
+        for i in list(self.procs):
+            self.kill(i)
+
+
+def push(plan: Path, agents: str, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
+                           "--timeout", "30", "--init-timeout", "60", "--deadline", "200", *extra],
+                          capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def push_bg(plan: Path, agents: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
+                             "--timeout", "30", "--init-timeout", "60", "--deadline", "200", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            start_new_session=True)
