@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwtuiError
+from hwtui.core.terminal_text import clean
 
 HELP = "push a plan's weights into the resident receivers of running agents (first agent = source)"
 SCHEMA = "hwtui.push/1"
@@ -413,8 +414,9 @@ async def _finish_doc(args: argparse.Namespace, client: _Client, plan: dict[str,
 
 
 def _text(value: Any, limit: int = 300) -> str:
-    """A string from an agent, fit for a terminal: control characters replaced, bounded."""
-    return "".join(c if c.isprintable() else "?" for c in str(value if value is not None else "")[:limit])
+    """A string from an agent, fit for a terminal (core.terminal_text.clean: whole ESC sequences and
+    control/format characters removed, one line), bounded."""
+    return clean(str(value if value is not None else ""), limit)
 
 
 def _dict_or_none(value: Any) -> dict[str, Any] | None:

@@ -127,9 +127,9 @@ def finish(served: Path, ranks_out: Path, version: str, plan_digest: str) -> tup
     try:
         if decision(ranks_out, version) is None:
             write_decision(ranks_out, version, plan_digest, [])
-        sd.commit(version, plan_digest)
-    except OSError as exc:
-        return False, f"the switch failed: {exc.strerror or exc}"
+        sd.publish_verified(version, plan_digest)
+    except (OSError, HwtuiError) as exc:
+        return False, f"the switch failed: {getattr(exc, 'strerror', None) or exc}"
     return True, "finished the switch from its verified staged copy" if not moved else "finished the switch"
 
 

@@ -74,6 +74,7 @@ def decision_path(out: str | os.PathLike[str], version: str) -> Path:
 
 def write_decision(out: str | os.PathLike[str], version: str, plan_digest: str, ranks: list[int]) -> None:
     """The commit point: once this file exists (fsynced, with its directory), version commits everywhere."""
+    Path(out).mkdir(parents=True, exist_ok=True)  # an agent's ranks/ may not exist yet on a restart
     make_dir(decision_path(out, version).parent, PRIVATE_DIR)
     atomic_write_text(decision_path(out, version), perms=PRIVATE_FILE, text=json.dumps({
         "schema": DECISION_SCHEMA, "version": version, "plan_digest": plan_digest, "decision": "commit",
@@ -312,11 +313,18 @@ class ServedDir:
             if bad:
                 raise HwtuiError(f"{self.staging_file(version)} no longer matches the plan (first: {bad[0]!r}); "
                                  "replicate it again under a new version")
+        self.publish_verified(version, plan_digest)
+        return "finished the switch"
+
+    def publish_verified(self, version: str, plan_digest: str) -> None:
+        """Switch to a decided ``version`` whose staged copy the caller has just verified (or that
+        was moved into ``versions/`` already): the writes ``prepare`` would have made, then the
+        renames. Shared by a re-run of ``replicate`` and a restarted agent (engine/agent/recovery.py)."""
+        if not (self.root / "versions" / version).is_dir():
             make_dir(self.root / "versions", self.modes.dir_mode, self.modes.gid)
             self._seal(version)  # still unpublished: this run's modes, before its rename
             self._write_pending_current(version, self._current_text(version, plan_digest))
         self.commit(version, plan_digest)
-        return "finished the switch"
 
     def abort(self, version: str) -> None:
         _remove(self.staging_dir(version))
