@@ -526,7 +526,10 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
     if err:
         kind = err.get("kind")
         title = {"timeout": "importing torch timed out", "crash": "importing torch crashed"}.get(kind, "the torch probe failed")
-        yield error("torch.runtime", title, (err.get("message") or "") + ("\n" + err["stderr"] if err.get("stderr") else ""),
+        # The child's last stderr line says why (an exception's last line); its traceback stays out
+        # of the finding, which is one line per field for people and tools alike.
+        last = next((ln.strip() for ln in reversed(str(err.get("stderr") or "").splitlines()) if ln.strip()), "")
+        yield error("torch.runtime", title, (err.get("message") or "") + (f" (stderr: {last})" if last else ""),
                     "python -c 'import torch; print(torch.cuda.is_available())' shows the same failure in the open")
         return
     version = runtime.get("version") or {}
