@@ -72,6 +72,13 @@ def _version(value: Any, path: str) -> None:
         _fail(path, "a version such as 12.8", value)
 
 
+def _scalar(value: Any, path: str) -> None:
+    """A string or a number (torch's version.py has held both for ``hip`` and ``xpu``)."""
+    if isinstance(value, str):
+        return
+    _num(value, path)
+
+
 def choice(*allowed: str) -> Check:
     def run(value: Any, path: str) -> None:
         if value not in allowed or not isinstance(value, str):
@@ -120,8 +127,8 @@ def obj(fields: Mapping[str, Check] | None = None, required: tuple[str, ...] = (
     return run
 
 
-STR, BOOL, INT, NUM, ANY, VERSION = _str, _bool, _int, _num, _any, _version
-OSTR, OBOOL, OINT, ONUM, OVERSION = opt(STR), opt(BOOL), opt(INT), opt(NUM), opt(VERSION)
+STR, BOOL, INT, NUM, ANY, VERSION, SCALAR = _str, _bool, _int, _num, _any, _version, _scalar
+OSTR, OBOOL, OINT, ONUM, OVERSION, OSCALAR = opt(STR), opt(BOOL), opt(INT), opt(NUM), opt(VERSION), opt(SCALAR)
 OOBJ = opt(obj())
 
 _ERROR = opt(obj({"kind": OSTR, "message": OSTR}))
@@ -144,15 +151,17 @@ _HOST_RUNTIME = obj({
     "shm_free": OINT, "python": OVERSION, "python_executable": OSTR, "kernel": OSTR, "machine": OSTR, "hostname": OSTR,
 })
 _TORCH_BUILD = obj({"installed": OBOOL, "not_recorded": OBOOL, "version": OSTR, "local": OSTR, "cuda": OVERSION,
-                    "hip": OSTR, "xpu": OSTR, "debug": OBOOL, "git_version": OSTR, "variant": choice("cuda", "rocm", "xpu", "cpu"), "tag": OSTR,
+                    "hip": OSCALAR, "xpu": OSCALAR, "debug": OBOOL, "git_version": OSTR,
+                    "variant": choice("cuda", "rocm", "xpu", "cpu"), "tag": OSTR,
                     "path": OSTR, "dist_info": OSTR, "error": OSTR})
 _TORCH_DEVICE = obj({"index": INT, "name": OSTR, "pci": OSTR, "uuid": OSTR, "total_memory": OINT,
-                     "free_memory": OINT, "driver_version": OSTR}, required=("index",))
+                     "free_memory": OINT, "driver_version": OSTR, "capability": opt(list_of(INT)), "gcn_arch": OSTR,
+                     "multi_processor_count": OINT}, required=("index",))
 _ACCEL = opt(obj({"available": OBOOL, "device_count": INT, "error": ANY, "warnings": opt(list_of(ANY)),
                   "devices": opt(list_of(_TORCH_DEVICE))}))
 _TORCH_RUNTIME = obj({
     "installed": OBOOL, "cached": OBOOL, "arch_list": opt(list_of(STR)), "xpu_arch_list": opt(list_of(STR)),
-    "backends": opt(dict_of(OBOOL)), "env": opt(dict_of(OSTR)), "version": opt(dict_of(OSTR)),
+    "backends": opt(dict_of(OBOOL)), "env": opt(dict_of(OSTR)), "version": opt(obj({"torch": OSTR, "cuda": OVERSION, "hip": OSCALAR, "xpu": OSCALAR, "git": OSTR})),
     "cuda": _ACCEL, "xpu": _ACCEL, "hpu": _ACCEL, "ipex": ANY,
     "error": opt(obj({"kind": OSTR, "message": OSTR, "stderr": OSTR})),
 })
