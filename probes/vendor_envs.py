@@ -241,10 +241,12 @@ def check_index_url(option: str, url: str) -> str:
     """
     from urllib.parse import urlsplit
 
-    bad = next((c for c in url if not c.isprintable() or c.isspace()), None)
-    if bad is not None:
-        raise ValueError(f"{option}: {redact_text(repr(url))[:200]} holds the control or space character "
-                         f"{bad!r}; give the URL without it")
+    at = next((i for i, c in enumerate(url) if not c.isprintable() or c.isspace()), None)
+    if at is not None:
+        # The URL itself is not echoed: a space or newline inside a password would split it where
+        # the redactor looks for one credential, and show part of it.
+        raise ValueError(f"{option}: the URL holds the control or space character {url[at]!r} at position {at + 1}; "
+                         "give the URL without it")
     try:
         parts = urlsplit(url)
     except ValueError as exc:
