@@ -176,3 +176,17 @@ def test_a_failing_probe_is_one_line_where_raised_never_a_traceback():
     for finding in [*problems, *result.findings]:
         assert "\n" not in finding.title and "\n" not in finding.detail, finding
         assert finding.detail.startswith("raised at ") and "test_replay_fuzz.py" in finding.detail, finding
+
+
+def test_a_crashed_torch_child_is_named_by_its_last_stderr_line_not_its_traceback(recordings, tmp_path):
+    snap = copy.deepcopy(recordings["h100x8.snapshot.json"])
+    snap["facts"]["torch_runtime"] = {"installed": True, "error": {
+        "kind": "crash", "message": "probes.runtime_child:torch_facts crashed with SIGSEGV",
+        "stderr": 'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+                  "ImportError: libcudart.so.12: cannot open shared object file\n"}}
+    path = tmp_path / "crashed.json"
+    path.write_text(json.dumps(snap))
+    code, out, _ = run_cli(["--check", "--json", "--replay", str(path)])
+    finding = next(f for f in json.loads(out)["findings"] if f["id"] == "torch.runtime")
+    assert code == 1 and finding["status"] == "error"
+    assert "ImportError: libcudart.so.12" in finding["detail"] and "Traceback" not in finding["detail"], finding
