@@ -77,6 +77,26 @@ class _Outcome:
         self.done = threading.Event()
 
 
+def one_line(text: str) -> str:
+    """An exception's text on one line (a message may hold newlines from a recorded value)."""
+    return " ".join(text.split())
+
+
+def where_raised(exc: BaseException) -> str:
+    """One line naming where ``exc`` was raised (file:line in function), never a traceback.
+
+    A finding is read by people and parsed by tools: a multi-line traceback in its detail broke
+    both (and leaked source paths into reports). The place is enough to report the bug with.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "raised where no Python frame shows"
+    last = frames[-1]
+    path = last.filename.replace("\\", "/")
+    short = "/".join(path.split("/")[-2:])
+    return f"raised at {short}:{last.lineno} in {last.name}"
+
+
 def _collect_in_thread(collector: Collector, host: Host) -> _Outcome:
     outcome = _Outcome()
 
@@ -85,7 +105,7 @@ def _collect_in_thread(collector: Collector, host: Host) -> _Outcome:
             outcome.value = collector.fn(host)
         except BaseException as exc:  # noqa: BLE001 - a probe must never take hwtui down
             outcome.exc = exc
-            outcome.tb = traceback.format_exc(limit=-3)
+            outcome.tb = where_raised(exc)
         finally:
             outcome.done.set()
 
@@ -116,7 +136,7 @@ def collect(host: Host, collectors: Iterable[Collector], timeout_scale: float = 
             problems.append(Finding(fid, Status.SKIP, f"{collector.name}: runtime facts not available here",
                                     str(outcome.exc), area=collector.area))
         elif outcome.exc is not None:
-            msg = f"{type(outcome.exc).__name__}: {outcome.exc}"
+            msg = one_line(f"{type(outcome.exc).__name__}: {outcome.exc}")
             facts.problems[collector.name] = msg
             problems.append(Finding(fid, Status.ERROR, f"probe {collector.name!r} failed: {msg}"[:200], outcome.tb.strip(),
                                     "Report this at the hwtui issue tracker with `hwtui snapshot -o host.json` attached",
@@ -136,8 +156,8 @@ def apply_rules(facts: Facts, rules: Iterable[Rule]) -> list[Finding]:
             findings.extend(rule.fn(facts))
         except Exception as exc:  # noqa: BLE001
             findings.append(Finding(f"hwtui.rule.{rule.name}", Status.ERROR,
-                                    f"rule {rule.name!r} failed: {type(exc).__name__}: {exc}"[:200],
-                                    traceback.format_exc(limit=-3).strip(), area=rule.area))
+                                    f"rule {rule.name!r} failed: {one_line(f'{type(exc).__name__}: {exc}')}"[:200],
+                                    where_raised(exc), area=rule.area))
     return findings
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, decode_text, read_bounded, read_capped
 from hwtui.core.redact import redact, redact_env
 from hwtui.probes.envnames import probe_reads
+from hwtui.probes.fact_schema import BadFact, check_facts
 
 SNAPSHOT_SCHEMA = "hwtui.snapshot/1"
 FACTS_FILE = ".hwtui-facts.json"
@@ -260,6 +261,13 @@ class FsHost(Host):
             raise FactUnavailable(f"{key} is not recorded in {self.root / FACTS_FILE}")
         return facts[key]
 
+    def check_recorded_facts(self) -> None:
+        """ValueError naming the first recorded fact whose shape is wrong (make_host calls it once)."""
+        try:
+            check_facts(self._recorded_facts())
+        except BadFact as exc:
+            raise ValueError(f"{self.root / FACTS_FILE}: {exc}") from None
+
 
 class LookupRecordingEnv(dict[str, str]):
     """The environment as a dict that remembers every name looked up by get, [] or ``in``.
@@ -402,6 +410,9 @@ def validate_snapshot(raw: Any) -> dict[str, Any]:
     for table in ("facts", "source"):
         if not isinstance(raw.get(table, {}), dict):
             raise ValueError(f"field {table!r} must be an object, not {type(raw[table]).__name__}")
+    # Recorded facts are read as their producers wrote them: a wrong shape is refused here, once,
+    # naming the field, instead of surfacing as an internal error in whichever probe reads it.
+    check_facts(raw.get("facts", {}))
     return raw
 
 
@@ -483,4 +494,7 @@ def make_host(sysroot: str | None = None, replay: str | None = None, env: Mappin
     root = sysroot or "/"
     if not os.path.isdir(root):
         raise ValueError(f"--sysroot {root}: not a directory")
-    return FsHost(root, env)
+    host = FsHost(root, env)
+    if not host.is_live:
+        host.check_recorded_facts()
+    return host

@@ -27,6 +27,10 @@ from hwtui.probes.host import FactUnavailable, Host
 INDEX_URL = "https://download.pytorch.org/whl"
 # The ROCm index current torch releases publish (torch 2.8/2.9: rocm6.4).
 ROCM_TAG = "rocm6.4"
+# The torch release `hwtui setup` pins (`torch==<release>+<tag>`), per index tag where the newest
+# release on that index is older: cu118 ended with 2.7, cu129 with 2.8. `--torch-version` overrides.
+TORCH_RELEASE = "2.9.1"
+TORCH_RELEASE_FOR_TAG = {"cu118": "2.7.1", "cu129": "2.8.0"}
 
 # Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, table 3).
 CUDA_MIN_DRIVER: dict[str, str] = {
@@ -532,7 +536,10 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
     if err:
         kind = err.get("kind")
         title = {"timeout": "importing torch timed out", "crash": "importing torch crashed"}.get(kind, "the torch probe failed")
-        yield error("torch.runtime", title, (err.get("message") or "") + ("\n" + err["stderr"] if err.get("stderr") else ""),
+        # The child's last stderr line says why (an exception's last line); its traceback stays out
+        # of the finding, which is one line per field for people and tools alike.
+        last = next((ln.strip() for ln in reversed(str(err.get("stderr") or "").splitlines()) if ln.strip()), "")
+        yield error("torch.runtime", title, (err.get("message") or "") + (f" (stderr: {last})" if last else ""),
                     "python -c 'import torch; print(torch.cuda.is_available())' shows the same failure in the open")
         return
     version = runtime.get("version") or {}

@@ -25,12 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.finding import Finding, fail, passed, warn
+from hwtui.core.redact import redact_text
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
 from hwtui.probes.torchwheel import (
     INDEX_URL,
     ROCM_TAG,
+    TORCH_RELEASE,
+    TORCH_RELEASE_FOR_TAG,
     describe_build,
     nvidia_capabilities,
     nvidia_driver_version,
@@ -159,34 +162,108 @@ def plan_environments(facts: Facts, base_dir: str, vendors: set[str] | None = No
     return plans
 
 
-def commands_for(plan: EnvPlan, base_python: str, tool: str, hwtui_root: str, index_url: str = INDEX_URL,
-                 deps_index_url: str | None = None) -> list[list[str]]:
-    """The exact argv lists that build ``plan``'s environment (uv when available, else venv + pip).
+def torch_requirement(tag: str, version: str | None = None) -> str:
+    """The exact build: ``torch==2.9.1+rocm6.4``. A bare ``torch`` (or ``torch==2.9.1``, which PEP 440
+    lets match any local label) takes whatever build any configured source offers: a find-links
+    ``+cpu`` wheel had replaced the ROCm one."""
+    return f"torch=={version or TORCH_RELEASE_FOR_TAG.get(tag, TORCH_RELEASE)}+{tag}"
 
-    torch comes first from the vendor's index, so the engine's other packages never pull a
-    default (CUDA) torch from PyPI; hwtui itself is linked in with a ``.pth`` file (the step is
-    written by the caller) so the environment runs this very hwtui tree.
+
+@dataclass(frozen=True)
+class Step:
+    """One install step: its argv, and whether it runs with the user's installer configuration set aside."""
+
+    argv: list[str]
+    isolated: bool = False
+
+
+def commands_for(plan: EnvPlan, base_python: str, tool: str, hwtui_root: str, index_url: str = INDEX_URL,
+                 deps_index_url: str | None = None, torch_version: str | None = None) -> list[Step]:
+    """The exact steps that build ``plan``'s environment (uv when available, else venv + pip).
+
+    torch comes first, pinned to the vendor's build and from the vendor's index only (the step is
+    isolated: see ``isolated_env``), so neither a find-links wheel nor an extra index can supply
+    another build and the engine's other packages never pull a default (CUDA) torch from PyPI;
+    hwtui itself is linked in with a ``.pth`` file (the step is written by the caller) so the
+    environment runs this very hwtui tree. The other packages keep the user's configuration (a
+    mirror, a proxy): none of them depends on torch.
     """
     url = f"{index_url.rstrip('/')}/{plan.tag}"
+    torch = torch_requirement(plan.tag, torch_version)
     deps_idx = ["--index-url", deps_index_url] if deps_index_url else []
     if tool == "uv":
-        return [["uv", "venv", "--python", base_python, plan.path],
-                ["uv", "pip", "install", "--python", plan.python, "torch", "--index-url", url],
-                ["uv", "pip", "install", "--python", plan.python, *deps_idx, *ENGINE_DEPS]]
+        return [Step(["uv", "venv", "--python", base_python, plan.path]),
+                Step(["uv", "pip", "install", "--python", plan.python, torch, "--index-url", url], isolated=True),
+                Step(["uv", "pip", "install", "--python", plan.python, *deps_idx, *ENGINE_DEPS])]
     # The base interpreter's pip installs into the environment (pip >= 22.3 --python): no pip copy
     # per environment, and creating one takes 0.3 s instead of ensurepip's 10.
-    return [[base_python, "-m", "venv", "--without-pip", plan.path],
-            [base_python, "-m", "pip", "--python", plan.python, "install", "torch", "--index-url", url],
-            [base_python, "-m", "pip", "--python", plan.python, "install", *deps_idx, *ENGINE_DEPS]]
+    return [Step([base_python, "-m", "venv", "--without-pip", plan.path]),
+            Step([base_python, "-m", "pip", "--python", plan.python, "install", torch, "--index-url", url], isolated=True),
+            Step([base_python, "-m", "pip", "--python", plan.python, "install", *deps_idx, *ENGINE_DEPS])]
 
 
-def shell_line(argv: list[str]) -> str:
-    return shlex.join(argv)
+# Installer variables that never add a package source: kept for the isolated torch step (a proxy's
+# certificate, timeouts). Every other PIP_* / UV_* variable is set aside there, the source-adding
+# ones (PIP_FIND_LINKS, PIP_EXTRA_INDEX_URL, UV_INDEX, ...) above all.
+_KEPT_INSTALLER_VARS = frozenset({
+    "PIP_CERT", "PIP_CLIENT_CERT", "PIP_PROXY", "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT", "PIP_TIMEOUT", "PIP_RETRIES",
+    "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_NO_COLOR", "PIP_PROGRESS_BAR", "PIP_NO_INPUT", "PIP_CACHE_DIR", "PIP_NO_CACHE_DIR",
+    "UV_CACHE_DIR", "UV_NO_CACHE", "UV_NATIVE_TLS", "UV_HTTP_TIMEOUT", "UV_CONCURRENT_DOWNLOADS", "UV_NO_PROGRESS",
+})
 
 
-def record_entry(plan: EnvPlan, tool: str) -> dict[str, Any]:
-    return {"python": plan.python, "vendor": plan.vendor, "tag": plan.tag, "tool": tool,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+def isolated_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for the torch step: no pip or uv configuration file, no source-adding variable.
+
+    ``PIP_CONFIG_FILE=os.devnull`` makes pip skip every configuration file (global, user, site);
+    ``UV_NO_CONFIG=1`` does the same for uv.toml / pyproject settings. With the variables gone too,
+    the ``--index-url`` on the command line is the only place torch can come from.
+    """
+    out = {k: v for k, v in env.items() if not k.startswith(("PIP_", "UV_")) or k in _KEPT_INSTALLER_VARS}
+    out.update(PIP_CONFIG_FILE=os.devnull, UV_NO_CONFIG="1")
+    return out
+
+
+def shell_line(step: Step | list[str]) -> str:
+    """The step as a shell line, credentials in URLs masked (the real argv keeps them)."""
+    argv = step.argv if isinstance(step, Step) else step
+    line = shlex.join(argv)
+    if isinstance(step, Step) and step.isolated:
+        line = f"env PIP_CONFIG_FILE={shlex.quote(os.devnull)} UV_NO_CONFIG=1 {line}"
+    return redact_text(line)
+
+
+def check_index_url(option: str, url: str) -> str:
+    """``url`` if it can be an index URL; ValueError (one line, credentials masked) if not.
+
+    A control character or whitespace in a URL is never a real index: a newline would end the
+    shown command early and smuggle a second line into every log that records it.
+    """
+    from urllib.parse import urlsplit
+
+    at = next((i for i, c in enumerate(url) if not c.isprintable() or c.isspace()), None)
+    if at is not None:
+        # The URL itself is not echoed: a space or newline inside a password would split it where
+        # the redactor looks for one credential, and show part of it.
+        raise ValueError(f"{option}: the URL holds the control or space character {url[at]!r} at position {at + 1}; "
+                         "give the URL without it")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {redact_text(url)[:200]} is not a URL ({exc})") from None
+    if parts.scheme not in ("https", "http", "file") or not (parts.netloc or parts.scheme == "file"):
+        raise ValueError(f"{option}: {redact_text(url)[:200]} is not an http(s):// or file:// URL")
+    return url
+
+
+def record_entry(plan: EnvPlan, tool: str, torch: str | None = None, index_url: str | None = None) -> dict[str, Any]:
+    entry = {"python": plan.python, "vendor": plan.vendor, "tag": plan.tag, "tool": tool,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if torch:
+        entry["torch"] = torch
+    if index_url:
+        entry["index_url"] = redact_text(index_url)  # the config file is no place for a password
+    return entry
 
 
 # -- the check: can some configured interpreter drive each device? --------------------------------

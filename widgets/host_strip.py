@@ -36,15 +36,24 @@ class HostStrip(Widget):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sample: Any = None  # hwtui.probes.host_counters.HostSample
+        self.error: str | None = None  # why the last sample failed, shown until one arrives
         self.cpu_history: deque[float | None] = deque(maxlen=HISTORY)
 
     def show(self, sample: Any) -> None:
         self.sample = sample
+        self.error = None
         self.cpu_history.append(sample.cpu_percent)
+        self.refresh()
+
+    def show_error(self, error: str) -> None:
+        """A failed sample: said in one line where the figures go, never "first sample..." forever."""
+        self.error = " ".join("".join(c if c.isprintable() else " " for c in error).split())[:300]
         self.refresh()
 
     def render(self) -> Text:
         s = self.sample
+        if s is None and self.error:
+            return Text(f"host: sampling failed: {self.error}", style="red", no_wrap=True, overflow="ellipsis")
         if s is None:
             return Text("host: first sample...", style="dim")
         text = Text(no_wrap=True, overflow="ellipsis")

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
+from hwtui.core.redact import redact_text
 
 HELP = "create one Python environment per GPU vendor with the matching torch wheel, and record it for `train`"
 
@@ -32,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "<URL>/<tag> is used, e.g. <URL>/cu128")
     parser.add_argument("--deps-index-url", metavar="URL", default=None,
                         help="index for the engine's other packages (default: pip's own)")
+    parser.add_argument("--torch-version", metavar="X.Y.Z", default=None,
+                        help="the torch release to pin (default 2.9.1; cu118: 2.7.1, cu129: 2.8.0); the build "
+                             "installed is exactly torch==<X.Y.Z>+<tag> from <URL>/<tag>")
     parser.add_argument("--step-timeout", type=float, default=1800.0, metavar="S",
                         help="longest one install step may take (default 1800 s)")
 
@@ -51,8 +56,17 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.probes import vendor_envs as ve
     from hwtui.probes.torchwheel import INDEX_URL
 
-    if not args.step_timeout > 0:
-        raise HwtuiError("--step-timeout must be positive")
+    if not 0 < args.step_timeout <= 86400:
+        raise HwtuiError(f"--step-timeout {args.step_timeout}: give seconds in (0, 86400]")
+    try:
+        for option, url in (("--index-url", args.index_url), ("--deps-index-url", args.deps_index_url)):
+            if url is not None:
+                ve.check_index_url(option, url)
+    except ValueError as exc:
+        raise HwtuiError(str(exc)) from None
+    if args.torch_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", args.torch_version):
+        raise HwtuiError(f"--torch-version {redact_text(args.torch_version)[:40]!r}: give a release such as 2.9.1 "
+                         "(the build tag is added from the hardware)")
     host = host_from_args(args)
     if not host.is_live and not args.dry_run:
         # Preparing environments for another machine's GPUs (an image built elsewhere) is allowed; say it.
@@ -71,26 +85,30 @@ def run(args: argparse.Namespace) -> int:
     root = hwtui_root()
     config = ve.config_path(os.environ)
     for plan in plans:
-        print(f"# {plan.vendor}: {', '.join(plan.devices)} -> torch from {plan.tag} in {plan.path}")
+        torch = ve.torch_requirement(plan.tag, args.torch_version)
+        print(f"# {plan.vendor}: {', '.join(plan.devices)} -> {torch} from {plan.tag}'s index only, in {plan.path}")
         if plan.note:
             print(f"# warning: {plan.note}")
-        steps = ve.commands_for(plan, args.python, tool, root, args.index_url or INDEX_URL, args.deps_index_url)
-        for argv in steps:
-            print(ve.shell_line(argv))
+        steps = ve.commands_for(plan, args.python, tool, root, args.index_url or INDEX_URL, args.deps_index_url,
+                                args.torch_version)
+        for step in steps:
+            print(ve.shell_line(step))
         print(f"# then: link {root} into the environment ({plan.backend}.pth) and record {plan.python} in {config}")
         if args.dry_run:
             continue
         created = not os.path.exists(plan.path)
         try:
-            for argv in steps:
-                _run_step(argv, args.step_timeout)
+            for step in steps:
+                _run_step(step.argv, args.step_timeout, ve.isolated_env(os.environ) if step.isolated else None)
+            _check_torch(plan, torch)
             _link_hwtui(plan, root)
         except HwtuiError:
             if created:  # no half-built environment is left behind to be mistaken for a working one
                 shutil.rmtree(plan.path, ignore_errors=True)
             raise
         try:
-            ve.record_environments({plan.backend: ve.record_entry(plan, tool)})
+            ve.record_environments({plan.backend: ve.record_entry(plan, tool, torch.split("==", 1)[1],
+                                                                   args.index_url or INDEX_URL)})
         except (OSError, ValueError) as exc:
             raise HwtuiError(f"environment {plan.path} is ready but could not be recorded: {exc}") from None
         print(f"hwtui setup: {plan.vendor} environment ready: {plan.python}", file=sys.stderr)
@@ -100,23 +118,62 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_step(argv: list[str], timeout: float) -> None:
+def _relay(stream, out) -> None:
+    """Copy a step's output line by line with credentials masked: pip and uv print the index URLs
+    they use, and ``--index-url https://user:pw@host/`` must not reach a terminal or a log."""
+    for line in iter(lambda: stream.readline(1 << 16), ""):
+        out.write(redact_text(line))
+        out.flush()
+
+
+def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
+    import threading
+
     from hwtui.core.supervisor import Child, exit_text
 
-    child = Child(argv, name=os.path.basename(argv[0]), stdout="inherit", stderr="inherit")
+    shown = redact_text(" ".join(argv[:4]))
+    child = Child(argv, name=os.path.basename(argv[0]), env=env, stdout="pipe", stderr="pipe", text=True)
     try:
         child.start()
     except OSError as exc:
         raise HwtuiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    assert child.proc is not None
+    relays = [threading.Thread(target=_relay, args=(stream, out), daemon=True)
+              for stream, out in ((child.proc.stdout, sys.stdout), (child.proc.stderr, sys.stderr))]
+    for t in relays:
+        t.start()
     try:
         code = child.wait(timeout)
     except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: stop the whole step's group
         child.terminate()
-        raise HwtuiError(f"`{' '.join(argv[:4])} ...` did not finish within {timeout:.0f} s (stopped); "
+        raise HwtuiError(f"`{shown} ...` did not finish within {timeout:.0f} s (stopped); "
                          "re-run with a larger --step-timeout", EXIT_FAILED) from None
+    finally:
+        for t in relays:  # the pipes close when the step's group is gone; a grandchild holding one is not waited for
+            t.join(5.0)
     if code != 0:
-        raise HwtuiError(f"`{' '.join(argv[:4])} ...` {exit_text(code)}; the output above says why (nothing was recorded "
+        raise HwtuiError(f"`{shown} ...` {exit_text(code)}; the output above says why (nothing was recorded "
                          "for this environment)", EXIT_FAILED)
+
+
+def _check_torch(plan, wanted: str) -> None:
+    """The environment holds exactly the pinned build (``torch==2.9.1+rocm6.4``), or the step failed."""
+    import glob
+
+    from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
+    from hwtui.probes.torchwheel import parse_version_py
+
+    version = None
+    for path in sorted(glob.glob(os.path.join(plan.path, "lib*", "python*", "site-packages", "torch", "version.py"))):
+        try:
+            version = parse_version_py(decode_text(read_capped(path, SMALL_FILE_CAP))).get("__version__")
+        except OSError:
+            continue
+        break
+    expected = wanted.split("==", 1)[1]
+    if version != expected:
+        raise HwtuiError(f"{plan.path} got torch {version or '(none)'}, not the pinned {expected}; nothing was recorded "
+                         "for this environment", EXIT_FAILED)
 
 
 def _link_hwtui(plan, root: str) -> None:

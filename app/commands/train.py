@@ -86,20 +86,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")
 
 
+# Upper bounds for the counts and seconds `train` takes. Far beyond any real run, and low enough
+# that nothing downstream overflows: --group-timeout 1e308 became a timedelta the TCPStore could
+# not convert to a C int (exit 3), --stall-timeout 1e308 a deadline past time_t in the worker,
+# --eval-windows 1e14 one tensor of 1e14 windows.
+MAX_COUNT = 10**9
+MAX_EVAL_WINDOWS = 1 << 20
+MAX_TIMEOUT_S = 7 * 86400.0
+# Below this a timeout only races the machinery it bounds (the heartbeat is sent every second;
+# the store's first connect takes milliseconds): --group-timeout 1e-308 was an exit-3 traceback.
+MIN_TIMEOUT_S = {"heartbeat_timeout": 2.0, "stall_timeout": 1.0, "group_timeout": 1.0}
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed takes as a signed 64-bit seed
+
+
 def _positive(args: argparse.Namespace) -> None:
     from hwtui.core.errors import HwtuiError
 
     for name in ("steps", "batch_size", "merge_every", "context", "d_model", "layers", "heads", "checkpoint_every", "eval_every",
-                 "eval_windows"):
-        if getattr(args, name) < 1:
-            raise HwtuiError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+                 "eval_windows", "keep_checkpoints"):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if value < 1:
+            raise HwtuiError(f"{flag} must be at least 1 (got {value})")
+        top = MAX_EVAL_WINDOWS if name == "eval_windows" else MAX_COUNT
+        if value > top:
+            raise HwtuiError(f"{flag} {str(value)[:24]}{'...' if len(str(value)) > 24 else ''} is beyond what any run "
+                             f"takes; give at most {top:,}")
+    if not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
+        raise HwtuiError(f"--seed must fit in 64 bits (between {SEED_RANGE[0]} and {SEED_RANGE[1]})")
     if not args.lr > 0:
         raise HwtuiError(f"--lr must be positive (got {args.lr})")
     if args.d_model % args.heads:
         raise HwtuiError(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
-    for name in ("heartbeat_timeout", "stall_timeout", "group_timeout", "outer_lr"):
-        if not getattr(args, name) > 0:
-            raise HwtuiError(f"--{name.replace('_', '-')} must be positive")
+    if not args.outer_lr > 0:
+        raise HwtuiError("--outer-lr must be positive")
+    for name, low in MIN_TIMEOUT_S.items():
+        value = getattr(args, name)
+        if not low <= value <= MAX_TIMEOUT_S:
+            raise HwtuiError(f"--{name.replace('_', '-')} {value:g}: give seconds between {low:g} and {MAX_TIMEOUT_S:g} "
+                             "(7 days)")
     if not 0 <= args.outer_momentum < 1:
         raise HwtuiError(f"--outer-momentum must be in [0, 1) (got {args.outer_momentum})")
     if args.override and not args.resume:

@@ -42,12 +42,14 @@ def run_tui(args: argparse.Namespace) -> int:
         targets = parse_agents(args.agents)
         import_httpx()
         nodes_screen_args = targets
-    require_terminal()
 
     interval = getattr(args, "interval", None)
     if interval is not None and not 0.05 <= interval <= 3600:
         raise HwtuiError(f"--interval {interval}: choose between 0.05 and 3600 seconds")
+    # The input first: a bad --replay / --sysroot is named in one line whether or not a terminal is
+    # there (it used to be the terminal complaint, or a TUI waiting on a sampler that kept failing).
     host = host_from_args(args)
+    require_terminal()
 
     from hwtui.app.tui.app import HwtuiApp
     from hwtui.app.tui.config import TuiConfig, config_path

@@ -164,8 +164,14 @@ class Coordinator:
     def _start_store(self) -> None:
         import torch.distributed as dist
 
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=self.cfg.group_timeout))
+        # The store takes its timeout as C milliseconds: a config that reached here unchecked
+        # (`hwtui train` bounds it to 7 days) is one clear line, not an OverflowError (exit 3).
+        try:
+            timeout = timedelta(seconds=self.cfg.group_timeout)
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        except OverflowError:
+            raise TrainingError(f"group timeout {self.cfg.group_timeout:g} s is beyond what the store takes; "
+                                "give at most 7 days (604800 s)") from None
 
     def _spawn(self) -> None:
         for rank, ref in enumerate(self.cfg.devices):

@@ -79,8 +79,9 @@ def test_plan_picks_each_vendors_wheel(tmp_path):
         ("Intel", "xpu", "xpu", "/envs/xpu/bin/python")]
     assert [p.vendor for p in ve.plan_environments(facts, "/envs", {"Intel"})] == ["Intel"]
     uv = ve.commands_for(plans[1], "/usr/bin/python3", "uv", "/src")
-    assert uv[1] == ["uv", "pip", "install", "--python", "/envs/hip/bin/python", "torch", "--index-url",
-                     "https://download.pytorch.org/whl/rocm6.4"]
+    assert uv[1].argv == ["uv", "pip", "install", "--python", "/envs/hip/bin/python", "torch==2.9.1+rocm6.4",
+                          "--index-url", "https://download.pytorch.org/whl/rocm6.4"]
+    assert [s.isolated for s in uv] == [False, True, False], "only the vendor index can supply torch"
 
 
 def test_setup_dry_run_prints_exact_commands_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -92,9 +93,10 @@ def test_setup_dry_run_prints_exact_commands_and_writes_nothing(tmp_path, capsys
     assert code == 0
     lines = [line for line in out.out.splitlines() if not line.startswith("#")]
     assert lines[:2] == ["/usr/bin/python3 -m venv --without-pip '/e d/cuda'",
-                         "/usr/bin/python3 -m pip --python '/e d/cuda/bin/python' install torch "
-                         "--index-url https://download.pytorch.org/whl/cu126"]
-    assert "--index-url https://download.pytorch.org/whl/rocm6.4" in out.out and "whl/xpu" in out.out
+                         "env PIP_CONFIG_FILE=/dev/null UV_NO_CONFIG=1 /usr/bin/python3 -m pip --python '/e d/cuda/bin/python' "
+                         "install torch==2.9.1+cu126 --index-url https://download.pytorch.org/whl/cu126"]
+    assert "torch==2.9.1+rocm6.4 --index-url https://download.pytorch.org/whl/rocm6.4" in out.out
+    assert "torch==2.9.1+xpu --index-url https://download.pytorch.org/whl/xpu" in out.out
     assert "dry run" in out.err and not (tmp_path / "cfg").exists()
 
 
@@ -124,6 +126,7 @@ def test_record_keeps_the_tuis_choices_and_interpreter_precedence(tmp_path):
 # -- a real install, against a fake local index (no network) --------------------------------------
 
 def wheel(folder, name, version, files):
+    """A pure wheel in ``folder/name/``, listed with every other wheel there in its index.html."""
     dist = f"{name}-{version}"
     path = folder / name / f"{dist}-py3-none-any.whl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,31 +136,168 @@ def wheel(folder, name, version, files):
         zf.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         zf.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         zf.writestr(f"{dist}.dist-info/RECORD", "")
-    (folder / name / "index.html").write_text(f'<html><body><a href="{path.name}">{path.name}</a></body></html>')
+    links = "".join(f'<a href="{w.name}">{w.name}</a>' for w in sorted(path.parent.glob("*.whl")))
+    (folder / name / "index.html").write_text(f"<html><body>{links}</body></html>")
 
 
-def test_setup_installs_from_a_fake_index_and_records_the_interpreter(tmp_path):
-    torch_index, deps_index = tmp_path / "whl" / "xpu", tmp_path / "pypi"
-    wheel(torch_index, "torch", "2.99.0+xpu", {"torch/__init__.py": "", "torch/version.py":
-                                                 version_py_text({"__version__": "2.99.0+xpu", "xpu": "20250101"})})
+def torch_wheel(folder, version, origin):
+    consts = {"__version__": version, "xpu": "20250101"} if version.endswith("+xpu") else {"__version__": version}
+    wheel(folder, "torch", version, {"torch/__init__.py": "", "torch/version.py": version_py_text(consts),
+                                     "torch/origin.py": f"ORIGIN = {origin!r}\n"})
+
+
+def fake_indexes(tmp_path):
+    """The vendor's xpu index (the one genuine build) and a deps index; returns the setup arguments."""
+    torch_wheel(tmp_path / "whl" / "xpu", "2.99.0+xpu", "vendor")
     for name in ("numpy", "safetensors", "xxhash"):
-        wheel(deps_index, name, "99.0", {f"{name}/__init__.py": ""})
+        wheel(tmp_path / "pypi", name, "99.0", {f"{name}/__init__.py": ""})
     tree = tmp_path / "tree"
     recorded.arc_a770(tree)
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = subprocess.run([sys.executable, "-m", "hwtui", "setup", "--sysroot", str(tree), "--tool", "pip",
-                           "--dir", str(tmp_path / "envs"), "--index-url", (tmp_path / "whl").as_uri(),
-                           "--deps-index-url", deps_index.as_uri()], env=env, capture_output=True, text=True, timeout=240)
+    return ["setup", "--sysroot", str(tree), "--tool", "pip", "--dir", str(tmp_path / "envs"), "--torch-version", "2.99.0",
+            "--deps-index-url", (tmp_path / "pypi").as_uri()]
+
+
+def installed_torch(python):
+    """What `train` will start for xpu workers (launcher.py asks interpreter_for): it imports this
+    hwtui tree through the .pth, and which torch build, from where."""
+    probe = subprocess.run([python, "-c", "import hwtui.probes.vendor_envs, torch.version as v, torch.origin as o; "
+                                          "print(v.__version__, o.ORIGIN)"],
+                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
+    return probe.stdout.strip() or probe.stderr[-800:]
+
+
+def test_setup_installs_the_exact_vendor_build_whatever_the_users_pip_configuration(tmp_path):
+    """Issue 26: a find-links +cpu wheel replaced the vendor build. Here every source a user's pip
+    configuration can add offers a competing torch (newer CPU builds, an impostor of the very
+    version): setup still installs the vendor index's build, pinned, and records it."""
+    args = fake_indexes(tmp_path)
+    links, extra, conf_extra = tmp_path / "links", tmp_path / "extra", tmp_path / "conf-extra"
+    torch_wheel(links, "3.0.0+cpu", "find-links")
+    torch_wheel(links, "2.99.0+xpu", "impostor in find-links")
+    torch_wheel(extra, "3.1.0+cpu", "extra index")
+    torch_wheel(conf_extra, "3.2.0", "pip.conf extra index")
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text(f"[global]\nextra-index-url = {conf_extra.as_uri()}\nfind-links = {links / 'torch'}\n")
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_CONFIG_FILE": str(pip_conf), "PIP_FIND_LINKS": str(links / "torch"),
+           "PIP_EXTRA_INDEX_URL": extra.as_uri(), "UV_FIND_LINKS": str(links / "torch"), "UV_EXTRA_INDEX_URL": extra.as_uri()}
+    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri()],
+                          env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     python = str(tmp_path / "envs" / "xpu" / "bin" / "python")
     recorded_envs = ve.load_environments({"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
     assert recorded_envs["xpu"]["python"] == python and recorded_envs["xpu"]["tag"] == "xpu"
+    assert recorded_envs["xpu"]["torch"] == "2.99.0+xpu"
     assert ve.interpreter_for("xpu", {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}) == python
-    # What `train` will start for xpu workers (launcher.py asks interpreter_for) imports this hwtui
-    # tree through the .pth and has the vendor's torch build.
-    probe = subprocess.run([python, "-c", "import hwtui.probes.vendor_envs, torch.version as v; print(v.__version__)"],
-                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60)
-    assert probe.stdout.strip() == "2.99.0+xpu", probe.stderr[-800:]
+    assert installed_torch(python) == "2.99.0+xpu vendor"
+
+
+def test_isolated_env_sets_every_source_adding_variable_aside():
+    env = {"PATH": "/bin", "PIP_FIND_LINKS": "/opt/wheels", "PIP_EXTRA_INDEX_URL": "file:///x", "PIP_INDEX_URL": "file:///y",
+           "PIP_CONFIG_FILE": "/home/a/pip.conf", "PIP_CONSTRAINT": "/c.txt", "PIP_CERT": "/ca.pem", "UV_INDEX": "x=file:///z",
+           "UV_FIND_LINKS": "/w", "UV_CACHE_DIR": "/cache", "HTTPS_PROXY": "http://proxy:3128"}
+    assert ve.isolated_env(env) == {"PATH": "/bin", "PIP_CERT": "/ca.pem", "UV_CACHE_DIR": "/cache",
+                                    "HTTPS_PROXY": "http://proxy:3128", "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1"}
+
+
+# -- credentials in an index URL (issue 22 F7) --------------------------------------------------------
+
+SECRET = "s3cretPW"
+
+
+@pytest.fixture
+def auth_index(tmp_path):
+    """The fake indexes over HTTP on loopback, answering only with user:s3cretPW (basic auth)."""
+    import base64
+    import functools
+    import http.server
+    import threading
+
+    fake_indexes(tmp_path)
+    want = "Basic " + base64.b64encode(f"user:{SECRET}".encode()).decode()
+    seen: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization") or "")
+            if self.headers.get("Authorization") != want:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="idx"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://user:{SECRET}@127.0.0.1:{server.server_address[1]}/whl", seen, want
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_index_url_credentials_reach_pip_but_no_output_or_record(tmp_path, auth_index):
+    url, seen, want = auth_index
+    args = fake_indexes(tmp_path)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_NO_INPUT": "1"}
+    dry = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url, "--dry-run"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "***REDACTED***@127.0.0.1" in dry.stdout, dry.stderr[-800:]
+    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert want in seen, "pip was given the real URL, credentials included"
+    config = (tmp_path / "cfg" / "hwtui" / "config.json").read_text()
+    for text in (dry.stdout, dry.stderr, proc.stdout, proc.stderr, config):
+        assert SECRET not in text
+    assert "***REDACTED***@127.0.0.1" in proc.stdout
+    assert installed_torch(str(tmp_path / "envs" / "xpu" / "bin" / "python")) == "2.99.0+xpu vendor"
+
+
+def test_a_failed_step_names_no_credentials(tmp_path, auth_index):
+    url, _, _ = auth_index
+    args = fake_indexes(tmp_path)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_NO_INPUT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url.replace(SECRET, "wrong" + SECRET)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1 and "nothing was recorded" in proc.stderr.strip().splitlines()[-1]
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("bad", ["https://idx/simple\nnext", "https://idx/\rsimple", "https://idx/\x1b]0;x\x07",
+                                 "https://idx/ simple", "https://idx/\tsimple", "https://idx/\x00", "https://idx/\u2028",
+                                 "https://user:s3cretPW@idx/\nsimple", "https://user:s3cr etPW@idx/", "https://user:s3cr\netPW@idx/",
+                                 "ftp://idx/simple", "idx/simple", "https://"])
+@pytest.mark.parametrize("option", ["--index-url", "--deps-index-url"])
+def test_an_index_url_with_control_characters_or_no_scheme_is_refused(tmp_path, capsys, monkeypatch, bad, option):
+    recorded.arc_a770(tmp_path / "tree")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    code = main(["setup", "--dry-run", "--sysroot", str(tmp_path / "tree"), option, bad])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hwtui: error: {option}"), out.err
+    assert SECRET not in out.err and "s3cr" not in out.err and "etPW" not in out.err, out.err
+    assert not (tmp_path / "cfg").exists()
+
+
+@pytest.mark.parametrize("value", ["2.9", "2.9.1+cpu", "latest", "2.9.1\n", "", "1" * 5000],
+                         ids=["release", "local-label", "word", "newline", "empty", "5000-digits"])
+def test_torch_version_takes_a_release_only(tmp_path, capsys, value):
+    recorded.arc_a770(tmp_path / "tree")
+    code = main(["setup", "--dry-run", "--sysroot", str(tmp_path / "tree"), "--torch-version", value])
+    out = capsys.readouterr()
+    if value == "2.9":
+        assert code == 0 and "torch==2.9+xpu" in out.out
+    else:
+        assert code == 2 and len(out.err.strip().splitlines()) == 1 and len(out.err) < 300
 
 
 def test_a_failed_install_step_is_one_line_exit_1_and_records_nothing(tmp_path):

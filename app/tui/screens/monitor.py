@@ -150,6 +150,8 @@ class MonitorScreen(Screen):
         subtitle = f"sampling failed: {msg.error}" if msg.error else ""
         if box.border_subtitle != subtitle:  # setting it repaints the whole box: only on a change
             box.border_subtitle = subtitle
+        if msg.error:
+            self.query_one(HostStrip).show_error(msg.error)
         if not msg.error:
             self.history.add(msg.samples)
             self.query_one(DevicePanel).update_from(self.history)

@@ -244,6 +244,7 @@ class RunScreen(WizardStep):
         if msg.error:
             self._sampling_failed = True
             box.border_title = f"devices (sampling failed: {msg.error})"
+            self.query_one(HostStrip).show_error(msg.error)
         elif msg.samples:
             self._sampling_failed = False
             self.history.add(msg.samples)
