@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"hwtui: internal error: {type(exc).__name__}: {exc} (HWTUI_DEBUG=1 shows the traceback)", file=sys.stderr)
             return EXIT_INTERNAL
-        from hwtui.app.install_hint import install_command
+        from hwtui.core.install_hint import install_command
 
         what = args.command or _command_words(args)
         print(f"hwtui: error: `hwtui {what}` needs the {extra} extra ({exc.name} is not installed): "

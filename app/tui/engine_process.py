@@ -63,7 +63,7 @@ def missing_engine_modules() -> list[str]:
 
 def engine_extra_problem() -> str:
     """One line saying what to install before a run, or "" when the engine can run."""
-    from hwtui.app.install_hint import install_command
+    from hwtui.core.install_hint import install_command
 
     missing = missing_engine_modules()
     return f"the engine needs {', '.join(missing)}: {install_command('engine')}" if missing else ""

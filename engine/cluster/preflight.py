@@ -67,7 +67,7 @@ def interpreter_findings() -> list[Finding]:
     if importlib.util.find_spec("torch") is None:
         return [fail("cluster.python", f"{sys.executable} cannot import torch",
                      "The launch files run the interpreter cluster.json names; every rank imports torch.",
-                     f"{sys.executable} -m pip install 'hwtui[engine]' on this node, or regenerate the files with "
+                     f"{_node_install('engine')} on this node, or regenerate the files with "
                      "hwtui cluster init --python /path/to/venv/bin/python")]
     return []
 
@@ -97,3 +97,14 @@ def post(master: str, port: int, key: str, text: str, timeout: float) -> bool:
         except Exception:  # noqa: BLE001 - listening but not serving yet (or no torch): try again
             time.sleep(0.5)
     return False
+
+
+def _node_install(extra: str) -> str:
+    """The install command for this node's interpreter: uv's or pipx's words where they made it, else
+    pip run by the very interpreter the launch files name (a bare `pip` may be another Python's)."""
+    import sys
+
+    from hwtui.core.install_hint import install_command
+
+    hint = install_command(extra)
+    return f"{sys.executable} -m {hint}" if hint.startswith("pip install") else hint

@@ -94,7 +94,9 @@ def torch_build(version_py: str | None = None) -> dict[str, str | None]:
     if version_py is None:
         spec = importlib.util.find_spec("torch")
         if spec is None or not spec.origin:
-            raise HwtuiError("torch is not installed: pip install 'hwtui[engine]'")
+            from hwtui.core.install_hint import install_command
+
+            raise HwtuiError(f"torch is not installed: {install_command('engine')}")
         version_py = str(Path(spec.origin).with_name("version.py"))
     try:
         text = Path(version_py).read_text(encoding="utf-8")

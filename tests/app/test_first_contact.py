@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hwtui.app.install_hint import install_command, installer
+from hwtui.core.install_hint import install_command, installer
 from tests import machines
 from tests.app.test_cli_check import hwtui
 
@@ -102,3 +102,27 @@ def test_tui_engine_hint_speaks_the_installers_words_too(monkeypatch):
     monkeypatch.setattr(sys, "prefix", "/home/u/.local/share/uv/tools/hwtui")
     monkeypatch.setattr(sys, "executable", "/home/u/.local/share/uv/tools/hwtui/bin/python")
     assert engine_process.engine_extra_problem() == 'the engine needs torch: uv tool install "hwtui[engine]"'
+
+
+def test_the_engines_own_torch_hints_speak_the_installer_too(monkeypatch):
+    """A rank's node without torch (cluster preflight) and the replication transport name the
+    installer hwtui came with, like the CLI does."""
+    import importlib.util
+    import sys
+
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.cluster.preflight import interpreter_findings
+    from hwtui.engine.replication import transport
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(sys, "prefix", "/home/u/.local/share/uv/tools/hwtui")
+    monkeypatch.setattr(sys, "executable", "/home/u/.local/share/uv/tools/hwtui/bin/python")
+    (finding,) = interpreter_findings()
+    assert 'uv tool install "hwtui[engine]"' in finding.remedy and "pip" not in finding.remedy
+    with pytest.raises(HwtuiError, match=r'uv tool install "hwtui\[engine\]"'):
+        transport.torch_build()
+    monkeypatch.setattr(sys, "prefix", "/srv/venv")
+    monkeypatch.setattr(sys, "executable", "/srv/venv/bin/python")
+    (finding,) = interpreter_findings()
+    assert finding.remedy.startswith('/srv/venv/bin/python -m pip install "hwtui[engine]"')

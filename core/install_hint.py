@@ -1,5 +1,8 @@
 """The one command that adds a missing extra, in the words of the installer hwtui came with.
 
+In core (pure: reads only where this interpreter lives) so the CLI, the TUI and the engine's own
+errors (torch missing on a rank's node) say the same.
+
 A ``pip install "hwtui[engine]"`` printed to someone who ran ``uv tool install hwtui`` or ``pipx
 install hwtui`` installs into the wrong Python (or fails: uv's tool environments have no pip).
 Which installer made this environment is read from where the interpreter lives: uv keeps tools
