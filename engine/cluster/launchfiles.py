@@ -4,7 +4,8 @@ Layout of the output directory (it must be on storage every node sees, or copied
 path on each):
 
 * ``cluster.json``: the description itself; `hwtui cluster test --spec` reads it to name nodes.
-* ``env/<node>.env``: one shell env file per node (MASTER_ADDR, MASTER_PORT, NCCL_SOCKET_IFNAME,
+* ``env/<node>.env``: one shell env file per node (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK,
+  NPROC_PER_NODE, WORLD_SIZE, NCCL_SOCKET_IFNAME,
   GLOO_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_NET_PLUGIN and LD_LIBRARY_PATH for the plugin directory).
 * ``launch-<node>.sh``: the torchrun command for that node (c10d rendezvous), env file sourced.
 * ``launch-mpirun.sh``: one mpirun command started from the first node.
@@ -52,6 +53,10 @@ def node_env(spec: ClusterSpec, node: Node) -> dict[str, str]:
         "NNODES": str(len(spec.nodes)),
         "NODE_RANK": str(spec.nodes.index(node)),
         "NPROC_PER_NODE": str(spec.devices_per_node),
+        # Every rank of the cluster (nodes x devices per node), torchrun's meaning: the seeds'
+        # launch_training.sh reads WORLD_SIZE with NODE_RANK and NPROC_PER_NODE. Launchers that
+        # know better (torchrun's elastic round, srun, mpirun) set their own for the ranks.
+        "WORLD_SIZE": str(spec.world_size),
     }
     iface = spec.interface_of(node)
     if iface:

@@ -196,3 +196,12 @@ def test_cluster_test_rejects_a_file_that_is_not_a_description(tmp_path, capsys)
     bogus.write_text("{")
     assert main(["cluster", "test", "--spec", str(bogus)]) == 2
     assert "not JSON" in capsys.readouterr().err
+
+
+def test_env_files_export_world_size_for_launch_training_scripts(tmp_path):
+    """Seed 003's launch_training.sh reads WORLD_SIZE, NODE_RANK and NPROC_PER_NODE: all three are exported."""
+    rc, out = _init(tmp_path, "--devices-per-node", "4")
+    assert rc == 0
+    for rank, node in enumerate("abc"):
+        env = _sourced(out / "env" / f"{node}.env", "WORLD_SIZE", "NNODES", "NODE_RANK", "NPROC_PER_NODE")
+        assert env == {"WORLD_SIZE": "12", "NNODES": "3", "NODE_RANK": str(rank), "NPROC_PER_NODE": "4"}
