@@ -8,6 +8,7 @@ hosts the resident replication rank that ``hwtui push`` pushes into.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -35,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(enables `hwtui push` into this node)")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
+    p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
+                   help="write a hardened systemd unit that runs this agent (as a dynamic user, with this "
+                        "interpreter's absolute path and these options) to FILE (default "
+                        "/etc/systemd/system/hwtui-agent.service), then exit")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -61,6 +66,28 @@ def _tls(cert: str | None, key: str | None):
     return ctx
 
 
+def _install_unit(args: argparse.Namespace) -> int:
+    """Write the systemd unit (app/agent/unit.py) for an agent run by this interpreter; start nothing."""
+    from hwtui.app.agent import unit
+    from hwtui.core.atomic import atomic_write_text
+
+    if bool(args.cert) != bool(args.key):
+        raise HwtuiError("--cert and --key go together")
+    try:
+        unit.check_interpreter(sys.executable)
+        text = unit.unit_text(sys.executable, args.listen, node=args.node, advertise=args.advertise, cert=args.cert,
+                              key=args.key)
+    except unit.UnitError as exc:
+        raise HwtuiError(str(exc)) from None
+    try:
+        atomic_write_text(args.install_unit, text, perms=0o644)
+    except OSError as exc:
+        raise HwtuiError(f"--install-unit {args.install_unit}: {exc.strerror or exc} (writing under /etc needs root)") from None
+    print(f"hwtui agent: wrote {args.install_unit}; start it with: systemctl daemon-reload && systemctl enable --now "
+          f"{os.path.basename(args.install_unit)}")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.agent.server import AgentServer, serve_in_thread
     from hwtui.app.agent.token import default_token_file, load_or_create
@@ -69,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.agent.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
+    if args.install_unit:
+        return _install_unit(args)
     for name in ("interval", "check_interval"):
         value = getattr(args, name)
         if not 0.05 <= value <= 86400:
