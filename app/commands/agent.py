@@ -88,6 +88,23 @@ def _install_unit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pin_resident_interface(address: str) -> None:
+    """The resident ranks (children, which inherit this environment) bind gloo/NCCL to the
+    interface holding the address peers reach this node at (app/agent/ifname.py), or the agent
+    refuses to start with the fix: before, gloo took the host name's address and the first push
+    failed with a truncated "connectFullMesh ... Connection refused"."""
+    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.engine.cluster.local import interfaces
+
+    try:
+        iface = derive(address, os.environ, interfaces())
+    except IfnameError as exc:
+        raise HwtuiError(str(exc)) from None
+    if iface:
+        print(f"hwtui agent: resident ranks use interface {iface} (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) for {address}",
+              file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.agent.server import AgentServer, serve_in_thread
     from hwtui.app.agent.token import default_token_file, load_or_create
@@ -98,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     host_addr, port = parse_listen(args.listen)
     if args.install_unit:
         return _install_unit(args)
+    if args.out:
+        _pin_resident_interface(args.advertise or host_addr)
     for name in ("interval", "check_interval"):
         value = getattr(args, name)
         if not 0.05 <= value <= 86400:
