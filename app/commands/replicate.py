@@ -69,8 +69,10 @@ class _LazyJsonl:
 class Printer:
     """The human view: decision line, start, throughput about once a second, commit, summary."""
 
-    def __init__(self, out: IO[str], verbose: bool):
-        self.out, self.verbose = out, verbose
+    def __init__(self, out: IO[str], verbose: bool, quiet_rank: int | None = None):
+        # quiet_rank: this process is that rank (not 0) of a launcher's world. Only rank 0 prints the
+        # world's view (it has every receiver's outcome); the others say one line when they fail.
+        self.out, self.verbose, self.quiet_rank = out, verbose, quiet_rank
         self._last = 0.0
         self._ranks_phase: str | None = None
 
@@ -83,6 +85,10 @@ class Printer:
         from hwtui.core.events import ErrorEvent, LogEvent
         from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
+        if self.quiet_rank is not None:
+            if isinstance(ev, ErrorEvent) and ev.where == "replication":
+                print(f"hwtui: rank {self.quiet_rank}: error: {ev.message}", file=sys.stderr, flush=True)
+            return
         if isinstance(ev, LogEvent):
             self._p(ev.message)
         elif isinstance(ev, ReplStart):
@@ -137,14 +143,20 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
     from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 
-    # Under torchrun/SLURM every rank runs this command: "{rank}" in a path keeps their files apart.
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    from hwtui.engine.replication.launcher import joined_world
+
+    # Under torchrun/srun/mpirun every rank runs this command: "{rank}" in a path keeps their files apart.
+    try:
+        joined = joined_world(dict(os.environ)) if args.nproc is None else None
+    except HwtuiError:
+        joined = None  # run_replication below says what is wrong, through the same path as any bad input
+    rank = str(joined["rank"]) if joined else "0"
     for attr in ("events", "report"):
         if getattr(args, attr) and "{rank}" in getattr(args, attr):
             setattr(args, attr, getattr(args, attr).replace("{rank}", rank))
     human = sys.stderr if args.events == "-" else sys.stdout
     events = _LazyJsonl(args.events) if args.events else None
-    sink = Fanout(Printer(human, args.verbose), events)
+    sink = Fanout(Printer(human, args.verbose, quiet_rank=joined["rank"] if joined and joined["rank"] != 0 else None), events)
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
