@@ -141,9 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.core.atomic import atomic_write_text
     from hwtui.core.errors import HwtuiError
     from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
-    from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
-
-    from hwtui.engine.replication.launcher import joined_world
+    from hwtui.engine.replication.launcher import ReplicationOptions, joined_world, run_replication
 
     # Under torchrun/srun/mpirun every rank runs this command: "{rank}" in a path keeps their files apart.
     try:
