@@ -181,16 +181,27 @@ def _preflight(args: argparse.Namespace) -> int:
     except specmod.SpecError as exc:
         raise HwtuiError(str(exc)) from None
     node = identify_node(os.environ, args.node, spec)
-    found = preflight.interpreter_findings() + preflight.blockers(os.environ, hosts_store=args.hosts_store)
+    entry = spec.node(node)
+    if entry is None:
+        raise HwtuiError(f"node {node!r} is not in {args.spec} (it lists {', '.join(n.name for n in spec.nodes)}): "
+                         "pass --node NAME, or source that node's env file first")
+    env = preflight.node_environment(spec, entry, os.environ)
+    found = preflight.interpreter_findings() + preflight.blockers(env, hosts_store=args.hosts_store)
     if not found:
         return 0
     for finding in found:
         print(f"hwtui: node {node} cannot join: {preflight.one_line(finding)}", file=sys.stderr)
     if not args.hosts_store and not any(f.id == "cluster.python" for f in found):
-        # Rank 0 names absent nodes; with this it can also say why. Bounded: the store may come late
-        # (the master started after this node) or never; the others wait about as long anyway.
-        preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]),
-                       min(max(spec.join_timeout, 15.0), 60.0))
+        # Rank 0 names absent nodes; with this it can also say why. Bounded, but long enough for a
+        # master started a while after this node: its report then quotes this line, not a bare
+        # "never joined". The fix is already on this node's stderr, so waiting costs the user nothing.
+        wait = preflight.post_wait(spec)
+        where = f"{spec.master}:{spec.master_port}"
+        print(f"hwtui: node {node}: leaving this for the master at {where} (up to {wait:g} s; Ctrl-C skips it)",
+              file=sys.stderr, flush=True)
+        if not preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]), wait):
+            print(f"hwtui: node {node}: the rendezvous store at {where} did not come up within {wait:g} s; "
+                  "the master will only say this node never joined", file=sys.stderr)
     return 1
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hwtui.core.finding import Finding, Status
+from hwtui.engine.cluster.spec import ClusterSpec, Node
 from hwtui.probes.host import Host
 
 # Finding ids that stop a node from joining (interface, plugin, port), from probes/dist.
@@ -47,6 +48,25 @@ def blockers(env: Mapping[str, str], *, hosts_store: bool = False, host: Host | 
     result = run_checks(host or FsHost("/", env=check_env), [c for c in collectors if c.name in collectors_wanted],
                         [r for r in rules if r.name in rules_wanted])
     return [f for f in result.findings if f.id in BLOCKING and f.status in (Status.FAIL, Status.ERROR)]
+
+
+def node_environment(spec: ClusterSpec, node: Node, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment this node's check must see. Sourced from its env file (HWTUI_CLUSTER_NODE
+    set), the environment is what the launcher will run with, edits included. Run by hand outside
+    it, the spec's values for this node win: they are what the launch script will export, and a
+    check of the bare shell passed without ever looking at the spec's interface."""
+    from hwtui.engine.cluster.launchfiles import node_env
+
+    if env.get("HWTUI_CLUSTER_NODE") == node.name:
+        return dict(env)
+    return {**env, **node_env(spec, node)}
+
+
+def post_wait(spec: ClusterSpec) -> float:
+    """How long a blocked node waits to leave its finding in the store: the master's rendezvous
+    stays open about join_timeout after it starts, so a master started up to that long after
+    this node still gets the line."""
+    return float(min(spec.join_timeout + 90.0, 600.0))
 
 
 def one_line(finding: Finding) -> str:

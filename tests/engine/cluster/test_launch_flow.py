@@ -99,3 +99,37 @@ def test_a_rank_whose_local_check_fails_stops_every_rank_at_once(tmp_path):
     assert err1.startswith("hwtui: rank 1: cluster test failed: local check on node n1 failed before joining: "
                            "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=")
     assert out1 == "" and "Traceback" not in err0 + err1
+
+
+
+def test_preflight_outside_the_env_file_checks_the_specs_interface(tmp_path):
+    """`hwtui cluster preflight --spec cluster.json --node c` in a bare shell (no env file sourced)
+    checks what c's launch script will export: the spec's interface for c, which this host lacks;
+    and it leaves that line in the rendezvous store for the master to quote."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from hwtui.engine.cluster.smoke import preflight_key
+
+    port = free_loopback_port()
+    out = tmp_path / "cl"
+    assert cli_main(["cluster", "init", "--nodes", "a=127.0.0.1,c=127.0.0.2", "--interface", "lo", "--node-interface",
+                     "c=ens5", "--master-port", str(port), "--join-timeout", "5", "-o", str(out)]) == 0
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)  # node a's
+    argv = [sys.executable, "-m", "hwtui.app", "cluster", "preflight", "--spec", str(out / "cluster.json")]
+    done = subprocess.run([*argv, "--node", "c"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("hwtui: node c cannot join: NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: "), first
+    assert "Traceback" not in done.stderr
+    said = store.get(preflight_key("c")).decode()
+    assert said.startswith("NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: ")
+    # Node a's interface (lo) exists: it may join.
+    ok = subprocess.run([*argv, "--node", "a"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    # A node the spec does not list: one line, exit 2.
+    bad = subprocess.run([*argv, "--node", "zz"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"hwtui: error: node 'zz' is not in {out / 'cluster.json'} (it lists a, c): pass --node NAME, or source that "
+        "node's env file first"]

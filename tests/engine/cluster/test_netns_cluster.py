@@ -213,7 +213,9 @@ def test_torchrun_closes_the_rendezvous_and_names_the_absent_node_with_its_reaso
     fix = "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=eth0"
     _, out_c, err_c = results[2]
     assert out_c == "" and err_c.splitlines() == [f"hwtui: node c cannot join: {fix}",
-                                                  f"hwtui: node c cannot join: {fix.replace('NCCL', 'GLOO')}"]
+                                                  f"hwtui: node c cannot join: {fix.replace('NCCL', 'GLOO')}",
+                                                  "hwtui: node c: leaving this for the master at 10.77.0.1:29800 "
+                                                  "(up to 96 s; Ctrl-C skips it)"]
     report = json.loads((out / "r.json").read_text())
     assert report["world_size"] == 2 and sorted(n["node"] for n in report["nodes"]) == ["a", "b"]
     failed = {f["id"]: f for f in report["findings"] if f["status"] == "fail"}
