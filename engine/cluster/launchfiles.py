@@ -106,7 +106,8 @@ def torchrun_argv(spec: ClusterSpec, node: Node, spec_path: str) -> list[str]:
         # name's addresses, which misses secondary NICs (the usual case for a cluster network).
         conf.append(f"is_host={'true' if master is node else 'false'}")
     return [
-        spec.python, "-m", "torch.distributed.run",
+        # torchrun itself, ending in one line rather than a traceback (engine/cluster/torchrun.py).
+        spec.python, "-m", "hwtui.engine.cluster.torchrun",
         f"--nnodes={'1:' if nnodes > 1 else ''}{nnodes}",
         f"--nproc-per-node={spec.devices_per_node}",
         "--rdzv-backend=c10d",

@@ -63,10 +63,10 @@ def node_environment(spec: ClusterSpec, node: Node, env: Mapping[str, str]) -> d
 
 
 def post_wait(spec: ClusterSpec) -> float:
-    """How long a blocked node waits to leave its finding in the store: the master's rendezvous
-    stays open about join_timeout after it starts, so a master started up to that long after
-    this node still gets the line."""
-    return float(min(spec.join_timeout + 90.0, 600.0))
+    """How long a node waits for the master's store (to leave its finding there, or to check it
+    may join): torchrun's own rendezvous join timeout in the launch files (join timeout + 30 s), so
+    a master started up to that long after this node is still met."""
+    return float(min(spec.join_timeout + 30.0, 600.0))
 
 
 def one_line(finding: Finding) -> str:
@@ -117,3 +117,82 @@ def post(master: str, port: int, key: str, text: str, timeout: float) -> bool:
         except Exception:  # noqa: BLE001 - listening but not serving yet (or no torch): try again
             time.sleep(0.5)
     return False
+
+
+def started_key(spec: ClusterSpec) -> str:
+    """Where rank 0 of a torchrun cluster test records that the test began and with which nodes
+    (the c10d store's raw key space, like the preflight findings; one key per cluster)."""
+    from hwtui.engine.cluster.launchfiles import rdzv_id
+
+    return f"hwtui-cluster-started/{rdzv_id(spec)}"
+
+
+def mark_started(spec: ClusterSpec, nodes: list[str] | None, world_size: int) -> bool:
+    """Rank 0: record the nodes the test runs with, so a node whose launch script starts after the
+    rendezvous closed is refused by its preflight instead of joining torchrun's next round (which
+    restarted the running nodes and ended every node in DistStoreError tracebacks). Best effort."""
+    import json
+    import time
+
+    from hwtui.core.net import probe_port
+
+    if not probe_port(spec.master, spec.master_port, 2.0)[0]:
+        return False
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        store = TCPStore(spec.master, spec.master_port, None, False, timedelta(seconds=5))
+        mark = {"nodes": sorted(nodes) if nodes is not None else None, "world_size": world_size,
+                "at": time.strftime("%H:%M:%S")}
+        store.set(started_key(spec), json.dumps(mark))
+        return True
+    except Exception:  # noqa: BLE001 - not a store, or gone: the late node then meets torchrun's own error
+        return False
+
+
+def join_refusal(spec: ClusterSpec, node: Node) -> str | None:
+    """Why this node must not start torchrun, in one line with the fix; None when it may.
+
+    Only for a node that does not host the store, when a known node does: it waits (bounded) for
+    that store, since starting torchrun against a dead endpoint ends in a traceback; then it reads
+    the mark rank 0 leaves when the test has begun without it."""
+    import json
+    import os
+    from datetime import timedelta
+
+    from hwtui.core.net import probe_port
+
+    host = spec.master_node()
+    if host is None or host is node:
+        return None
+    wait = post_wait(spec)
+    where = f"{spec.master}:{spec.master_port}"
+    again = (f"start every node's launch script again, all within {spec.join_timeout:g} s (the join timeout) of the "
+             "first")
+    ok, why = probe_port(spec.master, spec.master_port, wait)
+    if not ok:
+        return (f"cannot reach the rendezvous store at {where} (node {host.name}) within {wait:g} s: {why}; fix: start "
+                f"launch-{host.name}.sh on {host.name}; if the test already ran there without this node, {again}")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # this process only: it execs torchrun or exits next
+    try:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(spec.master, spec.master_port, None, False, timedelta(seconds=5))
+        if not store.check([started_key(spec)]):
+            return None
+        mark = json.loads(store.get(started_key(spec)).decode("utf-8", "replace"))
+    except Exception:  # noqa: BLE001 - no store client, or not a store: torchrun's own checks follow
+        return None
+    # Every node of the running test passed its preflight before torchrun's rendezvous closed, and
+    # the mark is only written after that: whoever reads it now comes too late for this round.
+    mark = mark if isinstance(mark, dict) else {}
+    nodes = [str(n) for n in mark.get("nodes") or []]
+    with_whom = ", ".join(nodes[:16]) if nodes else f"{mark.get('world_size', '?')} rank(s)"
+    at = str(mark.get("at", "?"))[:8]
+    if node.name in nodes:
+        return (f"is already running in the cluster test that began at {at}; fix: let that run finish, then {again}")
+    return (f"is too late: the cluster test began at {at} without it (with {with_whom}, after the "
+            f"{spec.join_timeout:g} s join timeout); fix: let that run finish, then {again}")
+

@@ -65,7 +65,7 @@ def test_torchrun_launch_commands(tmp_path, capsys):
     for n in "abc":
         assert f"{n}: sh {out.resolve() / f'launch-{n}.sh'}" in printed
     argv = _exec_argv(out / "launch-b.sh")
-    assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[:3] == ["/venv/bin/python", "-m", "hwtui.engine.cluster.torchrun"]  # torchrun, ending in one line
     opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     assert opts["--nnodes"] == "1:3" and opts["--nproc-per-node"] == "8"
     assert opts["--rdzv-backend"] == "c10d" and opts["--rdzv-endpoint"] == "10.77.0.1:29500"

@@ -133,3 +133,43 @@ def test_preflight_outside_the_env_file_checks_the_specs_interface(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"hwtui: error: node 'zz' is not in {out / 'cluster.json'} (it lists a, c): pass --node NAME, or source that "
         "node's env file first"]
+
+
+def test_a_node_that_comes_after_the_test_began_is_refused_by_name_in_one_line(tmp_path):
+    """Under torchrun rank 0 marks the store when the test begins, with the nodes it runs with; the
+    launch script's preflight of a node not among them refuses it (it joined torchrun's next
+    round before, restarting the running nodes, and every node ended in DistStoreError tracebacks)."""
+    import json as _json
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from hwtui.engine.cluster import preflight
+    from hwtui.engine.cluster import spec as specmod
+
+    port = free_loopback_port()
+    out = tmp_path / "cl"
+    assert cli_main(["cluster", "init", "--nodes", "a=127.0.0.1,b=127.0.0.3,c=127.0.0.2", "--interface", "lo",
+                     "--master-port", str(port), "--join-timeout", "30", "-o", str(out)]) == 0
+    spec = specmod.load(out / "cluster.json")
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)  # a's torchrun
+    argv = [sys.executable, "-m", "hwtui.app", "cluster", "preflight", "--spec", str(out / "cluster.json"), "--node"]
+    # Before the test begins every node may join.
+    early = subprocess.run([*argv, "c"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert early.returncode == 0 and early.stderr == "", early.stderr
+    store.set(preflight.started_key(spec), _json.dumps({"nodes": ["a", "b"], "at": "12:00:00"}))
+    late = subprocess.run([*argv, "c"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert late.returncode == 1 and late.stdout == ""
+    assert late.stderr.splitlines() == [
+        "hwtui: node c is too late: the cluster test began at 12:00:00 without it (with a, b, after the 30 s join "
+        "timeout); fix: let that run finish, then start every node's launch script again, all within 30 s (the join "
+        "timeout) of the first"]
+    # Re-running a node's launch script while it is in the test is refused too (torchrun's next round again).
+    again = subprocess.run([*argv, "b"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and again.stderr.startswith("hwtui: node b is already running in the cluster test "
+                                                             "that began at 12:00:00; fix: "), again.stderr
+    # The mark is what rank 0 leaves: first with the world size only, then with the nodes.
+    assert preflight.mark_started(spec, None, 2)
+    assert "(with 2 rank(s), after the 30 s join timeout)" in preflight.join_refusal(spec, spec.nodes[2])
+    assert preflight.mark_started(spec, ["a"], 1)
+    assert _json.loads(store.get(preflight.started_key(spec)))["nodes"] == ["a"]
