@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--nodes", required=True, metavar="LIST",
                       help="comma list of nodes: host names or addresses, or NAME=ADDRESS (e.g. a=10.0.0.1,b=10.0.0.2)")
     init.add_argument("--devices-per-node", type=int, default=1, metavar="N", help="ranks (GPUs) per node (default 1)")
-    init.add_argument("--launcher", choices=("torchrun", "slurm", "mpirun"), default="torchrun",
+    init.add_argument("--launcher", choices=("torchrun", "slurm", "mpirun", "tpu"), default="torchrun",
                       help="how the test is started (default torchrun with c10d rendezvous)")
     init.add_argument("--interface", metavar="IFACE", help="network interface for NCCL/gloo (NCCL_SOCKET_IFNAME), e.g. eth0")
     init.add_argument("--node-interface", action="append", default=[], metavar="NODE=IFACE",
@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--master-addr", metavar="ADDR", help="rendezvous address (default: the first node's address)")
     init.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="rendezvous TCP port (default 29500)")
     init.add_argument("--ib-hca", metavar="LIST", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
+    init.add_argument("--tpu-name", metavar="NAME", help="--launcher tpu: the TPU VM (its workers are --nodes, in order)")
+    init.add_argument("--zone", metavar="ZONE", help="--launcher tpu: the TPU VM's zone (e.g. us-central2-b)")
+    init.add_argument("--project", metavar="PROJECT", help="--launcher tpu: the Google Cloud project (default: gcloud's)")
     init.add_argument("--net-plugin", metavar="PATH", help="NCCL_NET_PLUGIN: absolute path of libnccl-net.so (its "
                                                            "directory is added to LD_LIBRARY_PATH)")
     init.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend")
@@ -131,7 +134,8 @@ def build_spec(args: argparse.Namespace):
                        interface=args.interface, master_addr=args.master_addr, master_port=args.master_port,
                        ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python or sys.executable,
                        join_timeout=args.join_timeout, timeout=args.timeout, min_busbw=args.min_busbw,
-                       extra_env=_pairs(args.env, "--env"))
+                       extra_env=_pairs(args.env, "--env"), tpu_name=args.tpu_name, tpu_zone=args.zone,
+                       tpu_project=args.project)
     try:
         return spec.validate()
     except SpecError as exc:
