@@ -352,11 +352,10 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     from hwtui.engine.cluster.preflight import blockers, mark_started, one_line
 
     marking = ctx.launcher == "torchrun" and ctx.rank == 0 and spec is not None
-    if marking:
+    if marking and spec is not None:
         # torchrun's rendezvous has closed: a node that comes now must be refused by its launch
         # script's preflight (preflight.join_refusal reads this mark), not join torchrun's next
         # round, which restarts the running nodes. First thing, to keep that window short.
-        assert spec is not None
         mark_started(spec, None, ctx.world_size)
     blocked = blockers(env)
     store = connect_store(ctx, node, opts.join_timeout, master_node)
@@ -366,7 +365,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     _say(store, ctx.rank, "registered" if not blocked else f"stopped by its local check: {one_line(blocked[0])}")
     verdict = roll_call(store, ctx, me, opts.join_timeout, spec, opts.backend)
     backend = verdict["backend"]
-    if marking:  # now with the names of the nodes it runs with, for the late node's message
+    if marking and spec is not None:  # now with the names of the nodes it runs with, for the late node's message
         mark_started(spec, sorted({str(j["node"]) for j in verdict["joined"].values()}), ctx.world_size)
 
     base = {"schema": REPORT_SCHEMA, "launcher": ctx.launcher, "world_size": ctx.world_size, "backend": backend,

@@ -187,9 +187,9 @@ class ClusterSpec:
             if self.devices_per_node != 1:
                 raise SpecError("--launcher tpu runs one process per TPU VM worker (the TPU runtime drives every chip of "
                                 "the host from it): drop --devices-per-node")
-        for what, value in (("TPU name", self.tpu_name), ("zone", self.tpu_zone), ("project", self.tpu_project)):
-            if value is not None and not _matches(_GCP_NAME, value):
-                raise SpecError(f"{what} {_shown(value)} is not a Google Cloud name (lower-case letters, digits, '-')")
+        for label, gcp in (("TPU name", self.tpu_name), ("zone", self.tpu_zone), ("project", self.tpu_project)):
+            if gcp is not None and not _matches(_GCP_NAME, gcp):
+                raise SpecError(f"{label} {_shown(gcp)} is not a Google Cloud name (lower-case letters, digits, '-')")
         if self.backend not in BACKENDS:
             raise SpecError(f"backend {_shown(self.backend)} is not one of {', '.join(BACKENDS)}")
         if not _whole(self.master_port) or not 1 <= self.master_port <= 65535:
