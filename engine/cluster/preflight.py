@@ -129,7 +129,7 @@ def started_key(spec: ClusterSpec) -> str:
 
 def mark_started(spec: ClusterSpec, nodes: list[str] | None, world_size: int) -> bool:
     """Rank 0: record the nodes the test runs with, so a node whose launch script starts after the
-    rendezvous closed is refused by its preflight instead of joining torchrun's next round (which
+    rendezvous closed is refused (engine/cluster/torchrun.py) instead of joining torchrun's next round (which
     restarted the running nodes and ended every node in DistStoreError tracebacks). Best effort."""
     import json
     import time
@@ -152,47 +152,36 @@ def mark_started(spec: ClusterSpec, nodes: list[str] | None, world_size: int) ->
         return False
 
 
-def join_refusal(spec: ClusterSpec, node: Node) -> str | None:
-    """Why this node must not start torchrun, in one line with the fix; None when it may.
-
-    Only for a node that does not host the store, when a known node does: it waits (bounded) for
-    that store, since starting torchrun against a dead endpoint ends in a traceback; then it reads
-    the mark rank 0 leaves when the test has begun without it."""
+def late_refusal(host: str, port: int, run_id: str, node: str, join_timeout: float) -> str | None:
+    """Why this node must not join torchrun's rendezvous at host:port now, in one line with the
+    fix; None when it may. Called by the launch scripts' torchrun (engine/cluster/torchrun.py)
+    just before the rendezvous, where torch is imported anyway, so it adds no start-up time (a
+    slower join is itself what makes a node late). A store not up yet cannot hold the mark."""
     import json
-    import os
     from datetime import timedelta
 
     from hwtui.core.net import probe_port
 
-    host = spec.master_node()
-    if host is None or host is node:
+    if not probe_port(host, port, 1.0)[0]:
         return None
-    wait = post_wait(spec)
-    where = f"{spec.master}:{spec.master_port}"
-    again = (f"start every node's launch script again, all within {spec.join_timeout:g} s (the join timeout) of the "
-             "first")
-    ok, why = probe_port(spec.master, spec.master_port, wait)
-    if not ok:
-        return (f"cannot reach the rendezvous store at {where} (node {host.name}) within {wait:g} s: {why}; fix: start "
-                f"launch-{host.name}.sh on {host.name}; if the test already ran there without this node, {again}")
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # this process only: it execs torchrun or exits next
     try:
         from torch.distributed import TCPStore
 
-        store = TCPStore(spec.master, spec.master_port, None, False, timedelta(seconds=5))
-        if not store.check([started_key(spec)]):
+        store = TCPStore(host, port, None, False, timedelta(seconds=5))
+        key = f"hwtui-cluster-started/{run_id}"
+        if not store.check([key]):
             return None
-        mark = json.loads(store.get(started_key(spec)).decode("utf-8", "replace"))
+        mark = json.loads(store.get(key).decode("utf-8", "replace"))
     except Exception:  # noqa: BLE001 - no store client, or not a store: torchrun's own checks follow
         return None
-    # Every node of the running test passed its preflight before torchrun's rendezvous closed, and
-    # the mark is only written after that: whoever reads it now comes too late for this round.
     mark = mark if isinstance(mark, dict) else {}
+    again = f"start every node's launch script again, all within {join_timeout:g} s (the join timeout) of the first"
     nodes = [str(n) for n in mark.get("nodes") or []]
     with_whom = ", ".join(nodes[:16]) if nodes else f"{mark.get('world_size', '?')} rank(s)"
     at = str(mark.get("at", "?"))[:8]
-    if node.name in nodes:
-        return (f"is already running in the cluster test that began at {at}; fix: let that run finish, then {again}")
+    # Every node of the running test joined before torchrun's rendezvous closed, and the mark is
+    # only written after that: whoever reads it now comes too late for this round.
+    if node in nodes:
+        return f"is already running in the cluster test that began at {at}; fix: let that run finish, then {again}"
     return (f"is too late: the cluster test began at {at} without it (with {with_whom}, after the "
-            f"{spec.join_timeout:g} s join timeout); fix: let that run finish, then {again}")
-
+            f"{join_timeout:g} s join timeout); fix: let that run finish, then {again}")

@@ -354,7 +354,7 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     marking = ctx.launcher == "torchrun" and ctx.rank == 0 and spec is not None
     if marking and spec is not None:
         # torchrun's rendezvous has closed: a node that comes now must be refused by its launch
-        # script's preflight (preflight.join_refusal reads this mark), not join torchrun's next
+        # script's torchrun (engine/cluster/torchrun.py reads this mark), not join torchrun's next
         # round, which restarts the running nodes. First thing, to keep that window short.
         mark_started(spec, None, ctx.world_size)
     blocked = blockers(env)
