@@ -73,6 +73,15 @@ def _install_unit(args: argparse.Namespace) -> int:
 
     if bool(args.cert) != bool(args.key):
         raise HwtuiError("--cert and --key go together")
+    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.engine.cluster.local import interfaces
+
+    try:
+        # The unit runs with --out and none of this shell's environment: an agent it would start
+        # must find its interface on its own, or it would refuse at every start (Restart= loop).
+        derive(args.advertise or parse_listen(args.listen)[0], {}, interfaces())
+    except IfnameError as exc:
+        raise HwtuiError(str(exc)) from None
     try:
         unit.check_interpreter(sys.executable)
         text = unit.unit_text(sys.executable, args.listen, node=args.node, advertise=args.advertise, cert=args.cert,

@@ -41,14 +41,14 @@ def _install(tmp_path: Path, *extra: str) -> str:
 
 
 def test_unit_runs_this_interpreter_by_absolute_path_as_a_dynamic_user(tmp_path, capsys, opt_python):
-    text = _install(tmp_path, "--listen", "0.0.0.0:9477", "--node", "gpu-7")
+    text = _install(tmp_path, "--listen", "0.0.0.0:9477", "--advertise", "127.0.0.1", "--node", "gpu-7")
     d = _directives(text)
     [exec_start] = d["ExecStart"]
     assert exec_start.split()[0] == opt_python
     assert "/usr/bin/env" not in text
     assert exec_start.split()[1:] == ["-m", "hwtui", "agent", "--listen", "0.0.0.0:9477", "--token-file",
                                       "/var/lib/hwtui-agent/agent.token", "--out", "/var/lib/hwtui-agent/served",
-                                      "--node", "gpu-7"]
+                                      "--node", "gpu-7", "--advertise", "127.0.0.1"]
     assert d["DynamicUser"] == ["yes"] and "User" not in d
     assert d["StateDirectory"] == ["hwtui-agent"] and d["StateDirectoryMode"] == ["0700"]
     for key, value in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
@@ -97,6 +97,9 @@ def test_install_unit_bad_input_is_one_line_exit_2(tmp_path, capsys, opt_python)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--install-unit" in err[0]
     assert main(["agent", "--install-unit", str(tmp_path / "x.service"), "--cert", "/a.pem"]) == 2
+    # An agent the unit would start must find its interface without this shell's environment.
+    assert main(["agent", "--install-unit", str(tmp_path / "x.service"), "--listen", "0.0.0.0:9477"]) == 2
+    assert "pass --advertise ADDR" in capsys.readouterr().err
     assert not (tmp_path / "x.service").exists()
 
 
