@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(enables `hwtui push` into this node)")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
+    p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
+                   help="write a hardened systemd unit that runs this agent (as a dynamic user, with this "
+                        "interpreter's absolute path and these options) to FILE (default "
+                        "/etc/systemd/system/hwtui-agent.service), then exit")
 
 
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -106,6 +110,54 @@ def _tls(cert: str | None, key: str | None):
     return ctx
 
 
+def _install_unit(args: argparse.Namespace) -> int:
+    """Write the systemd unit (app/agent/unit.py) for an agent run by this interpreter; start nothing."""
+    from hwtui.app.agent import unit
+    from hwtui.core.atomic import atomic_write_text
+
+    if bool(args.cert) != bool(args.key):
+        raise HwtuiError("--cert and --key go together")
+    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.engine.cluster.local import interfaces
+
+    try:
+        # The unit runs with --out and none of this shell's environment: an agent it would start
+        # must find its interface on its own, or it would refuse at every start (Restart= loop).
+        derive(args.advertise or parse_listen(args.listen)[0], {}, interfaces())
+    except IfnameError as exc:
+        raise HwtuiError(str(exc)) from None
+    try:
+        unit.check_interpreter(sys.executable)
+        text = unit.unit_text(sys.executable, args.listen, node=args.node, advertise=args.advertise, cert=args.cert,
+                              key=args.key)
+    except unit.UnitError as exc:
+        raise HwtuiError(str(exc)) from None
+    try:
+        atomic_write_text(args.install_unit, text, perms=0o644)
+    except OSError as exc:
+        raise HwtuiError(f"--install-unit {args.install_unit}: {exc.strerror or exc} (writing under /etc needs root)") from None
+    print(f"hwtui agent: wrote {args.install_unit}; start it with: systemctl daemon-reload && systemctl enable --now "
+          f"{os.path.basename(args.install_unit)}")
+    return EXIT_OK
+
+
+def _pin_resident_interface(address: str) -> None:
+    """The resident ranks (children, which inherit this environment) bind gloo/NCCL to the
+    interface holding the address peers reach this node at (app/agent/ifname.py), or the agent
+    refuses to start with the fix: before, gloo took the host name's address and the first push
+    failed with a truncated "connectFullMesh ... Connection refused"."""
+    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.engine.cluster.local import interfaces
+
+    try:
+        iface = derive(address, os.environ, interfaces())
+    except IfnameError as exc:
+        raise HwtuiError(str(exc)) from None
+    if iface:
+        print(f"hwtui agent: resident ranks use interface {iface} (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) for {address}",
+              file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.agent.server import AgentServer, serve_in_thread
     from hwtui.app.agent.token import default_token_file, load_or_create
@@ -114,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.agent.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
+    if args.install_unit:
+        return _install_unit(args)
+    if args.out:
+        _pin_resident_interface(args.advertise or host_addr)
     for name in ("interval", "check_interval"):
         value = getattr(args, name)
         if not 0.05 <= value <= 86400:

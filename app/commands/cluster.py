@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--nodes", required=True, metavar="LIST",
                       help="comma list of nodes: host names or addresses, or NAME=ADDRESS (e.g. a=10.0.0.1,b=10.0.0.2)")
     init.add_argument("--devices-per-node", type=int, default=1, metavar="N", help="ranks (GPUs) per node (default 1)")
-    init.add_argument("--launcher", choices=("torchrun", "slurm", "mpirun"), default="torchrun",
+    init.add_argument("--launcher", choices=("torchrun", "slurm", "mpirun", "tpu"), default="torchrun",
                       help="how the test is started (default torchrun with c10d rendezvous)")
     init.add_argument("--interface", metavar="IFACE", help="network interface for NCCL/gloo (NCCL_SOCKET_IFNAME), e.g. eth0")
     init.add_argument("--node-interface", action="append", default=[], metavar="NODE=IFACE",
@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--master-addr", metavar="ADDR", help="rendezvous address (default: the first node's address)")
     init.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="rendezvous TCP port (default 29500)")
     init.add_argument("--ib-hca", metavar="LIST", help="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
+    init.add_argument("--tpu-name", metavar="NAME", help="--launcher tpu: the TPU VM (its workers are --nodes, in order)")
+    init.add_argument("--zone", metavar="ZONE", help="--launcher tpu: the TPU VM's zone (e.g. us-central2-b)")
+    init.add_argument("--project", metavar="PROJECT", help="--launcher tpu: the Google Cloud project (default: gcloud's)")
     init.add_argument("--net-plugin", metavar="PATH", help="NCCL_NET_PLUGIN: absolute path of libnccl-net.so (its "
                                                            "directory is added to LD_LIBRARY_PATH)")
     init.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process group backend")
@@ -131,7 +134,8 @@ def build_spec(args: argparse.Namespace):
                        interface=args.interface, master_addr=args.master_addr, master_port=args.master_port,
                        ib_hca=args.ib_hca, net_plugin=args.net_plugin, backend=args.backend, python=args.python or sys.executable,
                        join_timeout=args.join_timeout, timeout=args.timeout, min_busbw=args.min_busbw,
-                       extra_env=_pairs(args.env, "--env"))
+                       extra_env=_pairs(args.env, "--env"), tpu_name=args.tpu_name, tpu_zone=args.zone,
+                       tpu_project=args.project)
     try:
         return spec.validate()
     except SpecError as exc:
@@ -181,16 +185,27 @@ def _preflight(args: argparse.Namespace) -> int:
     except specmod.SpecError as exc:
         raise HwtuiError(str(exc)) from None
     node = identify_node(os.environ, args.node, spec)
-    found = preflight.interpreter_findings() + preflight.blockers(os.environ, hosts_store=args.hosts_store)
+    entry = spec.node(node)
+    if entry is None:
+        raise HwtuiError(f"node {node!r} is not in {args.spec} (it lists {', '.join(n.name for n in spec.nodes)}): "
+                         "pass --node NAME, or source that node's env file first")
+    env = preflight.node_environment(spec, entry, os.environ)
+    found = preflight.interpreter_findings() + preflight.blockers(env, hosts_store=args.hosts_store)
     if not found:
         return 0
     for finding in found:
         print(f"hwtui: node {node} cannot join: {preflight.one_line(finding)}", file=sys.stderr)
     if not args.hosts_store and not any(f.id == "cluster.python" for f in found):
-        # Rank 0 names absent nodes; with this it can also say why. Bounded: the store may come late
-        # (the master started after this node) or never; the others wait about as long anyway.
-        preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]),
-                       min(max(spec.join_timeout, 15.0), 60.0))
+        # Rank 0 names absent nodes; with this it can also say why. Bounded, but long enough for a
+        # master started a while after this node: its report then quotes this line, not a bare
+        # "never joined". The fix is already on this node's stderr, so waiting costs the user nothing.
+        wait = preflight.post_wait(spec)
+        where = f"{spec.master}:{spec.master_port}"
+        print(f"hwtui: node {node}: leaving this for the master at {where} (up to {wait:g} s; Ctrl-C skips it)",
+              file=sys.stderr, flush=True)
+        if not preflight.post(spec.master, spec.master_port, preflight_key(node), preflight.one_line(found[0]), wait):
+            print(f"hwtui: node {node}: the rendezvous store at {where} did not come up within {wait:g} s; "
+                  "the master will only say this node never joined", file=sys.stderr)
     return 1
 
 

@@ -73,13 +73,18 @@ class Printer:
 
     ``verbose`` (-v) adds every bucket and every rank update; ``quiet`` (-q) keeps only results (commit,
     summary, what each rank serves) and errors. Every figure is the engine's (:mod:`hwtui.app.output.progress`).
+    ``quiet_rank``: this process is that rank (not 0) of a launcher's world. Only rank 0 prints the
+    world's view (it has every receiver's outcome); the others say one line when they fail.
     """
 
-    def __init__(self, out: IO[str], verbose: bool, quiet: bool = False, mode: str | None = None):
-        from hwtui.app.output.progress import NORMAL, QUIET, VERBOSE, ProgressLine, mode_for
+    def __init__(self, out: IO[str], verbose: bool, quiet: bool = False, mode: str | None = None,
+                 quiet_rank: int | None = None):
+        from hwtui.app.output.progress import NORMAL, OFF, QUIET, VERBOSE, ProgressLine, mode_for
 
-        self.out, self.verbose, self.quiet = out, verbose and not quiet, quiet
+        self.out, self.verbose, self.quiet, self.quiet_rank = out, verbose and not quiet, quiet, quiet_rank
         verbosity = QUIET if quiet else (VERBOSE if verbose else NORMAL)
+        if quiet_rank is not None:
+            mode = OFF  # a rank that does not print draws no progress either
         self.progress = ProgressLine(out, mode or mode_for(out, verbosity), every=0.0 if self.verbose else 1.0)
         self._ranks_phase: str | None = None
 
@@ -99,6 +104,10 @@ class Printer:
         from hwtui.core.events import ErrorEvent, LogEvent
         from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
+        if self.quiet_rank is not None:
+            if isinstance(ev, ErrorEvent) and ev.where == "replication":
+                print(f"hwtui: rank {self.quiet_rank}: error: {ev.message}", file=sys.stderr, flush=True)
+            return
         if isinstance(ev, LogEvent):
             self._info(ev.message)
         elif isinstance(ev, ReplStart):
@@ -157,17 +166,22 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.core.atomic import atomic_write_text
     from hwtui.core.errors import HwtuiError
     from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
-    from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+    from hwtui.engine.replication.launcher import ReplicationOptions, joined_world, run_replication
 
-    # Under torchrun/SLURM every rank runs this command: "{rank}" in a path keeps their files apart.
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    # Under torchrun/srun/mpirun every rank runs this command: "{rank}" in a path keeps their files apart.
+    try:
+        joined = joined_world(dict(os.environ)) if args.nproc is None else None
+    except HwtuiError:
+        joined = None  # run_replication below says what is wrong, through the same path as any bad input
+    rank = str(joined["rank"]) if joined else "0"
     for attr in ("events", "report"):
         if getattr(args, attr) and "{rank}" in getattr(args, attr):
             setattr(args, attr, getattr(args, attr).replace("{rank}", rank))
     human = sys.stderr if args.events == "-" else sys.stdout
     events = _LazyJsonl(args.events) if args.events else None
     verbosity = getattr(args, "verbosity", 0)
-    printer = Printer(human, verbose=verbosity > 0, quiet=verbosity < 0)
+    printer = Printer(human, verbose=verbosity > 0, quiet=verbosity < 0,
+                      quiet_rank=joined["rank"] if joined and joined["rank"] != 0 else None)
     sink = Fanout(printer, events)
     opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,

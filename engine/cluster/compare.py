@@ -22,6 +22,12 @@ _IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 _MUST_MATCH = {"MASTER_ADDR", "MASTER_PORT", "NCCL_NET_PLUGIN", "NCCL_IB_HCA"}
 
 
+def _replication_knob(var: str) -> bool:
+    """The variables `hwtui replicate` reads (window, chunk, bucket size): its ranks compare their
+    effective settings and refuse to start (exit 2) when one differs, so a difference is a FAIL."""
+    return var.startswith("HOTWEIGHTS_") or var == "HWTUI_BUCKET_MB"
+
+
 def by_node(reports: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """One report per node (its lowest rank's): node-level facts are the same for its ranks."""
     out: dict[str, Mapping[str, Any]] = {}
@@ -218,9 +224,11 @@ def rule_env(nodes: Mapping[str, Mapping[str, Any]]) -> Iterator[Finding]:
             continue
         ref = _majority(values)
         odd = _odd(values, ref)
-        make = fail if var in _MUST_MATCH else warn
+        knob = _replication_knob(var)
+        make = fail if var in _MUST_MATCH or knob else warn
         fix = f"unset {var} on {', '.join(odd)}" if ref is None else f"export {var}={ref} on {', '.join(odd)}"
-        yield make(f"cluster.env[{var}]", f"{var} differs between nodes", _listing(values),
+        why = " `hwtui replicate` refuses to start when its ranks' settings differ." if knob else ""
+        yield make(f"cluster.env[{var}]", f"{var} differs between nodes", _listing(values) + why,
                    f"{fix} (or put it in every node's env file)", nodes=odd, values=values)
     if names:
         yield passed("cluster.env", f"{same} of {len(names)} variable(s) of interest identical on every node")

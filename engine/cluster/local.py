@@ -23,8 +23,9 @@ SCHEMA = "hwtui.cluster.rank/1"
 # Variables that change how ranks find and talk to each other. A difference between nodes in any
 # of them is the classic "works on two nodes, hangs on the third".
 ENV_PREFIXES = ("NCCL_", "GLOO_", "RCCL_", "HCCL_", "UCX_", "FI_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_",
-                "CUDA_", "HIP_", "ROCR_", "HSA_", "MASTER_")
-ENV_NAMES = ("LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX")
+                "CUDA_", "HIP_", "ROCR_", "HSA_", "MASTER_", "HOTWEIGHTS_")
+# HWTUI_BUCKET_MB is HOTWEIGHTS_BUCKET_MB's other spelling: both change what `replicate` does.
+ENV_NAMES = ("LD_LIBRARY_PATH", "PYTHONPATH", "OMP_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX", "HWTUI_BUCKET_MB")
 
 
 def env_of_interest(env: Mapping[str, str]) -> dict[str, str]:

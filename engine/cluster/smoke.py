@@ -349,8 +349,14 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
 
     # The local check first: a node that cannot work (interface, plugin) says so before it joins,
     # and registers with its finding so rank 0 names it at once instead of after the timeout.
-    from hwtui.engine.cluster.preflight import blockers, one_line
+    from hwtui.engine.cluster.preflight import blockers, mark_started, one_line
 
+    marking = ctx.launcher == "torchrun" and ctx.rank == 0 and spec is not None
+    if marking and spec is not None:
+        # torchrun's rendezvous has closed: a node that comes now must be refused by its launch
+        # script's torchrun (engine/cluster/torchrun.py reads this mark), not join torchrun's next
+        # round, which restarts the running nodes. First thing, to keep that window short.
+        mark_started(spec, None, ctx.world_size)
     blocked = blockers(env)
     store = connect_store(ctx, node, opts.join_timeout, master_node)
     cuda = bool(torch.cuda.is_available())
@@ -359,6 +365,8 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     _say(store, ctx.rank, "registered" if not blocked else f"stopped by its local check: {one_line(blocked[0])}")
     verdict = roll_call(store, ctx, me, opts.join_timeout, spec, opts.backend)
     backend = verdict["backend"]
+    if marking and spec is not None:  # now with the names of the nodes it runs with, for the late node's message
+        mark_started(spec, sorted({str(j["node"]) for j in verdict["joined"].values()}), ctx.world_size)
 
     base = {"schema": REPORT_SCHEMA, "launcher": ctx.launcher, "world_size": ctx.world_size, "backend": backend,
             "master": f"{ctx.master_addr}:{ctx.master_port}", "join_timeout": opts.join_timeout, "timeout": opts.timeout}

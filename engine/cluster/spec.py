@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "hwtui.cluster/1"
-LAUNCHERS = ("torchrun", "slurm", "mpirun")
+LAUNCHERS = ("torchrun", "slurm", "mpirun", "tpu")
 BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_PORT = 29500
 
@@ -41,6 +41,8 @@ _IFNAME = r"[A-Za-z0-9_.:@-]{1,15}"
 _IFNAME_LIST = re.compile(rf"[\^=]?{_IFNAME}(?:,{_IFNAME})*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HCA = re.compile(r"[\^=]?[A-Za-z0-9_.:,-]{1,256}")
+# Google Cloud resource names (TPU name, zone, project): lower-case letters, digits, inner hyphens.
+_GCP_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 
 
 class SpecError(ValueError):
@@ -126,6 +128,10 @@ class ClusterSpec:
     timeout: float = 60.0
     min_busbw: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # --launcher tpu: the TPU VM (its workers are the nodes, in order) and where it lives.
+    tpu_name: str | None = None
+    tpu_zone: str | None = None
+    tpu_project: str | None = None
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -175,6 +181,15 @@ class ClusterSpec:
             raise SpecError(f"devices per node must be a whole number from 1 to 1024, not {_shown(self.devices_per_node)}")
         if self.launcher not in LAUNCHERS:
             raise SpecError(f"launcher {_shown(self.launcher)} is not one of {', '.join(LAUNCHERS)}")
+        if self.launcher == "tpu":
+            if self.tpu_name is None or self.tpu_zone is None:
+                raise SpecError("--launcher tpu needs --tpu-name NAME and --zone ZONE (gcloud compute tpus tpu-vm list)")
+            if self.devices_per_node != 1:
+                raise SpecError("--launcher tpu runs one process per TPU VM worker (the TPU runtime drives every chip of "
+                                "the host from it): drop --devices-per-node")
+        for label, gcp in (("TPU name", self.tpu_name), ("zone", self.tpu_zone), ("project", self.tpu_project)):
+            if gcp is not None and not _matches(_GCP_NAME, gcp):
+                raise SpecError(f"{label} {_shown(gcp)} is not a Google Cloud name (lower-case letters, digits, '-')")
         if self.backend not in BACKENDS:
             raise SpecError(f"backend {_shown(self.backend)} is not one of {', '.join(BACKENDS)}")
         if not _whole(self.master_port) or not 1 <= self.master_port <= 65535:

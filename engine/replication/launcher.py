@@ -121,11 +121,15 @@ def resolve_settings(opts: ReplicationOptions) -> dict[str, Any]:
 
 
 def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
-    """RANK/WORLD_SIZE from torchrun (or SLURM's equivalents), or None when not under a launcher."""
+    """RANK/WORLD_SIZE from torchrun (or SLURM's or Open MPI's equivalents), or None when not under a launcher."""
     if "RANK" in env and "WORLD_SIZE" in env:
         get = env.get
         rank, world, local = get("RANK"), get("WORLD_SIZE"), get("LOCAL_RANK", get("RANK"))
         local_world = get("LOCAL_WORLD_SIZE", world)
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:  # mpirun (Open MPI)
+        rank, world = env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"]
+        local = env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+        local_world = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         rank, world, local = env["SLURM_PROCID"], env["SLURM_NTASKS"], env.get("SLURM_LOCALID", "0")
         local_world = env.get("SLURM_NTASKS_PER_NODE", world).split("(")[0]
@@ -188,6 +192,9 @@ def preflight_out(opts: ReplicationOptions, world_ranks: list[int], plan: Plan) 
     return False
 
 
+UNREPORTED = "(unreported: it did not answer within the commit timeout)"
+
+
 def serving_text(serving: dict[int, str | None]) -> str:
     """"rank 1 serves v2, rank 2 serves v1": the per-rank truth, read from disk."""
     return ", ".join(f"rank {r} serves {v if v is not None else 'nothing'}" for r, v in sorted(serving.items()))
@@ -223,6 +230,7 @@ class Coordinator:
         self.decided: dict[str, Any] | None = None
         self.prepared: dict[int, dict[str, Any]] = {}
         self.reached: dict[int, int] = {}  # highest bucket id each rank has reported
+        self.tally: dict[str, Any] | None = None  # joined rank 0: what every receiver serves (worker._tally)
 
     def feed(self, raw: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -296,6 +304,8 @@ class Coordinator:
                                      detail=f"every rank keeps serving {self.plan['prev_version'] or 'what it had'}"))
         elif what == "result":
             self.results[rank] = raw
+        elif what == "tally":
+            self.tally = raw
 
     def _rank_phase(self, rank: int, phase: Any) -> None:
         """A rank reached a start-up phase: send the world's counts (only what ranks said, never a guess)."""
@@ -415,6 +425,11 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
     results = [coord.results.get(r, {"rank": r}) for r in ranks]
     ok = error is None and all(r.get("ok") for r in results) and len(coord.results) == len(ranks)
     serving = _serving(opts.out, ranks) if opts.out and opts.commit else {}
+    if joined and coord.tally is not None:
+        # Rank 0 of a joined world: the receivers are other processes, often on other nodes, so
+        # what each serves comes from its own report, not from this node's disk.
+        serving = {int(r): v for r, v in coord.tally.get("serving", {}).items()}
+        serving.update({int(r): UNREPORTED for r in coord.tally.get("unknown", [])})
     if decided:
         # The decision is the commit point: the outcome is what every rank serves now.
         lagging = {r: v for r, v in serving.items() if v != plan["version"]}

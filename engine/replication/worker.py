@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import resource
 import signal
@@ -936,8 +937,41 @@ class Worker:
             elif self.served is not None:
                 self.keep_staging = False
                 self.served.abort(plan["version"])
+        if decided and self.cfg.parent_pid is None:
+            self._tally(plan)
         self.phases["commit"] = _now() - t
         return unanimous and (decided or not self.cfg.commit) and not self.failures
+
+    def _tally(self, plan: Plan) -> None:
+        """Joined worlds (torchrun, srun, mpirun, agents): rank 0's launcher cannot read the other
+        nodes' disks, so each rank leaves what it serves now in the world's store and rank 0 reports
+        every receiver's (it printed "all 0 receivers switched" before). Through the store, not a
+        collective: a rank that died after the decision costs at most the commit timeout and is
+        reported as unknown; it never turns a decided commit into a failure here."""
+        import torch.distributed as dist
+
+        self._tallies = getattr(self, "_tallies", 0) + 1  # resident ranks vote once per push
+        prefix = f"hwtui-tally/{plan['version']}/{str(plan.digest)[:16]}/{self._tallies}"
+        serves = None
+        if self.served is not None:
+            with contextlib.suppress(HwtuiError):
+                serves = self.served.current_version()
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            store.set(f"{prefix}/{self.rank}", json.dumps({"serves": serves}))
+            if self.rank != SRC:
+                return
+            keys = [f"{prefix}/{r}" for r in range(1, self.world)]
+            with contextlib.suppress(Exception):  # a timeout: whoever did not report is unknown
+                store.wait(keys, self._timeout("commit"))
+            found = {r: json.loads(store.get(k)).get("serves") for r, k in enumerate(keys, 1) if store.check([k])}
+        except Exception as exc:  # noqa: BLE001 - the store failing must not undo a decided commit
+            found = {}
+            self.emit(ErrorEvent(message=f"rank {self.rank}: could not collect the receivers' versions: {exc}",
+                                 rank=self.rank, where="commit"))
+        if self.rank == SRC:
+            self.internal("tally", serving={str(r): v for r, v in found.items()},
+                          unknown=[r for r in range(1, self.world) if r not in found])
 
     def _decide(self, plan: Plan) -> bool:
         """Rank 0 writes the decision record, then tells every rank whether it exists (one broadcast)."""

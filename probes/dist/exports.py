@@ -137,11 +137,13 @@ def _network_lines(facts: Facts, env: dict[str, str], findings: list[Finding]) -
         elif (var in env or (var == "NCCL_IB_GID_INDEX" and roce)) and gid_hint is not None:
             lines.append(Line("export", var, str(gid_hint),
                               "RoCE v2 GID with an IPv4-mapped address on the selected ports"))
-    if hca_ports and "HOTWEIGHTS_UCX_NET_DEVICES" not in env:
-        lines.append(Line("export", "HOTWEIGHTS_UCX_NET_DEVICES", ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports),
-                          "the UCX fallback uses the same ports as NCCL"))
-    elif "HOTWEIGHTS_UCX_NET_DEVICES" in env and not _bad(findings, "knobs.ucx_net_devices"):
-        lines.append(Line("export", "HOTWEIGHTS_UCX_NET_DEVICES", env["HOTWEIGHTS_UCX_NET_DEVICES"], "current setting checks out"))
+    # hwtui has no UCX path, so no UCX variable is exported (one that nothing reads only misleads);
+    # the mapping is left as a comment for programs that do use UCX.
+    if hca_ports:
+        ucx = ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports)
+        lines.append(Line("comment", f"hwtui has no UCX path; for a UCX program the same ports are UCX_NET_DEVICES={ucx}"))
+    if "HOTWEIGHTS_UCX_NET_DEVICES" in env:
+        lines.append(Line("comment", "HOTWEIGHTS_UCX_NET_DEVICES is set, but nothing in hwtui reads it (no UCX path)"))
     return lines
 
 

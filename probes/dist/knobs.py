@@ -122,6 +122,14 @@ def mirrored_ucx_devices(env: Mapping[str, str], ports: list[dict[str, Any]]) ->
     return ",".join(f"{p['hca']}:{p['port']}" for p in chosen) or None
 
 
+# Said in every UCX finding: the seeds promised a "UCX fallback"; hwtui has none, and a finding
+# that only validated the variable let users believe it had an effect.
+NO_UCX_PATH = ("hwtui has no UCX path: replication and training move bytes over NCCL/RCCL, gloo or oneCCL, and "
+               "nothing in hwtui reads HOTWEIGHTS_UCX_NET_DEVICES. For a program that does use UCX, NCCL_IB_HCA maps to "
+               "UCX_NET_DEVICES as the ACTIVE ports it selects, written device:port (NCCL_IB_HCA=mlx5_0 -> "
+               "UCX_NET_DEVICES=mlx5_0:1).")
+
+
 def ucx_rules(facts: Facts) -> Iterator[Finding]:
     from hwtui.probes.dist.nccl import effective_env
 
@@ -131,17 +139,20 @@ def ucx_rules(facts: Facts) -> Iterator[Finding]:
     raw = env.get("HOTWEIGHTS_UCX_NET_DEVICES")
     mirrored = mirrored_ucx_devices(env, ports)
     fid = "knobs.ucx_net_devices"
+    ucx_hint = f"for a UCX program: export UCX_NET_DEVICES={mirrored or 'all'}"
     if raw is None:
         if mirrored:
-            yield passed(fid, f"HOTWEIGHTS_UCX_NET_DEVICES unset: mirrors NCCL_IB_HCA as {mirrored}")
+            yield passed(fid, f"no UCX path in hwtui; for UCX programs NCCL_IB_HCA maps to UCX_NET_DEVICES={mirrored}",
+                         NO_UCX_PATH, ucx_net_devices=mirrored)
         return
+    unused = f"unset HOTWEIGHTS_UCX_NET_DEVICES (hwtui never reads it); {ucx_hint}"
     parsed = parse_ucx_devices(raw)
     if parsed.problems:
-        yield fail(fid, parsed.problems[0], "UCX rejects the list and the fallback transport fails to start.",
-                   f"export HOTWEIGHTS_UCX_NET_DEVICES={mirrored or 'all'}")
+        yield fail(fid, parsed.problems[0], "UCX would reject the list. " + NO_UCX_PATH, unused)
         return
     if parsed.all:
-        yield passed(fid, "HOTWEIGHTS_UCX_NET_DEVICES=all")
+        yield warn(fid, "HOTWEIGHTS_UCX_NET_DEVICES=all is set, but hwtui has no UCX path: nothing reads it",
+                   NO_UCX_PATH, unused)
         return
     by_name = {(p["hca"], p["port"]): p for p in ports}
     missing, down = [], []
@@ -156,13 +167,14 @@ def ucx_rules(facts: Facts) -> Iterator[Finding]:
     if missing or down:
         yield fail(fid, f"HOTWEIGHTS_UCX_NET_DEVICES names {'missing ' + ', '.join(missing) if missing else ''}"
                    f"{'; ' if missing and down else ''}{'inactive ' + ', '.join(down) if down else ''}",
-                   "UCX devices are exact names with a port for RDMA devices (mlx5_0:1) or network interfaces (eth0).",
-                   f"export HOTWEIGHTS_UCX_NET_DEVICES={mirrored or 'all'}")
+                   "UCX devices are exact names with a port for RDMA devices (mlx5_0:1) or network interfaces (eth0). "
+                   + NO_UCX_PATH, unused)
     elif mirrored and set(mirrored.split(",")) != {f"{e.name}:{e.port}" for e in parsed.entries if e.port is not None}:
-        yield warn(fid, f"HOTWEIGHTS_UCX_NET_DEVICES={raw} differs from NCCL_IB_HCA's ports ({mirrored})",
-                   "The UCX fallback and NCCL would use different NICs.", f"export HOTWEIGHTS_UCX_NET_DEVICES={mirrored}")
+        yield warn(fid, f"HOTWEIGHTS_UCX_NET_DEVICES={raw} differs from NCCL_IB_HCA's ports ({mirrored}), and hwtui "
+                   "has no UCX path to use it", "A UCX program and NCCL would use different NICs. " + NO_UCX_PATH, unused)
     else:
-        yield passed(fid, f"HOTWEIGHTS_UCX_NET_DEVICES={raw}")
+        yield warn(fid, f"HOTWEIGHTS_UCX_NET_DEVICES={raw} is valid, but hwtui has no UCX path: nothing reads it",
+                   NO_UCX_PATH, unused)
 
 
 RULES = [

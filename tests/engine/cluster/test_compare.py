@@ -140,3 +140,19 @@ def test_missing_rank_named_by_layout_or_by_absence(layout_node, title):
     [f] = missing_findings(verdict, spec)
     assert f.status == Status.FAIL and f.title == title and f.id == "cluster.join[rank 2]"
     assert "c" in f.remedy
+
+
+def test_replication_knobs_are_gathered_and_a_difference_fails():
+    """HOTWEIGHTS_* (and HWTUI_BUCKET_MB) change what `hwtui replicate` does on each rank, and its
+    ranks refuse to start when their settings differ: `cluster test` compares them across nodes."""
+    from hwtui.engine.cluster.local import env_of_interest
+
+    seen = env_of_interest({"HOTWEIGHTS_BCAST_CHUNK_MB": "4", "HWTUI_BUCKET_MB": "64", "HOME": "/root"})
+    assert seen == {"HOTWEIGHTS_BCAST_CHUNK_MB": "4", "HWTUI_BUCKET_MB": "64"}
+    ranks = _ranks("veth_3node_cpu.json")
+    for rank in ranks:
+        rank["env"]["HOTWEIGHTS_BCAST_CHUNK_MB"] = "8" if rank["node"] == "c" else "4"
+    f = _by_id(compare(ranks))["cluster.env[HOTWEIGHTS_BCAST_CHUNK_MB]"]
+    assert f.status == Status.FAIL and f.data["nodes"] == ["c"]
+    assert f.remedy.startswith("export HOTWEIGHTS_BCAST_CHUNK_MB=4 on c")
+    assert "refuses to start" in f.detail

@@ -65,7 +65,7 @@ def test_torchrun_launch_commands(tmp_path, capsys):
     for n in "abc":
         assert f"{n}: sh {out.resolve() / f'launch-{n}.sh'}" in printed
     argv = _exec_argv(out / "launch-b.sh")
-    assert argv[:3] == ["/venv/bin/python", "-m", "torch.distributed.run"]
+    assert argv[:3] == ["/venv/bin/python", "-m", "hwtui.engine.cluster.torchrun"]  # torchrun, ending in one line
     opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     assert opts["--nnodes"] == "1:3" and opts["--nproc-per-node"] == "8"
     assert opts["--rdzv-backend"] == "c10d" and opts["--rdzv-endpoint"] == "10.77.0.1:29500"
@@ -196,3 +196,53 @@ def test_cluster_test_rejects_a_file_that_is_not_a_description(tmp_path, capsys)
     bogus.write_text("{")
     assert main(["cluster", "test", "--spec", str(bogus)]) == 2
     assert "not JSON" in capsys.readouterr().err
+
+
+def test_env_files_export_world_size_for_launch_training_scripts(tmp_path):
+    """Seed 003's launch_training.sh reads WORLD_SIZE, NODE_RANK and NPROC_PER_NODE: all three are exported."""
+    rc, out = _init(tmp_path, "--devices-per-node", "4")
+    assert rc == 0
+    for rank, node in enumerate("abc"):
+        env = _sourced(out / "env" / f"{node}.env", "WORLD_SIZE", "NNODES", "NODE_RANK", "NPROC_PER_NODE")
+        assert env == {"WORLD_SIZE": "12", "NNODES": "3", "NODE_RANK": str(rank), "NPROC_PER_NODE": "4"}
+
+
+def test_tpu_launcher_dry_run(tmp_path, capsys):
+    """--launcher tpu: the TPU runtime's launcher (gcloud ... tpu-vm ssh --worker=all), not torchrun;
+    each worker picks its node by its worker number and runs one rank (dry run: the commands)."""
+    rc, out = _init(tmp_path, "--launcher", "tpu", "--tpu-name", "pod-v4-32", "--zone", "us-central2-b",
+                    "--project", "my-proj", "--interface", "ens8", "--python", "/opt/venv/bin/python")
+    assert rc == 0
+    assert f"tpu: sh {out.resolve() / 'launch-tpu.sh'}" in capsys.readouterr().out
+    env = {"PATH": "/usr/bin:/bin", "HWTUI_DRY_RUN": "1"}
+    launch = subprocess.run(["sh", str(out / "launch-tpu.sh")], capture_output=True, text=True, env=env, timeout=30,
+                            check=True)
+    assert shlex.split(launch.stdout) == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod-v4-32", "--zone=us-central2-b",
+                                          "--project=my-proj", "--worker=all",
+                                          f"--command=sh {out.resolve() / 'tpu-task.sh'}"]
+    assert "torch.distributed.run" not in (out / "launch-tpu.sh").read_text() + (out / "tpu-task.sh").read_text()
+    for worker, node in enumerate("abc"):
+        task = subprocess.run(["sh", str(out / "tpu-task.sh")], capture_output=True, text=True, timeout=30, check=True,
+                              env={**env, "TPU_WORKER_ID": str(worker)})
+        words = shlex.split(task.stdout)
+        assert words[:6] == [f"node {node}:".split()[0], f"{node}:", f"RANK={worker}", "WORLD_SIZE=3",
+                             "MASTER_ADDR=10.77.0.1", "MASTER_PORT=29500"]
+        assert words[6:] == ["/opt/venv/bin/python", "-m", "hwtui.app", "cluster", "test", "--spec",
+                             f"{out.resolve()}/cluster.json"]
+    bad = subprocess.run(["sh", str(out / "tpu-task.sh")], capture_output=True, text=True, timeout=30,
+                         env={**env, "TPU_WORKER_ID": "3"})
+    assert bad.returncode == 2 and bad.stderr.strip() == "hwtui: TPU worker 3 has no node in cluster.json (3 listed: a b c)"
+    spec = specmod.load(out / "cluster.json")
+    assert (spec.launcher, spec.tpu_name, spec.tpu_zone, spec.tpu_project) == ("tpu", "pod-v4-32", "us-central2-b", "my-proj")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--launcher", "tpu"], "--launcher tpu needs --tpu-name NAME and --zone ZONE"),
+    (["--launcher", "tpu", "--tpu-name", "p", "--zone", "z", "--devices-per-node", "4"], "one process per TPU VM worker"),
+    (["--launcher", "tpu", "--tpu-name", "Pod;rm", "--zone", "z"], "is not a Google Cloud name"),
+])
+def test_tpu_launcher_bad_input(tmp_path, capsys, args, message):
+    rc, out = _init(tmp_path, *args)
+    assert rc == 2 and not out.exists()
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert message in line

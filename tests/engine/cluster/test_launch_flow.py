@@ -16,6 +16,7 @@ import pytest
 from hwtui.app.cli import main as cli_main
 from hwtui.core.net import free_loopback_port
 from hwtui.core.redact import MASK
+from hwtui.engine.cluster import launchfiles
 from tests.engine.cluster.netns import finish
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -99,3 +100,87 @@ def test_a_rank_whose_local_check_fails_stops_every_rank_at_once(tmp_path):
     assert err1.startswith("hwtui: rank 1: cluster test failed: local check on node n1 failed before joining: "
                            "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=")
     assert out1 == "" and "Traceback" not in err0 + err1
+
+
+
+def test_preflight_outside_the_env_file_checks_the_specs_interface(tmp_path):
+    """`hwtui cluster preflight --spec cluster.json --node c` in a bare shell (no env file sourced)
+    checks what c's launch script will export: the spec's interface for c, which this host lacks;
+    and it leaves that line in the rendezvous store for the master to quote."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from hwtui.engine.cluster.smoke import preflight_key
+
+    port = free_loopback_port()
+    out = tmp_path / "cl"
+    assert cli_main(["cluster", "init", "--nodes", "a=127.0.0.1,c=127.0.0.2", "--interface", "lo", "--node-interface",
+                     "c=ens5", "--master-port", str(port), "--join-timeout", "5", "-o", str(out)]) == 0
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)  # node a's
+    argv = [sys.executable, "-m", "hwtui.app", "cluster", "preflight", "--spec", str(out / "cluster.json")]
+    done = subprocess.run([*argv, "--node", "c"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("hwtui: node c cannot join: NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: "), first
+    assert "Traceback" not in done.stderr
+    said = store.get(preflight_key("c")).decode()
+    assert said.startswith("NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: ")
+    # Node a's interface (lo) exists: it may join.
+    ok = subprocess.run([*argv, "--node", "a"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    # A node the spec does not list: one line, exit 2.
+    bad = subprocess.run([*argv, "--node", "zz"], env=_env(), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"hwtui: error: node 'zz' is not in {out / 'cluster.json'} (it lists a, c): pass --node NAME, or source that "
+        "node's env file first"]
+
+
+
+def test_a_node_that_comes_after_the_test_began_is_refused_by_name_in_one_line(tmp_path):
+    """Under torchrun rank 0 marks the store when the test begins, with the nodes it runs with; the
+    launch script's torchrun (engine/cluster/torchrun.py) of a node not among them refuses it
+    before the rendezvous (it joined torchrun's next round before, restarting the running nodes,
+    and every node ended in DistStoreError tracebacks)."""
+    import json as _json
+    import shlex
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from hwtui.engine.cluster import preflight
+    from hwtui.engine.cluster import spec as specmod
+
+    port = free_loopback_port()
+    out = tmp_path / "cl"
+    assert cli_main(["cluster", "init", "--nodes", "a=127.0.0.1,b=127.0.0.3,c=127.0.0.2", "--interface", "lo",
+                     "--master-port", str(port), "--join-timeout", "30", "--python", sys.executable, "-o", str(out)]) == 0
+    spec = specmod.load(out / "cluster.json")
+    store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)  # a's torchrun
+
+    def torchrun(node: str) -> subprocess.CompletedProcess:
+        line = next(ln for ln in (out / f"launch-{node}.sh").read_text().splitlines() if ln.startswith("exec "))
+        argv = shlex.split(line[len("exec "):].replace('"$HERE/cluster.json"', str(out / "cluster.json"))
+                           .replace('"$@"', ""))
+        assert argv[1:3] == ["-m", "hwtui.engine.cluster.torchrun"]
+        return subprocess.run(argv, env=_env(HWTUI_CLUSTER_NODE=node), capture_output=True, text=True, timeout=120)
+
+    # Before the test begins there is no mark: any node may join.
+    assert preflight.late_refusal("127.0.0.1", port, launchfiles.rdzv_id(spec), "c", 30) is None
+    store.set(preflight.started_key(spec), _json.dumps({"nodes": ["a", "b"], "at": "12:00:00"}))
+    late = torchrun("c")
+    assert late.returncode == 1 and late.stdout == ""
+    assert late.stderr.splitlines() == [
+        "hwtui: node c is too late: the cluster test began at 12:00:00 without it (with a, b, after the 30 s join "
+        "timeout); fix: let that run finish, then start every node's launch script again, all within 30 s (the join "
+        "timeout) of the first"]
+    # Re-running a node's launch script while it is in the test is refused too (torchrun's next round again).
+    again = torchrun("b")
+    assert again.returncode == 1 and again.stderr.startswith("hwtui: node b is already running in the cluster test "
+                                                             "that began at 12:00:00; fix: "), again.stderr
+    # The mark is what rank 0 leaves: first with the world size only, then with the nodes.
+    assert preflight.mark_started(spec, None, 2)
+    assert "(with 2 rank(s), after the 30 s join timeout)" in preflight.late_refusal("127.0.0.1", port,
+                                                                                     launchfiles.rdzv_id(spec), "c", 30)
+    assert preflight.mark_started(spec, ["a"], 1)
+    assert _json.loads(store.get(preflight.started_key(spec)))["nodes"] == ["a"]

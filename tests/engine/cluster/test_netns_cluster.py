@@ -213,7 +213,9 @@ def test_torchrun_closes_the_rendezvous_and_names_the_absent_node_with_its_reaso
     fix = "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=eth0"
     _, out_c, err_c = results[2]
     assert out_c == "" and err_c.splitlines() == [f"hwtui: node c cannot join: {fix}",
-                                                  f"hwtui: node c cannot join: {fix.replace('NCCL', 'GLOO')}"]
+                                                  f"hwtui: node c cannot join: {fix.replace('NCCL', 'GLOO')}",
+                                                  "hwtui: node c: leaving this for the master at 10.77.0.1:29800 "
+                                                  "(up to 36 s; Ctrl-C skips it)"]
     report = json.loads((out / "r.json").read_text())
     assert report["world_size"] == 2 and sorted(n["node"] for n in report["nodes"]) == ["a", "b"]
     failed = {f["id"]: f for f in report["findings"] if f["status"] == "fail"}
@@ -256,3 +258,57 @@ def test_a_firewalled_worker_is_named_before_the_process_group_hangs(cluster, se
     assert finding["detail"].startswith("a -> c: no answer.")
     assert "on c: allow incoming TCP" in finding["remedy"]
     assert "node c accepts no connections from a" in err1 and "Traceback" not in err0 + err1
+
+
+WAIT_FOR_MARK = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    from torch.distributed import TCPStore
+    from hwtui.engine.cluster import preflight, spec
+    s = spec.load(sys.argv[1])
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            store = TCPStore(s.master, s.master_port, None, False, timedelta(seconds=3))
+            if store.check([preflight.started_key(s)]):
+                print("marked", flush=True)
+                sys.exit(0)
+        except Exception:
+            pass
+        time.sleep(0.2)
+    sys.exit(1)
+""")
+
+
+def test_a_node_started_after_the_join_timeout_is_refused_and_no_node_shows_a_traceback(cluster, tmp_path, world):
+    """a and b start; once the test has begun (rank 0's mark is in the store) c's launch script
+    runs: its torchrun refuses it by name with the fix in one line before the rendezvous,
+    and a and b finish undisturbed (before: c joined torchrun's next round, and after 114 s every
+    node died with DistStoreError tracebacks)."""
+    out = tmp_path / "cl"
+    nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
+    assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
+                     "--join-timeout", "20", "--master-port", "29900", "-o", str(out)]) == 0
+    first = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "32M", "--iters", "20"], env=_env())
+             for i, n in enumerate(NODES[:2])]
+    try:
+        mark = cluster.popen(2, [sys.executable, "-c", WAIT_FOR_MARK, str(out / "cluster.json")], env=_env())
+        assert mark.stdout.readline().strip() == "marked", mark.communicate(timeout=10)
+        mark.wait(10)
+        late = cluster.popen(2, ["sh", str(out / "launch-c.sh")], env=_env())
+        (rc_c, out_c, err_c), = finish([late], timeout=90)
+    finally:
+        results = finish(first, timeout=120)
+    assert rc_c == 1 and out_c == "", err_c
+    [line] = err_c.splitlines()
+    assert line.startswith("hwtui: node c is too late: the cluster test began at "), line
+    assert line.endswith(" without it (with a, b, after the 20 s join timeout); fix: let that run finish, then start "
+                         "every node's launch script again, all within 20 s (the join timeout) of the first"), line
+    # a and b ran the test without c, which cluster.json lists: it fails naming c, and ends in lines,
+    # not tracebacks (torchrun's ChildFailedError included: the launch script's torchrun says one line).
+    for node, (rc, o, e) in zip(NODES, results, strict=False):
+        assert rc == 1, f"node {node} exited {rc}\n{o[-2000:]}\n{e[-3000:]}"
+        assert "Traceback" not in o + e and "DistStoreError" not in o + e, o[-2000:] + e[-3000:]
+        assert e.rstrip().endswith("hwtui: torchrun: a rank on this node failed; its output above says why"), e[-2000:]
+    assert sum("[FAIL] node c (10.77.0.3) never joined within 20 s" in o for _, o, _ in results) == 1
+    print(f"\nlate node c said: {line}")

@@ -49,7 +49,10 @@ def test_env_prints_exports_filled_from_the_tree(tree, tmp_path):
     assert exports["NCCL_SOCKET_IFNAME"] == "=eth0"  # routes to MASTER_ADDR; eth01 exists, so exact
     assert exports["GLOO_SOCKET_IFNAME"] == "eth0"
     assert exports["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"  # prefix mlx5_1 also matched mlx5_10: replaced
-    assert exports["HOTWEIGHTS_UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    # hwtui has no UCX path: no UCX variable is exported, the NCCL_IB_HCA -> UCX_NET_DEVICES mapping is a comment.
+    assert not any("UCX" in name for name in exports)
+    assert "# hwtui has no UCX path; for a UCX program the same ports are UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1" \
+        in out.stdout.splitlines()
     assert exports["NCCL_DEBUG"] == "INFO" and exports["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "unset NCCL_P2P_DISABLE" in lines
     assert "RANK" not in exports and "LOCAL_RANK" not in exports

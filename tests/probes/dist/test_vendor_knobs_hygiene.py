@@ -98,16 +98,23 @@ def test_window_against_host_memory_and_bad_knobs(tmp_path):
 
 
 def test_ucx_devices(tmp_path):
+    """hwtui has no UCX path: every UCX finding says so and how NCCL_IB_HCA maps to UCX_NET_DEVICES."""
     ns = nvidia_ib_node(tmp_path, gpus=1)
     f = findings(FsHost(ns.root, {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}))
-    assert "mirrors NCCL_IB_HCA as mlx5_0:1,mlx5_1:1" in f["knobs.ucx_net_devices"].title
+    u = f["knobs.ucx_net_devices"]
+    assert u.title == "no UCX path in hwtui; for UCX programs NCCL_IB_HCA maps to UCX_NET_DEVICES=mlx5_0:1,mlx5_1:1"
+    assert "hwtui has no UCX path" in u.detail and "NCCL_IB_HCA=mlx5_0 -> UCX_NET_DEVICES=mlx5_0:1" in u.detail
     f = findings(FsHost(ns.root, {"HOTWEIGHTS_UCX_NET_DEVICES": "mlx5_0:1,eth0"}))
-    assert status(f, "knobs.ucx_net_devices") == "pass"
+    u = f["knobs.ucx_net_devices"]
+    assert u.status.value == "warn" and "hwtui has no UCX path: nothing reads it" in u.title
+    assert u.remedy.startswith("unset HOTWEIGHTS_UCX_NET_DEVICES (hwtui never reads it)")
     f = findings(FsHost(ns.root, {"HOTWEIGHTS_UCX_NET_DEVICES": "mlx5_10:1,mlx5_9:1"}))
     u = f["knobs.ucx_net_devices"]
     assert u.status.value == "fail" and "missing mlx5_9:1" in u.title and "inactive mlx5_10:1" in u.title
+    assert "hwtui has no UCX path" in u.detail
     f = findings(FsHost(ns.root, {"HOTWEIGHTS_UCX_NET_DEVICES": "mlx5_0:1", "NCCL_IB_HCA": "=mlx5_1"}))
-    assert status(f, "knobs.ucx_net_devices") == "warn"
+    u = f["knobs.ucx_net_devices"]
+    assert u.status.value == "warn" and "for a UCX program: export UCX_NET_DEVICES=mlx5_1:1" in u.remedy
 
 
 @pytest.fixture

@@ -1,0 +1,77 @@
+"""``python -m hwtui.engine.cluster.torchrun ARGS``: torchrun for the generated launch scripts,
+ending in one line instead of a traceback.
+
+torchrun's own entry point re-raises whatever ended the run: a failed rank (the cluster test
+exits 1 whenever it found a problem, e.g. a node that never came) ends in a ChildFailedError
+traceback and a "Root Cause" block, a rendezvous that broke in a DistStoreError traceback. The
+ranks have already said why on their own output; the launcher adds one line saying how it ended.
+Same arguments as torchrun (``torch.distributed.run``), which does all the work.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    # The launcher's own c10d warnings (a store client's host name, waits that time out) are noise
+    # beside the one line this ends with. Read once when torch loads, so it is set for the import
+    # only: the ranks torchrun starts get the environment as it was.
+    before = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        from torch.distributed.run import parse_args, run
+    finally:
+        if before is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = before
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    refusal = _late(args)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 1
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        print("hwtui: torchrun: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - ChildFailedError, DistStoreError, RendezvousError ...
+        name = type(exc).__name__
+        if name == "ChildFailedError":
+            print("hwtui: torchrun: a rank on this node failed; its output above says why", file=sys.stderr)
+        else:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            print(f"hwtui: torchrun: the rendezvous or launch failed ({name}: {first}); the cluster test's own lines "
+                  "on the master name the nodes", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _late(args) -> str | None:
+    """A node arriving after the rendezvous closed joins torchrun's next round, which restarts the
+    running nodes: refuse it here, in one line, when rank 0 has marked the test as begun."""
+    import os
+
+    from hwtui.engine.cluster.preflight import late_refusal
+
+    conf = dict(item.partition("=")[::2] for item in str(args.rdzv_conf or "").split(",") if "=" in item)
+    if conf.get("is_host") == "true" or not args.rdzv_endpoint:
+        return None
+    host, _, port = str(args.rdzv_endpoint).rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        join_timeout = float(conf.get("last_call_timeout", "60"))
+    except ValueError:
+        join_timeout = 60.0
+    node = os.environ.get("HWTUI_CLUSTER_NODE") or str(args.local_addr or "this node")
+    refusal = late_refusal(host.strip("[]"), int(port), str(args.rdzv_id), node, join_timeout)
+    return f"hwtui: node {node} {refusal}" if refusal else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
