@@ -35,6 +35,9 @@ class NodeDetailScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back"),
         Binding("b", "back", "Back", show=False),
+        # A modal screen hides the app's bindings: help and quit work here as on every screen.
+        Binding("question_mark", "app.help", "Help", key_display="?"),
+        Binding("q", "app.quit", "Quit"),
     ]
     DEFAULT_CSS = """
     NodeDetailScreen { background: $background; }
