@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen, Screen
@@ -66,7 +67,8 @@ class NodeDetailScreen(ModalScreen[None]):
         if node is None:
             return
         detail = self.query_one(NodeDetail)
-        detail.border_title = f"node {node.node}"
+        # Text, not str: a str border title is parsed as markup, and the node names itself.
+        detail.border_title = Text(f"node {node.node}")
         detail.show(node)
 
     def action_back(self) -> None:

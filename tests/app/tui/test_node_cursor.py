@@ -113,3 +113,40 @@ async def test_every_key_on_a_node_detail_and_back(snapshots):
             await wait_for(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
             detail = app.screen
         assert "question_mark" in keys, keys
+
+
+class _MarkupPoller(FixedPoller):
+    """A node that names itself (and its process) in Rich/Textual markup: shown as those characters."""
+
+    def statuses(self):
+        from hwtui.engine.agent.summary import parse_processes
+
+        name = "[/]ev[b]il[link=x]"
+        summary = parse_summary({"node": name, "devices": [{"device": "cuda:0", "name": "[red]gpu"},
+                                                           {"device": "cpu", "name": "[/]cpu"}]})
+        procs = parse_processes({"processes": [{"pid": 1, "name": "[/]p[i]", "devices": ["/dev/[b]x"]}]})
+        return [NodeStatus(agent="m:1", url="http://m:1", stale=False, age_s=0.1, summary=summary, processes=procs)]
+
+
+async def test_a_node_named_in_markup_shows_those_characters(snapshots):
+    from hwtui.app.tui.screens.nodes import NodeDetailScreen
+    from hwtui.widgets.node_detail import NodeDetail
+
+    app, nodes = _app(snapshots)
+    nodes.poller = _MarkupPoller()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.screen is nodes and nodes.query_one(ClusterNodes).row_count >= 2)
+        assert str(nodes.query_one(ClusterNodes).get_row_at(0)[0]) == "[/]ev[b]il[link=x]"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        detail = app.screen.query_one(NodeDetail)
+        await wait_for(pilot, lambda: detail.shown is not None)
+        await pilot.pause()
+        from textual.content import Content
+
+        # Textual keeps a title as markup: the node's brackets are escaped, drawn as themselves.
+        assert Content.from_markup(str(detail.border_title)).plain == "node [/]ev[b]il[link=x]"
+        assert str(detail.query_one("#node-headline").render()).startswith("[/]ev[b]il[link=x]")
+        procs = detail.query_one("#node-procs")
+        assert [str(c) for c in procs.get_row_at(0)] == ["1", "[/]p[i]", "[b]x"]
+        assert app.is_running
