@@ -308,7 +308,10 @@ class Poller:
     async def _poll_processes(self, view: NodeView) -> None:
         url = view.target.url
         try:
-            doc = await fetch_bounded(self._clients[url], f"{url}/v1/processes", deadline=self.request_timeout,
+            # Half the poll's deadline: it runs after the summary in the same task, and a node whose
+            # processes never come must still be asked for its summary every interval (else it
+            # would be skipped a turn and flicker STALE while its detail is open).
+            doc = await fetch_bounded(self._clients[url], f"{url}/v1/processes", deadline=self.request_timeout / 2,
                                       max_bytes=MAX_SUMMARY)
         except Exception as exc:  # noqa: BLE001 - the node's processes are unknown, the node itself answered
             if self._detail == url:

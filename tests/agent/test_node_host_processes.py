@@ -87,3 +87,38 @@ def test_processes_are_polled_only_for_the_open_node():
     finally:
         stop_agent(a)
         stop_agent(b)
+
+
+def test_a_node_whose_processes_never_come_stays_fresh_while_its_detail_is_open():
+    """The processes are asked after the summary, in the same poll: a node that drip-feeds them is
+    cut at half the poll's deadline, so its summary is still asked every interval (never STALE)."""
+    from tests.agent.hostile import HostileAgent, answer, summary_bytes
+
+    summary = answer(summary_bytes("slowprocs", [{"device": "cpu", "util": 3.0}]))
+    endless = answer(b"{" + b" " * 200_000 + b"}")
+    agent = HostileAgent(lambda path: endless if path.startswith("/v1/processes") else summary,
+                         drip_s=0.5, drip_from=len(summary))
+    try:
+        async def main():
+            targets = parse_agents(f"127.0.0.1:{agent.port}")
+            async with Poller(targets, interval=1.5) as poller:
+                poller.detail = targets[0].url
+                view = poller.views[targets[0].url]
+                stop = asyncio.Event()
+                task = asyncio.ensure_future(poller.run(stop))
+                seen_stale = []
+                end = time.monotonic() + 60
+                while view.polls < 5 or view.processes_error is None:  # state: polls made, bounded
+                    assert time.monotonic() < end
+                    if view.last_ok is not None:
+                        seen_stale.append(poller.statuses()[0].stale)
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.wait_for(task, 10)
+                return seen_stale, view
+
+        seen_stale, view = asyncio.run(main())
+        assert seen_stale and not any(seen_stale), "fresh throughout"
+        assert view.processes_error == "no answer in time" and view.processes is None
+    finally:
+        agent.close()
