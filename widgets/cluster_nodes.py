@@ -32,6 +32,14 @@ COLUMNS = (("NODE", "node"), ("STATE", "state"), ("DEVICE", "device"), ("UTIL", 
            ("TEMP", "temp"), ("POWER", "power"), ("VERSION", "version"), ("PUSH", "push"), ("NOTE", "note"))
 STALE_STYLE = "dim"  # a stale node's last values: still readable, plainly not current
 VERDICT_STYLE = "bold red"
+# NO_COLOR turns red into a dark grey (its luminance) that all but vanishes: there the verdict is
+# bold in the text colour, and the note plain.
+MONO_VERDICT_STYLE = "bold"
+
+
+def verdict_styles(no_color: bool) -> tuple[str, str]:
+    """(the verdict's style, the reason's style) with or without colour."""
+    return (MONO_VERDICT_STYLE, "") if no_color else (VERDICT_STYLE, "red")
 
 
 def age_text(seconds: float | None) -> str:
@@ -98,17 +106,18 @@ def _host_cells(node: NodeStatus) -> dict[str, str]:
     return {"device": "host", "util": util_text(host), "mem": mem_text(host), "temp": "", "power": ""}
 
 
-def node_rows(node: NodeStatus) -> list[dict[str, Text]]:
+def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]:
     """The rows of one node, as cells by column key."""
+    verdict, reason = verdict_styles(no_color)
     blank = {key: "" for _, key in COLUMNS}
     if not node.answered:
         # Nothing to show but that: since when it has been tried, and why it does not answer.
         row = {k: Text(v) for k, v in blank.items()}
         row["node"] = Text(node.node)
-        row["state"] = Text(state_text(node), style=VERDICT_STYLE)
+        row["state"] = Text(state_text(node), style=verdict)
         if node.age_s is None:
             row["device"] = Text(tried_text(node))
-        row["note"] = Text(node.error or "no answer yet", style="red")
+        row["note"] = Text(node.error or "no answer yet", style=reason)
         return [row]
 
     rep = node.replication
@@ -135,9 +144,9 @@ def node_rows(node: NodeStatus) -> list[dict[str, Text]]:
         first["note"] = f"{len(node.unknown)} invalid field(s)"
     style = STALE_STYLE if node.stale else ""
     rows = [{k: Text(v, style=style) for k, v in c.items()} for c in cells]
-    rows[0]["state"] = Text(state_text(node), style=VERDICT_STYLE if node.stale else "")
+    rows[0]["state"] = Text(state_text(node), style=verdict if node.stale else "")
     if node.stale:
-        rows[0]["note"] = Text(first["note"], style="red")
+        rows[0]["note"] = Text(first["note"], style=reason)
     return rows
 
 
@@ -172,8 +181,9 @@ class ClusterNodes(DataTable):
         self.stale_nodes = [n.node for n in nodes if n.stale]
         keys: list[str] = []
         cells: list[list[Text]] = []
+        no_color = self.app.no_color
         for n in nodes:
-            for i, row in enumerate(node_rows(n)):
+            for i, row in enumerate(node_rows(n, no_color)):
                 keys.append(f"{n.url}#{i}")
                 cells.append([row[key] for _, key in COLUMNS])
         if keys == self._keys:

@@ -17,16 +17,17 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from hwtui.engine.agent.summary import Device, NodeStatus, Process
-from hwtui.widgets.cluster_nodes import STALE_STYLE, VERDICT_STYLE, age_text, mem_text, tried_text, util_text
+from hwtui.widgets.cluster_nodes import STALE_STYLE, age_text, mem_text, tried_text, util_text, verdict_styles
 
 DEVICE_COLUMNS = (("DEVICE", "device"), ("NAME", "name"), ("UTIL", "util"), ("MEM", "mem"), ("TEMP", "temp"),
                   ("POWER", "power"))
 PROCESS_COLUMNS = (("PID", "pid"), ("NAME", "name"), ("DEVICES", "devices"))
 
 
-def headline(node: NodeStatus) -> Text:
+def headline(node: NodeStatus, no_color: bool = False) -> Text:
     """``alpha (10.0.0.1:9477): ok, answered in 3 ms`` / ``STALE: last answer 12s ago, <why>`` /
     ``never answered, tried for 42s: <why>``."""
+    verdict, _ = verdict_styles(no_color)
     out = Text(node.node, style="bold")
     if node.node != node.agent:
         out.append(f" ({node.agent})")
@@ -35,10 +36,10 @@ def headline(node: NodeStatus) -> Text:
         lat = "" if node.latency_s is None else f", answered in {node.latency_s * 1000:.0f} ms"
         out.append(f"ok{lat}")
     elif node.age_s is None:
-        out.append("never answered", style=VERDICT_STYLE)
+        out.append("never answered", style=verdict)
         out.append(f", {tried_text(node)}: {node.error or 'no answer yet'}")
     else:
-        out.append("STALE", style=VERDICT_STYLE)
+        out.append("STALE", style=verdict)
         out.append(f": last answer {age_text(node.age_s)} ago, {node.error or 'no fresh answer'}"
                    " (the figures below are from then)")
     return out
@@ -80,7 +81,7 @@ def process_row(p: Process) -> list[str]:
 def processes_line(node: NodeStatus) -> Text:
     procs = node.processes
     if node.processes_error and procs is None:
-        return Text(f"processes unknown: {node.processes_error}", style="red")
+        return Text(f"processes unknown: {node.processes_error}", style="bold")
     if procs is None:
         if node.stale:
             return Text("processes unknown: the node does not answer")
@@ -124,7 +125,7 @@ class NodeDetail(Vertical):
     def show(self, node: NodeStatus) -> None:
         self.shown = node
         style = STALE_STYLE if node.stale else ""
-        self.query_one("#node-headline", Static).update(headline(node))
+        self.query_one("#node-headline", Static).update(headline(node, self.app.no_color))
         self.query_one("#node-host", Static).update(host_line(node))
         self._fill("#node-devices", [device_row(d) for d in node.devices], style)
         self.query_one("#node-procs-title", Static).update(processes_line(node))

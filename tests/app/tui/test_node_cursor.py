@@ -34,6 +34,8 @@ def test_rows_of_a_stale_a_fresh_and_a_never_answered_node():
     assert all(str(r["util"].style) == "dim" for r in stale) and "10%" in str(stale[0]["util"])
     never = node_rows(_node("c", 1, answered=False))
     assert len(never) == 1 and str(never[0]["state"]) == "never answered" and str(never[0]["device"]) == "tried for 9s"
+    # NO_COLOR: red would turn into a near-invisible dark grey; the verdict is bold text instead.
+    assert str(stale[0]["state"].style) == "bold red" and str(node_rows(_node("b", 1, stale=True), True)[0]["state"].style) == "bold"
 
 
 class _Table(App[None]):

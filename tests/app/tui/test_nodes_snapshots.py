@@ -145,3 +145,11 @@ def test_stale_node_detail(snap_compare, make, size):
         await pilot.pause(0.05)
 
     assert snap_compare(make(), terminal_size=size, run_before=run_before)
+
+
+def test_cluster_view_with_a_stale_node_no_color_120x36(snap_compare, make, monkeypatch):
+    """NO_COLOR: the stale node still reads as stale (the word and its age; its values dim, not coloured)."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make()
+    assert app.no_color
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_shown)
