@@ -26,7 +26,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.redact import redact_text
 from hwtui.core.terminal_text import clean
-from hwtui.engine.agent.summary import NodeStatus, Summary, parse_summary
+from hwtui.engine.agent.summary import NodeStatus, Processes, Summary, parse_processes, parse_summary
 
 DEFAULT_PORT = 9477
 STALE_INTERVALS = 2.0
@@ -143,6 +143,12 @@ class NodeView:
     latency_s: float | None = None
     polls: int = 0
     failures: int = 0
+    first_try: float | None = None  # monotonic time of the first poll: "never answered, tried for N s"
+    processes: Processes | None = None  # last good /v1/processes, only while this node's detail is open
+    processes_error: str | None = None
+
+    def tried(self, now: float | None = None) -> float | None:
+        return None if self.first_try is None else (time.monotonic() if now is None else now) - self.first_try
 
     def age(self, now: float | None = None) -> float | None:
         return None if self.last_ok is None else (time.monotonic() if now is None else now) - self.last_ok
@@ -153,7 +159,8 @@ class NodeView:
 
     def status(self, interval: float, now: float | None = None) -> NodeStatus:
         return NodeStatus(agent=self.target.name, url=self.target.url, stale=self.stale(interval, now),
-                          age_s=self.age(now), error=self.error, latency_s=self.latency_s, summary=self.summary)
+                          age_s=self.age(now), error=self.error, latency_s=self.latency_s, summary=self.summary,
+                          tried_s=self.tried(now), processes=self.processes, processes_error=self.processes_error)
 
     def to_dict(self, interval: float, now: float | None = None) -> dict[str, Any]:
         return self.status(interval, now).to_dict()
@@ -240,6 +247,22 @@ class Poller:
         self._on_update = on_update
         self._clients: dict[str, Any] = {}
         self._requests: dict[str, Any] = {}
+        # The node whose detail view is open (its URL): its processes are polled too, after its
+        # summary on the same connection and under the same deadline and cap; no other node's are.
+        self._detail: str | None = None
+
+    @property
+    def detail(self) -> str | None:
+        return self._detail
+
+    @detail.setter
+    def detail(self, url: str | None) -> None:
+        if url == self._detail:
+            return
+        if self._detail in self.views:  # the processes of a node no longer watched are not kept
+            view = self.views[self._detail]
+            view.processes, view.processes_error = None, None
+        self._detail = url if url in self.views else None
 
     async def __aenter__(self) -> Poller:
         httpx = import_httpx()
@@ -266,6 +289,8 @@ class Poller:
     async def poll_once(self, view: NodeView) -> None:
         t = time.monotonic()
         view.polls += 1
+        if view.first_try is None:
+            view.first_try = t
         try:
             doc = await fetch_bounded(self._clients[view.target.url], self._requests[view.target.url],
                                       deadline=self.request_timeout, max_bytes=MAX_SUMMARY)
@@ -275,8 +300,25 @@ class Poller:
         else:
             view.summary, view.last_ok, view.error = parse_summary(doc), time.monotonic(), None
             view.latency_s = view.last_ok - t
+            if self._detail == view.target.url:
+                await self._poll_processes(view)
         if self._on_update is not None:
             self._on_update(view)
+
+    async def _poll_processes(self, view: NodeView) -> None:
+        url = view.target.url
+        try:
+            # Half the poll's deadline: it runs after the summary in the same task, and a node whose
+            # processes never come must still be asked for its summary every interval (else it
+            # would be skipped a turn and flicker STALE while its detail is open).
+            doc = await fetch_bounded(self._clients[url], f"{url}/v1/processes", deadline=self.request_timeout / 2,
+                                      max_bytes=MAX_SUMMARY)
+        except Exception as exc:  # noqa: BLE001 - the node's processes are unknown, the node itself answered
+            if self._detail == url:
+                view.processes_error = _poll_error(exc)
+        else:
+            if self._detail == url:  # the detail may have closed while this was out
+                view.processes, view.processes_error = parse_processes(doc), None
 
     async def round(self) -> list[NodeView]:
         """Poll every node once, concurrently (each bounded by the request timeout)."""

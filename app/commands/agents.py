@@ -68,10 +68,26 @@ def _line(n: NodeStatus) -> str:
     return clean(_compose(n))
 
 
+def _host(n: NodeStatus) -> str:
+    """``host cpu 12% mem 16.0/64G``: the node's CPU and memory (``?``: the agent sent none valid)."""
+    h = n.host
+    if h is None:
+        return "host cpu ? mem ?"
+    if "mem_total" in h.unknown or "mem_used" in h.unknown:
+        mem = "?"
+    elif not h.mem_total:
+        mem = "-"
+    else:
+        mem = f"{'?' if h.mem_used is None else f'{h.mem_used / 2**30:.1f}'}/{h.mem_total / 2**30:.0f}G"
+    return f"host cpu {_util(h)} mem {mem}"
+
+
 def _compose(n: NodeStatus) -> str:
-    if n.stale:
-        age = "never answered" if n.age_s is None else f"last answer {n.age_s:.1f} s ago"
-        return f"{n.node:<16} STALE  {age}: {n.error or 'no fresh answer'}"
+    if not n.answered:
+        if n.age_s is None:
+            tried = "" if n.tried_s is None else f", tried for {n.tried_s:.1f} s"
+            return f"{n.node:<16} STALE  never answered{tried}: {n.error or 'no answer yet'}"
+        return f"{n.node:<16} STALE  last answer {n.age_s:.1f} s ago: {n.error or 'no fresh answer'}"
     devs = [d for d in n.devices if not d.is_cpu]
     parts = []
     for d in devs:
@@ -89,13 +105,14 @@ def _compose(n: NodeStatus) -> str:
     if flight is not None:
         pct = "?" if flight.progress is None else f"{100 * flight.progress:.0f}%"
         ver += f", pushing {flight.version or '?'} {pct}"
-    # A node with no accelerator says so, with its CPU's use, instead of "0 device(s)".
-    cpu = next((d for d in n.devices if d.is_cpu), None)
-    if not devs and cpu is not None:
-        parts = [f"cpu {_util(cpu)}"]
     what = f"{len(devs)} device(s)" if devs else ("devices unknown" if "devices" in unknown else "no accelerator")
     extra = f"  ({len(unknown)} unknown field(s))" if unknown else ""
-    return f"{n.node:<16} ok     {what}{ver}  {'; '.join(parts)}{extra}"
+    values = f"{what}{ver}  {_host(n)}" + (f"; {'; '.join(parts)}" if parts else "") + extra
+    if n.stale:
+        # The last values stay: what the node was doing when it went quiet, said to be that old.
+        age = "?" if n.age_s is None else f"{n.age_s:.1f} s"
+        return f"{n.node:<16} STALE  last answer {age} ago ({n.error or 'no fresh answer'}), then: {values}"
+    return f"{n.node:<16} ok     {values}"
 
 
 def run(args: argparse.Namespace) -> int:

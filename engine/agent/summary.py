@@ -130,6 +130,13 @@ class Summary:
     replication: Replication = field(default_factory=Replication)
     unknown: tuple[str, ...] = ()  # invalid fields, dotted ("devices[2].temp_c", "replication.serving")
 
+    @property
+    def host(self) -> Device | None:
+        """The node's host CPU (``util``: percent busy) and memory (``mem_used``/``mem_total``): the
+        agent's ``cpu`` entry of ``devices``, checked like every device. ``None``: the agent sent
+        none, or sent it invalid (``unknown`` names it), so views show it as unknown."""
+        return next((d for d in self.devices if d.is_cpu), None)
+
 
 def parse_device(doc: Any) -> Device:
     """One entry of ``devices``; ``unknown`` names its own invalid fields (an entry that is not an
@@ -187,6 +194,65 @@ def parse_summary(doc: Any) -> Summary:
                    unknown=tuple(f.unknown))
 
 
+# Processes listed from one node's ``/v1/processes`` (the node's detail view): an honest node has
+# tens; beyond this the rest is counted, not kept.
+MAX_PROCESSES = 1024
+MAX_PID = 1 << 22  # Linux's pid_max limit
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int | None = None
+    name: str | None = None
+    devices: tuple[str, ...] = ()  # the device nodes it holds open ("/dev/nvidia0")
+    unknown: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Processes:
+    """One node's checked ``/v1/processes``: the processes holding an accelerator open."""
+
+    items: tuple[Process, ...] = ()
+    age_s: float | None = None  # of the agent's own scan
+    more: int = 0  # entries beyond MAX_PROCESSES, not kept
+    unknown: tuple[str, ...] = ()
+
+
+def parse_process(doc: Any) -> Process:
+    if not isinstance(doc, Mapping):
+        return Process(unknown=("process",))
+    f = _Fields(doc)
+    pid = f.number("pid", 0, MAX_PID)
+    if pid is not None and not pid.is_integer():
+        f.unknown.append("pid")
+        pid = None
+    name = f.text("name", MAX_LABEL)
+    raw = doc.get("devices")
+    devices: tuple[str, ...] = ()
+    if isinstance(raw, list) and len(raw) <= MAX_DEVICES and all(isinstance(d, str) and len(d) <= MAX_LABEL for d in raw):
+        devices = tuple(c for c in (clean(d).strip() for d in raw) if c)
+    elif raw is not None:
+        f.unknown.append("devices")
+    return Process(pid=None if pid is None else int(pid), name=name, devices=devices, unknown=tuple(f.unknown))
+
+
+def parse_processes(doc: Any) -> Processes:
+    """The typed ``/v1/processes`` answer of ``doc``; never raises."""
+    if not isinstance(doc, Mapping):
+        return Processes(unknown=("processes",))
+    f = _Fields(doc)
+    raw = doc.get("processes")
+    items: list[Process] = []
+    more = 0
+    if isinstance(raw, list):
+        items = [parse_process(p) for p in raw[:MAX_PROCESSES]]
+        more = max(0, len(raw) - MAX_PROCESSES)
+    elif raw is not None:
+        f.unknown.append("processes")
+    age = f.number("age_s", 0.0, MAX_AGE_S)
+    return Processes(items=tuple(items), age_s=age, more=more, unknown=tuple(f.unknown))
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     """What a view shows of one node: its last good summary (if any) and how fresh it is."""
@@ -197,7 +263,19 @@ class NodeStatus:
     age_s: float | None = None  # since the last good answer; None: never answered
     error: str | None = None  # why the last poll failed (clean text)
     latency_s: float | None = None
-    summary: Summary | None = None
+    summary: Summary | None = None  # the last good answer: a stale node keeps it, views grey it
+    tried_s: float | None = None  # since the first poll of this node; None: not polled yet
+    processes: Processes | None = None  # only for the node whose detail is open
+    processes_error: str | None = None  # why its last /v1/processes failed (clean text)
+
+    @property
+    def answered(self) -> bool:
+        """The node answered at least once: there are last values to show, fresh or stale."""
+        return self.summary is not None
+
+    @property
+    def host(self) -> Device | None:
+        return self.summary.host if self.summary is not None else None
 
     @property
     def node(self) -> str:
@@ -221,8 +299,10 @@ class NodeStatus:
         s = self.summary or Summary()
         return {"node": self.node, "agent": self.agent, "url": self.url, "stale": self.stale,
                 "age_s": None if self.age_s is None else round(self.age_s, 3), "error": self.error,
+                "tried_s": None if self.tried_s is None else round(self.tried_s, 3),
                 "latency_s": None if self.latency_s is None else round(self.latency_s, 4),
                 "devices": [d.to_dict() for d in s.devices], "devices_age_s": s.devices_age_s,
+                "host": None if s.host is None else s.host.to_dict(),
                 "worst": s.worst, "replication": s.replication.to_dict(), "unknown": list(s.unknown)}
 
 

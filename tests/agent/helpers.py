@@ -24,12 +24,13 @@ def canned_samples(i: int) -> Callable[[], list[dict[str, Any]]]:
 
 def start_agent(node: str, i: int = 0, *, facts: Callable[[], dict[str, Any]] | None = None,
                 replication: Callable[[], dict[str, Any]] | None = None, period: float = 0.2,
-                post_routes: dict[str, Any] | None = None, limits: Limits | None = None) -> AgentServer:
+                post_routes: dict[str, Any] | None = None, limits: Limits | None = None,
+                processes: Callable[[], list[dict[str, Any]]] | None = None) -> AgentServer:
     state = NodeState(node=node, sample=canned_samples(i),
                       check=lambda: {"worst": "pass", "findings": [], "summary": {"pass": 1}, "drivers": {"nvidia": "550.1"},
                                      "os": "Linux", "kernel": "6.8"},
-                      facts=facts or (lambda: {}), processes=list, replication=replication,
-                      sample_period=period, check_period=60, facts_period=60, process_period=60)
+                      facts=facts or (lambda: {}), processes=processes or list, replication=replication,
+                      sample_period=period, check_period=60, facts_period=60, process_period=period if processes else 60)
     server = AgentServer(("127.0.0.1", 0), state, TOKEN, post_routes=post_routes, limits=limits)
     state.start()
     serve_in_thread(server)

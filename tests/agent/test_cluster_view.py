@@ -174,15 +174,16 @@ async def test_the_tui_shows_every_node_and_a_stale_one_as_stale():
             for _ in range(400):
                 await pilot.pause(0.05)
                 table = screen.query_one(ClusterNodes)
-                if (table.row_count >= 2 and table.stale_nodes == [f"127.0.0.1:{dead}"]
-                        and "refused" in str(table.get_row_at(1)[2])):
+                if (table.row_count >= 3 and table.stale_nodes == [f"127.0.0.1:{dead}"]
+                        and "refused" in str(table.get_row_at(2)[9])):
                     break
             assert table is not None and table.stale_nodes == [f"127.0.0.1:{dead}"]
             cells = [str(c) for c in table.get_row_at(0)]
             assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0" and "30%" in cells[3]
             assert cells[7] == "v7" and "v8" in cells[8] and "50%" in cells[8]
-            stale_row = [str(c) for c in table.get_row_at(1)]
-            assert stale_row[1].startswith("STALE") and "refused" in stale_row[2]
+            assert [str(c) for c in table.get_row_at(1)][2] == "host"  # alpha's host CPU and memory
+            stale_row = [str(c) for c in table.get_row_at(2)]
+            assert stale_row[1] == "never answered" and stale_row[2].startswith("tried for") and "refused" in stale_row[9]
     finally:
         stop_agent(live)
 
@@ -247,4 +248,173 @@ def test_the_text_view_names_a_node_without_accelerators():
     assert "no accelerator serving v2" in cpu_only and "cpu 7%" in cpu_only
     gpu = _line(status({"devices": [{"device": "cpu", "util": 7.2},
                                     {"device": "cuda:0", "util": 55.0, "mem_used": 2**30, "mem_total": 8 * 2**30}]}))
-    assert "1 device(s) serving v2" in gpu and "cuda:0 55% 1.0/8G" in gpu and "cpu" not in gpu
+    assert "1 device(s) serving v2" in gpu and "cuda:0 55% 1.0/8G" in gpu and "host cpu 7%" in gpu
+
+
+# --- issue 25: stale nodes keep their last values, never-answered nodes say since when, host
+# CPU and memory per node, a cursor and Enter to open a node. Real agents over loopback; a node is
+# stopped mid-test and every wait is on state (bounded), never on time.
+
+def _procs():
+    return [{"pid": 4242, "name": "python3", "devices": ["/dev/nvidia0"]},
+            {"pid": 77, "name": "\x1b[31mevil", "devices": ["/dev/nvidia1", 5]}]
+
+
+async def test_a_stopped_node_keeps_its_last_values_greyed_with_their_age():
+    from textual.app import App
+
+    from hwtui.app.tui.screens.nodes import NodeDetailScreen, NodesScreen
+    from hwtui.widgets.cluster_nodes import STALE_STYLE, ClusterNodes
+    from hwtui.widgets.node_detail import NodeDetail
+
+    a = start_agent("alpha", 3)
+    b = start_agent("beta", 1, processes=_procs)
+    dead = dead_port()
+    b_stopped = False
+    try:
+        screen = NodesScreen(parse_agents(f"127.0.0.1:{a.port},127.0.0.1:{b.port},127.0.0.1:{dead}"), token=TOKEN)
+        screen.poller.interval = 1.0  # fresh while an answer is under 2 s old: steady on a loaded box
+
+        class Host(App[None]):
+            def on_mount(self) -> None:
+                self.push_screen(screen)
+
+        async def until(pilot, predicate, what: str, limit: float = 20.0) -> None:
+            end = time.monotonic() + limit
+            while not predicate():
+                assert time.monotonic() < end, f"not within {limit} s: {what}"
+                await pilot.pause(0.05)
+                if isinstance(pilot.app.screen, NodesScreen):
+                    pilot.app.screen.repaint()
+                elif isinstance(pilot.app.screen, NodeDetailScreen):
+                    pilot.app.screen.repaint()
+
+        def rows(table):
+            return [[c for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+        def by_node(table):
+            """node name -> its rows (cells as Text)."""
+            out, current = {}, None
+            for r in rows(table):
+                if str(r[0]):
+                    current = str(r[0])
+                out.setdefault(current, []).append(r)
+            return out
+
+        async with Host().run_test(size=(200, 30)) as pilot:
+            table = screen.query_one(ClusterNodes)
+            await until(pilot, lambda: {"alpha", "beta"} <= set(by_node(table))
+                        and str(by_node(table)["beta"][0][1]) == "ok" and str(by_node(table)["alpha"][0][1]) == "ok",
+                        "both live nodes answered")
+            nodes = by_node(table)
+            # Host CPU and memory per node: a `host` row, from the agent's checked `cpu` entry.
+            beta = nodes["beta"]
+            assert [str(r[2]) for r in beta] == ["cuda:0", "host"]
+            assert "10%" in str(beta[0][3]) and "2.0G/80.0G" in str(beta[0][4])
+            assert "1%" in str(beta[1][3]) and str(beta[1][4]) == "0.0G/0.0G"
+            # The dead port: never answered, and since when it has been tried.
+            never = nodes[f"127.0.0.1:{dead}"][0]
+            assert str(never[1]) == "never answered" and str(never[2]).startswith("tried for ")
+            assert "refused" in str(never[9])
+
+            # Enter on beta's row: its devices and processes (polled only while open); Escape back.
+            table.focus()
+            table.move_cursor(row=[str(r[0]) for r in rows(table)].index("beta"))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(pilot.app.screen, NodeDetailScreen), "the detail opened")
+            detail = pilot.app.screen.query_one(NodeDetail)
+            assert screen.poller.detail == f"http://127.0.0.1:{b.port}"
+            await until(pilot, lambda: detail.shown is not None and detail.shown.processes is not None, "processes")
+            procs = detail.query_one("#node-procs")
+            got = [[str(c) for c in procs.get_row_at(i)] for i in range(procs.row_count)]
+            assert got[0] == ["4242", "python3", "nvidia0"]
+            assert got[1][0] == "77" and "\x1b" not in got[1][1] and got[1][2] == "?"  # cleaned; a bad list is unknown
+            devs = detail.query_one("#node-devices")
+            assert [str(devs.get_row_at(i)[0]) for i in range(devs.row_count)] == ["cuda:0", "host"]
+            assert "host CPU 1%" in str(detail.query_one("#node-host").render())
+            await pilot.press("escape")
+            await until(pilot, lambda: pilot.app.screen is screen, "back on the cluster view")
+            assert screen.poller.detail is None and not screen._task.done(), "the poller kept running"
+            polls = screen.poller.views[f"http://127.0.0.1:{a.port}"].polls
+            await until(pilot, lambda: screen.poller.views[f"http://127.0.0.1:{a.port}"].polls > polls, "polling on")
+
+            # beta stops answering: its rows stay, greyed, with STALE and the age of its last answer.
+            stop_agent(b)
+            b_stopped = True
+            await until(pilot, lambda: str(by_node(table)["beta"][0][1]).startswith("STALE"), "beta stale")
+            beta = by_node(table)["beta"]
+            assert str(beta[0][1]).endswith(" ago") and "s" in str(beta[0][1])
+            assert [str(r[2]) for r in beta] == ["cuda:0", "host"], "the last values stay"
+            assert "10%" in str(beta[0][3]) and "2.0G/80.0G" in str(beta[0][4]) and str(beta[0][5]) == "41C"
+            assert all(r[k].style == STALE_STYLE for r in beta for k in (2, 3, 4, 5)), "greyed"
+            assert str(beta[0][9]), "why it is stale"
+            alpha = by_node(table)["alpha"]
+            assert str(alpha[0][1]) == "ok" and not any(str(c.style) == STALE_STYLE for c in alpha[0])
+            # The stale node's detail says so, with its last figures.
+            table.move_cursor(row=[str(r[0]) for r in rows(table)].index("beta"))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(pilot.app.screen, NodeDetailScreen), "the stale detail opened")
+            detail = pilot.app.screen.query_one(NodeDetail)
+            await until(pilot, lambda: detail.shown is not None, "shown")
+            head = str(detail.query_one("#node-headline").render())
+            assert "STALE" in head and "last answer" in head and "ago" in head
+            devs = detail.query_one("#node-devices")
+            assert str(devs.get_row_at(0)[0]) == "cuda:0" and devs.get_row_at(0)[0].style == STALE_STYLE
+            await pilot.press("escape")
+    finally:
+        stop_agent(a)
+        if not b_stopped:
+            stop_agent(b)
+
+
+def test_a_stopped_node_in_hwtui_agents_keeps_its_last_values_and_age():
+    """`hwtui agents`' lines and JSON: the stale node's last values with their age; never-answered with since when."""
+    from hwtui.app.agent.client import Cluster
+    from hwtui.app.commands.agents import _line
+
+    a, b = start_agent("alpha", 0), start_agent("beta", 1)
+    dead = dead_port()
+    try:
+        async def main():
+            targets = parse_agents(f"127.0.0.1:{a.port},127.0.0.1:{b.port},127.0.0.1:{dead}")
+            async with Poller(targets, token=TOKEN, interval=0.2) as poller:
+                await poller.round()
+                assert [n.stale for n in poller.statuses()] == [False, False, True]
+                stop_agent(b)
+                end = time.monotonic() + 20
+                while not poller.statuses()[1].stale:  # state, bounded: each round is bounded too
+                    assert time.monotonic() < end
+                    await poller.round()
+                return poller.statuses(), Cluster(poller.interval, poller.statuses()).to_dict()
+
+        statuses, doc = asyncio.run(main())
+        alpha, beta, never = (_line(n) for n in statuses)
+        assert " ok " in alpha and "host cpu 1% mem 0.0/0G" in alpha
+        assert "STALE" in beta and "last answer" in beta and "s ago" in beta
+        assert "cuda:0 10% 2.0/80G" in beta and "host cpu 1%" in beta, "the last values stay"
+        assert "never answered, tried for" in never and "refused" in never
+        node = doc["nodes"][1]
+        assert node["stale"] and node["age_s"] > 0.4 and node["devices"][0]["util"] == 10.0
+        assert node["host"]["util"] == 1.0 and doc["nodes"][2]["tried_s"] is not None and doc["nodes"][2]["age_s"] is None
+    finally:
+        stop_agent(a)
+
+
+def test_hwtui_agents_cli_names_a_never_answered_node_and_since_when(capsys):
+    from hwtui.app.cli import main
+
+    a = start_agent("alpha", 2)
+    try:
+        import os
+
+        os.environ["HWTUI_AGENT_TOKEN"] = TOKEN
+        try:
+            rc = main(["agents", "--agents", f"127.0.0.1:{a.port},127.0.0.1:{dead_port()}"])
+        finally:
+            del os.environ["HWTUI_AGENT_TOKEN"]
+        out = capsys.readouterr().out.splitlines()
+        assert rc == 1 and len(out) == 2
+        assert out[0].startswith("alpha") and "host cpu 1%" in out[0] and "cuda:0 20%" in out[0]
+        assert "STALE  never answered, tried for " in out[1]
+    finally:
+        stop_agent(a)

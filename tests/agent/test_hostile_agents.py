@@ -189,21 +189,23 @@ async def test_the_tui_cluster_view_survives_every_bad_field_and_shows_unknown()
             def all_in() -> bool:
                 got = rows()
                 return (all(u in got and got[u][0][1] == "ok" for u in urls.values())
-                        and drip_url in got and got[drip_url][0][2] == "no answer in time")
+                        and drip_url in got and got[drip_url][0][9] == "no answer in time")
 
             await wait_for(pilot, all_in, timeout=60)
             got = {label: rows()[u] for label, u in urls.items()}
-            assert pilot.app.is_running and rows()[drip_url][0][1].startswith("STALE")
+            assert pilot.app.is_running and rows()[drip_url][0][1] == "never answered"
             for cells_list in got.values():
                 for cells in cells_list:
                     for c in cells:
                         assert is_clean(c), repr(c)
-            # COLUMNS: node, state, device, util, mem, temp, power, version, push
+            # COLUMNS: node, state, device, util, mem, temp, power, version, push, note; each node's
+            # last row is its host (CPU and memory: `?` where the agent sent no valid `cpu` entry).
             assert got["temp-hot"][0][5] == "?" and got["temp-hot"][0][3].endswith("5%")
             assert got["util-nan"][0][3] == "?" and got["util-nan"][0][5] == "40C"
             assert got["mem-negative"][0][4] == "?"
             assert got["power-inf"][0][6] == "?" and got["power-inf"][0][3] == "?"
-            assert [r[2] for r in got["devices-not-objects"]] == ["?"] * 4
+            assert [r[2] for r in got["devices-not-objects"]] == ["?"] * 4 + ["host"]
+            assert got["devices-not-objects"][-1][3:5] == ["?", "?"]
             assert got["devices-huge"][0][2] == "?" and got["devices-a-string"][0][2] == "?"
             assert got["replication-odd"][0][7] == "?" and got["replication-odd"][0][8] == "? ?"
             assert got["util-bool"][0][3] == "?" and got["util-bool"][0][5] == "?"

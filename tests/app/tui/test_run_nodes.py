@@ -54,8 +54,9 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
             cells = [str(c) for c in table.get_row_at(0)]
             assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0"
             assert cells[7] == "v7" and "v8" in cells[8] and "50%" in cells[8]
+            assert [str(c) for c in table.get_row_at(1)][2] == "host", "the node's host CPU and memory"
             stale = [str(c) for c in table.get_row_at(table.row_count - 1)]
-            assert stale[1].startswith("STALE")
+            assert stale[1] == "never answered" and stale[2].startswith("tried for ")
             assert "1 STALE" in str(run.query_one("#nodes-box").border_title)
             assert table.region.height > 0 and run.query_one("#nodes-box").region.height >= 3, "the nodes are on screen"
             assert run.state.done_ok, "the engine's panels still run beside the nodes"
