@@ -161,3 +161,14 @@ class FakeNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory"])
                 for p in self._dev(h, "nvmlDeviceGetComputeRunningProcesses")["processes"]]
+
+    def nvmlDeviceGetProcessUtilization(self, h, since):
+        """Recorded ``process_utilization`` samples newer than ``since`` (µs); as the driver answers:
+        NotFound when none is newer, NotSupported for a device without the sample buffer."""
+        samples = self._dev(h, "nvmlDeviceGetProcessUtilization").get("process_utilization")
+        if samples is None:
+            self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        newer = [SimpleNamespace(**s) for s in samples if s["timeStamp"] > since]
+        if not newer:
+            self._raise(pynvml.NVML_ERROR_NOT_FOUND)
+        return newer

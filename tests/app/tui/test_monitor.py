@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
 
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
+from hwtui.app.tui.screens.process_modals import ConfirmSignal, FilterPrompt
 from hwtui.probes.host import ReplayHost
 from hwtui.widgets.device_panel import DevicePanel
 from hwtui.widgets.process_table import ProcessTable
+from hwtui.widgets.process_table import cells as process_cells
 from tests.app.tui.conftest import FixedSampler, wait_for
+from tests.probes.fakenvml import FakeNVML
+
+VENDOR = Path(__file__).resolve().parents[2] / "data" / "vendor"
 
 
 def _proc(device: str, pid: int, user: str, mem: int | None, cmd: str):
@@ -79,15 +96,153 @@ async def test_the_device_chart_follows_the_selected_device(snapshots):
         assert len(chart.series["util"]) == monitor.ticks
 
 
-async def test_g_swaps_the_process_table_for_the_chart_when_narrow(snapshots):
+async def test_the_chart_fills_the_room_the_table_leaves_and_g_gives_it_all(snapshots):
+    """History on by default wherever the screen has room (issue 25): below a table sized to its
+    rows; `g` gives the chart the whole bottom; too short a screen shows the table alone."""
     from hwtui.widgets.device_chart import DeviceChart
 
     app = _h100x8_monitor(snapshots)
     async with app.run_test(size=(80, 30)) as pilot:
         monitor = app.screen
-        await wait_for(pilot, lambda: monitor.ticks >= 1)
-        assert not monitor.query_one("#chart-box").display and monitor.query_one(ProcessTable).display
+        await wait_for(pilot, lambda: monitor.ticks >= 2)
+        table, box = monitor.query_one(ProcessTable), monitor.query_one("#chart-box")
+        await wait_for(pilot, lambda: box.display and table.display)
+        assert table.outer_size.height == table.virtual_size.height + 2, "the table is as tall as its rows"
+        bottom = monitor.query_one("#bottom")
+        assert box.outer_size.height == bottom.size.height - table.outer_size.height, "the chart takes the rest"
         await pilot.press("g")
         await pilot.pause()
-        assert monitor.query_one("#chart-box").display and not monitor.query_one(ProcessTable).display
+        assert box.display and not table.display
         assert monitor.query_one(DeviceChart).key == "cuda:0"
+    app = _h100x8_monitor(snapshots)
+    async with app.run_test(size=(80, 24)) as pilot:
+        monitor = app.screen
+        await wait_for(pilot, lambda: monitor.ticks >= 2)
+        await pilot.pause()
+        assert not monitor.query_one("#chart-box").display, "4 rows left: no chart squeezed in"
+
+
+# -- a live host's processes: NVML at the library boundary, real processes for psutil -----------
+
+IGNORES_TERM = ("import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "sys.stdin.read()")
+PARENT = ("import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE, "
+          "stdout=subprocess.PIPE); g.stdout.readline(); print(g.pid, flush=True); sys.stdin.read(); g.kill(); g.wait()")
+
+
+class _LiveReplay(ReplayHost):
+    """The 8x H100 example as if it were this machine: its processes are looked up live."""
+
+    @property
+    def is_live(self) -> bool:
+        return True
+
+
+class _NvmlSampler(FixedSampler):
+    """Deterministic device figures, and NVML handles (a FakeNVML) the process list asks."""
+
+    nvml: Any = None
+
+    def __init__(self, host, devices):
+        super().__init__(host, devices)
+        self._nvml = self.nvml
+        cuda = [d for d in devices if d.device and d.device.startswith("cuda:")]
+        self._handles = {d.pci: i for i, d in enumerate(cuda)}
+
+
+def _readline(stream, timeout: float = 30.0) -> str:
+    import select
+
+    ready, _, _ = select.select([stream], [], [], timeout)
+    assert ready, "the child did not answer in time"
+    return stream.readline().decode().strip()
+
+
+@pytest.fixture
+def family():
+    """A parent on cuda:0 and its child (which ignores SIGTERM) on cuda:1: real processes."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, IGNORES_TERM], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = int(_readline(parent.stdout))
+    yield parent, child
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)  # our own grandchild, by its pid
+    if parent.poll() is None:
+        parent.kill()
+    parent.wait(timeout=30)
+
+
+def _live_monitor(snapshots, parent: int, child: int) -> tuple[HwtuiApp, FakeNVML]:
+    data = json.loads((VENDOR / "nvml_h100x8.json").read_text())
+    for dev in data["devices"]:
+        dev["processes"] = []
+    data["devices"][0]["processes"] = [{"pid": parent, "used_memory": 3 * 2**30}]
+    data["devices"][0]["process_utilization"] = [{"pid": parent, "timeStamp": 10, "smUtil": 93, "memUtil": 4}]
+    data["devices"][1]["processes"] = [{"pid": child, "used_memory": 512 * 2**20}]
+    nvml = FakeNVML(data)
+    nvml.nvmlInit()
+    _NvmlSampler.nvml = nvml
+    app = HwtuiApp(_LiveReplay.load(snapshots["example:h100_x8"]), TuiConfig.load(), config_file=config_path(),
+                   sampler_factory=_NvmlSampler, start_step="monitor")
+    return app, nvml
+
+
+async def test_each_process_figure_is_its_source(snapshots, family):
+    """GPU % and device memory as NVML answered, CPU %, RSS, age and user as psutil reads them."""
+    parent, child = family
+    app, nvml = _live_monitor(snapshots, parent.pid, child)
+    async with app.run_test(size=(160, 40)) as pilot:
+        monitor = app.screen
+        table = monitor.query_one(ProcessTable)
+        await wait_for(pilot, lambda: len(table.rows_shown) == 2)
+        top, second = table.rows_shown
+        assert (top.pid, top.device, top.mem_bytes) == (parent.pid, "cuda:0", 3 * 2**30), "largest memory first"
+        assert top.gpu_util == 93.0, "the recorded NVML sample"
+        assert second.gpu_util is None, "cuda:1 has no sample buffer (NotSupported): unknown, not 0"
+        header, first_line, second_line = table.lines()[:3]
+        for word in ("GPU%", "MEM", "CPU%", "RSS", "TIME", "COMMAND"):
+            assert word in header
+        ps = psutil.Process(parent.pid)
+        assert first_line.split()[:5] == ["cuda:0", str(parent.pid), ps.username(), "93", "3.0G"]
+        assert top.host_mem is not None and abs(top.host_mem - ps.memory_info().rss) < 8 * 2**20
+        assert top.elapsed_s == pytest.approx(time.time() - ps.create_time(), abs=10)
+        assert second_line.split()[:5] == ["cuda:1", str(child), ps.username(), "-", "0.50G"]
+        await wait_for(pilot, lambda: table.rows_shown[0].cpu_percent is not None)  # the second tick
+        row = table.rows_shown[0]
+        cells = process_cells(row)
+        assert cells["cpu"] == f"{row.cpu_percent:.0f}" and cells["rss"] == f"{row.host_mem / 2**30:.2f}G"
+        assert cells["gpu"] == "0", "no sample newer than the last tick: no kernel ran"
+
+
+async def test_filter_tree_and_a_confirmed_term_then_kill(snapshots, family):
+    parent, child = family
+    app, _ = _live_monitor(snapshots, parent.pid, child)
+    async with app.run_test(size=(160, 40)) as pilot:
+        monitor = app.screen
+        table = monitor.query_one(ProcessTable)
+        await wait_for(pilot, lambda: len(table.rows_shown) == 2)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: table.as_tree)
+        lines = table.lines()
+        assert str(parent.pid) in lines[1] and "└─ " in lines[2] and str(child) in lines[2], lines
+        await pilot.press("slash")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilterPrompt))
+        await pilot.press(*str(child), "enter")
+        await wait_for(pilot, lambda: [p.pid for p in table.rows_shown] == [child])
+        assert "filter" in str(table.border_subtitle) and "1 of 2" in str(table.border_subtitle)
+        table.focus()
+        await pilot.press("k")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSignal))
+        assert "SIGTERM" in app.screen.question and str(child) in app.screen.question
+        await pilot.press("n")  # no: nothing is sent
+        await wait_for(pilot, lambda: app.screen is monitor)
+        await pilot.press("k")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSignal))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.screen is monitor)
+        assert psutil.Process(child).status() != psutil.STATUS_ZOMBIE, "it ignores SIGTERM: still there"
+        await pilot.press("k")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmSignal))
+        assert "SIGKILL" in app.screen.question, "after SIGTERM the next k offers SIGKILL"
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not psutil.pid_exists(child) or
+                       psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
