@@ -27,7 +27,7 @@ from hwtui.app.tui.device_sampler import DeviceHistory, MonitorSampler
 from hwtui.app.tui.messages import MonitorTick
 from hwtui.app.tui.screens.process_modals import ConfirmSignal, FilterPrompt
 from hwtui.widgets.device_chart import DeviceChart
-from hwtui.widgets.device_panel import DevicePanel
+from hwtui.widgets.device_panel import DevicePanel, detail_line
 from hwtui.widgets.host_strip import HostStrip
 from hwtui.widgets.process_table import ProcessTable
 
@@ -57,6 +57,8 @@ class MonitorScreen(Screen):
     MonitorScreen #host-box { height: 3; }
     MonitorScreen #devices-box { height: auto; max-height: 60%; }
     MonitorScreen #devices-box DevicePanel { max-height: 100%; }
+    MonitorScreen #device-detail { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    MonitorScreen #device-detail.-empty { display: none; }
     MonitorScreen #bottom { height: 1fr; layout: vertical; }
     MonitorScreen ProcessTable { height: auto; max-height: 100%; min-height: 3; }
     MonitorScreen.-split ProcessTable { max-height: 50%; }
@@ -73,6 +75,7 @@ class MonitorScreen(Screen):
         self._timer: Timer | None = None
         self._polling = False
         self._termed: set[tuple[int, float | None]] = set()  # processes sent SIGTERM: k offers SIGKILL next
+        self._detail_text: str | None = None
         self.ticks = 0
 
     @property
@@ -92,6 +95,7 @@ class MonitorScreen(Screen):
             panel = DevicePanel(id="monitor-devices")
             panel.marks_selection = True
             yield panel
+            yield Static("", id="device-detail")  # the selected device's clocks, fan, PCIe, NVLink, ECC, throttle
         with Container(id="bottom"):
             processes = ProcessTable(id="processes")
             processes.border_title = "processes on devices"
@@ -128,6 +132,17 @@ class MonitorScreen(Screen):
 
     def on_device_panel_selected(self, _msg: DevicePanel.Selected) -> None:
         self._show_chart()
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        key = self.query_one(DevicePanel).selected
+        sample = self.history.latest.get(key) if key else None
+        text = detail_line(sample) if sample is not None else ""
+        detail = self.query_one("#device-detail", Static)
+        if text != self._detail_text:  # an update repaints: only on a change
+            self._detail_text = text
+            detail.update(text)
+            detail.set_class(not text, "-empty")
 
     def action_toggle_chart(self) -> None:
         self.toggle_class("-chart")
@@ -215,6 +230,7 @@ class MonitorScreen(Screen):
                 self.query_one(HostStrip).show(msg.host)
             self.query_one(ProcessTable).show(msg.processes)
             self._show_chart()
+            self._show_detail()
             # Decided on the sizes after this tick's layout (the devices panel and the table may
             # have changed height), not on the previous frame's.
             self.call_after_refresh(self._layout_bottom)

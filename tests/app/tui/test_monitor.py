@@ -246,3 +246,30 @@ async def test_filter_tree_and_a_confirmed_term_then_kill(snapshots, family):
         await pilot.press("y")
         await wait_for(pilot, lambda: not psutil.pid_exists(child) or
                        psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+
+
+async def test_the_detail_line_is_the_selected_devices_nvml_figures(tmp_path):
+    """Clocks, PCIe link and traffic, NVLink, ECC and clocks-event reasons of the selected device,
+    as NVML answered when the machine was recorded (tests/data/vendor/nvml_h100x8.json)."""
+    from tests.probes.recorded import h100x8
+
+    data = json.loads((VENDOR / "nvml_h100x8.json").read_text())["devices"]
+    app = HwtuiApp(h100x8(tmp_path).host(), TuiConfig.load(), config_file=config_path(),
+                   start_step="monitor")  # the real sampler, reading the recorded NVML answers
+    async with app.run_test(size=(160, 40)) as pilot:
+        monitor = app.screen
+        detail = monitor.query_one("#device-detail")
+        await wait_for(pilot, lambda: str(detail.render()).startswith("cuda:0"))
+        for i in (0, 1):
+            rec = data[i]
+            text = str(detail.render())
+            assert f"clocks sm {rec['clocks']['sm']}MHz mem {rec['clocks']['mem']}MHz" in text
+            assert f"PCIe gen{rec['pcie']['cur_gen']} x{rec['pcie']['cur_width']}" in text
+            assert f"rx {rec['pcie']['rx_kbps'] / 1e6:.1f} GB/s tx {rec['pcie']['tx_kbps'] / 1e6:.1f} GB/s" in text
+            assert f"NVLink {sum(rec['nvlink'])} up" in text and "fan" not in text
+            assert f"ECC {rec['ecc']['uncorrected']} uncorr {rec['ecc']['corrected']} corr" in text
+            assert text.endswith("clocks held: " + ("idle" if rec["clocks_event_mask"] == 1 else "power-cap"))
+            if i == 0:
+                monitor.query_one(DevicePanel).focus()
+                await pilot.press("down")
+                await wait_for(pilot, lambda: str(detail.render()).startswith("cuda:1"))

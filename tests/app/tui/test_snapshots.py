@@ -237,3 +237,14 @@ def test_monitor_device_chart_80x24(snap_compare, make):
         await _charts_built(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=chart)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36), (200, 60)], ids=["80x24", "120x36", "200x60"])
+def test_monitor_h200_recording(snap_compare, monkeypatch, size):
+    """A real idle H200, replayed with the real sampler: its PCIe link and traffic in the detail
+    line, a process table as tall as its one line, the history chart in the room left (issue 25)."""
+    monkeypatch.chdir(REPO)
+    path = REPO / "tests" / "data" / "recordings" / "h200.snapshot.json"
+    host = ReplayHost(json.loads(path.read_text()), origin="h200.snapshot.json")
+    app = HwtuiApp(host, TuiConfig(interval=3600.0), config_file=config_path(), start_step="monitor")
+    assert snap_compare(app, terminal_size=size, run_before=_first_tick)
