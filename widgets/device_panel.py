@@ -69,6 +69,7 @@ class DevicePanel(ScrollView, can_focus=True):
         self.columns = 1  # 2: devices in two side-by-side columns (short screens)
         self.selected: str | None = None  # the device whose history a chart shows
         self.marks_selection = False  # True where a chart follows the selection: its key is drawn reversed
+        self.dots = False  # True: the part of a sparkline history has not reached yet is a dim dotted baseline
         self.keys: tuple[str, ...] = ()  # the devices shown, in order
         self._history: Any = None
         self._two_lines = False
@@ -174,7 +175,7 @@ class DevicePanel(ScrollView, can_focus=True):
                     tail.append(Segment(" " + text.rjust(value_width), base))
                     continue
                 tail += metric_segments(metric, series[metric.attr], lay.spark, value_width, base,
-                                        getattr(sample, "power_limit_w", None))
+                                        getattr(sample, "power_limit_w", None), self.dots)
             if lay.two_lines:
                 strips.append(Strip(head).adjust_cell_length(width, base))
                 strips.append(Strip([Segment(" " * max(lay.key - 2, 0), base), *tail]).adjust_cell_length(width, base))

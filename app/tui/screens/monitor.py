@@ -94,6 +94,7 @@ class MonitorScreen(Screen):
             devices_box.border_title = "devices"
             panel = DevicePanel(id="monitor-devices")
             panel.marks_selection = True
+            panel.dots = True
             yield panel
             yield Static("", id="device-detail")  # the selected device's clocks, fan, PCIe, NVLink, ECC, throttle
         with Container(id="bottom"):

@@ -273,3 +273,19 @@ async def test_the_detail_line_is_the_selected_devices_nvml_figures(tmp_path):
                 monitor.query_one(DevicePanel).focus()
                 await pilot.press("down")
                 await wait_for(pilot, lambda: str(detail.render()).startswith("cuda:1"))
+
+
+async def test_at_200_columns_the_sparklines_use_the_width(snapshots):
+    import re
+
+    app = _h100x8_monitor(snapshots)
+    async with app.run_test(size=(200, 60)) as pilot:
+        monitor = app.screen
+        await wait_for(pilot, lambda: monitor.ticks >= 2)
+        panel = monitor.query_one(DevicePanel)
+        line = panel.lines()[0]
+        lines = re.findall(r"util (·*)([▁▂▃▄▅▆▇█ ]+?) +(\d+)%", line)
+        assert lines, line
+        dots, spark, value = lines[0]
+        assert len(dots) + len(spark) >= 30, "a wide screen: a wide line, its unfilled part dotted"
+        assert len(spark) == monitor.ticks and value == f"{monitor.history.latest['cuda:0'].util:.0f}"
