@@ -20,10 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hwtui.core.terminal_text import clean
 from hwtui.probes.host import Host
 
 _DRM_MEM_KEYS = ("drm-memory-vram", "drm-total-vram0", "drm-total-local0", "drm-resident-vram0")
 _UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+MAX_COMMAND = 4096  # characters of a command line kept (the table cuts it to its width anyway)
 MAX_TRACKED = 4096  # processes whose counters are kept between ticks; a fork bomb cannot grow it further
 
 
@@ -176,8 +178,9 @@ class ProcessStats:
                 out["host_mem"] = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)
                 out["cpu_percent"] = None if first else float(cpu)
-                out["command"] = " ".join(proc.cmdline()) or proc.name()
-                out["user"] = proc.username()
+                # Any user can name a process: its command line must not drive the terminal.
+                out["command"] = clean(" ".join(proc.cmdline()) or proc.name(), MAX_COMMAND)
+                out["user"] = clean(proc.username(), 64)
         except Exception:  # noqa: BLE001 - the process ended, access denied, or /proc unreadable
             self._procs.pop(pid, None)
         return out

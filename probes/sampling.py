@@ -137,9 +137,9 @@ class Sampler:
             sample = DeviceSample(key, rec.get("name") or dev.name, mem.get("used"), mem.get("total"),
                                   (rec.get("utilization") or {}).get("gpu"), rec.get("temperature_c"),
                                   rec.get("power_w"), rec.get("power_limit_w"))
-            pcie = rec.get("pcie") or {}
+            pcie = _dict(rec.get("pcie"))
             _apply_extra(sample, rec, pcie.get("cur_gen"), pcie.get("cur_width"), pcie.get("rx_kbps"), pcie.get("tx_kbps"))
-            sample.nvlink_up = rec.get("nvlink_up")
+            sample.nvlink_up = _count(rec.get("nvlink_up"))
             return sample
         nvml, handle = self._nvml, self._handles.get(dev.pci)
         sample = DeviceSample(key, dev.name, dev.vram_used, dev.vram_total, None, None, None, None)
@@ -238,13 +238,27 @@ class Sampler:
 
 
 def _apply_extra(sample: DeviceSample, extra: dict[str, Any], gen: Any, width: Any, rx: Any, tx: Any) -> None:
-    """The detail figures of :func:`read_extra` (live) or of a recorded NVML device (replay)."""
-    clocks, ecc, event = extra.get("clocks") or {}, extra.get("ecc") or {}, extra.get("clocks_event")
-    sample.sm_clock_mhz, sample.mem_clock_mhz = clocks.get("sm_mhz"), clocks.get("mem_mhz")
-    sample.fan_pct = extra.get("fan_pct")
-    sample.ecc_uncorrected, sample.ecc_corrected = ecc.get("uncorrected"), ecc.get("corrected")
-    sample.throttle = None if not isinstance(event, dict) else tuple(str(r) for r in event.get("reasons") or ())
-    sample.pcie_gen, sample.pcie_width, sample.pcie_rx_kbps, sample.pcie_tx_kbps = gen, width, rx, tx
+    """The detail figures of :func:`read_extra` (live) or of a recorded NVML device (replay). A
+    snapshot is untrusted input: a figure of the wrong type is unknown, never an exception."""
+    clocks, ecc, event = _dict(extra.get("clocks")), _dict(extra.get("ecc")), _dict(extra.get("clocks_event"))
+    sample.sm_clock_mhz, sample.mem_clock_mhz = _count(clocks.get("sm_mhz")), _count(clocks.get("mem_mhz"))
+    sample.fan_pct = _count(extra.get("fan_pct"))
+    sample.ecc_uncorrected, sample.ecc_corrected = _count(ecc.get("uncorrected")), _count(ecc.get("corrected"))
+    reasons = event.get("reasons")
+    sample.throttle = tuple(r for r in reasons if isinstance(r, str))[:16] if isinstance(reasons, list) else None
+    sample.pcie_gen, sample.pcie_width = _count(gen), _count(width)
+    sample.pcie_rx_kbps, sample.pcie_tx_kbps = _count(rx), _count(tx)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative whole figure, or None (NVML answers ints; a replay may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**63:
+        return None
+    return int(value)
 
 
 def _cpu_name(host: Host) -> str:

@@ -30,6 +30,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from hwtui.core.terminal_text import clean
 from hwtui.widgets.memory_bar import memory_label, memory_segments
 from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
 
@@ -269,4 +270,5 @@ def detail_line(sample: Any) -> str:
     throttle = getattr(sample, "throttle", None)
     if isinstance(throttle, tuple | list):
         parts.append("clocks held: " + (", ".join(str(r) for r in throttle) if throttle else "no"))
-    return "  ".join(parts) if len(parts) > 1 else ""
+    # A replayed snapshot's strings (the reasons, the key) are untrusted: one clean line.
+    return clean("  ".join(parts), 400) if len(parts) > 1 else ""

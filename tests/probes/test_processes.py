@@ -138,3 +138,15 @@ def test_signals_reach_only_the_process_that_was_shown(child):
     assert send_signal(child.pid, started, signal.SIGTERM) == f"SIGTERM sent to pid {child.pid}"
     assert child.wait(timeout=30) == -signal.SIGTERM
     assert "not sent" in send_signal(child.pid, started, signal.SIGKILL)
+
+
+def test_a_command_line_cannot_drive_the_terminal():
+    """Any user names their processes: escape sequences and bidi overrides in argv are removed."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "\x1b]0;PWNED\x07evil\u202e"],
+                            stdin=subprocess.PIPE)
+    try:
+        command = ProcessStats().describe(proc.pid)["command"]
+        assert "evil" in command and "\x1b" not in command and "PWNED" not in command and "\u202e" not in command
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

@@ -185,3 +185,22 @@ def test_amd_detail_figures_from_sysfs(tmp_path):
     got = _by_key(Sampler(fs.host(), [amd]).sample())["hip:0"]
     assert (got.sm_clock_mhz, got.mem_clock_mhz, got.fan_pct) == (2124, 96, 40)
     assert (got.pcie_gen, got.pcie_width, got.ecc_uncorrected, got.ecc_corrected) == (4, 8, 1, 7)
+
+
+def test_a_hostile_snapshot_leaves_detail_figures_unknown(tmp_path):
+    """Snapshots are untrusted: wrong types in the recorded NVML detail figures are unknown, not a crash."""
+    from hwtui.widgets.device_panel import detail_line
+
+    path = Path(__file__).resolve().parents[1] / "data" / "recordings" / "h200.snapshot.json"
+    snap = json.loads(path.read_text())
+    dev = snap["facts"]["nvml"]["devices"][0]
+    dev.update(clocks=[1, 2], fan_pct="90", ecc={"uncorrected": -1, "corrected": 1e300}, nvlink_up=True,
+               clocks_event={"reasons": 7}, pcie={"cur_gen": "5", "rx_kbps": float("nan"), "tx_kbps": 10})
+    got = _by_key(Sampler(ReplayHost(snap)).sample())["cuda:0"]
+    assert (got.sm_clock_mhz, got.fan_pct, got.ecc_uncorrected, got.ecc_corrected) == (None, None, None, None)
+    assert (got.nvlink_up, got.throttle, got.pcie_gen, got.pcie_rx_kbps, got.pcie_tx_kbps) == (None, None, None, None, 10)
+    assert detail_line(got) == "cuda:0  PCIe tx 10 KB/s"
+    dev.update(clocks_event={"reasons": ["[bold]x[/", "\x1b]0;PWNED\x07ok", 5]})
+    got = _by_key(Sampler(ReplayHost(snap)).sample())["cuda:0"]
+    assert got.throttle == ("[bold]x[/", "\x1b]0;PWNED\x07ok"), "strings only"
+    assert detail_line(got).endswith("clocks held: [bold]x[/, ok"), "no terminal sequence (the screen shows it as text)"

@@ -96,7 +96,7 @@ class MonitorScreen(Screen):
             panel.marks_selection = True
             panel.dots = True
             yield panel
-            yield Static("", id="device-detail")  # the selected device's clocks, fan, PCIe, NVLink, ECC, throttle
+            yield Static("", id="device-detail", markup=False)  # the selected device's clocks, fan, PCIe, NVLink, ECC, throttle
         with Container(id="bottom"):
             processes = ProcessTable(id="processes")
             processes.border_title = "processes on devices"

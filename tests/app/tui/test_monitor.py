@@ -289,3 +289,16 @@ async def test_at_200_columns_the_sparklines_use_the_width(snapshots):
         dots, spark, value = lines[0]
         assert len(dots) + len(spark) >= 30, "a wide screen: a wide line, its unfilled part dotted"
         assert len(spark) == monitor.ticks and value == f"{monitor.history.latest['cuda:0'].util:.0f}"
+
+
+async def test_a_hostile_replays_detail_is_shown_as_text(tmp_path):
+    """Markup and escape sequences in a snapshot's strings: drawn as text, the app keeps running."""
+    snap = json.loads((VENDOR.parent / "recordings" / "h200.snapshot.json").read_text())
+    snap["facts"]["nvml"]["devices"][0]["clocks_event"] = {"mask": 4, "reasons": ["[bold]x[/", "\x1b[2Jcleared"]}
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(snap))
+    app = HwtuiApp(ReplayHost.load(path), TuiConfig.load(), config_file=config_path(), start_step="monitor")
+    async with app.run_test(size=(120, 36)) as pilot:
+        detail = app.screen.query_one("#device-detail")
+        await wait_for(pilot, lambda: "clocks held" in str(detail.render()))
+        assert str(detail.render()).endswith("clocks held: [bold]x[/, cleared") and app.is_running
