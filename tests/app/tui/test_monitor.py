@@ -18,7 +18,6 @@ import pytest
 
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
-from hwtui.app.tui.screens.process_modals import ConfirmSignal, FilterPrompt
 from hwtui.probes.host import ReplayHost
 from hwtui.widgets.device_panel import DevicePanel
 from hwtui.widgets.process_table import ProcessTable
@@ -214,6 +213,8 @@ async def test_each_process_figure_is_its_source(snapshots, family):
 
 
 async def test_filter_tree_and_a_confirmed_term_then_kill(snapshots, family):
+    from hwtui.app.tui.screens.process_modals import ConfirmSignal, FilterPrompt
+
     parent, child = family
     app, _ = _live_monitor(snapshots, parent.pid, child)
     async with app.run_test(size=(160, 40)) as pilot:
