@@ -30,6 +30,7 @@ COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("GPU%", "gpu
 RIGHT = {"pid", "gpu", "mem", "cpu", "rss", "time"}  # right-aligned columns (numbers)
 # Sort keys: figures largest first (what a person looks for), names ascending; unknown figures last.
 NUMERIC = {"gpu": "gpu_util", "mem": "mem_bytes", "cpu": "cpu_percent", "rss": "host_mem", "time": "elapsed_s"}
+MAX_INDENT = 24  # cells of tree indentation at most (8 levels): the command stays readable
 PAD = 1  # cells either side of a column's text (as a DataTable draws them)
 REPLAY_NOTE = "not recorded in a replay"
 
@@ -92,18 +93,26 @@ def tree_order(rows: list[Any]) -> list[tuple[Any, str]]:
     out: list[tuple[Any, str]] = []
     seen: set[int] = set()
 
-    def walk(p: Any, lead: str, branch: str) -> None:
-        out.append((p, lead + branch))
-        if id(p) in seen:  # a ppid cycle (pid reuse mid-read): never loop
-            return
-        seen.add(id(p))
-        kids = children.get(p.pid, []) if first[p.pid] is p else []
-        for i, kid in enumerate(kids):
-            last = i == len(kids) - 1
-            walk(kid, lead + ("" if not branch else ("   " if branch == "└─ " else "│  ")), "└─ " if last else "├─ ")
+    def walk(root: Any) -> None:
+        # Iterative: a chain of a thousand nested processes must not hit the recursion limit.
+        stack: list[tuple[Any, str, str]] = [(root, "", "")]
+        while stack:
+            p, lead, branch = stack.pop()
+            if id(p) in seen:  # a ppid cycle (pid reuse mid-read): never loop, never twice
+                continue
+            seen.add(id(p))
+            out.append((p, lead + branch))
+            kids = children.get(p.pid, []) if first[p.pid] is p else []
+            inner = lead + ("" if not branch else ("   " if branch == "└─ " else "│  "))
+            inner = inner if len(inner) <= MAX_INDENT else lead  # deeper than that: not indented further
+            for i in range(len(kids) - 1, -1, -1):  # pushed last first: drawn in sorted order
+                stack.append((kids[i], inner, "└─ " if i == len(kids) - 1 else "├─ "))
 
     for root in roots:
-        walk(root, "", "")
+        walk(root)
+    for p in rows:  # parents in a cycle (pids reused between two reads) have no root: draw them anyway
+        if id(p) not in seen:
+            walk(p)
     return out
 
 
