@@ -134,11 +134,17 @@ async def _first_tick(pilot):
     await _charts_built(pilot)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+@pytest.mark.parametrize("size", [(80, 24), (120, 36), (200, 60)], ids=["80x24", "120x36", "200x60"])
 def test_monitor_8gpu_replay(snap_compare, make, size):
     """What `hwtui --replay h100x8` opens on: 8 GPUs, the host strip, the process table."""
     app = make(start_step="monitor")
     assert snap_compare(app, terminal_size=size, run_before=_first_tick)
+
+
+def test_monitor_8gpu_replay_120x36_no_color(snap_compare, make, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make(start_step="monitor")
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_first_tick)
 
 
 def test_replication_dashboard_200x60(snap_compare, make):
