@@ -178,9 +178,12 @@ class ProcessStats:
                 out["host_mem"] = int(proc.memory_info().rss)
                 cpu = proc.cpu_percent(interval=None)
                 out["cpu_percent"] = None if first else float(cpu)
-                # Any user can name a process: its command line must not drive the terminal.
-                out["command"] = clean(" ".join(proc.cmdline()) or proc.name(), MAX_COMMAND)
-                out["user"] = clean(proc.username(), 64)
+                try:  # hidepid or another user's process: the figures above still count
+                    # Any user can name a process: its command line must not drive the terminal.
+                    out["command"] = clean(" ".join(proc.cmdline()) or proc.name(), MAX_COMMAND)
+                    out["user"] = clean(proc.username(), 64)
+                except psutil.AccessDenied:
+                    pass
         except Exception:  # noqa: BLE001 - the process ended, access denied, or /proc unreadable
             self._procs.pop(pid, None)
         return out

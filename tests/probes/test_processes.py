@@ -150,3 +150,16 @@ def test_a_command_line_cannot_drive_the_terminal():
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_an_unreadable_command_line_keeps_the_other_figures(child, monkeypatch):
+    """hidepid, or another user's process: psutil denies the command line, not the figures."""
+    def denied(self):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", denied)
+    stats = ProcessStats()
+    stats.describe(child.pid)
+    info = stats.describe(child.pid)
+    assert info["command"] == "?" and info["user"] == "?"
+    assert info["host_mem"] and info["cpu_percent"] is not None, "the second tick is a CPU rate: the process was kept"
