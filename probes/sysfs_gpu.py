@@ -46,6 +46,16 @@ def _ras_counts(text: str | None) -> tuple[int | None, int | None]:
     return _num(counts.get("ue")), _num(counts.get("ce"))
 
 
+def intel_gt_clock(host: Host, pci: str) -> int | None:
+    """Intel's actual GT clock, MHz: i915's drm/cardN/gt_act_freq_mhz, or xe's tile0/gt0/freq0/act_freq."""
+    base = f"{PCI_ROOT}/{pci}"
+    for card in sorted(n for n in host.listdir(f"{base}/drm") if n.startswith("card")):
+        mhz = _num(host.read_text(f"{base}/drm/{card}/gt_act_freq_mhz"))
+        if mhz is not None:
+            return mhz
+    return _num(host.read_text(f"{base}/tile0/gt0/freq0/act_freq"))
+
+
 def hwmon_dir(host: Host, pci: str) -> str | None:
     """The device's hwmon directory (``.../hwmon/hwmon3``), if its driver registered one."""
     names = [n for n in host.listdir(f"{PCI_ROOT}/{pci}/hwmon") if n.startswith("hwmon")]
@@ -64,6 +74,8 @@ def read_sysfs_gpu(host: Host, pci: str, hwmon: str | None) -> dict[str, Any]:
         "mclk_mhz": _dpm_current(host.read_text(f"{base}/pp_dpm_mclk")),
         "fan_pct": None,
     }
+    if out["sclk_mhz"] is None:
+        out["sclk_mhz"] = intel_gt_clock(host, pci)
     out["pcie_gen"], out["pcie_width"] = pcie_link(host, pci)
     out["ecc_uncorrected"], out["ecc_corrected"] = _ras_counts(host.read_text(f"{base}/ras/umc_err_count"))
     if hwmon:

@@ -204,3 +204,14 @@ def test_a_hostile_snapshot_leaves_detail_figures_unknown(tmp_path):
     got = _by_key(Sampler(ReplayHost(snap)).sample())["cuda:0"]
     assert got.throttle == ("[bold]x[/", "\x1b]0;PWNED\x07ok"), "strings only"
     assert detail_line(got).endswith("clocks held: [bold]x[/, ok"), "no terminal sequence (the screen shows it as text)"
+
+
+def test_intel_gt_clock_from_i915_or_xe(tmp_path):
+    fs = mixed3(tmp_path)
+    devices, _ = detect_devices(fs.host())
+    arc = next(d for d in devices if d.backend == "xpu")
+    base = f"/sys/bus/pci/devices/{arc.pci}"
+    fs.file(f"{base}/tile0/gt0/freq0/act_freq", "1750\n")  # xe
+    assert _by_key(Sampler(fs.host(), [arc]).sample())["xpu:0"].sm_clock_mhz == 1750
+    fs.file(f"{base}/drm/card1/gt_act_freq_mhz", "2400\n")  # i915 answers first
+    assert _by_key(Sampler(fs.host(), [arc]).sample())["xpu:0"].sm_clock_mhz == 2400
