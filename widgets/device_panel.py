@@ -250,7 +250,8 @@ def detail_line(sample: Any) -> str:
     parts = [str(sample.key)]
     sm, mem = _num(getattr(sample, "sm_clock_mhz", None)), _num(getattr(sample, "mem_clock_mhz", None))
     if sm is not None or mem is not None:
-        parts.append("clocks " + " ".join(f"{name} {v:.0f}MHz" for name, v in (("sm", sm), ("mem", mem)) if v is not None))
+        core = "sm" if str(sample.key).startswith("cuda") else "gfx"  # NVIDIA's SM clock; amdgpu sclk, Intel GT
+        parts.append("clocks " + " ".join(f"{name} {v:.0f}MHz" for name, v in ((core, sm), ("mem", mem)) if v is not None))
     if (fan := _num(getattr(sample, "fan_pct", None))) is not None:
         parts.append(f"fan {fan:.0f}%")
     gen, width = _num(getattr(sample, "pcie_gen", None)), _num(getattr(sample, "pcie_width", None))

@@ -185,6 +185,9 @@ def test_amd_detail_figures_from_sysfs(tmp_path):
     got = _by_key(Sampler(fs.host(), [amd]).sample())["hip:0"]
     assert (got.sm_clock_mhz, got.mem_clock_mhz, got.fan_pct) == (2124, 96, 40)
     assert (got.pcie_gen, got.pcie_width, got.ecc_uncorrected, got.ecc_corrected) == (4, 8, 1, 7)
+    from hwtui.widgets.device_panel import detail_line
+
+    assert detail_line(got) == "hip:0  clocks gfx 2124MHz mem 96MHz  fan 40%  PCIe gen4 x8  ECC 1 uncorr 7 corr"
 
 
 def test_a_hostile_snapshot_leaves_detail_figures_unknown(tmp_path):
