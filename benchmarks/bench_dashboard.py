@@ -179,7 +179,7 @@ def _ms(values: list[float], fn) -> float:
     return 1000 * fn(values) if values else float("nan")
 
 
-def fake_processes(host, devices, nvml=None, handles=None):
+def fake_processes(host, devices, nvml=None, handles=None, **_kwargs):
     """40 processes over the devices (a busy 8-GPU box): the table is rebuilt every tick."""
     from hwtui.probes.processes import DeviceProcess
 
@@ -188,7 +188,9 @@ def fake_processes(host, devices, nvml=None, handles=None):
     t = fake_processes.ticks  # type: ignore[attr-defined]
     # Memory moves every tick (as it does on a busy box), so the table has cells to update.
     return [DeviceProcess(keys[i % len(keys)], 1000 + i, f"user{i % 5}", ((i * 37 + t) % 80) << 30,
-                          f"python train.py --rank {i} --config configs/run{i % 7}.yaml") for i in range(40)]
+                          f"python train.py --rank {i} --config configs/run{i % 7}.yaml",
+                          float((i * 13 + t) % 100), float((i * 7 + t) % 400), (2 + i % 9) << 30, 3600.0 + t,
+                          1000 if i % 8 else 1, 1.7e9) for i in range(40)]
 
 
 async def measure(snapshot: Path, seconds: float, size: tuple[int, int], view: str = "run") -> dict[str, float]:

@@ -19,6 +19,7 @@ from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
+from hwtui.probes.nvml_extra import read_extra
 from hwtui.probes.nvml_memory import read_memory
 
 # NVML return codes (nvml.h); NVMLError(code) builds the matching subclass in nvidia-ml-py.
@@ -133,6 +134,7 @@ def read_device(nvml: Any, index: int) -> dict[str, Any]:
         dev["compute_capability"] = None if cc is None else [int(cc[0]), int(cc[1])]
         mig = read("mig_mode", "nvmlDeviceGetMigMode", handle)
         dev["mig"] = None if mig is None else {"current": int(mig[0]), "pending": int(mig[1])}
+        dev.update(read_extra(nvml, handle))  # clocks, fan, ECC, clocks-event reasons, NVLink KiB
         procs = read("processes", "nvmlDeviceGetComputeRunningProcesses", handle)
         dev["processes"] = None if procs is None else [
             {"pid": int(p.pid), "used_memory": None if getattr(p, "usedGpuMemory", None) is None else int(p.usedGpuMemory)}

@@ -18,6 +18,7 @@ from typing import Any
 from hwtui.probes.devices import Device
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.host_counters import host_memory
+from hwtui.probes.nvml_extra import read_extra
 from hwtui.probes.nvml_memory import V2, read_memory
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
@@ -32,6 +33,20 @@ class DeviceSample:
     temp_c: float | None
     power_w: float | None
     power_limit_w: float | None
+    # The detail figures (issue 25): None where the device or driver does not say.
+    sm_clock_mhz: int | None = None  # graphics / SM clock (amdgpu: sclk)
+    mem_clock_mhz: int | None = None
+    fan_pct: int | None = None
+    pcie_gen: int | None = None  # the link as it runs now (it drops at idle to save power)
+    pcie_width: int | None = None
+    pcie_rx_kbps: int | None = None  # KB/s, as NVML reports it
+    pcie_tx_kbps: int | None = None
+    nvlink_up: int | None = None  # links up; None: no NVLink
+    nvlink_rx_kbps: float | None = None  # KiB/s over all links, between two ticks (live only)
+    nvlink_tx_kbps: float | None = None
+    ecc_uncorrected: int | None = None  # since the driver loaded
+    ecc_corrected: int | None = None
+    throttle: tuple[str, ...] | None = None  # NVML clocks-event reasons; () when none
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +68,8 @@ class Sampler:
         self._memory_v2: dict[str, bool] = {}  # pci -> the driver answers NVML memory v2
         self._hwmon = {d.pci: hwmon_dir(host, d.pci) for d in self.devices if d.backend in ("hip", "xpu")}
         self._energy: dict[str, tuple[float, int]] = {}
+        self._nvlink: dict[str, tuple[float, int, int]] = {}  # pci -> (time, tx KiB, rx KiB) of the last tick
+        self._nvlink_up: dict[str, int | None] = {}  # links up: read once (a link going down is a reset)
         self._recorded_nvml: dict[str, dict[str, Any]] = {}
         self._closed = False
         self._cpu_name = _cpu_name(host)  # /proc/cpuinfo is large on big machines: read it once
@@ -117,9 +134,13 @@ class Sampler:
         if not self.host.is_live:
             rec = self._recorded_nvml.get(dev.pci, {})
             mem = rec.get("memory") or {}
-            return DeviceSample(key, rec.get("name") or dev.name, mem.get("used"), mem.get("total"),
-                                (rec.get("utilization") or {}).get("gpu"), rec.get("temperature_c"),
-                                rec.get("power_w"), rec.get("power_limit_w"))
+            sample = DeviceSample(key, rec.get("name") or dev.name, mem.get("used"), mem.get("total"),
+                                  (rec.get("utilization") or {}).get("gpu"), rec.get("temperature_c"),
+                                  rec.get("power_w"), rec.get("power_limit_w"))
+            pcie = _dict(rec.get("pcie"))
+            _apply_extra(sample, rec, pcie.get("cur_gen"), pcie.get("cur_width"), pcie.get("rx_kbps"), pcie.get("tx_kbps"))
+            sample.nvlink_up = _count(rec.get("nvlink_up"))
+            return sample
         nvml, handle = self._nvml, self._handles.get(dev.pci)
         sample = DeviceSample(key, dev.name, dev.vram_used, dev.vram_total, None, None, None, None)
         if nvml is None or handle is None or self._closed:
@@ -129,6 +150,8 @@ class Sampler:
             try:
                 return getattr(nvml, fn)(handle, *args)
             except nvml.NVMLError:
+                return None
+            except AttributeError:  # an nvidia-ml-py without this call
                 return None
 
         try:
@@ -148,6 +171,25 @@ class Sampler:
             limit = get("nvmlDeviceGetEnforcedPowerLimit")
             self._power_limits[dev.pci] = None if limit is None else limit / 1000.0
         sample.power_limit_w = self._power_limits[dev.pci]
+        extra = read_extra(nvml, handle)
+        _apply_extra(sample, extra, get("nvmlDeviceGetCurrPcieLinkGeneration"), get("nvmlDeviceGetCurrPcieLinkWidth"),
+                     get("nvmlDeviceGetPcieThroughput", 1), get("nvmlDeviceGetPcieThroughput", 0))
+        if dev.pci not in self._nvlink_up:
+            from hwtui.probes.nvidia import _read_nvlink
+
+            try:
+                self._nvlink_up[dev.pci] = _read_nvlink(nvml, handle, {})
+            except Exception:  # noqa: BLE001 - a lost GPU: no NVLink figure
+                self._nvlink_up[dev.pci] = None
+        sample.nvlink_up = self._nvlink_up[dev.pci]
+        kib = extra.get("nvlink_kib")
+        if kib is not None:
+            now = time.monotonic()
+            prev = self._nvlink.get(dev.pci)
+            self._nvlink[dev.pci] = (now, kib["tx"], kib["rx"])
+            if prev and now > prev[0] and kib["tx"] >= prev[1] and kib["rx"] >= prev[2]:
+                sample.nvlink_tx_kbps = (kib["tx"] - prev[1]) / (now - prev[0])
+                sample.nvlink_rx_kbps = (kib["rx"] - prev[2]) / (now - prev[0])
         return sample
 
     def _sample_sysfs(self, dev: Device, key: str) -> DeviceSample:
@@ -162,7 +204,10 @@ class Sampler:
                 power = (raw["energy_uj"] - prev[1]) / 1e6 / (now - prev[0])
         return DeviceSample(key, dev.name, raw["mem_used"] if raw["mem_used"] is not None else dev.vram_used,
                             raw["mem_total"] or dev.vram_total, None if raw["util"] is None else float(raw["util"]),
-                            raw["temp_c"], power, raw["power_limit_w"])
+                            raw["temp_c"], power, raw["power_limit_w"], sm_clock_mhz=raw["sclk_mhz"],
+                            mem_clock_mhz=raw["mclk_mhz"], fan_pct=raw["fan_pct"], pcie_gen=raw["pcie_gen"],
+                            pcie_width=raw["pcie_width"], ecc_uncorrected=raw["ecc_uncorrected"],
+                            ecc_corrected=raw["ecc_corrected"])
 
     def _sample_cpu(self) -> DeviceSample:
         if self.host.is_live:
@@ -190,6 +235,30 @@ class Sampler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _apply_extra(sample: DeviceSample, extra: dict[str, Any], gen: Any, width: Any, rx: Any, tx: Any) -> None:
+    """The detail figures of :func:`read_extra` (live) or of a recorded NVML device (replay). A
+    snapshot is untrusted input: a figure of the wrong type is unknown, never an exception."""
+    clocks, ecc, event = _dict(extra.get("clocks")), _dict(extra.get("ecc")), _dict(extra.get("clocks_event"))
+    sample.sm_clock_mhz, sample.mem_clock_mhz = _count(clocks.get("sm_mhz")), _count(clocks.get("mem_mhz"))
+    sample.fan_pct = _count(extra.get("fan_pct"))
+    sample.ecc_uncorrected, sample.ecc_corrected = _count(ecc.get("uncorrected")), _count(ecc.get("corrected"))
+    reasons = event.get("reasons")
+    sample.throttle = tuple(r for r in reasons if isinstance(r, str))[:16] if isinstance(reasons, list) else None
+    sample.pcie_gen, sample.pcie_width = _count(gen), _count(width)
+    sample.pcie_rx_kbps, sample.pcie_tx_kbps = _count(rx), _count(tx)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative whole figure, or None (NVML answers ints; a replay may hold anything)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**63:
+        return None
+    return int(value)
 
 
 def _cpu_name(host: Host) -> str:

@@ -30,6 +30,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from hwtui.core.terminal_text import clean
 from hwtui.widgets.memory_bar import memory_label, memory_segments
 from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
 
@@ -69,6 +70,7 @@ class DevicePanel(ScrollView, can_focus=True):
         self.columns = 1  # 2: devices in two side-by-side columns (short screens)
         self.selected: str | None = None  # the device whose history a chart shows
         self.marks_selection = False  # True where a chart follows the selection: its key is drawn reversed
+        self.dots = False  # True: the part of a sparkline history has not reached yet is a dim dotted baseline
         self.keys: tuple[str, ...] = ()  # the devices shown, in order
         self._history: Any = None
         self._two_lines = False
@@ -174,7 +176,7 @@ class DevicePanel(ScrollView, can_focus=True):
                     tail.append(Segment(" " + text.rjust(value_width), base))
                     continue
                 tail += metric_segments(metric, series[metric.attr], lay.spark, value_width, base,
-                                        getattr(sample, "power_limit_w", None))
+                                        getattr(sample, "power_limit_w", None), self.dots)
             if lay.two_lines:
                 strips.append(Strip(head).adjust_cell_length(width, base))
                 strips.append(Strip([Segment(" " * max(lay.key - 2, 0), base), *tail]).adjust_cell_length(width, base))
@@ -226,3 +228,48 @@ class DevicePanel(ScrollView, can_focus=True):
             self._tooltip_row = row
             sample = self._history.latest.get(self.keys[row]) if self._history and 0 <= row < len(self.keys) else None
             self.tooltip = getattr(sample, "name", None) if sample is not None else None
+
+
+def _num(value: Any) -> float | None:
+    """A recorded figure as a number; None for anything else (a replay is untrusted input)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def rate_kb(kb_per_s: float) -> str:
+    """NVML's KB/s as KB/s, MB/s or GB/s (decimal, as nvidia-smi)."""
+    if kb_per_s >= 1e6:
+        return f"{kb_per_s / 1e6:.1f} GB/s"
+    if kb_per_s >= 1e3:
+        return f"{kb_per_s / 1e3:.1f} MB/s"
+    return f"{kb_per_s:.0f} KB/s"
+
+
+def detail_line(sample: Any) -> str:
+    """The selected device's other figures, those it has: clocks, fan, PCIe link and traffic, NVLink,
+    ECC errors and why its clocks are held down (NVML's clocks-event reasons)."""
+    parts = [str(sample.key)]
+    sm, mem = _num(getattr(sample, "sm_clock_mhz", None)), _num(getattr(sample, "mem_clock_mhz", None))
+    if sm is not None or mem is not None:
+        core = "sm" if str(sample.key).startswith("cuda") else "gfx"  # NVIDIA's SM clock; amdgpu sclk, Intel GT
+        parts.append("clocks " + " ".join(f"{name} {v:.0f}MHz" for name, v in ((core, sm), ("mem", mem)) if v is not None))
+    if (fan := _num(getattr(sample, "fan_pct", None))) is not None:
+        parts.append(f"fan {fan:.0f}%")
+    gen, width = _num(getattr(sample, "pcie_gen", None)), _num(getattr(sample, "pcie_width", None))
+    rx, tx = _num(getattr(sample, "pcie_rx_kbps", None)), _num(getattr(sample, "pcie_tx_kbps", None))
+    if gen is not None or rx is not None or tx is not None:
+        link = f"PCIe gen{gen:.0f}" + (f" x{width:.0f}" if width is not None else "") if gen is not None else "PCIe"
+        traffic = [f"{name} {rate_kb(v)}" for name, v in (("rx", rx), ("tx", tx)) if v is not None]
+        parts.append(" ".join([link, *traffic]))
+    up = _num(getattr(sample, "nvlink_up", None))
+    if up is not None:
+        nrx, ntx = _num(getattr(sample, "nvlink_rx_kbps", None)), _num(getattr(sample, "nvlink_tx_kbps", None))
+        traffic = [f"{name} {rate_kb(v * 1.024)}" for name, v in (("rx", nrx), ("tx", ntx)) if v is not None]
+        parts.append(" ".join([f"NVLink {up:.0f} up", *traffic]))
+    unc, cor = _num(getattr(sample, "ecc_uncorrected", None)), _num(getattr(sample, "ecc_corrected", None))
+    if unc is not None or cor is not None:
+        parts.append("ECC " + " ".join(f"{v:.0f} {name}" for name, v in (("uncorr", unc), ("corr", cor)) if v is not None))
+    throttle = getattr(sample, "throttle", None)
+    if isinstance(throttle, tuple | list):
+        parts.append("clocks held: " + (", ".join(str(r) for r in throttle) if throttle else "no"))
+    # A replayed snapshot's strings (the reasons, the key) are untrusted: one clean line.
+    return clean("  ".join(parts), 400) if len(parts) > 1 else ""

@@ -1,7 +1,10 @@
-"""Processes on each device: device, PID, user, device memory and command; sortable by any column.
+"""Processes on each device: GPU %, device memory, CPU %, host memory, age and command; sortable,
+filtered, or drawn as a tree by parent process.
 
-A click on a column header (or ``o``) changes the sort; memory sorts largest first, the rest in
-ascending order. ``up`` / ``down`` (or a click) move the cursor row.
+A click on a column header (or ``o``) changes the sort; figures sort largest first, names in
+ascending order. ``up`` / ``down`` (or a click) move the cursor row. ``filter`` keeps the rows whose
+command, user or pid contain a text; ``tree`` puts each process under its parent when the parent is
+shown too (the sort orders siblings).
 
 Why not a DataTable: with 40 processes whose memory moves every second, a DataTable re-rendered
 every visible cell on each tick (update_cell, a re-sort, width recalculation): 20-30 ms of the UI
@@ -22,9 +25,14 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("MEM", "mem"), ("COMMAND", "command"))
-RIGHT = {"pid", "mem"}  # right-aligned columns (numbers)
+COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("GPU%", "gpu"), ("MEM", "mem"),
+           ("CPU%", "cpu"), ("RSS", "rss"), ("TIME", "time"), ("COMMAND", "command"))
+RIGHT = {"pid", "gpu", "mem", "cpu", "rss", "time"}  # right-aligned columns (numbers)
+# Sort keys: figures largest first (what a person looks for), names ascending; unknown figures last.
+NUMERIC = {"gpu": "gpu_util", "mem": "mem_bytes", "cpu": "cpu_percent", "rss": "host_mem", "time": "elapsed_s"}
+MAX_INDENT = 24  # cells of tree indentation at most (8 levels): the command stays readable
 PAD = 1  # cells either side of a column's text (as a DataTable draws them)
+REPLAY_NOTE = "not recorded in a replay"
 
 
 def _mem(n: int | None) -> str:
@@ -36,10 +44,76 @@ def _mem(n: int | None) -> str:
     return f"{gib:.1f}G" if gib >= 1 else f"{gib:.2f}G"
 
 
-def cells(p: Any) -> dict[str, str]:
-    """One process as the text of each column."""
-    return {"device": str(p.device), "pid": str(p.pid), "user": str(p.user), "mem": _mem(p.mem_bytes),
-            "command": str(p.command)}
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _elapsed(s: float | None) -> str:
+    """``"59s"``, ``"12:05"`` (minutes:seconds), ``"3:07h"``, ``"12d4h"``: short, as ps's ETIME."""
+    if s is None:
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}:{s % 60:02d}"
+    if s < 86400:
+        return f"{s // 3600}:{s % 3600 // 60:02d}h"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def cells(p: Any, prefix: str = "") -> dict[str, str]:
+    """One process as the text of each column (``prefix``: its branch in the tree view)."""
+    return {"device": str(p.device), "pid": str(p.pid), "user": str(p.user),
+            "gpu": _pct(getattr(p, "gpu_util", None)), "mem": _mem(p.mem_bytes),
+            "cpu": _pct(getattr(p, "cpu_percent", None)), "rss": _mem(getattr(p, "host_mem", None)),
+            "time": _elapsed(getattr(p, "elapsed_s", None)), "command": prefix + str(p.command)}
+
+
+def matches(p: Any, text: str) -> bool:
+    """The filter: ``text`` (case-insensitive) in the command or the user, or equal to the start of the pid."""
+    text = text.strip().lower()
+    return not text or text in str(p.command).lower() or text in str(p.user).lower() or str(p.pid).startswith(text)
+
+
+def tree_order(rows: list[Any]) -> list[tuple[Any, str]]:
+    """``rows`` (already sorted) with each process after its parent when the parent is shown; the
+    branch prefix of each. A process on two devices is one node (its first row) with the others beside."""
+    first: dict[int, Any] = {}
+    for p in rows:
+        first.setdefault(p.pid, p)
+    children: dict[int, list[Any]] = {}
+    roots = []
+    for p in rows:
+        parent = getattr(p, "ppid", None)
+        if parent in first and parent != p.pid:
+            children.setdefault(parent, []).append(p)
+        else:
+            roots.append(p)
+    out: list[tuple[Any, str]] = []
+    seen: set[int] = set()
+
+    def walk(root: Any) -> None:
+        # Iterative: a chain of a thousand nested processes must not hit the recursion limit.
+        stack: list[tuple[Any, str, str]] = [(root, "", "")]
+        while stack:
+            p, lead, branch = stack.pop()
+            if id(p) in seen:  # a ppid cycle (pid reuse mid-read): never loop, never twice
+                continue
+            seen.add(id(p))
+            out.append((p, lead + branch))
+            kids = children.get(p.pid, []) if first[p.pid] is p else []
+            inner = lead + ("" if not branch else ("   " if branch == "└─ " else "│  "))
+            inner = inner if len(inner) <= MAX_INDENT else lead  # deeper than that: not indented further
+            for i in range(len(kids) - 1, -1, -1):  # pushed last first: drawn in sorted order
+                stack.append((kids[i], inner, "└─ " if i == len(kids) - 1 else "├─ "))
+
+    for root in roots:
+        walk(root)
+    for p in rows:  # parents in a cycle (pids reused between two reads) have no root: draw them anyway
+        if id(p) not in seen:
+            walk(p)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,7 +142,10 @@ class ProcessTable(ScrollView, can_focus=True):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.sort_key = "mem"
-        self.rows_shown: list[Any] = []
+        self.filter_text = ""
+        self.as_tree = False
+        self.rows_shown: list[Any] = []  # after the filter, in the order drawn
+        self._all: list[Any] | None = []  # the last rows given to show() (None: a replay)
         self.note = ""
         self.cursor_row = 0
         self._cells: list[dict[str, str]] = []
@@ -84,29 +161,55 @@ class ProcessTable(ScrollView, can_focus=True):
         return len(self.rows_shown)
 
     def _sorted(self, rows: list[Any]) -> list[Any]:
-        if self.sort_key == "mem":
-            return sorted(rows, key=lambda p: (-(p.mem_bytes or 0), p.device, p.pid))
+        attr = NUMERIC.get(self.sort_key)
+        if attr is not None:
+            return sorted(rows, key=lambda p: (getattr(p, attr, None) is None, -(getattr(p, attr, None) or 0),
+                                               p.device, p.pid))
         return sorted(rows, key=lambda p: (getattr(p, self.sort_key), p.pid))
 
     def show(self, processes: list[Any] | None) -> None:
         """``None``: this host has no processes to show (a replay)."""
-        note = "not recorded in a replay" if processes is None else ("none" if not processes else "")
-        rows = self._sorted(list(processes or []))
-        subtitle = f"sorted by {self.sort_key}" + (f" - {note}" if note else "")
-        if rows == self.rows_shown and subtitle == self.border_subtitle and self._cells:
+        self._all = None if processes is None else list(processes)
+        note = REPLAY_NOTE if processes is None else ("none" if not processes else "")
+        rows = [p for p in self._sorted(list(processes or [])) if matches(p, self.filter_text)]
+        if processes and not rows:
+            note = "none match the filter"
+        ordered = tree_order(rows) if self.as_tree else [(p, "") for p in rows]
+        parts = [f"sorted by {self.sort_key}"]
+        if self.filter_text:
+            parts.append(f"filter '{self.filter_text}' ({len(rows)} of {len(processes or [])})")
+        if self.as_tree:
+            parts.append("tree")
+        subtitle = ", ".join(parts) + (f" - {note}" if note else "")
+        new_rows = [p for p, _ in ordered]
+        if new_rows == self.rows_shown and subtitle == self.border_subtitle and self._cells:
             return  # nothing changed: no repaint (the common case at 1 Hz on an idle box)
         self.note = note
-        self.rows_shown = rows
-        self._cells = [cells(p) for p in rows]
-        self.cursor_row = min(self.cursor_row, max(len(rows) - 1, 0))
+        self.rows_shown = new_rows
+        self._cells = [cells(p, prefix) for p, prefix in ordered]
+        self.cursor_row = min(self.cursor_row, max(len(new_rows) - 1, 0))
         self._strips.clear()
         self._columns = []
-        height = len(rows) + 1  # the header is the first line
+        height = len(new_rows) + 1  # the header is the first line
         if self.virtual_size.height != height:
             self.virtual_size = Size(0, height)
+            self.refresh(layout=True)  # the table is as tall as its rows: the chart below gets the rest
         if subtitle != self.border_subtitle:
             self.border_subtitle = subtitle
         self.refresh()
+
+    def set_filter(self, text: str) -> None:
+        self.filter_text = text.strip()
+        self.show(self._all)
+
+    def toggle_tree(self) -> None:
+        self.as_tree = not self.as_tree
+        self.show(self._all)
+
+    @property
+    def selected_process(self) -> Any:
+        """The process under the cursor, or None."""
+        return self.rows_shown[self.cursor_row] if 0 <= self.cursor_row < len(self.rows_shown) else None
 
     def lines(self, width: int | None = None) -> list[str]:
         """The table's text, header first (what tests and screen readers get)."""
@@ -197,7 +300,7 @@ class ProcessTable(ScrollView, can_focus=True):
 
     def _sort_by(self, key: str) -> None:
         self.sort_key = key
-        self.show(self.rows_shown if self.note != "not recorded in a replay" else None)
+        self.show(self._all)
 
     def action_next_sort(self) -> None:
         keys = [k for _, k in COLUMNS]

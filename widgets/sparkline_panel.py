@@ -16,6 +16,7 @@ from rich.style import Style
 from hwtui.widgets._draw import sparkline
 
 NAME_STYLE, LINE_STYLE = Style(dim=True), Style(color="cyan")
+NOT_YET = "·"  # a place the history has not reached yet (drawn dim): the line's extent shows from the first tick
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,19 @@ def metric_value(value: float | None, unit: str) -> str:
 
 
 def metric_segments(metric: Metric, values: Sequence[float | None], spark_width: int, value_width: int, base: Style,
-                    hi: float | None = None) -> list[Segment]:
+                    hi: float | None = None, dots: bool = False) -> list[Segment]:
     """``"  util ▂▄▆█  45%"``: two spaces, name, sparkline, latest value right-aligned in ``value_width``."""
     latest = values[-1] if values else None
     if all(v is None for v in values):
         # A sensor the device does not have: leave the column empty rather than print "-C".
         return [Segment(" " * (metric_fixed_width(metric, value_width) + spark_width), base)]
+    line = sparkline(values, spark_width, metric.lo, metric.hi if metric.hi is not None else hi)
+    # Before the first reading the line has no history: a dim dotted baseline, not blank cells
+    # (a wide line with three readings looked like a 3-cell chart after 20 empty columns).
+    waiting = max(spark_width - len(values), 0) if dots else 0
     return [Segment("  " + metric.name + " ", base + NAME_STYLE),
-            Segment(sparkline(values, spark_width, metric.lo, metric.hi if metric.hi is not None else hi), base + LINE_STYLE),
+            *([Segment(NOT_YET * waiting, base + NAME_STYLE)] if waiting else []),
+            Segment(line[waiting:], base + LINE_STYLE),
             Segment(" " + metric_value(latest, metric.unit).rjust(value_width), base)]
 
 

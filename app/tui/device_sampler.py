@@ -47,12 +47,14 @@ class MonitorSampler:
 
     def __init__(self, host: Any, devices: list[Any], device_sampler: Any = None, *, processes: bool = True):
         from hwtui.probes.host_counters import HostCounters
+        from hwtui.probes.processes import ProcessTracker
 
         self.processes = processes  # the Run screen shows no process list: it does not pay for one
         self.host = host
         self.devices = devices
         self.devices_sampler = device_sampler if device_sampler is not None else make_sampler(host, devices)
         self.counters = HostCounters(host)
+        self.tracker = ProcessTracker()  # CPU % and GPU % are differences between two ticks: kept here
 
     def _nvml_handles(self) -> tuple[Any, dict[str, Any]]:
         nvml = getattr(self.devices_sampler, "_nvml", None)
@@ -69,7 +71,7 @@ class MonitorSampler:
             return samples, host, []
         nvml, handles = self._nvml_handles()
         try:
-            procs = device_processes(self.host, self.devices, nvml, handles)
+            procs = device_processes(self.host, self.devices, nvml, handles, tracker=self.tracker)
         except OSError:
             procs = []
         return samples, host, procs

@@ -161,3 +161,42 @@ class FakeNVML:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_memory"])
                 for p in self._dev(h, "nvmlDeviceGetComputeRunningProcesses")["processes"]]
+
+    def nvmlDeviceGetProcessUtilization(self, h, since):
+        """Recorded ``process_utilization`` samples newer than ``since`` (µs); as the driver answers:
+        NotFound when none is newer, NotSupported for a device without the sample buffer."""
+        samples = self._dev(h, "nvmlDeviceGetProcessUtilization").get("process_utilization")
+        if samples is None:
+            self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        newer = [SimpleNamespace(**s) for s in samples if s["timeStamp"] > since]
+        if not newer:
+            self._raise(pynvml.NVML_ERROR_NOT_FOUND)
+        return newer
+
+    def _recorded(self, h, fn, key):
+        value = self._dev(h, fn).get(key)
+        if value is None:  # not recorded: the board has no such figure (a passive H100 has no fan)
+            self._raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        clocks = self._recorded(h, "nvmlDeviceGetClockInfo", "clocks")
+        return clocks["sm" if clock == pynvml.NVML_CLOCK_SM else "mem"]
+
+    def nvmlDeviceGetFanSpeed(self, h):
+        return self._recorded(h, "nvmlDeviceGetFanSpeed", "fan_pct")
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        assert counter_type == pynvml.NVML_VOLATILE_ECC
+        ecc = self._recorded(h, "nvmlDeviceGetTotalEccErrors", "ecc")
+        return ecc["uncorrected" if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._recorded(h, "nvmlDeviceGetCurrentClocksEventReasons", "clocks_event_mask")
+
+    def nvmlDeviceGetFieldValues(self, h, field_ids):
+        """NVLink KiB counters (recorded ``nvlink_kib``), each field answering NotSupported without them."""
+        kib = self._dev(h, "nvmlDeviceGetFieldValues").get("nvlink_kib")
+        names = {pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx"}
+        return [SimpleNamespace(fieldId=f, nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED if kib is None else 0,
+                                value=SimpleNamespace(ullVal=(kib or {}).get(names.get(f), 0))) for f in field_ids]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from hwtui.probes.host import RecordingHost, ReplayHost
 from hwtui.probes.inventory import detect_devices
@@ -119,3 +120,101 @@ def test_hostile_meminfo_is_unknown_not_a_crash(tmp_path):
     assert (cpu.mem_used, cpu.mem_total) == (None, None)
     cpu = _cpu_sample(tmp_path, "MemTotal: 1000 kB\n", {"mem_total": "x", "mem_available": 2})
     assert (cpu.mem_used, cpu.mem_total) == (None, 1000 * 1024), "the total alone is still known"
+
+
+def test_detail_figures_are_nvmls_live_and_replayed(tmp_path):
+    """Clocks, fan, PCIe link and traffic, NVLink, ECC and clocks-event reasons as NVML answers them
+    (issue 25), live and from a snapshot, each checked against the recorded data."""
+    from hwtui.widgets.device_panel import detail_line
+
+    fs = h100x8(tmp_path)
+    data = load("nvml_h100x8")
+    devices, _ = detect_devices(fs.host())
+    fake = FakeNVML(data)
+    sampler = Sampler(LiveTreeHost(fs.root, {}), devices, nvml=fake)
+    first = _by_key(sampler.sample())
+    for i in (0, 1):
+        rec, got = data["devices"][i], first[f"cuda:{i}"]
+        assert (got.sm_clock_mhz, got.mem_clock_mhz) == (rec["clocks"]["sm"], rec["clocks"]["mem"])
+        assert got.fan_pct is None, "a passively cooled H100 answers NotSupported: no fan figure"
+        assert (got.pcie_gen, got.pcie_width) == (rec["pcie"]["cur_gen"], rec["pcie"]["cur_width"])
+        assert (got.pcie_rx_kbps, got.pcie_tx_kbps) == (rec["pcie"]["rx_kbps"], rec["pcie"]["tx_kbps"])
+        assert got.nvlink_up == sum(rec["nvlink"]) == 18
+        assert (got.ecc_uncorrected, got.ecc_corrected) == (rec["ecc"]["uncorrected"], rec["ecc"]["corrected"])
+    assert first["cuda:0"].throttle == ("idle",) and first["cuda:1"].throttle == ("power-cap",), "mask 1 / mask 4"
+    assert first["cuda:0"].nvlink_tx_kbps is None, "one reading of a counter is no rate"
+    assert detail_line(first["cuda:1"]) == ("cuda:1  clocks sm 1965MHz mem 2619MHz  PCIe gen5 x16 rx 2.2 GB/s tx 1.8 GB/s"
+                                           "  NVLink 18 up  ECC 0 uncorr 1 corr  clocks held: power-cap")
+    time.sleep(0.05)
+    data["devices"][0]["nvlink_kib"]["tx"] += 5_000_000  # 5 GB (KiB) more sent
+    tx = _by_key(sampler.sample())["cuda:0"].nvlink_tx_kbps
+    assert tx is not None and 5_000_000 / 0.5 < tx < 5_000_000 / 0.04
+    sampler.close()
+    # Recorded by the check (read_device) with the tree, so a replay shows the same figures.
+    recorded = _by_key(Sampler(fs.host(), devices).sample())["cuda:1"]
+    assert recorded.sm_clock_mhz == 1965 and recorded.throttle == ("power-cap",) and recorded.ecc_corrected == 1
+    assert recorded.pcie_rx_kbps == data["devices"][1]["pcie"]["rx_kbps"] and recorded.nvlink_up == 18
+
+
+def test_the_h200_recording_shows_its_pcie_link_and_traffic():
+    from hwtui.widgets.device_panel import detail_line
+
+    path = Path(__file__).resolve().parents[1] / "data" / "recordings" / "h200.snapshot.json"  # a real H200, idle
+    host = ReplayHost.load(path)
+    rec = json.loads(Path(path).read_text())["facts"]["nvml"]["devices"][0]
+    got = _by_key(Sampler(host).sample())["cuda:0"]
+    assert (got.pcie_gen, got.pcie_width, got.pcie_rx_kbps, got.pcie_tx_kbps) == (5, 16, 591, 1248)
+    assert (got.pcie_rx_kbps, got.pcie_tx_kbps) == (rec["pcie"]["rx_kbps"], rec["pcie"]["tx_kbps"])
+    assert got.nvlink_up is None and got.sm_clock_mhz is None, "not recorded: not shown"
+    assert detail_line(got) == "cuda:0  PCIe gen5 x16 rx 591 KB/s tx 1.2 MB/s"
+
+
+def test_amd_detail_figures_from_sysfs(tmp_path):
+    fs = mixed3(tmp_path)
+    devices, _ = detect_devices(fs.host())
+    amd = next(d for d in devices if d.backend == "hip")
+    base = f"/sys/bus/pci/devices/{amd.pci}"
+    hwmon = next(p.name for p in fs.path(f"{base}/hwmon").iterdir())
+    fs.file(f"{base}/pp_dpm_sclk", "0: 500Mhz\n1: 2124Mhz *\n")
+    fs.file(f"{base}/pp_dpm_mclk", "0: 96Mhz *\n1: 1249Mhz\n")
+    fs.file(f"{base}/hwmon/{hwmon}/pwm1", "102\n")
+    fs.file(f"{base}/hwmon/{hwmon}/pwm1_max", "255\n")
+    fs.file(f"{base}/current_link_speed", "16.0 GT/s PCIe\n")
+    fs.file(f"{base}/current_link_width", "8\n")
+    fs.file(f"{base}/ras/umc_err_count", "ue: 1\nce: 7\n")
+    got = _by_key(Sampler(fs.host(), [amd]).sample())["hip:0"]
+    assert (got.sm_clock_mhz, got.mem_clock_mhz, got.fan_pct) == (2124, 96, 40)
+    assert (got.pcie_gen, got.pcie_width, got.ecc_uncorrected, got.ecc_corrected) == (4, 8, 1, 7)
+    from hwtui.widgets.device_panel import detail_line
+
+    assert detail_line(got) == "hip:0  clocks gfx 2124MHz mem 96MHz  fan 40%  PCIe gen4 x8  ECC 1 uncorr 7 corr"
+
+
+def test_a_hostile_snapshot_leaves_detail_figures_unknown(tmp_path):
+    """Snapshots are untrusted: wrong types in the recorded NVML detail figures are unknown, not a crash."""
+    from hwtui.widgets.device_panel import detail_line
+
+    path = Path(__file__).resolve().parents[1] / "data" / "recordings" / "h200.snapshot.json"
+    snap = json.loads(path.read_text())
+    dev = snap["facts"]["nvml"]["devices"][0]
+    dev.update(clocks=[1, 2], fan_pct="90", ecc={"uncorrected": -1, "corrected": 1e300}, nvlink_up=True,
+               clocks_event={"reasons": 7}, pcie={"cur_gen": "5", "rx_kbps": float("nan"), "tx_kbps": 10})
+    got = _by_key(Sampler(ReplayHost(snap)).sample())["cuda:0"]
+    assert (got.sm_clock_mhz, got.fan_pct, got.ecc_uncorrected, got.ecc_corrected) == (None, None, None, None)
+    assert (got.nvlink_up, got.throttle, got.pcie_gen, got.pcie_rx_kbps, got.pcie_tx_kbps) == (None, None, None, None, 10)
+    assert detail_line(got) == "cuda:0  PCIe tx 10 KB/s"
+    dev.update(clocks_event={"reasons": ["[bold]x[/", "\x1b]0;PWNED\x07ok", 5]})
+    got = _by_key(Sampler(ReplayHost(snap)).sample())["cuda:0"]
+    assert got.throttle == ("[bold]x[/", "\x1b]0;PWNED\x07ok"), "strings only"
+    assert detail_line(got).endswith("clocks held: [bold]x[/, ok"), "no terminal sequence (the screen shows it as text)"
+
+
+def test_intel_gt_clock_from_i915_or_xe(tmp_path):
+    fs = mixed3(tmp_path)
+    devices, _ = detect_devices(fs.host())
+    arc = next(d for d in devices if d.backend == "xpu")
+    base = f"/sys/bus/pci/devices/{arc.pci}"
+    fs.file(f"{base}/tile0/gt0/freq0/act_freq", "1750\n")  # xe
+    assert _by_key(Sampler(fs.host(), [arc]).sample())["xpu:0"].sm_clock_mhz == 1750
+    fs.file(f"{base}/drm/card1/gt_act_freq_mhz", "2400\n")  # i915 answers first
+    assert _by_key(Sampler(fs.host(), [arc]).sample())["xpu:0"].sm_clock_mhz == 2400

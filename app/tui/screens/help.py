@@ -33,7 +33,10 @@ Keys everywhere
 Monitor
   up / down     pick a device (devices panel focused) or a process
   o             next sort column (or click a column header)
-  g             device history chart instead of the processes (narrow)
+  /             filter processes (command, user or pid)
+  t             processes as a tree (by parent)
+  k             SIGTERM the process, then SIGKILL (each asked: y / n)
+  g             device history chart instead of the processes
 Drivers, Environment
   up / down     choose a finding          c   copy its remedy
   w             write the export file (Environment)

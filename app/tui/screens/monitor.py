@@ -1,15 +1,19 @@
 """The monitor: what ``hwtui`` opens on. This machine's devices, host and device processes, live.
 
 Devices with memory, utilisation, temperature and power history; the host's CPU, memory and
-network throughput; the processes on each device (NVML where it answers, DRM fdinfo otherwise),
-sortable; the selected device's utilisation, temperature and power as a chart with axes (beside
-the processes on wide terminals, ``g`` on narrow ones). The wizard is one key away (``w``). Sampling runs in a thread worker and re-arms a
-one-shot timer only after a tick is shown, so ticks never overlap however slow a vendor call is.
+network throughput; the processes on each device (NVML where it answers, DRM fdinfo otherwise)
+with their GPU %, CPU %, memory and age: sortable (``o``), filtered (``/``), as a tree (``t``),
+and signalled (``k``: SIGTERM, then SIGKILL, each confirmed). The process table is as tall as
+its rows; the selected device's history chart takes the rest of the screen wherever it has room
+to be read (``g`` gives the chart the whole bottom). The wizard is one key away (``w``). Sampling
+runs in a thread worker and re-arms a one-shot timer only after a tick is shown, so ticks never
+overlap however slow a vendor call is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+import signal
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual import events, work
 from textual.app import ComposeResult
@@ -21,15 +25,16 @@ from textual.widgets import Footer, Static
 
 from hwtui.app.tui.device_sampler import DeviceHistory, MonitorSampler
 from hwtui.app.tui.messages import MonitorTick
+from hwtui.app.tui.screens.process_modals import ConfirmSignal, FilterPrompt
 from hwtui.widgets.device_chart import DeviceChart
-from hwtui.widgets.device_panel import DevicePanel
+from hwtui.widgets.device_panel import DevicePanel, detail_line
 from hwtui.widgets.host_strip import HostStrip
 from hwtui.widgets.process_table import ProcessTable
 
 if TYPE_CHECKING:
     from hwtui.app.tui.context import AppContext
 
-WIDE = 140  # columns from which the device chart sits beside the process table
+CHART_MIN = 8  # rows (border included) below which the chart is not shown beside the table
 
 
 class MonitorScreen(Screen):
@@ -37,9 +42,13 @@ class MonitorScreen(Screen):
         Binding("w", "wizard", "Wizard"),
         Binding("n", "wizard", "Next", show=False),
         Binding("g", "toggle_chart", "Chart"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("t", "tree", "Tree"),
+        Binding("k", "signal", "Kill"),
     ]
-    # Wide (>= WIDE columns): the selected device's history chart beside the process table;
-    # narrower, ``g`` swaps the process table for the chart.
+    # The process table is as tall as its rows (half the bottom at most while the chart shows);
+    # the chart below takes the rest when that is at least CHART_MIN rows (-split), else the table
+    # has it all. ``g`` (-chart) gives the chart the whole bottom.
     DEFAULT_CSS = """
     MonitorScreen #title { height: 1; background: $panel; }
     MonitorScreen #host-box, MonitorScreen #devices-box, MonitorScreen ProcessTable, MonitorScreen #chart-box {
@@ -48,13 +57,15 @@ class MonitorScreen(Screen):
     MonitorScreen #host-box { height: 3; }
     MonitorScreen #devices-box { height: auto; max-height: 60%; }
     MonitorScreen #devices-box DevicePanel { max-height: 100%; }
+    MonitorScreen #device-detail { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    MonitorScreen #device-detail.-empty { display: none; }
     MonitorScreen #bottom { height: 1fr; layout: vertical; }
-    MonitorScreen.-wide #bottom { layout: horizontal; }
+    MonitorScreen ProcessTable { height: auto; max-height: 100%; min-height: 3; }
+    MonitorScreen.-split ProcessTable { max-height: 50%; }
     MonitorScreen #chart-box { display: none; height: 1fr; }
-    MonitorScreen.-wide #chart-box { display: block; width: 45%; }
+    MonitorScreen.-split #chart-box { display: block; }
     MonitorScreen.-chart #chart-box { display: block; }
     MonitorScreen.-chart ProcessTable { display: none; }
-    MonitorScreen.-wide.-chart ProcessTable { display: block; }
     """
 
     def __init__(self) -> None:
@@ -63,6 +74,8 @@ class MonitorScreen(Screen):
         self._sampler: MonitorSampler | None = None
         self._timer: Timer | None = None
         self._polling = False
+        self._termed: set[tuple[int, float | None]] = set()  # processes sent SIGTERM: k offers SIGKILL next
+        self._detail_text: str | None = None
         self.ticks = 0
 
     @property
@@ -81,7 +94,9 @@ class MonitorScreen(Screen):
             devices_box.border_title = "devices"
             panel = DevicePanel(id="monitor-devices")
             panel.marks_selection = True
+            panel.dots = True
             yield panel
+            yield Static("", id="device-detail", markup=False)  # the selected device's clocks, fan, PCIe, NVLink, ECC, throttle
         with Container(id="bottom"):
             processes = ProcessTable(id="processes")
             processes.border_title = "processes on devices"
@@ -90,12 +105,21 @@ class MonitorScreen(Screen):
                 yield DeviceChart(id="device-chart")
         yield Footer()
 
-    def on_resize(self, event: events.Resize) -> None:
-        self.set_class(event.size.width >= WIDE, "-wide")
-        self._show_chart()
+    def on_resize(self, _event: events.Resize) -> None:
+        self.call_after_refresh(self._layout_bottom)
+
+    def _layout_bottom(self) -> None:
+        """Chart below the table when the rows the table leaves are enough to read one."""
+        bottom = self.query_one("#bottom").size.height
+        table = self.query_one(ProcessTable)
+        natural = table.virtual_size.height + 2  # rows, header, border
+        split = bottom - min(natural, bottom // 2) >= CHART_MIN
+        if split != self.has_class("-split"):
+            self.set_class(split, "-split")
+            self._show_chart()
 
     def _chart_shown(self) -> bool:
-        return self.has_class("-wide") or self.has_class("-chart")
+        return self.has_class("-split") or self.has_class("-chart")
 
     def _show_chart(self) -> None:
         if not self._chart_shown():
@@ -109,13 +133,63 @@ class MonitorScreen(Screen):
 
     def on_device_panel_selected(self, _msg: DevicePanel.Selected) -> None:
         self._show_chart()
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        key = self.query_one(DevicePanel).selected
+        sample = self.history.latest.get(key) if key else None
+        text = detail_line(sample) if sample is not None else ""
+        detail = self.query_one("#device-detail", Static)
+        if text != self._detail_text:  # an update repaints: only on a change
+            self._detail_text = text
+            detail.update(text)
+            detail.set_class(not text, "-empty")
 
     def action_toggle_chart(self) -> None:
         self.toggle_class("-chart")
         self._show_chart()
 
+    def action_filter(self) -> None:
+        table = self.query_one(ProcessTable)
+
+        def apply(text: str | None) -> None:
+            if text is not None:
+                table.set_filter(text)
+
+        self.app.push_screen(FilterPrompt(table.filter_text), apply)
+
+    def action_tree(self) -> None:
+        self.query_one(ProcessTable).toggle_tree()
+
+    def action_signal(self) -> None:
+        """SIGTERM the process under the cursor; once it was sent, SIGKILL. Each asked first (y / n)."""
+        proc: Any = self.query_one(ProcessTable).selected_process
+        if proc is None:
+            self.notify("no process selected (up/down in the process table picks one)", severity="warning")
+            return
+        if not self.hw.host.is_live:
+            self.notify("a replayed machine's processes cannot be signalled", severity="warning")
+            return
+        ident = (proc.pid, getattr(proc, "started", None))
+        sig = signal.SIGKILL if ident in self._termed else signal.SIGTERM
+        command = str(proc.command)
+        command = command if len(command) <= 60 else command[:59] + "…"
+        question = f"Send {sig.name} to pid {proc.pid} ({proc.user}: {command})?"
+
+        def answer(yes: bool | None) -> None:
+            if not yes:
+                return
+            from hwtui.probes.processes import send_signal
+
+            result = send_signal(proc.pid, ident[1], sig)
+            if sig == signal.SIGTERM and result.endswith("sent to pid " + str(proc.pid)):
+                self._termed.add(ident)
+            self.notify(result)
+
+        self.app.push_screen(ConfirmSignal(question), answer)
+
     def on_mount(self) -> None:
-        self.set_class(self.size.width >= WIDE, "-wide")
+        self.call_after_refresh(self._layout_bottom)
 
     def on_screen_resume(self) -> None:
         if not self._polling:
@@ -159,6 +233,10 @@ class MonitorScreen(Screen):
                 self.query_one(HostStrip).show(msg.host)
             self.query_one(ProcessTable).show(msg.processes)
             self._show_chart()
+            self._show_detail()
+            # Decided on the sizes after this tick's layout (the devices panel and the table may
+            # have changed height), not on the previous frame's.
+            self.call_after_refresh(self._layout_bottom)
         if self._polling:
             self._timer = self.set_timer(self.hw.config.interval, self._rearm)
 

@@ -53,6 +53,18 @@ def test_metric_segments_show_history_and_latest_value():
     assert missing == " " * len("  temp      -C"), "a device without the sensor: an empty column, no '-C' placeholder"
 
 
+def test_a_wide_sparkline_shows_its_extent_before_the_history_fills_it():
+    """At 200 columns three readings once drew as a 3-cell line after 20+ blank cells (issue 25): the
+    monitor's lines show where the history has not reached yet as a dim dotted baseline."""
+    util = METRICS[0]
+    segments = metric_segments(util, [0.0, 50.0, 100.0], 30, 4, Style(), dots=True)
+    text = _text(segments)
+    assert text == "  util " + "·" * 27 + "▁▅█ 100%", text
+    assert segments[1].style.dim and segments[2].text == "▁▅█", "the baseline is dim, the readings are the line"
+    assert _text(metric_segments(util, [1.0] * 40, 30, 4, Style(), dots=True)) == "  util " + "▁" * 30 + "   1%", \
+        "a full history leaves no dots"
+
+
 def _history(polls: int, gpus: int = 8) -> DeviceHistory:
     history = DeviceHistory()
     for p in range(polls):

@@ -134,11 +134,17 @@ async def _first_tick(pilot):
     await _charts_built(pilot)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+@pytest.mark.parametrize("size", [(80, 24), (120, 36), (200, 60)], ids=["80x24", "120x36", "200x60"])
 def test_monitor_8gpu_replay(snap_compare, make, size):
     """What `hwtui --replay h100x8` opens on: 8 GPUs, the host strip, the process table."""
     app = make(start_step="monitor")
     assert snap_compare(app, terminal_size=size, run_before=_first_tick)
+
+
+def test_monitor_8gpu_replay_120x36_no_color(snap_compare, make, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make(start_step="monitor")
+    assert snap_compare(app, terminal_size=(120, 36), run_before=_first_tick)
 
 
 def test_replication_dashboard_200x60(snap_compare, make):
@@ -237,3 +243,14 @@ def test_monitor_device_chart_80x24(snap_compare, make):
         await _charts_built(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=chart)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36), (200, 60)], ids=["80x24", "120x36", "200x60"])
+def test_monitor_h200_recording(snap_compare, monkeypatch, size):
+    """A real idle H200, replayed with the real sampler: its PCIe link and traffic in the detail
+    line, a process table as tall as its one line, the history chart in the room left (issue 25)."""
+    monkeypatch.chdir(REPO)
+    path = REPO / "tests" / "data" / "recordings" / "h200.snapshot.json"
+    host = ReplayHost(json.loads(path.read_text()), origin="h200.snapshot.json")
+    app = HwtuiApp(host, TuiConfig(interval=3600.0), config_file=config_path(), start_step="monitor")
+    assert snap_compare(app, terminal_size=size, run_before=_first_tick)

@@ -62,3 +62,30 @@ async def test_process_table_widens_when_memory_or_command_grows():
         await pilot.pause()
         drawn = _drawn(table)
         assert "120.6G" in drawn and "train.py --config big.yaml" in drawn, drawn  # "0.00G" -> "120.6G"
+
+
+def _p(pid, ppid, device="cuda:0", command="python", user="alice", mem=None):
+    from hwtui.probes.processes import DeviceProcess
+
+    return DeviceProcess(device, pid, user, mem, command, ppid=ppid)
+
+
+def test_tree_order_puts_children_under_parents_and_survives_a_cycle():
+    from hwtui.widgets.process_table import tree_order
+
+    rows = [_p(10, 1), _p(11, 10), _p(12, 10), _p(13, 12), _p(20, 1), _p(10, 1, device="cuda:1")]
+    got = [(p.pid, p.device, prefix) for p, prefix in tree_order(rows)]
+    assert got == [(10, "cuda:0", ""), (11, "cuda:0", "├─ "), (12, "cuda:0", "└─ "), (13, "cuda:0", "   └─ "),
+                   (20, "cuda:0", ""), (10, "cuda:1", "")], "a pid on two devices is one node, its other row a root"
+    cycle = [_p(1, 2), _p(2, 1)]  # pids reused mid-read: each the other's parent
+    assert sorted(p.pid for p, _ in tree_order(cycle)) == [1, 2], "every process drawn once, no loop"
+    chain = [_p(i, i - 1) for i in range(1, 5001)]  # 5000 nested processes: no recursion limit
+    assert [p.pid for p, _ in tree_order(chain)] == list(range(1, 5001))
+
+
+def test_filter_matches_command_user_or_the_start_of_a_pid():
+    from hwtui.widgets.process_table import matches
+
+    p = _p(4242, 1, command="python train.py --lr 3e-4", user="Bob")
+    assert matches(p, "TRAIN") and matches(p, "bob") and matches(p, "42") and matches(p, "  ")
+    assert not matches(p, "242") and not matches(p, "vllm")
