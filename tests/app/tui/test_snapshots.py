@@ -56,10 +56,16 @@ def make(snapshots, monkeypatch):
 
 
 async def _charts_built(pilot) -> None:
-    """Charts built off the UI thread (the device history) show the latest data: wait on that state."""
+    """Every chart on screen shows its newest data: a thread-built chart has built for the current
+    data and size (not only "no build pending", which also holds before its first build is asked:
+    under load a snapshot once caught a chart before its first build)."""
     from hwtui.widgets.plot_chart import PlotChart
 
-    await wait_for(pilot, lambda: not any(c.pending for c in pilot.app.screen.query(PlotChart)))
+    def built() -> bool:
+        charts = [c for c in pilot.app.screen.query(PlotChart) if c.display and c.size.area]
+        return all(not c.pending and (not c.BUILD_IN_THREAD or c._built_key == c._key()) for c in charts)
+
+    await wait_for(pilot, built)
     await pilot.pause(0.05)
 
 
