@@ -99,14 +99,16 @@ class Agents:
             self.kill(i)
 
 
+# --timeout 15: the tests kill a rank mid-push, and its peers wait out this timeout in a collective
+# that never completes (30 s cost 100 s of the suite); 15 s still leaves a live rank room on a busy box.
 def push(plan: Path, agents: str, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
-                           "--timeout", "30", "--init-timeout", "60", "--deadline", "200", *extra],
+                           "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
                           capture_output=True, text=True, timeout=timeout, env=env())
 
 
 def push_bg(plan: Path, agents: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
-                             "--timeout", "30", "--init-timeout", "60", "--deadline", "200", *extra],
+                             "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                             start_new_session=True)
