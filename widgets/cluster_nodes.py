@@ -25,6 +25,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from hwtui.core.units import duration_text
 from hwtui.engine.agent.summary import Device, NodeStatus
 from hwtui.widgets._draw import bar
 
@@ -43,17 +44,8 @@ def verdict_styles(no_color: bool) -> tuple[str, str]:
 
 
 def age_text(seconds: float | None) -> str:
-    """A short age: ``42s``, ``3m05s``, ``2h03m``, ``4d02h``; ``?`` when unknown."""
-    if seconds is None or seconds != seconds:
-        return "?"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """A short age: ``42s``, ``3m05s``, ``2h03m``, ``4d02h``; ``?`` when unknown (core.units)."""
+    return duration_text(seconds)
 
 
 def state_text(node: NodeStatus) -> str:

@@ -25,6 +25,8 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from hwtui.core.units import duration_text
+
 COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("GPU%", "gpu"), ("MEM", "mem"),
            ("CPU%", "cpu"), ("RSS", "rss"), ("TIME", "time"), ("COMMAND", "command"))
 RIGHT = {"pid", "gpu", "mem", "cpu", "rss", "time"}  # right-aligned columns (numbers)
@@ -49,17 +51,8 @@ def _pct(v: float | None) -> str:
 
 
 def _elapsed(s: float | None) -> str:
-    """``"59s"``, ``"12:05"`` (minutes:seconds), ``"3:07h"``, ``"12d4h"``: short, as ps's ETIME."""
-    if s is None:
-        return "-"
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}:{s % 60:02d}"
-    if s < 86400:
-        return f"{s // 3600}:{s % 3600 // 60:02d}h"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
+    """How long the process has run, written as every duration on screen (core.units): ``12m05s``."""
+    return duration_text(s, unknown="-")
 
 
 def cells(p: Any, prefix: str = "") -> dict[str, str]:

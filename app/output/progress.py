@@ -19,6 +19,8 @@ import os
 import shutil
 from typing import IO
 
+from hwtui.core.units import duration_text
+
 LIVE, PLAIN, OFF = "live", "plain", "off"
 
 # Verbosity, from the global -q / -v (app/cli.py): -1 quiet, 0 normal, 1 verbose.
@@ -53,15 +55,8 @@ def eta_seconds(done: float, total: float, elapsed_s: float) -> float | None:
 
 
 def format_duration(seconds: float | None) -> str:
-    """``7s``, ``2m05s``, ``1h02m``; ``?`` when unknown."""
-    if seconds is None:
-        return "?"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    """``7s``, ``2m05s``, ``1h02m``; ``?`` when unknown (core.units.duration_text, as the TUI writes it)."""
+    return duration_text(seconds)
 
 
 def format_bytes(n: float) -> str:
