@@ -145,6 +145,10 @@ def test_a_command_line_cannot_drive_the_terminal():
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "\x1b]0;PWNED\x07evil\u202e"],
                             stdin=subprocess.PIPE)
     try:
+        # Until the child has exec'd, its command line is the parent's: wait for its own (bounded).
+        deadline = time.monotonic() + 30
+        while "-c" not in psutil.Process(proc.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.01)
         command = ProcessStats().describe(proc.pid)["command"]
         assert "evil" in command and "\x1b" not in command and "PWNED" not in command and "\u202e" not in command
     finally:
