@@ -117,6 +117,7 @@ class Coordinator:
         self.round_wall = 0.0
         self.merge_started = 0.0
         self.halves_knob = knobs.halves()
+        self.saved_hf: dict[str, Any] | None = None  # --save-hf: what the last round's writer reported
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -138,6 +139,10 @@ class Coordinator:
             self._shutdown()
         from hwtui.engine.training.report import build_report
 
+        if ok and self.cfg.save_hf and not (self.saved_hf or {}).get("ok"):
+            ok = False  # the model asked for was not written: the run did not deliver
+            if self.saved_hf is None:
+                self.saved_hf = {"path": self.cfg.save_hf, "ok": False, "error": "the last round's writer never reported"}
         report = build_report(self)
         self.sink(TrainDone(ok=ok, seconds=round(time.monotonic() - self.t0, 3), samples=self.samples_committed,
                             final_loss=self.final_loss, report=report))
@@ -291,6 +296,12 @@ class Coordinator:
             record["loss_merged"] = msg.get("loss_merged")
             if record["loss_merged"] is not None:
                 self.final_loss = record["loss_merged"]
+            if msg.get("exported") or msg.get("export_error"):
+                self.saved_hf = {"path": msg.get("exported") or self.cfg.save_hf, "ok": bool(msg.get("exported")),
+                                 "error": msg.get("export_error")}
+                self.sink(LogEvent(message=f"--save-hf: wrote {msg['exported']}" if msg.get("exported") else
+                                   f"--save-hf {self.cfg.save_hf} failed: {msg['export_error']}",
+                                   level="info" if msg.get("exported") else "error", source="train"))
             if msg.get("checkpoint"):
                 entry = {"path": msg["checkpoint"], "step": record["step"], "round": rnd, "written_by": w.device}
                 self.checkpoints.append(entry)
@@ -471,12 +482,13 @@ class Coordinator:
         # before the all-reduce: there a slow device's evaluation held the collective (and every
         # faster device) back, and on the last round it was inside the run's timed training.
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
-        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
+        export = cfg.save_hf if last else None
+        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt or export else None
         self.awaiting_round = self.round
         self.awaiting = {w.rank for w in alive} if evaluate else ({writer.rank} if writer else set())
         for w in alive:
             w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate,
-                     "checkpoint": ckpt if w is writer else None})
+                     "checkpoint": ckpt if w is writer else None, "export": export if w is writer else None})
         self._emit_merge_when_reported()
         for w in alive:
             self._emit_worker(w)
@@ -491,7 +503,7 @@ class Coordinator:
         cfg = self.cfg
         return {
             "round": self.round, "next_chunk": self.queue.next_chunk, "samples": self.samples_committed,
-            "model": cfg.model.to_dict(), "hyperparameters": cfg.hyperparameters(),
+            "model": cfg.model.to_dict(), "model_source": cfg.model_source, "hyperparameters": cfg.hyperparameters(),
             "seed": cfg.seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
             "balance": cfg.balance, "optimizer_state": cfg.optimizer_state, "merge": cfg.merge,
             "fingerprint": self.fingerprint, "resumed_from": self.resumed_from,

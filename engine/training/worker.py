@@ -64,16 +64,17 @@ class Worker:
         import torch
 
         from hwtui.engine.training.backend import TrainDevice
-        from hwtui.engine.training.data import load_corpus
+        from hwtui.engine.training.modelspec import parse
 
         self.cfg, self.chan, self.rank = cfg, chan, cfg.rank
+        self.spec = parse(cfg.model_source)
+        self.tokenizer: Any = None
         if cfg.backend == "cpu":
             torch.set_num_threads(max(1, cfg.cpu_threads))
         self.dev = TrainDevice(cfg.backend, cfg.index)
         self.dev.set_device()
         self.precision = self.dev.resolve_precision(cfg.precision)
         self.mcfg = cfg.model
-        self.corpus = load_corpus()
         self.reply_timeout = float(cfg.reply_timeout)
         self.outer: Any = None  # merge.OuterNesterov with --merge outer-nesterov
         self.slowdown = knobs.slowdown(self.rank)
@@ -84,13 +85,41 @@ class Worker:
 
     # -- setup ---------------------------------------------------------------------------------
     def memory_refusal(self) -> str | None:
-        from hwtui.engine.training.memory import check_fits
+        from hwtui.engine.training.memory import check_fits, check_params_fit
 
         free, _total = self.dev.memory()
         if self.dev.spec.name == "cpu":
             free //= max(1, self.cfg.cpu_workers)  # CPU ranks share host RAM
+        if not self.spec.is_char:  # the real parameter count is known once the model is built (on the CPU)
+            return check_params_fit(self.dev.name, sum(p.numel() for p in self.model.parameters()), free)
         return check_fits(self.dev.name, self.mcfg, self.cfg.batch_size, self.precision,
                           self.cfg.activation_checkpointing, free)
+
+    def load_model(self) -> None:
+        """Build the model --model names (on the CPU, seeded) and the corpus it trains on."""
+        from hwtui.engine.training import models
+
+        self.net = models.build(self.spec, self.mcfg, self.cfg.seed, self.cfg.activation_checkpointing)
+        self.model = self.net.module
+        if self.spec.kind == "hf":
+            self.tokenizer = models.load_tokenizer(self.spec)
+        self.corpus = self._corpus()
+
+    def _corpus(self) -> Any:
+        from hwtui.engine.training import data, textdata
+
+        if self.spec.is_char and self.cfg.data is None:
+            return data.load_corpus()
+        vocab = self.net.vocab()
+        if self.cfg.data is not None:
+            return textdata.tokenize(textdata.read_documents(self.cfg.data), self.tokenizer, self.mcfg.context, vocab)
+        if self.tokenizer is not None:  # the standard library's text through the model's own tokenizer
+            files = sorted(p for p in data.stdlib_dir().glob("*.py") if p.is_file())
+            docs = textdata.Documents(tuple(p.read_text("utf-8", "replace") for p in files), len(files), "stdlib")
+            return textdata.tokenize(docs, self.tokenizer, self.mcfg.context, vocab)
+        if vocab is not None and vocab < 256:
+            raise textdata.DataError(f"the model's vocabulary holds {vocab} ids; bytes need 256")
+        return data.load_corpus()
 
     def build(self) -> None:
         from datetime import timedelta
@@ -99,10 +128,9 @@ class Worker:
         import torch
 
         from hwtui.engine.training import checkpoint, merge
-        from hwtui.engine.training.model import build_model
 
         cfg = self.cfg
-        self.model = build_model(self.mcfg, cfg.seed, cfg.activation_checkpointing).to(self.dev.device)
+        self.model = self.model.to(self.dev.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         if cfg.optimizer_state == "average":
             merge.ensure_optimizer_state(self.opt)
@@ -130,7 +158,7 @@ class Worker:
                                                               self.mcfg.context, self.cfg.seed))
             t0 = time.perf_counter()
             with self.dev.autocast(self.precision):
-                loss = self.model.loss(x, y)
+                loss = self.net.loss(x, y)
             loss.backward()
             self.dev.synchronize()
             dt = (time.perf_counter() - t0) * self.slowdown
@@ -196,7 +224,7 @@ class Worker:
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
-            loss = self.model.loss(x, y)
+            loss = self.net.loss(x, y)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
@@ -224,7 +252,7 @@ class Worker:
         x, y = heldout_batch(self.corpus, self.cfg.eval_windows, self.mcfg.context)
         since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
-            value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
+            value = float(self.net.loss(x.to(self.dev.device), y.to(self.dev.device)))
         self._slow_down(since)
         if not math.isfinite(value):
             raise Diverged("the held-out loss", value)
@@ -292,6 +320,14 @@ class Worker:
                 path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3),
                                        outer=outer_t)
                 done["checkpoint"] = str(path)
+            export = reply.get("export")
+            if export:  # the last round: the merged model (now loaded) as a Hugging Face directory
+                from hwtui.engine.training.export import save_hf
+
+                try:
+                    done["exported"] = str(save_hf(self.model, self.tokenizer, export))
+                except Exception as exc:  # reported; the run's checkpoints and report stand
+                    done["export_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             self.chan.send(done)
         elif loss_local is not None:
             self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
@@ -377,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     worker: Worker | None = None
     try:
         worker = Worker(cfg, chan)
+        try:
+            worker.load_model()
+        except ValueError as exc:  # ModelSpecError, DataError: the user's --model / --data, one line
+            chan.send({"kind": "refuse", "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
+            return 0
         refusal = worker.memory_refusal()
         if refusal:
             chan.send({"kind": "refuse", "message": refusal})
