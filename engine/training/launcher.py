@@ -55,7 +55,7 @@ from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
-from hwtui.engine.training.queue import ChunkQueue, unit_from_message, unit_message, unit_samples
+from hwtui.engine.training.queue import ChunkQueue, Unit, unit_from_message, unit_message, unit_samples
 from hwtui.engine.training.schedule import (
     DEFER,
     GRANT,
@@ -67,7 +67,7 @@ from hwtui.engine.training.schedule import (
     is_eval_round,
     tail_choice,
 )
-from hwtui.engine.training.workers import WorkerState, start_worker
+from hwtui.engine.training.workers import MAX_AHEAD, WorkerState, start_worker
 
 __all__ = ["Coordinator", "Phase", "TrainConfig", "TrainingError", "is_eval_round"]
 
@@ -419,16 +419,32 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 w.reply({"kind": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending_kind == "claim" and len(w.held) < 2 and (answer := self._tail(w, alive)) != DEFER:
-                unit = self.queue.claim(w.rank, split=answer == HALF)
-                if unit is not None:
-                    if not w.held:
-                        w.started_at = time.monotonic()
-                    w.held.append(unit)
-                    w.chunks_claimed += 1
-                    w.reply({"kind": "chunk", **unit_message(unit)})
+            elif w.pending_kind == "claim":
+                self._grant(w, alive)
         if self.queue.complete() and all(w.pending_kind == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
+
+    def _grant(self, w: WorkerState, alive: list[WorkerState]) -> None:
+        """Answer ``w``'s claim with as many units as it asked to hold (``ahead``: one chunk
+        beyond the one training, more when its chunks are short), each decided by the end-of-round
+        rule; a claim nothing can be granted to waits."""
+        cap = 1 + max(1, min(MAX_AHEAD, int((w.pending or {}).get("ahead") or 1)))
+        units: list[Unit] = []
+        while len(w.held) < cap and (answer := self._tail(w, alive)) != DEFER:
+            unit = self.queue.claim(w.rank, split=answer == HALF)
+            if unit is None:
+                break
+            if not w.held:
+                w.started_at = time.monotonic()
+            w.held.append(unit)
+            w.chunks_claimed += 1
+            units.append(unit)
+            if answer == HALF:
+                break  # the tail: pieces go one at a time
+        if len(units) == 1:
+            w.reply({"kind": "chunk", **unit_message(units[0])})
+        elif units:
+            w.reply({"kind": "chunks", "units": [unit_message(u) for u in units]})
 
     def _tail(self, w: WorkerState, alive: list[WorkerState]) -> str:
         """Grant ``w``'s claim, grant half a chunk, or hold it back (dynamic balance, not replaying)."""

@@ -33,6 +33,7 @@ from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
 from hwtui.engine.training.config import ConfigError, WorkerConfig
 from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_rows
+from hwtui.engine.training.workers import MAX_AHEAD
 
 
 class Diverged(RuntimeError):
@@ -59,6 +60,34 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+AHEAD_SECONDS = 0.025  # work a worker holds granted beyond the chunk it trains (at least one chunk)
+
+
+def ahead_depth(chunk_seconds: float | None) -> int:
+    """How many chunks to hold beyond the one training: one, or as many as make AHEAD_SECONDS
+    when chunks are shorter than that. One chunk ahead covers the round trip through the
+    coordinator for any chunk that takes longer than the coordinator takes to answer; a chunk of a
+    millisecond or two (a tiny model, a fast GPU) does not, and one chunk per round trip left the
+    device idle most of the time on a busy machine. Several granted per claim take the round trip
+    off the critical path; the end of a round is still decided chunk by chunk (tail_choice)."""
+    if not chunk_seconds or chunk_seconds <= 0:
+        return 1
+    return max(1, min(MAX_AHEAD, int(AHEAD_SECONDS / chunk_seconds)))
+
+
+def make_optimizer(model: Any, lr: float) -> Any:
+    """AdamW, fused where this torch has a fused kernel for the device (one kernel for every
+    parameter instead of a loop over them: the per-step cost that dominates small models),
+    else torch's default implementation."""
+    import torch
+
+    params = list(model.parameters())
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
 class Worker:
     def __init__(self, cfg: WorkerConfig, chan: WorkerChannel):
         import torch
@@ -81,6 +110,8 @@ class Worker:
         self._walls: deque[float] = deque(maxlen=9)  # the slowdown knob's recent batch wall times
         self.faults = knobs.faults(self.rank)
         self.chunks_trained = 0
+        self._chunk_seconds: float | None = None  # a running mean of whole chunks' seconds (ahead_depth)
+        self._training_mode = False  # model.train() walks every module: only when the mode changes
         self.group_rank: int | None = None
 
     # -- setup ---------------------------------------------------------------------------------
@@ -131,7 +162,7 @@ class Worker:
 
         cfg = self.cfg
         self.model = self.model.to(self.dev.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.opt = make_optimizer(self.model, cfg.lr)
         if cfg.optimizer_state == "average":
             merge.ensure_optimizer_state(self.opt)
         outer_state = None
@@ -218,7 +249,9 @@ class Worker:
         since = self._clock()
         t0 = since[0]
         start = time.monotonic()
-        self.model.train()
+        if not self._training_mode:
+            self.model.train()
+            self._training_mode = True
         lo, hi = unit_rows(unit, self.cfg.batch_size)
         x, y = (t[lo:hi].to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
@@ -240,8 +273,10 @@ class Worker:
         self._fault("chunk", self.chunks_trained)
         # start/end on the system-wide monotonic clock the coordinator reads too: it places the
         # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
-        return {**unit_message(unit), "loss": value, "seconds": time.perf_counter() - t0,
-                "start": start, "end": time.monotonic()}
+        seconds = time.perf_counter() - t0
+        if isinstance(unit, int):
+            self._chunk_seconds = seconds if self._chunk_seconds is None else 0.8 * self._chunk_seconds + 0.2 * seconds
+        return {**unit_message(unit), "loss": value, "seconds": seconds, "start": start, "end": time.monotonic()}
 
     def evaluate(self) -> float:
         import torch
@@ -249,6 +284,7 @@ class Worker:
         from hwtui.engine.training.data import heldout_batch
 
         self.model.eval()
+        self._training_mode = False
         x, y = heldout_batch(self.corpus, self.cfg.eval_windows, self.mcfg.context)
         since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
@@ -348,7 +384,8 @@ class Worker:
     def loop(self) -> None:
         from collections import deque
 
-        depth = 1 if self.cfg.prefetch and knobs.prefetch() else 0  # chunks to hold beyond the one training
+        prefetch = self.cfg.prefetch and knobs.prefetch()
+        depth = 1 if prefetch else 0  # chunks to hold beyond the one training (grows for short chunks)
         ahead: deque[Unit] = deque()  # granted, not started
         result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
         control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
@@ -358,22 +395,30 @@ class Worker:
                 waiting = False
                 if msg["kind"] == "chunk":
                     ahead.append(unit_from_message(msg))
+                elif msg["kind"] == "chunks":
+                    ahead.extend(unit_from_message(m) for m in msg["units"])
                 else:
                     control = msg
             if not waiting and control is None and len(ahead) <= depth:
-                self.chan.send({"kind": "claim", "done": result})  # the report rides on the next claim
+                # The report rides on the next claim; "ahead" says how many units it would hold.
+                self.chan.send({"kind": "claim", "done": result, "ahead": depth})
                 result, waiting = None, True
             elif result is not None:
                 self.chan.send({"kind": "done", "done": result})
                 result = None
             if ahead and control is None:
                 result = self.train_chunk(ahead.popleft())
+                if prefetch:
+                    depth = ahead_depth(self._chunk_seconds)
                 continue
             if control is None:  # nothing to train: there is always a claim out here
                 control, waiting = self.chan.recv(self.reply_timeout), False
             msg, control = control, None
             if msg["kind"] == "chunk":
                 ahead.append(unit_from_message(msg))
+                continue
+            if msg["kind"] == "chunks":
+                ahead.extend(unit_from_message(m) for m in msg["units"])
                 continue
             # merge (only once every chunk of the round is reported), regroup (may come with a chunk
             # still ahead: it trains after the new group is formed) or stop.

@@ -19,6 +19,8 @@ from hwtui.engine.training.config import WorkerConfig
 from hwtui.engine.training.queue import Unit
 from hwtui.probes.vendor_envs import interpreter_for
 
+MAX_AHEAD = 16  # the most units a worker may hold granted beyond the one it trains (worker.ahead_depth)
+
 
 @dataclass
 class WorkerState:
