@@ -500,11 +500,19 @@ class Coordinator:
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
         export = cfg.save_hf if last else None
         writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt or export else None
+        # A run on one device has no workers' mean to compare with: its own copy is not evaluated
+        # (the merged model is). Evaluations before the last round are telemetry, and with a small
+        # batch --eval-windows can cost several rounds of training: they use at most the windows
+        # one round trains on (merge_every x batch_size, forward only: about a third of a round's
+        # work). The last round's, which give the final loss, use every --eval-windows.
+        local = evaluate and len(cfg.devices) > 1
+        windows = cfg.eval_windows if last else min(cfg.eval_windows, cfg.merge_every * cfg.batch_size)
         self.awaiting_round = self.round
-        self.awaiting = {w.rank for w in alive} if evaluate else ({writer.rank} if writer else set())
+        self.awaiting = {w.rank for w in alive} if local else ({writer.rank} if writer else set())
         for w in alive:
-            w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate,
-                     "checkpoint": ckpt if w is writer else None, "export": export if w is writer else None})
+            w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate, "evaluate_local": local,
+                     "eval_windows": windows, "checkpoint": ckpt if w is writer else None,
+                     "export": export if w is writer else None})
         self._emit_merge_when_reported()
         for w in alive:
             self._emit_worker(w)

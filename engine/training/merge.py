@@ -55,9 +55,10 @@ def weighted_allreduce(tensors: Mapping[str, torch.Tensor], samples: int) -> tup
     flat_f.mul_(w)
     flat_i = torch.cat([tensors[n].detach().to("cpu", torch.float64).reshape(-1) for n in ints] + [torch.ones(1, dtype=torch.float64)])
     flat_i.mul_(w)
-    if flat_f.numel():
-        dist.all_reduce(flat_f)
-    dist.all_reduce(flat_i)
+    if dist.get_world_size() > 1:  # alone, the sum is the tensor itself: no collective to wait on
+        if flat_f.numel():
+            dist.all_reduce(flat_f)
+        dist.all_reduce(flat_i)
     total = flat_i[-1].item()
     if total <= 0:  # nobody trained: keep the tensors as they are
         return {n: tensors[n].detach().to("cpu").clone() for n in names}, 0

@@ -278,14 +278,14 @@ class Worker:
             self._chunk_seconds = seconds if self._chunk_seconds is None else 0.8 * self._chunk_seconds + 0.2 * seconds
         return {**unit_message(unit), "loss": value, "seconds": seconds, "start": start, "end": time.monotonic()}
 
-    def evaluate(self) -> float:
+    def evaluate(self, windows: int | None = None) -> float:
         import torch
 
         from hwtui.engine.training.data import heldout_batch
 
         self.model.eval()
         self._training_mode = False
-        x, y = heldout_batch(self.corpus, self.cfg.eval_windows, self.mcfg.context)
+        x, y = heldout_batch(self.corpus, windows or self.cfg.eval_windows, self.mcfg.context)
         since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
             value = float(self.net.loss(x.to(self.dev.device), y.to(self.dev.device)))
@@ -334,7 +334,8 @@ class Worker:
             return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
         # Evaluation rounds: this copy's held-out loss, now that the round is committed (before the
         # all-reduce, a slow device's evaluation kept every other device waiting in the collective).
-        loss_local = self.evaluate() if reply.get("evaluate", True) else None
+        windows = reply.get("eval_windows")
+        loss_local = self.evaluate(windows) if reply.get("evaluate_local", reply.get("evaluate", True)) else None
         if self.outer is not None:
             self.outer.accept()
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
@@ -343,7 +344,7 @@ class Worker:
         elif self.cfg.optimizer_state == "reset":
             self.opt.state.clear()
         if reply.get("writer"):
-            loss_merged = self.evaluate() if reply.get("evaluate", True) else None
+            loss_merged = self.evaluate(windows) if reply.get("evaluate", True) else None
             done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
                                     "loss_local": loss_local}
             ck = reply.get("checkpoint")
