@@ -428,9 +428,11 @@ class Coordinator:
         """Answer ``w``'s claim with as many units as it asked to hold (``ahead``: one chunk
         beyond the one training, more when its chunks are short), each decided by the end-of-round
         rule; a claim nothing can be granted to waits."""
-        cap = 1 + max(1, min(MAX_AHEAD, int((w.pending or {}).get("ahead") or 1)))
+        ahead = max(1, min(MAX_AHEAD, int((w.pending or {}).get("ahead") or 1)))
+        cap = 1 + ahead  # held: the unit training and those ahead of it
+        most = 1 if ahead == 1 else cap  # one chunk ahead: one per claim, as before
         units: list[Unit] = []
-        while len(w.held) < cap and (answer := self._tail(w, alive)) != DEFER:
+        while len(w.held) < cap and len(units) < most and (answer := self._tail(w, alive)) != DEFER:
             unit = self.queue.claim(w.rank, split=answer == HALF)
             if unit is None:
                 break
