@@ -26,13 +26,14 @@ import os
 import signal
 import sys
 import time
+import zlib
 from collections import deque
 from typing import Any
 
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
 from hwtui.engine.training.config import ConfigError, WorkerConfig
-from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_rows
+from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_name, unit_rows
 from hwtui.engine.training.workers import MAX_AHEAD
 
 
@@ -240,6 +241,8 @@ class Worker:
     def train_chunk(self, unit: Unit) -> dict[str, Any]:
         """One optimizer step on a chunk's batch, or on the rows of one piece of it (a piece at
         the end of a round: the same bytes whoever trains it)."""
+        import torch
+
         from hwtui.engine.training.data import chunk_batch
 
         chunk_id = unit_chunk(unit)
@@ -253,6 +256,9 @@ class Worker:
             self.model.train()
             self._training_mode = True
         lo, hi = unit_rows(unit, self.cfg.batch_size)
+        # Randomness inside the model (dropout) is a pure function of (seed, unit) like the batch:
+        # a resumed or replayed run, or another worker training the same unit, draws the same masks.
+        torch.manual_seed(zlib.crc32(f"{self.cfg.seed}/{unit_name(unit)}".encode()))
         x, y = (t[lo:hi].to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         self.opt.zero_grad(set_to_none=True)

@@ -244,3 +244,23 @@ def test_jsonl_and_a_directory_of_txt_read_in_a_fixed_order(tmp_path):
     jl = tmp_path / "x.jsonl"
     jl.write_text('{"text": "one"}\n\n{"text": "two", "meta": 1}\n')
     assert textdata.read_documents(str(jl)).texts == ("one", "two")
+
+
+def test_resume_of_a_hugging_face_model_is_exact(tmp_path):
+    """A run stopped after round 1 and resumed writes round 2's checkpoint bit for bit as the
+    uninterrupted run did: weights, AdamW state (fused: its step counts too) and outer momentum."""
+    gpt, text = model_dir(tmp_path / "gpt"), write_text(tmp_path / "t.txt")
+    common = ["--model", str(gpt), "--data", str(text), "--gpu-ids", "cpu:0", "--steps", "20", "--merge-every", "10",
+              "--batch-size", "4", "--keep-checkpoints", "5", "--eval-windows", "8"]
+    whole = hwtui("train", *common, "--checkpoint-dir", str(tmp_path / "a"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "ckpt-00000020")
+    (tmp_path / "b" / "latest.json").write_text(json.dumps({"dir": "ckpt-00000010", "step": 10}))
+    resumed = hwtui("train", *common, "--checkpoint-dir", str(tmp_path / "b"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    for name in ("model.safetensors", "optimizer.safetensors", "outer.safetensors"):
+        a = (tmp_path / "a" / "ckpt-00000020" / name).read_bytes()
+        assert a == (tmp_path / "b" / "ckpt-00000020" / name).read_bytes(), name
