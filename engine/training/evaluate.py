@@ -81,6 +81,10 @@ def load(where: str | Path) -> Loaded:
             path, doc = found
     except checkpoint.CheckpointError as exc:
         raise EvalError(str(exc)) from None
+    source = doc.get("model_source", "char")
+    if source != "char":
+        raise EvalError(f"{path} was trained with --model {source}: evaluate its --save-hf directory "
+                        f"with --model DIR"[:400])
     raw = doc.get("model")
     try:
         if not isinstance(raw, dict) or not all(isinstance(v, int) and v > 0 for v in raw.values()):

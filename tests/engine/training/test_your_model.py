@@ -119,6 +119,12 @@ def test_eval_and_sample_take_the_saved_model(gpt2_run, capsys):
     assert sampled.startswith("the ") and len(sampled.encode()) >= 40
 
 
+def test_eval_of_a_checkpoint_of_another_model_points_to_save_hf(gpt2_run, capsys):
+    assert main(["eval", "--checkpoint-dir", str(gpt2_run["ck"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "trained with --model" in err and "--save-hf" in err and len(err.splitlines()) == 1
+
+
 def test_resume_refuses_another_model(gpt2_run, capsys):
     code = main(["train", "--gpu-ids", "cpu:0", "--steps", "80", "--checkpoint-dir", str(gpt2_run["ck"]), "--resume"])
     assert code == 2
