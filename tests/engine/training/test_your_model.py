@@ -270,3 +270,42 @@ def test_resume_of_a_hugging_face_model_is_exact(tmp_path):
     for name in ("model.safetensors", "optimizer.safetensors", "outer.safetensors"):
         a = (tmp_path / "a" / "ckpt-00000020" / name).read_bytes()
         assert a == (tmp_path / "b" / "ckpt-00000020" / name).read_bytes(), name
+
+
+def test_a_directory_with_weights_starts_from_them(gpt2_run):
+    """--model OUT (a directory with model.safetensors) builds the saved weights, not a random init."""
+    from transformers import AutoModelForCausalLM
+
+    from hwtui.engine.training import models
+    from hwtui.engine.training.config import ModelConfig
+    from hwtui.engine.training.modelspec import parse
+
+    spec = parse(str(gpt2_run["out"]))
+    assert spec.has_weights and not spec.has_tokenizer
+    built = models.build(spec, ModelConfig(), seed=123).module.state_dict()
+    saved = AutoModelForCausalLM.from_pretrained(gpt2_run["out"], local_files_only=True).state_dict()
+    assert set(built) == set(saved) and all(built[k].equal(saved[k]) for k in saved)
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+     "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128},
+    {"model_type": "gpt_neox", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+     "num_attention_heads": 2, "max_position_embeddings": 128},
+])
+def test_other_causal_architectures_build_seeded_and_give_a_loss(tmp_path, config):
+    import torch
+
+    from hwtui.engine.training import models
+    from hwtui.engine.training.config import ModelConfig
+    from hwtui.engine.training.modelspec import parse
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    spec = parse(str(tmp_path / "m"))
+    assert models.hf_facts(spec) == models.HfFacts(256, 128)
+    a, b = (models.build(spec, ModelConfig(), seed=7) for _ in range(2))
+    assert all(x.equal(y) for x, y in zip(a.module.state_dict().values(), b.module.state_dict().values(), strict=True))
+    x = torch.randint(0, 256, (2, 16))
+    loss = a.loss(x, torch.roll(x, -1, 1))
+    assert loss.dim() == 0 and 4.0 < float(loss.detach()) < 7.0 and a.vocab() == 256  # about ln 256 untrained
