@@ -29,6 +29,18 @@ no sampling error).
 
     flock /tmp/hwtui-bench.lock .venv/bin/python benchmarks/bench_training.py \\
         [--steps 300] [--batch-size 16] [--merge-every 20] [--factor 3] [--repeats 1] [--loss] [--json OUT]
+
+**The plain-loop baseline** (``--baseline plain``): ``hwtui train`` on one device (``--gpu-ids``,
+default cpu:0) against a plain PyTorch loop of the same model (``--model``, ``--d-model`` ...),
+batch, batches (the same ``chunk_batch`` windows) and thread count, in its own process: AdamW,
+no per-step host synchronisation, the loss read once at the end. Rounds are interleaved (hwtui,
+plain, hwtui, plain ...) so load drifting on a shared machine hits both alike; samples/s and
+tokens/s are medians over ``--repeats``, hwtui's from its report (its timed training: every
+round, merges and evaluations included, start-up excluded), the plain loop's over its timed
+steps after 3 warm-up steps. Device utilisation is NVML's median while each ran (n/a on CPU)::
+
+    benchmarks/bench_training.py --baseline plain --repeats 5 [--model DIR --data FILE]
+        [--d-model 16 --layers 1 --heads 1 --batch-size 2 --steps 600]
 """
 
 from __future__ import annotations
@@ -300,7 +312,133 @@ def time_to_loss(tmp: str, args: argparse.Namespace, seed: int, figures: dict) -
     figures["time_to_loss"] = out
 
 
+# -- --baseline plain: hwtui train against a plain PyTorch loop of the same model ---------------------
+
+MODEL_FLAGS = ("model", "data", "context", "d_model", "layers", "heads")
+
+
+def plain_loop(spec: dict) -> dict:
+    """The plain loop (run in its own process): the model hwtui builds, AdamW, the same batches
+    (``chunk_batch`` of the same corpus), ``steps`` optimizer steps; the loss read once at the end."""
+    import torch
+
+    from hwtui.engine.training import data, models, textdata
+    from hwtui.engine.training.config import ModelConfig
+    from hwtui.engine.training.modelspec import parse
+
+    torch.set_num_threads(spec["threads"])
+    mspec = parse(spec["model"])
+    mcfg = ModelConfig(context=spec["context"], d_model=spec["d_model"], layers=spec["layers"], heads=spec["heads"])
+    net = models.build(mspec, mcfg, seed=0)
+    tokenizer = models.load_tokenizer(mspec) if mspec.kind == "hf" else None
+    corpus = (textdata.tokenize(textdata.read_documents(spec["data"]), tokenizer, mcfg.context, net.vocab())
+              if spec["data"] else data.load_corpus())
+    opt = torch.optim.AdamW(net.module.parameters(), lr=3e-3, weight_decay=0.0)
+    net.module.train()
+    batch = spec["batch_size"]
+    total = torch.zeros(())
+    t0 = 0.0
+    for i in range(spec["steps"] + spec["warmup"]):
+        if i == spec["warmup"]:
+            t0 = time.perf_counter()
+        x, y = data.chunk_batch(corpus, i, batch, mcfg.context, 0)
+        loss = net.loss(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total += loss.detach()
+    final = float(total)
+    seconds = time.perf_counter() - t0
+    return {"samples_per_s": spec["steps"] * batch / seconds, "tokens_per_s": spec["steps"] * batch * mcfg.context / seconds,
+            "seconds": seconds, "loss_sum": final}
+
+
+class Utilisation:
+    """Device utilisation sampled through NVML while a run goes on (None where NVML reports nothing)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[float] = []
+        self.handle = None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self.handle, self.nvml = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml
+        except Exception:
+            return
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.samples.append(float(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu))
+
+    def done(self) -> float | None:
+        if self.handle is None:
+            return None
+        self.stop.set()
+        self.thread.join(1)
+        return statistics.median(self.samples) if self.samples else None
+
+
+def _model_args(args: argparse.Namespace) -> list[str]:
+    out = ["--model", args.model, "--context", str(args.context), "--d-model", str(args.d_model),
+           "--layers", str(args.layers), "--heads", str(args.heads)]
+    return out + (["--data", args.data] if args.data else [])
+
+
+def baseline_section(tmp: str, args: argparse.Namespace, figures: dict) -> None:
+    """Interleaved rounds (hwtui, plain, hwtui, plain, ...) on one worker, medians and their ratio."""
+    gpu = args.gpu_ids
+    rows: dict[str, list[dict]] = {"hwtui": [], "plain": []}
+    spec = {"model": args.model, "data": args.data, "context": args.context, "d_model": args.d_model,
+            "layers": args.layers, "heads": args.heads, "batch_size": args.batch_size, "steps": args.steps,
+            "warmup": 3, "threads": args.threads}
+    for rep in range(args.repeats):
+        util = Utilisation()
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        cmd = [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", gpu, "--steps", str(args.steps),
+               "--batch-size", str(args.batch_size), "--merge-every", str(args.merge_every),
+               "--report", str(out / "report.json"), *_model_args(args)]
+        p = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=3600)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+        rep_doc = json.loads((out / "report.json").read_text())
+        context = args.context
+        rows["hwtui"].append({"samples_per_s": rep_doc["samples_per_s"], "tokens_per_s": rep_doc["samples_per_s"] * context,
+                              "utilisation": util.done()})
+        util = Utilisation()
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--plain-child", json.dumps(spec)], cwd=REPO,
+                           capture_output=True, text=True, timeout=3600,
+                           env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+        if p.returncode != 0:
+            raise SystemExit(f"the plain loop failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+        rows["plain"].append({**json.loads(p.stdout.strip().splitlines()[-1]), "utilisation": util.done()})
+        h, b = rows["hwtui"][-1], rows["plain"][-1]
+        print(f"  repeat {rep + 1}: hwtui {h['samples_per_s']:.1f} samples/s, plain {b['samples_per_s']:.1f} "
+              f"samples/s, ratio {h['samples_per_s'] / b['samples_per_s']:.3f}", flush=True)
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("samples_per_s", "tokens_per_s")} for k, v in rows.items()}
+    ratio = med["hwtui"]["samples_per_s"] / med["plain"]["samples_per_s"]
+    utils = {k: [r["utilisation"] for r in v if r["utilisation"] is not None] for k, v in rows.items()}
+    print(f"{'':8}{'samples/s':>12}{'tokens/s':>12}{'utilisation':>14}")
+    for k in ("hwtui", "plain"):
+        u = f"{statistics.median(utils[k]):.0f} %" if utils[k] else "n/a (no NVML)"
+        print(f"{k:8}{med[k]['samples_per_s']:>12.1f}{med[k]['tokens_per_s']:>12.0f}{u:>14}")
+    paired = statistics.median(h["samples_per_s"] / b["samples_per_s"] for h, b in zip(rows["hwtui"], rows["plain"], strict=True))
+    print(f"ratio hwtui / plain (medians of {args.repeats}): {ratio:.3f}; median of the paired rounds' ratios "
+          f"{paired:.3f} (the load drifting between rounds moves this one less)", flush=True)
+    figures["baseline"] = {"rows": rows, "medians": med, "ratio": ratio, "paired_ratio": paired,
+                           "settings": spec | {"gpu_ids": gpu}}
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--plain-child":
+        sys.path.insert(0, str(REPO))
+        print(json.dumps(plain_loop(json.loads(sys.argv[2]))))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300, help="merged-model steps per run (default 300)")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -319,7 +457,25 @@ def main() -> int:
                     help="with --time-to-loss: two workers train at most K x --steps steps each (default 3)")
     ap.add_argument("--no-efficiency", action="store_true", help="skip the efficiency section")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("--baseline", choices=("plain",),
+                    help="plain: hwtui train on one device against a plain PyTorch loop of the same model, batch and "
+                         "threads, interleaved --repeats times (only this section runs)")
+    ap.add_argument("--gpu-ids", default="cpu:0", help="with --baseline: the device (default cpu:0)")
+    ap.add_argument("--threads", type=int, default=1, help="with --baseline: CPU threads of both (hwtui's default 1)")
+    ap.add_argument("--model", default="char", help="with --baseline: hwtui train --model (default char)")
+    ap.add_argument("--data", help="with --baseline: hwtui train --data")
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
     args = ap.parse_args()
+    if args.baseline:
+        figures = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            baseline_section(tmp, args, figures)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+        return 0
     figures: dict = {"steps": args.steps, "batch_size": args.batch_size, "merge_every": args.merge_every}
     print(f"settings: {args.steps} steps, batch {args.batch_size}, merge every {args.merge_every}, slowdown x{args.factor:g}, "
           f"{args.repeats} repeat(s); runs one after another", flush=True)

@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
                      help="auto: bf16 autocast where the device supports it, else fp32")
     run.add_argument("--activation-checkpointing", action="store_true", help="recompute activations (less memory)")
+    run.add_argument("--model", default="char", metavar="MODEL",
+                     help="char (the built-in byte model, default), a local Hugging Face model directory (config.json; "
+                          "its model.safetensors if present, else a seeded random init), or package.module:function "
+                          "returning an nn.Module (docs/training.md); nothing is downloaded")
+    run.add_argument("--data", metavar="PATH",
+                     help="training text: a text file, a directory of .txt files or a .jsonl with a \"text\" field "
+                          "(default: the Python standard library's source); the last tenth is held out")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--context", type=int, default=64, help="model context in bytes (default 64)")
     run.add_argument("--d-model", type=int, default=64)
@@ -84,6 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--events", metavar="FILE", help="write events as JSON lines to FILE ('-' = stdout, humans to stderr)")
     out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")
+    out.add_argument("--save-hf", metavar="DIR", help="write the merged model as a Hugging Face directory DIR (config.json, "
+                                                      "model.safetensors, tokenizer files) at the end; needs --model DIR")
 
 
 # Upper bounds for the counts and seconds `train` takes. Far beyond any real run, and low enough
@@ -128,6 +137,51 @@ def _positive(args: argparse.Namespace) -> None:
         raise HwtuiError(f"--outer-momentum must be in [0, 1) (got {args.outer_momentum})")
     if args.override and not args.resume:
         raise HwtuiError("--override goes with --resume (it names what may differ from the checkpoint)")
+
+
+def check_model_and_data(args: argparse.Namespace) -> str:
+    """--model, --data and --save-hf checked before any worker starts; returns the model source.
+
+    A model directory's config, its tokenizer against its vocabulary and the text itself are read
+    here (one line, exit 2, nothing written); a package.module:function is called only in the
+    workers (a failure there is the same one line before training starts)."""
+    import os
+    from pathlib import Path
+
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.training import modelspec, textdata
+
+    try:
+        spec = modelspec.parse(args.model)
+        if args.save_hf is not None:
+            out = Path(args.save_hf)
+            if spec.kind != "hf":
+                raise HwtuiError("--save-hf writes a Hugging Face model: it needs --model DIR (a model directory)")
+            if out.exists() or out.is_symlink():
+                raise HwtuiError(f"--save-hf {args.save_hf}: already exists (give a new directory)")
+            parent = out.parent if str(out.parent) else Path(".")
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise HwtuiError(f"--save-hf {args.save_hf}: {parent} is not a writable directory")
+        docs = textdata.read_documents(args.data) if args.data is not None else None
+        if spec.kind == "hf":
+            from hwtui.engine.training import models
+
+            facts = models.hf_facts(spec)
+            if facts.positions is not None and args.context > facts.positions:
+                raise HwtuiError(f"--context {args.context}: the model takes at most {facts.positions} positions")
+            tokenizer = models.load_tokenizer(spec)
+            if tokenizer is not None and len(tokenizer) > facts.vocab:
+                raise HwtuiError(f"--model {spec.value}: the tokenizer has {len(tokenizer)} tokens but the model's "
+                                 f"vocabulary only {facts.vocab}")
+            if docs is not None:
+                textdata.tokenize(docs, tokenizer, args.context, facts.vocab)
+            elif tokenizer is None and facts.vocab < 256:
+                raise HwtuiError(f"--model {spec.value}: a vocabulary of {facts.vocab} ids, no tokenizer; bytes need 256")
+        elif docs is not None:
+            textdata.tokenize(docs, None, args.context, None)
+    except (modelspec.ModelSpecError, textdata.DataError) as exc:
+        raise HwtuiError(str(exc)) from None
+    return spec.value
 
 
 def resolve_devices(args: argparse.Namespace) -> list:
@@ -275,10 +329,13 @@ class _Printer:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from hwtui.core.errors import EXIT_FAILED, HwtuiError
 
     _positive(args)
     refs = resolve_devices(args)
+    model_source = check_model_and_data(args)
     if args.resume and not args.checkpoint_dir:
         raise HwtuiError("--resume needs --checkpoint-dir")
 
@@ -302,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed, precision=args.precision, activation_checkpointing=args.activation_checkpointing,
             optimizer_state=args.optimizer_state,
             model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
+            model_source=model_source, data=str(Path(args.data).resolve()) if args.data else None,
+            save_hf=str(Path(args.save_hf).resolve()) if args.save_hf else None,
             heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
         )
     except (ConfigError, TrainingError) as exc:

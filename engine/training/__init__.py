@@ -8,7 +8,11 @@ outer optimizer step is taken on the averaged deltas (DiLoCo). Module map:
 
 * ``backend``    one device abstraction (device, set_device, synchronize, streams, memory, AMP)
 * ``model``      a small character-level transformer
+* ``modelspec``  what ``--model`` names (char, a local Hugging Face directory, module:function), checked
+* ``models``     building any of them, seeded, behind one interface (logits, loss)
 * ``data``       the Python standard library's own source text, split deterministically
+* ``textdata``   ``--data``: your text file / .txt directory / .jsonl, checked, tokenised, split
+* ``export``     ``--save-hf``: the merged model as a Hugging Face directory, atomically
 * ``memory``     will the model fit? refuse clearly, before any work starts
 * ``queue``      chunk queue: dynamic / equal / static balancing, requeue on worker loss
 * ``merge``      sample-weighted merge over gloo with a two-phase commit; the outer Nesterov step

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CONFIG_VERSION = 3  # 3: chunk pieces ("part"), evaluation after the commit ("evaluated")
+CONFIG_VERSION = 4  # 3: chunk pieces ("part"), evaluation after the commit ("evaluated"); 4: --model, --data
 MERGES = ("outer-nesterov", "average")
 BALANCES = ("dynamic", "equal", "static")
 OPTIMIZER_STATES = ("average", "reset", "keep")
@@ -98,6 +98,9 @@ class TrainConfig:
     telemetry_interval: float = 0.5
     cpu_threads: int = 1
     prefetch: bool = True  # workers claim their next chunk while training the current one
+    model_source: str = "char"  # --model: char, a model directory (absolute), or package.module:function
+    data: str | None = None  # --data: a text file, a directory of .txt, a .jsonl (None: the standard library)
+    save_hf: str | None = None  # --save-hf: where the last round's writer exports the merged model
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "merge_every", "checkpoint_every", "eval_every", "eval_windows", "cpu_threads"):
@@ -148,6 +151,8 @@ class WorkerConfig:
     cpu_threads: int
     init_from: str | None
     prefetch: bool
+    model_source: str = "char"
+    data: str | None = None
     version: int = CONFIG_VERSION
 
     @classmethod
@@ -160,7 +165,7 @@ class WorkerConfig:
             eval_windows=cfg.eval_windows, heartbeat_interval=cfg.heartbeat_interval, group_timeout=cfg.group_timeout,
             reply_timeout=cfg.group_timeout + cfg.stall_timeout + cfg.startup_timeout,
             cpu_workers=sum(1 for r in cfg.devices if r.backend == "cpu"), cpu_threads=cfg.cpu_threads,
-            init_from=init_from, prefetch=cfg.prefetch)
+            init_from=init_from, prefetch=cfg.prefetch, model_source=cfg.model_source, data=cfg.data)
 
     def to_message(self) -> dict[str, Any]:
         return {"kind": "config", "version": self.version, "config": asdict(self)}

@@ -33,12 +33,16 @@ def is_heldout(name: str) -> bool:
 
 @dataclass
 class Corpus:
-    train: torch.Tensor  # uint8 bytes
+    train: torch.Tensor  # uint8 bytes, or int32 token ids (--data with a tokenizer)
     heldout: torch.Tensor
     fingerprint: str
     files: int
+    label: str | None = None  # --data: what it was read from (None: the standard library, as bytes)
 
     def describe(self) -> str:
+        if self.label is not None:
+            return (f"{self.label}: {self.train.numel():,} train / {self.heldout.numel():,} held-out tokens, "
+                    f"fingerprint {self.fingerprint}")
         return (f"{self.files} stdlib files, {self.train.numel() / 1e6:.1f} MB train / "
                 f"{self.heldout.numel() / 1e6:.2f} MB held-out, fingerprint {self.fingerprint}")
 

@@ -27,6 +27,7 @@ from hwtui.engine.training import checkpoint
 from hwtui.engine.training.config import ModelConfig
 from hwtui.engine.training.data import Corpus, load_corpus
 from hwtui.engine.training.model import CharTransformer, build_model
+from hwtui.engine.training.models import Trainable
 
 EVAL_BATCH = 1024
 
@@ -37,13 +38,32 @@ class EvalError(RuntimeError):
 
 @dataclass(frozen=True)
 class Loaded:
-    model: CharTransformer
+    model: CharTransformer | Trainable
     path: Path
     manifest: dict[str, Any]
 
     @property
     def step(self) -> int:
         return int(self.manifest.get("step", 0))
+
+
+def load_model_dir(directory: str | Path, context: int) -> tuple[Loaded, Any]:
+    """A Hugging Face model directory (a ``--save-hf`` output) and its tokenizer (or None)."""
+    from hwtui.engine.training import models
+    from hwtui.engine.training.modelspec import ModelSpecError, parse
+
+    try:
+        spec = parse(str(directory))
+        if spec.kind != "hf":
+            raise ModelSpecError(f"--model {directory}: not a directory")
+        facts = models.hf_facts(spec)
+        if facts.positions is not None and context > facts.positions:
+            raise ModelSpecError(f"--context {context}: the model takes at most {facts.positions} positions")
+        tokenizer = models.load_tokenizer(spec)
+        trainable = models.load_pretrained(spec.value, context)
+    except ModelSpecError as exc:
+        raise EvalError(str(exc)) from None
+    return Loaded(trainable, Path(spec.value), {"step": 0, "vocab": facts.vocab}), tokenizer
 
 
 def load(where: str | Path) -> Loaded:
@@ -61,6 +81,10 @@ def load(where: str | Path) -> Loaded:
             path, doc = found
     except checkpoint.CheckpointError as exc:
         raise EvalError(str(exc)) from None
+    source = doc.get("model_source", "char")
+    if source != "char":
+        raise EvalError(f"{path} was trained with --model {source}: evaluate its --save-hf directory "
+                        f"with --model DIR"[:400])
     raw = doc.get("model")
     try:
         if not isinstance(raw, dict) or not all(isinstance(v, int) and v > 0 for v in raw.values()):
@@ -87,14 +111,14 @@ class HeldoutLoss:
     complete: bool
 
 
-def heldout_loss(model: CharTransformer, windows: int | None = None, seed: int = 0,
+def heldout_loss(model: CharTransformer | Trainable, windows: int | None = None, seed: int = 0,
                  corpus: Corpus | None = None) -> HeldoutLoss:
     """Held-out loss: over every non-overlapping window of the held-out text (``windows=None``,
     the default: the whole held-out set, so two evaluations of one model agree exactly), or over
     ``windows`` windows spread evenly over it at a seeded offset, with the standard error of
     that estimate."""
     corpus = corpus or load_corpus()
-    context = model.cfg.context
+    forward, context = _forward(model)
     span = corpus.heldout.numel() - context - 1
     if span < 1:
         raise EvalError("the held-out text is shorter than one window")
@@ -108,12 +132,11 @@ def heldout_loss(model: CharTransformer, windows: int | None = None, seed: int =
         starts = (torch.arange(windows, dtype=torch.float64) * stride + offset).long().clamp_(0, span - 1)
     windows = len(starts)
     per_window: list[torch.Tensor] = []
-    model.eval()
     with torch.no_grad():
         for i in range(0, windows, EVAL_BATCH):
             s = starts[i: i + EVAL_BATCH]
             seq = corpus.heldout[s[:, None] + torch.arange(context + 1)[None, :]].long()
-            logits = model(seq[:, :-1]).float()
+            logits = forward(seq[:, :-1]).float()
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), seq[:, 1:].reshape(-1), reduction="none")
             per_window.append(loss.view(len(s), context).mean(dim=1))
     values = torch.cat(per_window).double()
@@ -122,18 +145,33 @@ def heldout_loss(model: CharTransformer, windows: int | None = None, seed: int =
     return HeldoutLoss(mean, stderr, windows, context, complete)
 
 
-def generate(model: CharTransformer, prompt: bytes, length: int, temperature: float = 0.8, top_k: int = 0,
+def _forward(model: CharTransformer | Trainable) -> tuple[Any, int]:
+    """(ids -> logits, context) for the built-in model or any --model, switched to eval mode."""
+    if isinstance(model, Trainable):
+        model.module.eval()
+        return model.logits, model.context
+    model.eval()
+    return model, model.cfg.context
+
+
+def generate(model: CharTransformer | Trainable, prompt: bytes, length: int, temperature: float = 0.8, top_k: int = 0,
              seed: int = 0) -> bytes:
     """``length`` bytes continuing ``prompt`` (sampling with ``temperature``; 0 = greedy)."""
-    context = model.cfg.context
+    return bytes(generate_ids(model, list(prompt or b"\n"), length, temperature, top_k, seed, limit=256))
+
+
+def generate_ids(model: CharTransformer | Trainable, prompt: list[int], length: int, temperature: float = 0.8,
+                 top_k: int = 0, seed: int = 0, limit: int | None = None) -> list[int]:
+    """``length`` token ids continuing ``prompt`` (bytes are ids 0-255 for a byte-level model: ``limit``
+    256 keeps a model with a larger vocabulary and no tokenizer to bytes)."""
+    forward, context = _forward(model)
     gen = torch.Generator().manual_seed(seed)
-    seq = list(prompt or b"\n")
-    out = bytearray()
-    model.eval()
+    seq = list(prompt)
+    out: list[int] = []
     with torch.no_grad():
         for _ in range(length):
             idx = torch.tensor([seq[-context:]], dtype=torch.long)
-            logits = model(idx)[0, -1].float()
+            logits = forward(idx)[0, -1, :limit].float()
             if temperature <= 0:
                 nxt = int(logits.argmax())
             else:
@@ -144,4 +182,4 @@ def generate(model: CharTransformer, prompt: bytes, length: int, temperature: fl
                 nxt = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
             seq.append(nxt)
             out.append(nxt)
-    return bytes(out)
+    return out

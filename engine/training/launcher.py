@@ -55,7 +55,7 @@ from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
 from hwtui.engine.training.health import Liveness
-from hwtui.engine.training.queue import ChunkQueue, unit_from_message, unit_message, unit_samples
+from hwtui.engine.training.queue import ChunkQueue, Unit, unit_from_message, unit_message, unit_samples
 from hwtui.engine.training.schedule import (
     DEFER,
     GRANT,
@@ -67,7 +67,7 @@ from hwtui.engine.training.schedule import (
     is_eval_round,
     tail_choice,
 )
-from hwtui.engine.training.workers import WorkerState, start_worker
+from hwtui.engine.training.workers import MAX_AHEAD, WorkerState, start_worker
 
 __all__ = ["Coordinator", "Phase", "TrainConfig", "TrainingError", "is_eval_round"]
 
@@ -117,6 +117,7 @@ class Coordinator:
         self.round_wall = 0.0
         self.merge_started = 0.0
         self.halves_knob = knobs.halves()
+        self.saved_hf: dict[str, Any] | None = None  # --save-hf: what the last round's writer reported
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -138,6 +139,10 @@ class Coordinator:
             self._shutdown()
         from hwtui.engine.training.report import build_report
 
+        if ok and self.cfg.save_hf and not (self.saved_hf or {}).get("ok"):
+            ok = False  # the model asked for was not written: the run did not deliver
+            if self.saved_hf is None:
+                self.saved_hf = {"path": self.cfg.save_hf, "ok": False, "error": "the last round's writer never reported"}
         report = build_report(self)
         self.sink(TrainDone(ok=ok, seconds=round(time.monotonic() - self.t0, 3), samples=self.samples_committed,
                             final_loss=self.final_loss, report=report))
@@ -297,6 +302,12 @@ class Coordinator:
             record["loss_merged"] = msg.get("loss_merged")
             if record["loss_merged"] is not None:
                 self.final_loss = record["loss_merged"]
+            if msg.get("exported") or msg.get("export_error"):
+                self.saved_hf = {"path": msg.get("exported") or self.cfg.save_hf, "ok": bool(msg.get("exported")),
+                                 "error": msg.get("export_error")}
+                self.sink(LogEvent(message=f"--save-hf: wrote {msg['exported']}" if msg.get("exported") else
+                                   f"--save-hf {self.cfg.save_hf} failed: {msg['export_error']}",
+                                   level="info" if msg.get("exported") else "error", source="train"))
             if msg.get("checkpoint"):
                 entry = {"path": msg["checkpoint"], "step": record["step"], "round": rnd, "written_by": w.device}
                 self.checkpoints.append(entry)
@@ -414,16 +425,34 @@ class Coordinator:
                 group = [x.rank for x in alive]
                 w.reply({"kind": "regroup", "gen": self.gen, "group_rank": group.index(w.rank), "world_size": len(group)})
                 w.gen = self.gen
-            elif w.pending_kind == "claim" and len(w.held) < 2 and (answer := self._tail(w, alive)) != DEFER:
-                unit = self.queue.claim(w.rank, split=answer == HALF)
-                if unit is not None:
-                    if not w.held:
-                        w.started_at = time.monotonic()
-                    w.held.append(unit)
-                    w.chunks_claimed += 1
-                    w.reply({"kind": "chunk", **unit_message(unit)})
+            elif w.pending_kind == "claim":
+                self._grant(w, alive)
         if self.queue.complete() and all(w.pending_kind == "claim" and w.gen == self.gen for w in alive):
             self._begin_merge(alive)
+
+    def _grant(self, w: WorkerState, alive: list[WorkerState]) -> None:
+        """Answer ``w``'s claim with as many units as it asked to hold (``ahead``: one chunk
+        beyond the one training, more when its chunks are short), each decided by the end-of-round
+        rule; a claim nothing can be granted to waits."""
+        ahead = max(1, min(MAX_AHEAD, int((w.pending or {}).get("ahead") or 1)))
+        cap = 1 + ahead  # held: the unit training and those ahead of it
+        most = 1 if ahead == 1 else cap  # one chunk ahead: one per claim, as before
+        units: list[Unit] = []
+        while len(w.held) < cap and len(units) < most and (answer := self._tail(w, alive)) != DEFER:
+            unit = self.queue.claim(w.rank, split=answer == HALF)
+            if unit is None:
+                break
+            if not w.held:
+                w.started_at = time.monotonic()
+            w.held.append(unit)
+            w.chunks_claimed += 1
+            units.append(unit)
+            if answer == HALF:
+                break  # the tail: pieces go one at a time
+        if len(units) == 1:
+            w.reply({"kind": "chunk", **unit_message(units[0])})
+        elif units:
+            w.reply({"kind": "chunks", "units": [unit_message(u) for u in units]})
 
     def _tail(self, w: WorkerState, alive: list[WorkerState]) -> str:
         """Grant ``w``'s claim, grant half a chunk, or hold it back (dynamic balance, not replaying)."""
@@ -477,12 +506,21 @@ class Coordinator:
         # before the all-reduce: there a slow device's evaluation held the collective (and every
         # faster device) back, and on the last round it was inside the run's timed training.
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
-        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt else None
+        export = cfg.save_hf if last else None
+        writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt or export else None
+        # A run on one device has no workers' mean to compare with: its own copy is not evaluated
+        # (the merged model is). Evaluations before the last round are telemetry, and with a small
+        # batch --eval-windows can cost several rounds of training: they use at most the windows
+        # one round trains on (merge_every x batch_size, forward only: about a third of a round's
+        # work). The last round's, which give the final loss, use every --eval-windows.
+        local = evaluate and len(cfg.devices) > 1
+        windows = cfg.eval_windows if last else min(cfg.eval_windows, cfg.merge_every * cfg.batch_size)
         self.awaiting_round = self.round
-        self.awaiting = {w.rank for w in alive} if evaluate else ({writer.rank} if writer else set())
+        self.awaiting = {w.rank for w in alive} if local else ({writer.rank} if writer else set())
         for w in alive:
-            w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate,
-                     "checkpoint": ckpt if w is writer else None})
+            w.reply({"kind": "commit", "writer": w is writer, "evaluate": evaluate, "evaluate_local": local,
+                     "eval_windows": windows, "checkpoint": ckpt if w is writer else None,
+                     "export": export if w is writer else None})
         self._emit_merge_when_reported()
         for w in alive:
             self._emit_worker(w)
@@ -497,7 +535,7 @@ class Coordinator:
         cfg = self.cfg
         return {
             "round": self.round, "next_chunk": self.queue.next_chunk, "samples": self.samples_committed,
-            "model": cfg.model.to_dict(), "hyperparameters": cfg.hyperparameters(),
+            "model": cfg.model.to_dict(), "model_source": cfg.model_source, "hyperparameters": cfg.hyperparameters(),
             "seed": cfg.seed, "batch_size": cfg.batch_size, "lr": cfg.lr,
             "balance": cfg.balance, "optimizer_state": cfg.optimizer_state, "merge": cfg.merge,
             "fingerprint": self.fingerprint, "resumed_from": self.resumed_from,

@@ -93,3 +93,14 @@ def check_fits(device: str, cfg: ModelConfig, batch_size: int, precision: str, c
     return (f"{device} needs about {_gib(est.total)} (params {_gib(est.params)}, grads {_gib(est.grads)}, "
             f"optimizer {_gib(est.optimizer)}, activations {_gib(est.activations)} at batch {batch_size}, "
             f"{precision}) but has {_gib(free)} free; try " + ", or ".join(fixes))
+
+
+def check_params_fit(device: str, params: int, free: int) -> str | None:
+    """For a model of any architecture (``--model``): its weights, gradients and AdamW state in fp32
+    against ``free`` bytes. Activations depend on the architecture and are not estimated here, so
+    this refuses only what cannot fit at any batch size."""
+    need = int(params * (PARAM_BYTES * 2 + OPTIMIZER_BYTES) * WORKSPACE)
+    if need <= free:
+        return None
+    return (f"{device} needs about {_gib(need)} for {params:,} parameters (weights, gradients and AdamW state "
+            f"in fp32, before activations) but has {_gib(free)} free; use a smaller model or a device with more memory")

@@ -55,9 +55,10 @@ def weighted_allreduce(tensors: Mapping[str, torch.Tensor], samples: int) -> tup
     flat_f.mul_(w)
     flat_i = torch.cat([tensors[n].detach().to("cpu", torch.float64).reshape(-1) for n in ints] + [torch.ones(1, dtype=torch.float64)])
     flat_i.mul_(w)
-    if flat_f.numel():
-        dist.all_reduce(flat_f)
-    dist.all_reduce(flat_i)
+    if dist.get_world_size() > 1:  # alone, the sum is the tensor itself: no collective to wait on
+        if flat_f.numel():
+            dist.all_reduce(flat_f)
+        dist.all_reduce(flat_i)
     total = flat_i[-1].item()
     if total <= 0:  # nobody trained: keep the tensors as they are
         return {n: tensors[n].detach().to("cpu").clone() for n in names}, 0
@@ -95,13 +96,19 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) 
     return out
 
 
+def _step_device(group: Mapping[str, object], p: torch.Tensor) -> torch.device:
+    """Where AdamW keeps a parameter's step count: beside the parameter for the fused and
+    capturable implementations (their kernels read it there), on the CPU otherwise."""
+    return p.device if group.get("fused") or group.get("capturable") else torch.device("cpu")
+
+
 def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Materialise AdamW's state (zeros) so every rank merges the same names even before its first step."""
     for group in optimizer.param_groups:
         for p in group["params"]:
             state = optimizer.state[p]
             if not state:
-                state["step"] = torch.tensor(0.0)
+                state["step"] = torch.tensor(0.0, device=_step_device(group, p))
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
@@ -116,7 +123,8 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Mod
         if isinstance(target, torch.Tensor):
             target.copy_(value.to(target.device, target.dtype))
         else:
-            state[field] = value.to(p.device) if field != "step" else value.clone()
+            group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+            state[field] = value.to(p.device) if field != "step" else value.to(_step_device(group, p), torch.float32)
 
 
 def load_model_tensors(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:

@@ -41,7 +41,8 @@ def build_report(coord: Any) -> dict[str, Any]:
         "config": {"steps": cfg.steps, "batch_size": cfg.batch_size, "lr": cfg.lr, "merge_every": cfg.merge_every,
                    "eval_every": cfg.eval_every,
                    "balance": cfg.balance, "optimizer_state": cfg.optimizer_state, "seed": cfg.seed,
-                   "model": cfg.model.to_dict(), "params": coord.params, "checkpoint_dir": cfg.checkpoint_dir},
+                   "model": cfg.model.to_dict(), "model_source": cfg.model_source, "data": cfg.data,
+                   "params": coord.params, "checkpoint_dir": cfg.checkpoint_dir},
         "resumed_from": coord.resumed_from,
         "corpus_fingerprint": coord.fingerprint,
         "step": coord.step,
@@ -54,6 +55,7 @@ def build_report(coord: Any) -> dict[str, Any]:
         "workers": workers,
         "rounds": coord.rounds,
         "checkpoints": coord.checkpoints,
+        "save_hf": coord.saved_hf,
     }
 
 

@@ -71,6 +71,9 @@ def load(cfg: TrainConfig) -> ResumePoint:
     path, doc = found
     if doc.get("model") != cfg.model.to_dict():
         raise TrainingError(f"--resume: {path} holds a model {doc.get('model')}, this run builds {cfg.model.to_dict()}")
+    source = doc.get("model_source", "char")
+    if source != cfg.model_source:
+        raise TrainingError(f"--resume: {path} holds --model {source}, this run trains --model {cfg.model_source}")
     step = _int(doc, "step", path)
     if step >= cfg.steps:
         raise TrainingError(f"--resume: {path} is already at step {step}; raise --steps above it to train on")

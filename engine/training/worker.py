@@ -26,13 +26,15 @@ import os
 import signal
 import sys
 import time
+import zlib
 from collections import deque
 from typing import Any
 
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
 from hwtui.engine.training.config import ConfigError, WorkerConfig
-from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_rows
+from hwtui.engine.training.queue import Unit, unit_chunk, unit_from_message, unit_message, unit_name, unit_rows
+from hwtui.engine.training.workers import MAX_AHEAD
 
 
 class Diverged(RuntimeError):
@@ -59,38 +61,97 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+AHEAD_SECONDS = 0.025  # work a worker holds granted beyond the chunk it trains (at least one chunk)
+
+
+def ahead_depth(chunk_seconds: float | None) -> int:
+    """How many chunks to hold beyond the one training: one, or as many as make AHEAD_SECONDS
+    when chunks are shorter than that. One chunk ahead covers the round trip through the
+    coordinator for any chunk that takes longer than the coordinator takes to answer; a chunk of a
+    millisecond or two (a tiny model, a fast GPU) does not, and one chunk per round trip left the
+    device idle most of the time on a busy machine. Several granted per claim take the round trip
+    off the critical path; the end of a round is still decided chunk by chunk (tail_choice)."""
+    if not chunk_seconds or chunk_seconds <= 0:
+        return 1
+    return max(1, min(MAX_AHEAD, int(AHEAD_SECONDS / chunk_seconds)))
+
+
+def make_optimizer(model: Any, lr: float) -> Any:
+    """AdamW, fused where this torch has a fused kernel for the device (one kernel for every
+    parameter instead of a loop over them: the per-step cost that dominates small models),
+    else torch's default implementation."""
+    import torch
+
+    params = list(model.parameters())
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
 class Worker:
     def __init__(self, cfg: WorkerConfig, chan: WorkerChannel):
         import torch
 
         from hwtui.engine.training.backend import TrainDevice
-        from hwtui.engine.training.data import load_corpus
+        from hwtui.engine.training.modelspec import parse
 
         self.cfg, self.chan, self.rank = cfg, chan, cfg.rank
+        self.spec = parse(cfg.model_source)
+        self.tokenizer: Any = None
         if cfg.backend == "cpu":
             torch.set_num_threads(max(1, cfg.cpu_threads))
         self.dev = TrainDevice(cfg.backend, cfg.index)
         self.dev.set_device()
         self.precision = self.dev.resolve_precision(cfg.precision)
         self.mcfg = cfg.model
-        self.corpus = load_corpus()
         self.reply_timeout = float(cfg.reply_timeout)
         self.outer: Any = None  # merge.OuterNesterov with --merge outer-nesterov
         self.slowdown = knobs.slowdown(self.rank)
         self._walls: deque[float] = deque(maxlen=9)  # the slowdown knob's recent batch wall times
         self.faults = knobs.faults(self.rank)
         self.chunks_trained = 0
+        self._chunk_seconds: float | None = None  # a running mean of whole chunks' seconds (ahead_depth)
+        self._training_mode = False  # model.train() walks every module: only when the mode changes
         self.group_rank: int | None = None
 
     # -- setup ---------------------------------------------------------------------------------
     def memory_refusal(self) -> str | None:
-        from hwtui.engine.training.memory import check_fits
+        from hwtui.engine.training.memory import check_fits, check_params_fit
 
         free, _total = self.dev.memory()
         if self.dev.spec.name == "cpu":
             free //= max(1, self.cfg.cpu_workers)  # CPU ranks share host RAM
+        if not self.spec.is_char:  # the real parameter count is known once the model is built (on the CPU)
+            return check_params_fit(self.dev.name, sum(p.numel() for p in self.model.parameters()), free)
         return check_fits(self.dev.name, self.mcfg, self.cfg.batch_size, self.precision,
                           self.cfg.activation_checkpointing, free)
+
+    def load_model(self) -> None:
+        """Build the model --model names (on the CPU, seeded) and the corpus it trains on."""
+        from hwtui.engine.training import models
+
+        self.net = models.build(self.spec, self.mcfg, self.cfg.seed, self.cfg.activation_checkpointing)
+        self.model = self.net.module
+        if self.spec.kind == "hf":
+            self.tokenizer = models.load_tokenizer(self.spec)
+        self.corpus = self._corpus()
+
+    def _corpus(self) -> Any:
+        from hwtui.engine.training import data, textdata
+
+        if self.spec.is_char and self.cfg.data is None:
+            return data.load_corpus()
+        vocab = self.net.vocab()
+        if self.cfg.data is not None:
+            return textdata.tokenize(textdata.read_documents(self.cfg.data), self.tokenizer, self.mcfg.context, vocab)
+        if self.tokenizer is not None:  # the standard library's text through the model's own tokenizer
+            files = sorted(p for p in data.stdlib_dir().glob("*.py") if p.is_file())
+            docs = textdata.Documents(tuple(p.read_text("utf-8", "replace") for p in files), len(files), "stdlib")
+            return textdata.tokenize(docs, self.tokenizer, self.mcfg.context, vocab)
+        if vocab is not None and vocab < 256:
+            raise textdata.DataError(f"the model's vocabulary holds {vocab} ids; bytes need 256")
+        return data.load_corpus()
 
     def build(self) -> None:
         from datetime import timedelta
@@ -99,11 +160,10 @@ class Worker:
         import torch
 
         from hwtui.engine.training import checkpoint, merge
-        from hwtui.engine.training.model import build_model
 
         cfg = self.cfg
-        self.model = build_model(self.mcfg, cfg.seed, cfg.activation_checkpointing).to(self.dev.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.model = self.model.to(self.dev.device)
+        self.opt = make_optimizer(self.model, cfg.lr)
         if cfg.optimizer_state == "average":
             merge.ensure_optimizer_state(self.opt)
         outer_state = None
@@ -130,7 +190,7 @@ class Worker:
                                                               self.mcfg.context, self.cfg.seed))
             t0 = time.perf_counter()
             with self.dev.autocast(self.precision):
-                loss = self.model.loss(x, y)
+                loss = self.net.loss(x, y)
             loss.backward()
             self.dev.synchronize()
             dt = (time.perf_counter() - t0) * self.slowdown
@@ -181,6 +241,8 @@ class Worker:
     def train_chunk(self, unit: Unit) -> dict[str, Any]:
         """One optimizer step on a chunk's batch, or on the rows of one piece of it (a piece at
         the end of a round: the same bytes whoever trains it)."""
+        import torch
+
         from hwtui.engine.training.data import chunk_batch
 
         chunk_id = unit_chunk(unit)
@@ -190,13 +252,24 @@ class Worker:
         since = self._clock()
         t0 = since[0]
         start = time.monotonic()
-        self.model.train()
+        if not self._training_mode:
+            self.model.train()
+            self._training_mode = True
         lo, hi = unit_rows(unit, self.cfg.batch_size)
+        # Randomness inside the model (dropout) is a pure function of (seed, unit) like the batch:
+        # a resumed or replayed run, or another worker training the same unit, draws the same masks.
+        # torch.manual_seed seeds every backend's generators (~60 us); a CPU worker's dropout draws
+        # from the CPU generator alone (~1 us), which matters at a millisecond per step.
+        unit_seed = zlib.crc32(f"{self.cfg.seed}/{unit_name(unit)}".encode())
+        if self.dev.spec.name == "cpu":
+            torch.default_generator.manual_seed(unit_seed)
+        else:
+            torch.manual_seed(unit_seed)
         x, y = (t[lo:hi].to(self.dev.device, non_blocking=True) for t in
                 chunk_batch(self.corpus, chunk_id, self.cfg.batch_size, self.mcfg.context, self.cfg.seed))
         self.opt.zero_grad(set_to_none=True)
         with self.dev.autocast(self.precision):
-            loss = self.model.loss(x, y)
+            loss = self.net.loss(x, y)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
@@ -212,19 +285,22 @@ class Worker:
         self._fault("chunk", self.chunks_trained)
         # start/end on the system-wide monotonic clock the coordinator reads too: it places the
         # chunk in the round's timeline (idle before the first chunk, between chunks, after the last).
-        return {**unit_message(unit), "loss": value, "seconds": time.perf_counter() - t0,
-                "start": start, "end": time.monotonic()}
+        seconds = time.perf_counter() - t0
+        if isinstance(unit, int):
+            self._chunk_seconds = seconds if self._chunk_seconds is None else 0.8 * self._chunk_seconds + 0.2 * seconds
+        return {**unit_message(unit), "loss": value, "seconds": seconds, "start": start, "end": time.monotonic()}
 
-    def evaluate(self) -> float:
+    def evaluate(self, windows: int | None = None) -> float:
         import torch
 
         from hwtui.engine.training.data import heldout_batch
 
         self.model.eval()
-        x, y = heldout_batch(self.corpus, self.cfg.eval_windows, self.mcfg.context)
+        self._training_mode = False
+        x, y = heldout_batch(self.corpus, windows or self.cfg.eval_windows, self.mcfg.context)
         since = self._clock()
         with torch.no_grad(), self.dev.autocast(self.precision):
-            value = float(self.model.loss(x.to(self.dev.device), y.to(self.dev.device)))
+            value = float(self.net.loss(x.to(self.dev.device), y.to(self.dev.device)))
         self._slow_down(since)
         if not math.isfinite(value):
             raise Diverged("the held-out loss", value)
@@ -270,7 +346,8 @@ class Worker:
             return self.dispatch(reply)  # abort: regroup and redo the round; merged copy discarded
         # Evaluation rounds: this copy's held-out loss, now that the round is committed (before the
         # all-reduce, a slow device's evaluation kept every other device waiting in the collective).
-        loss_local = self.evaluate() if reply.get("evaluate", True) else None
+        windows = reply.get("eval_windows")
+        loss_local = self.evaluate(windows) if reply.get("evaluate_local", reply.get("evaluate", True)) else None
         if self.outer is not None:
             self.outer.accept()
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
@@ -279,7 +356,7 @@ class Worker:
         elif self.cfg.optimizer_state == "reset":
             self.opt.state.clear()
         if reply.get("writer"):
-            loss_merged = self.evaluate() if reply.get("evaluate", True) else None
+            loss_merged = self.evaluate(windows) if reply.get("evaluate", True) else None
             done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
                                     "loss_local": loss_local}
             ck = reply.get("checkpoint")
@@ -292,6 +369,14 @@ class Worker:
                 path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3),
                                        outer=outer_t)
                 done["checkpoint"] = str(path)
+            export = reply.get("export")
+            if export:  # the last round: the merged model (now loaded) as a Hugging Face directory
+                from hwtui.engine.training.export import save_hf
+
+                try:
+                    done["exported"] = str(save_hf(self.model, self.tokenizer, export))
+                except Exception as exc:  # reported; the run's checkpoints and report stand
+                    done["export_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             self.chan.send(done)
         elif loss_local is not None:
             self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
@@ -312,7 +397,8 @@ class Worker:
     def loop(self) -> None:
         from collections import deque
 
-        depth = 1 if self.cfg.prefetch and knobs.prefetch() else 0  # chunks to hold beyond the one training
+        prefetch = self.cfg.prefetch and knobs.prefetch()
+        depth = 1 if prefetch else 0  # chunks to hold beyond the one training (grows for short chunks)
         ahead: deque[Unit] = deque()  # granted, not started
         result: dict[str, Any] | None = None  # the chunk just trained, not reported yet
         control: dict[str, Any] | None = None  # a merge/regroup/stop answer, handled once reported
@@ -322,22 +408,30 @@ class Worker:
                 waiting = False
                 if msg["kind"] == "chunk":
                     ahead.append(unit_from_message(msg))
+                elif msg["kind"] == "chunks":
+                    ahead.extend(unit_from_message(m) for m in msg["units"])
                 else:
                     control = msg
             if not waiting and control is None and len(ahead) <= depth:
-                self.chan.send({"kind": "claim", "done": result})  # the report rides on the next claim
+                # The report rides on the next claim; "ahead" says how many units it would hold.
+                self.chan.send({"kind": "claim", "done": result, "ahead": depth})
                 result, waiting = None, True
             elif result is not None:
                 self.chan.send({"kind": "done", "done": result})
                 result = None
             if ahead and control is None:
                 result = self.train_chunk(ahead.popleft())
+                if prefetch:
+                    depth = ahead_depth(self._chunk_seconds)
                 continue
             if control is None:  # nothing to train: there is always a claim out here
                 control, waiting = self.chan.recv(self.reply_timeout), False
             msg, control = control, None
             if msg["kind"] == "chunk":
                 ahead.append(unit_from_message(msg))
+                continue
+            if msg["kind"] == "chunks":
+                ahead.extend(unit_from_message(m) for m in msg["units"])
                 continue
             # merge (only once every chunk of the round is reported), regroup (may come with a chunk
             # still ahead: it trains after the new group is formed) or stop.
@@ -377,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     worker: Worker | None = None
     try:
         worker = Worker(cfg, chan)
+        try:
+            worker.load_model()
+        except ValueError as exc:  # ModelSpecError, DataError: the user's --model / --data, one line
+            chan.send({"kind": "refuse", "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
+            return 0
         refusal = worker.memory_refusal()
         if refusal:
             chan.send({"kind": "refuse", "message": refusal})

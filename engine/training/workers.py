@@ -19,6 +19,8 @@ from hwtui.engine.training.config import WorkerConfig
 from hwtui.engine.training.queue import Unit
 from hwtui.probes.vendor_envs import interpreter_for
 
+MAX_AHEAD = 16  # the most units a worker may hold granted beyond the one it trains (worker.ahead_depth)
+
 
 @dataclass
 class WorkerState:
@@ -80,6 +82,9 @@ def worker_env(ref: Any, cpu_threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so torch's cuda:N is the N the inventory printed
     env.setdefault("GLOO_SOCKET_IFNAME", loopback_ifname())  # every rank is on this machine
+    env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"  # --model is local: never a hub download
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if ref.backend == "cpu":
         env["OMP_NUM_THREADS"] = str(cpu_threads)
     return env
