@@ -98,3 +98,63 @@ def test_failed(snap_compare, make, size):
         await _settle(pilot, run)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+async def test_rerun_starts_from_a_clean_panel(make):
+    """`r` after a finished replication: until the new run's first event the Run screen shows the
+    idle view, never the previous run's 12/12 buckets, GB/s and chart (issue 25)."""
+    from textual.widgets import ContentSwitcher
+
+    from hwtui.app.tui.screens.run import RunScreen
+    from hwtui.widgets.progress_eta import ProgressEta
+
+    app = make(RecordedEngine("replicate_ok.jsonl"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        run = await _start("replicate", {"plan": "README.md", "device": "cpu"})(pilot)
+        assert isinstance(run, RunScreen)
+        await wait_for(pilot, lambda: run.state.finished and run.state.done_ok)
+        await pilot.pause(0.2)
+        assert run.query_one("#views", ContentSwitcher).current == "view-replicate"
+        # The next run says nothing until stopped: an engine still starting.
+        app.engine_stages = RecordedEngine("empty.jsonl", extra=("--hang",))
+        await pilot.press("r")
+        await wait_for(pilot, lambda: run.engine_running)
+        run._paint()
+        await pilot.pause(0.1)
+        assert run.query_one("#views", ContentSwitcher).current == "view-idle"
+        assert run.state.mode is None and run.state.repl.count("done") == 0
+        bar = run.query_one(ProgressEta)
+        assert bar.fraction == 0.0 and "waiting for the engine" in bar.label
+        await pilot.press("s")
+        await wait_for(pilot, lambda: run.state.finished)
+        assert run.state.stopped and not run.state.errors
+
+
+@pytest.mark.parametrize("size", SIZES, ids=IDS)
+@pytest.mark.parametrize("step", ["detect", "drivers", "environment", "engine"])
+def test_wizard_step(snap_compare, make, monkeypatch, step, size):
+    """Every wizard step at every size, with its findings in (the checks' duration fixed: the status
+    line prints it)."""
+    import hwtui.probes.framework as framework
+    from hwtui.widgets.findings_list import FindingsList
+
+    real = framework.run_checks
+
+    def timed_fixed(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.duration_s = 0.5
+        return result
+
+    monkeypatch.setattr(framework, "run_checks", timed_fixed)
+    app = make(None)
+
+    async def to_step(pilot):
+        await wait_for(pilot, lambda: pilot.app.devices)
+        await pilot.press(*["n"] * ["detect", "drivers", "environment", "engine"].index(step))
+        screen = pilot.app.screen
+        await wait_for(pilot, lambda: getattr(screen, "STEP", "") == step)
+        if step in ("drivers", "environment"):
+            await wait_for(pilot, lambda: screen.query_one(FindingsList).row_count > 0)
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=size, run_before=to_step)
