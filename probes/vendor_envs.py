@@ -171,10 +171,12 @@ def torch_requirement(tag: str, version: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Step:
-    """One install step: its argv, and whether it runs with the user's installer configuration set aside."""
+    """One install step: its argv, whether it runs with the user's installer configuration set aside,
+    and what it does in a few words (``hwtui setup``'s progress line names the step running)."""
 
     argv: list[str]
     isolated: bool = False
+    what: str = ""
 
 
 def commands_for(plan: EnvPlan, base_python: str, tool: str, hwtui_root: str, index_url: str = INDEX_URL,
@@ -191,15 +193,20 @@ def commands_for(plan: EnvPlan, base_python: str, tool: str, hwtui_root: str, in
     url = f"{index_url.rstrip('/')}/{plan.tag}"
     torch = torch_requirement(plan.tag, torch_version)
     deps_idx = ["--index-url", deps_index_url] if deps_index_url else []
+    # No URL in these: a progress line is no place for an index's credentials.
+    create, install_torch = "create the environment", f"install {torch} from the {plan.tag} index"
+    install_deps = f"install {', '.join(ENGINE_DEPS)}"
     if tool == "uv":
-        return [Step(["uv", "venv", "--python", base_python, plan.path]),
-                Step(["uv", "pip", "install", "--python", plan.python, torch, "--index-url", url], isolated=True),
-                Step(["uv", "pip", "install", "--python", plan.python, *deps_idx, *ENGINE_DEPS])]
+        return [Step(["uv", "venv", "--python", base_python, plan.path], what=create),
+                Step(["uv", "pip", "install", "--python", plan.python, torch, "--index-url", url], isolated=True,
+                     what=install_torch),
+                Step(["uv", "pip", "install", "--python", plan.python, *deps_idx, *ENGINE_DEPS], what=install_deps)]
     # The base interpreter's pip installs into the environment (pip >= 22.3 --python): no pip copy
     # per environment, and creating one takes 0.3 s instead of ensurepip's 10.
-    return [Step([base_python, "-m", "venv", "--without-pip", plan.path]),
-            Step([base_python, "-m", "pip", "--python", plan.python, "install", torch, "--index-url", url], isolated=True),
-            Step([base_python, "-m", "pip", "--python", plan.python, "install", *deps_idx, *ENGINE_DEPS])]
+    return [Step([base_python, "-m", "venv", "--without-pip", plan.path], what=create),
+            Step([base_python, "-m", "pip", "--python", plan.python, "install", torch, "--index-url", url], isolated=True,
+                 what=install_torch),
+            Step([base_python, "-m", "pip", "--python", plan.python, "install", *deps_idx, *ENGINE_DEPS], what=install_deps)]
 
 
 # Installer variables that never add a package source: kept for the isolated torch step (a proxy's

@@ -14,6 +14,9 @@ import os
 import re
 import shutil
 import sys
+import threading
+from collections import deque
+from typing import IO
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 from hwtui.core.redact import redact_text
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError(f"--torch-version {redact_text(args.torch_version)[:40]!r}: give a release such as 2.9.1 "
                          "(the build tag is added from the hardware)")
     host = host_from_args(args)
-    if not host.is_live and not args.dry_run:
+    verbosity = getattr(args, "verbosity", 0)
+    if not host.is_live and not args.dry_run and verbosity >= 0:
         # Preparing environments for another machine's GPUs (an image built elsewhere) is allowed; say it.
         print(f"hwtui setup: planning for {host.description}; the environments are created on this machine",
               file=sys.stderr)
@@ -84,51 +88,146 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError("--tool uv: uv is not on PATH (install it, or use --tool pip)")
     root = hwtui_root()
     config = ve.config_path(os.environ)
-    for plan in plans:
-        torch = ve.torch_requirement(plan.tag, args.torch_version)
-        print(f"# {plan.vendor}: {', '.join(plan.devices)} -> {torch} from {plan.tag}'s index only, in {plan.path}")
-        if plan.note:
-            print(f"# warning: {plan.note}")
-        steps = ve.commands_for(plan, args.python, tool, root, args.index_url or INDEX_URL, args.deps_index_url,
-                                args.torch_version)
-        for step in steps:
-            print(ve.shell_line(step))
-        print(f"# then: link {root} into the environment ({plan.backend}.pth) and record {plan.python} in {config}")
-        if args.dry_run:
-            continue
-        created = not os.path.exists(plan.path)
-        try:
-            for step in steps:
-                _run_step(step.argv, args.step_timeout, ve.isolated_env(os.environ) if step.isolated else None)
-            _check_torch(plan, torch)
-            _link_hwtui(plan, root)
-        except HwtuiError:
-            if created:  # no half-built environment is left behind to be mistaken for a working one
-                shutil.rmtree(plan.path, ignore_errors=True)
-            raise
-        try:
-            ve.record_environments({plan.backend: ve.record_entry(plan, tool, torch.split("==", 1)[1],
-                                                                   args.index_url or INDEX_URL)})
-        except (OSError, ValueError) as exc:
-            raise HwtuiError(f"environment {plan.path} is ready but could not be recorded: {exc}") from None
-        print(f"hwtui setup: {plan.vendor} environment ready: {plan.python}", file=sys.stderr)
+    index_url = args.index_url or INDEX_URL
+    work = [(plan, ve.torch_requirement(plan.tag, args.torch_version),
+             ve.commands_for(plan, args.python, tool, root, index_url, args.deps_index_url, args.torch_version))
+            for plan in plans]
     if args.dry_run:
+        for plan, torch, steps in work:
+            print(_plan_text(plan, torch, steps, root, config, quiet=False))
         print(f"hwtui setup: dry run, nothing was run; without --dry-run the environments are recorded in {config}",
               file=sys.stderr)
+        return EXIT_OK
+    # Every step of every environment, known before the first runs: the bar's total.
+    printer = SetupPrinter(sys.stdout, sys.stderr, sum(len(steps) + 1 for _, _, steps in work), verbosity)
+    try:
+        for plan, torch, steps in work:
+            text = _plan_text(plan, torch, steps, root, config, quiet=verbosity < 0)
+            if text:
+                printer.say(text)
+            _set_up(plan, torch, steps, args, tool, root, index_url, printer)
+            printer.say(f"hwtui setup: {plan.vendor} environment ready: {plan.python}", sys.stderr)
+    except BaseException:
+        printer.failed()  # the bar gives way to the error line; under -q the failed step's output comes first
+        raise
+    printer.finish()
     return EXIT_OK
 
 
-def _relay(stream, out) -> None:
-    """Copy a step's output line by line with credentials masked: pip and uv print the index URLs
+def _plan_text(plan, torch: str, steps, root: str, config: str, quiet: bool) -> str:
+    """What setup will do for ``plan``: the exact commands (printed as they are with --dry-run);
+    under -q only a warning."""
+    from hwtui.probes import vendor_envs as ve
+
+    lines = [] if quiet else [f"# {plan.vendor}: {', '.join(plan.devices)} -> {torch} from {plan.tag}'s index only, "
+                              f"in {plan.path}"]
+    if plan.note:
+        lines.append(f"# warning: {plan.note}")
+    if not quiet:
+        lines += [ve.shell_line(step) for step in steps]
+        lines.append(f"# then: link {root} into the environment ({plan.backend}.pth) and record {plan.python} in {config}")
+    return "\n".join(lines)
+
+
+def _set_up(plan, torch: str, steps, args: argparse.Namespace, tool: str, root: str, index_url: str,
+            printer: SetupPrinter) -> None:
+    """Run one environment's steps, then check, link and record it; a failed step leaves nothing behind."""
+    from hwtui.probes import vendor_envs as ve
+
+    created = not os.path.exists(plan.path)
+    try:
+        for step in steps:
+            printer.start(f"{plan.vendor}: {step.what}")
+            _run_step(step.argv, args.step_timeout, ve.isolated_env(os.environ) if step.isolated else None, printer.relay)
+        printer.start(f"{plan.vendor}: check {torch}, link hwtui and record")
+        _check_torch(plan, torch)
+        _link_hwtui(plan, root)
+    except HwtuiError:
+        if created:  # no half-built environment is left behind to be mistaken for a working one
+            shutil.rmtree(plan.path, ignore_errors=True)
+        raise
+    try:
+        ve.record_environments({plan.backend: ve.record_entry(plan, tool, torch.split("==", 1)[1], index_url)})
+    except (OSError, ValueError) as exc:
+        raise HwtuiError(f"environment {plan.path} is ready but could not be recorded: {exc}") from None
+
+
+class SetupPrinter:
+    """``hwtui setup``'s progress: % of the steps of every environment (create, torch, the engine's
+    packages, check), the step running named; the installer's output relayed above the bar.
+
+    No ETA: the steps' durations differ by orders of magnitude and by vendor (a venv in 0.3 s, a
+    ROCm torch of 4 GB in minutes, a CUDA one of 2.5 GB), so a rate from the finished steps would
+    promise seconds for a download of minutes; and nothing the installer prints while running says
+    how far it is. The % counts steps finished, never a clock.
+
+    Modes (:func:`hwtui.app.output.progress.mode_for`): a redrawn bar on a terminal; a plain line as
+    each step starts elsewhere; with -q no progress and no installer output, except the failed
+    step's (its last lines) before the error, which says "the output above says why".
+    """
+
+    TAIL = 200  # lines of a quiet step's output kept for its failure
+
+    def __init__(self, out: IO[str], err: IO[str], total: int, verbosity: int = 0, mode: str | None = None):
+        from hwtui.app.output.progress import QUIET, ProgressLine, mode_for
+
+        self.out, self.err, self.total, self.done = out, err, total, 0
+        self.quiet = verbosity <= QUIET
+        self.progress = ProgressLine(out, mode or mode_for(out, verbosity))
+        self._lock = threading.Lock()  # two relay threads (the step's stdout and stderr) and this one
+        self._tail: deque[tuple[str, IO[str]]] = deque(maxlen=self.TAIL)
+        self._running = False
+
+    def start(self, what: str) -> None:
+        """The next step begins: the previous one (if any) is done."""
+        with self._lock:
+            self.done += self._running
+            self._running = True
+            self._tail.clear()
+            # Every step is shown (forced): there are a handful, and each start is news.
+            self.progress.update(0.0, "setup", self.done, self.total, f"step {self.done + 1}/{self.total}",
+                                 redact_text(what), force=True, eta=False)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done += self._running
+            self._running = False
+            self.progress.update(0.0, "setup", self.done, self.total, f"{self.done}/{self.total} steps", force=True,
+                                 eta=False)
+            self.progress.close()
+
+    def say(self, text: str, stream: IO[str] | None = None) -> None:
+        """A result or a note, above the bar."""
+        with self._lock:
+            self.progress.line(text, stream or self.out)
+
+    def relay(self, line: str, to_err: bool) -> None:
+        """One line of the installer's output, already redacted (``_relay``)."""
+        stream = self.err if to_err else self.out
+        with self._lock:
+            if self.quiet:
+                self._tail.append((line, stream))
+            else:
+                self.progress.line(line.rstrip("\r\n"), stream)
+
+    def failed(self) -> None:
+        with self._lock:
+            self.progress.clear()
+            for line, stream in self._tail:
+                stream.write(line.rstrip("\r\n") + "\n")
+            self._tail.clear()
+            for stream in (self.out, self.err):
+                stream.flush()
+
+
+def _relay(stream, to_err: bool, show) -> None:
+    """Pass a step's output on line by line with credentials masked: pip and uv print the index URLs
     they use, and ``--index-url https://user:pw@host/`` must not reach a terminal or a log."""
     for line in iter(lambda: stream.readline(1 << 16), ""):
-        out.write(redact_text(line))
-        out.flush()
+        show(redact_text(line), to_err)
 
 
-def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> None:
-    import threading
-
+def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None, show) -> None:
     from hwtui.core.supervisor import Child, exit_text
 
     shown = redact_text(" ".join(argv[:4]))
@@ -138,8 +237,8 @@ def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None = None
     except OSError as exc:
         raise HwtuiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     assert child.proc is not None
-    relays = [threading.Thread(target=_relay, args=(stream, out), daemon=True)
-              for stream, out in ((child.proc.stdout, sys.stdout), (child.proc.stderr, sys.stderr))]
+    relays = [threading.Thread(target=_relay, args=(stream, to_err, show), daemon=True)
+              for stream, to_err in ((child.proc.stdout, False), (child.proc.stderr, True))]
     for t in relays:
         t.start()
     try:

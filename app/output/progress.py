@@ -1,4 +1,4 @@
-"""Progress for long commands (plan, replicate, train): a bar with % and ETA on a terminal, plain lines elsewhere.
+"""Progress for long commands (plan, replicate, train, setup): a bar with % and ETA on a terminal, plain lines elsewhere.
 
 Every figure comes from the engine's own events: what is done and the total, and the time the
 engine measured (``elapsed_s``, or the events' timestamps). Nothing here reads a clock, so what is
@@ -73,12 +73,16 @@ def bar(frac: float, width: int = 24) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def status(done: float, total: float, elapsed_s: float, amount: str) -> str:
-    """``42%  1.7 GB/4.1 GB  ETA 3s``: the figures every progress line carries (``amount`` says done/total)."""
+def status(done: float, total: float, elapsed_s: float, amount: str, eta: bool = True) -> str:
+    """``42%  1.7 GB/4.1 GB  ETA 3s``: the figures every progress line carries (``amount`` says done/total).
+    ``eta=False`` where the rate so far says nothing of the rest (setup's steps): no ETA is shown."""
     frac = fraction(done, total)
-    eta = "done" if frac >= 1.0 else f"ETA {format_duration(eta_seconds(done, total, elapsed_s))}"
+    if frac >= 1.0:
+        left = "  done"
+    else:
+        left = f"  ETA {format_duration(eta_seconds(done, total, elapsed_s))}" if eta else ""
     # Rounded down: 100% means complete, never 99.6% of the way.
-    return f"{int(frac * 100):3d}%  {amount}  {eta}"
+    return f"{int(frac * 100):3d}%  {amount}{left}"
 
 
 class ProgressLine:
@@ -92,7 +96,7 @@ class ProgressLine:
         self._shown = ""  # the live line on screen now ("" = none)
 
     def update(self, elapsed_s: float, label: str, done: float, total: float, amount: str, detail: str = "",
-               force: bool = False) -> None:
+               force: bool = False, eta: bool = True) -> None:
         """Show progress ``elapsed_s`` seconds into the job (the engine's measure); throttled unless
         ``force`` or complete."""
         if self.mode == OFF:
@@ -104,18 +108,23 @@ class ProgressLine:
         if not (force or complete or self._last_at is None or elapsed_s - self._last_at >= step):
             return
         self._last_at, self._completed = elapsed_s, complete
-        text = f"{label} {status(done, total, elapsed_s, amount)}" + (f"  {detail}" if detail else "")
+        text = f"{label} {status(done, total, elapsed_s, amount, eta)}" + (f"  {detail}" if detail else "")
         if self.mode == LIVE:
             self._draw(f"{label} {bar(fraction(done, total))} {text[len(label) + 1:]}")
         else:
             self._write(text + "\n")
 
-    def line(self, text: str) -> None:
-        """A permanent line (a result, a round, a warning): above the live bar, which is redrawn after."""
+    def line(self, text: str, stream: IO[str] | None = None) -> None:
+        """A permanent line (a result, a round, a warning): above the live bar, which is redrawn after.
+        ``stream``: another stream on the same terminal (stderr): the bar is erased before it is written."""
         shown = self._shown
         if shown:
             self._write("\r\x1b[K")
-        self._write(text + "\n")
+        if stream is None or stream is self.stream:
+            self._write(text + "\n")
+        else:
+            stream.write(text + "\n")
+            stream.flush()
         if shown:
             self._write(shown)
 

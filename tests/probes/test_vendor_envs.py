@@ -98,6 +98,7 @@ def test_setup_dry_run_prints_exact_commands_and_writes_nothing(tmp_path, capsys
     assert "torch==2.9.1+rocm6.4 --index-url https://download.pytorch.org/whl/rocm6.4" in out.out
     assert "torch==2.9.1+xpu --index-url https://download.pytorch.org/whl/xpu" in out.out
     assert "dry run" in out.err and not (tmp_path / "cfg").exists()
+    assert not any(line.startswith("setup ") for line in out.out.splitlines()), "a dry run runs no step: no progress"
 
 
 def test_record_keeps_the_tuis_choices_and_interpreter_precedence(tmp_path):
@@ -312,3 +313,94 @@ def test_a_failed_install_step_is_one_line_exit_1_and_records_nothing(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("hwtui: error: `") and "exited with status" in last and "nothing was recorded" in last
     assert not cfg.exists() and not (tmp_path / "envs" / "xpu").exists()
+
+
+# -- progress (issue 26): % of the steps run, the step named, no ETA ---------------------------------
+
+def planned_steps(tmp_path):
+    """The steps `hwtui setup` runs for fake_indexes' machine, as commands_for lists them, then the check."""
+    fs = recorded.arc_a770(tmp_path / "plan-tree")
+    collectors, _ = catalog()
+    facts, _ = collect(fs.host(ENV), [c for c in collectors if c.name in ("pci", "nvml", "host")])
+    [plan] = ve.plan_environments(facts, str(tmp_path / "envs"))
+    torch = ve.torch_requirement(plan.tag, "2.99.0")
+    steps = ve.commands_for(plan, sys.executable, "pip", "/src", torch_version="2.99.0")
+    return plan, [f"{plan.vendor}: {s.what}" for s in steps] + [f"{plan.vendor}: check {torch}, link hwtui and record"]
+
+
+def run_setup(tmp_path, *extra):
+    args = fake_indexes(tmp_path)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    env.pop("NO_COLOR", None)
+    return subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri(), *extra],
+                          env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_setup_progress_counts_the_steps_it_runs_in_plain_lines(tmp_path):
+    plan, whats = planned_steps(tmp_path)
+    proc = run_setup(tmp_path)  # stdout is a pipe: plain lines, one as each step starts
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n = len(whats)
+    assert n == 4  # create, torch, the engine's packages, the check
+    shown = [line for line in proc.stdout.splitlines() if line.startswith("setup ")]
+    assert shown == [f"setup {100 * i // n:3d}%  step {i + 1}/{n}  {what}" for i, what in enumerate(whats)] + \
+                    [f"setup 100%  {n}/{n} steps  done"], proc.stdout
+    assert "ETA" not in proc.stdout and "\r" not in proc.stdout and "\x1b" not in proc.stdout
+    out = proc.stdout.splitlines()  # the installer's output still comes through, under the step that printed it
+    assert out.index(f"setup  25%  step 2/{n}  {whats[1]}") < out.index("Successfully installed torch-2.99.0+xpu") \
+        < out.index(f"setup  50%  step 3/{n}  {whats[2]}")
+    assert f"hwtui setup: Intel environment ready: {plan.python}" in proc.stderr
+
+
+def test_setup_quiet_prints_only_the_result(tmp_path):
+    plan, _ = planned_steps(tmp_path)
+    proc = run_setup(tmp_path, "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == ""  # no commands, no progress, no installer output
+    assert proc.stderr == f"hwtui setup: Intel environment ready: {plan.python}\n"
+    assert installed_torch(plan.python) == "2.99.0+xpu vendor"
+
+
+def test_setup_quiet_failure_shows_the_failed_steps_output_then_the_error(tmp_path):
+    planned_steps(tmp_path)
+    proc = run_setup(tmp_path, "--torch-version", "2.98.0", "-q")  # the index has only 2.99.0
+    assert proc.returncode == 1
+    assert not any(line.startswith(("setup ", "#")) for line in proc.stdout.splitlines()), proc.stdout
+    err = proc.stderr.strip().splitlines()
+    assert any("No matching distribution found for torch==2.98.0+xpu" in line for line in err[:-1]), proc.stderr
+    assert err[-1].startswith("hwtui: error: `") and "the output above says why" in err[-1]
+    assert not (tmp_path / "envs" / "xpu").exists()
+
+
+def test_setup_live_bar_gives_way_to_each_line_on_either_stream():
+    """On a terminal both streams share the screen: a line to stderr erases the bar (on stdout) first."""
+    import io
+
+    from hwtui.app.commands.setup import SetupPrinter
+    from hwtui.app.output.progress import LIVE
+
+    screen: list[tuple[str, str]] = []
+
+    class Stream(io.StringIO):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def write(self, s):
+            screen.append((self.name, s))
+            return len(s)
+
+        def isatty(self):
+            return True
+
+    out, err = Stream("out"), Stream("err")
+    printer = SetupPrinter(out, err, total=2, mode=LIVE)
+    printer.start("Intel: create the environment")
+    printer.relay("warning from pip\n", to_err=True)
+    printer.start(f"Intel: install torch from https://user:{SECRET}@idx/")  # a label is redacted all the same
+    printer.finish()
+    bar0 = "setup [........................]   0%  step 1/2  Intel: create the environment"
+    assert screen[:4] == [("out", "\r\x1b[K" + bar0), ("out", "\r\x1b[K"), ("err", "warning from pip\n"), ("out", bar0)]
+    text = "".join(s for _, s in screen)
+    assert SECRET not in text and "ETA" not in text
+    assert text.endswith("\r\x1b[Ksetup [########################] 100%  2/2 steps  done\n")
