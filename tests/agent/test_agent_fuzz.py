@@ -184,7 +184,7 @@ def fuzz_agent():
         stop_agent(server)
 
 
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=100, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(raw=requests(), **sends)
 def test_fuzzed_requests_get_well_formed_answers_below_500(fuzz_agent, capfd, raw, cuts, pauses, ending):
@@ -226,7 +226,7 @@ def agent_process(tmp_path_factory):
         log.close()
 
 
-@settings(max_examples=60, deadline=None, database=None,
+@settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(raw=requests(), cuts=sends["cuts"], pauses=sends["pauses"])
 def test_fuzzed_requests_against_the_agent_process_leave_its_log_clean(agent_process, raw, cuts, pauses):

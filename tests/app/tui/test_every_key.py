@@ -38,12 +38,11 @@ def _keys(app) -> list[str]:
 async def _back_to(pilot, name: str) -> None:
     app = pilot.app
     while isinstance(app.screen, HelpScreen) or len(app.screen_stack) > 1 and app.screen.is_modal:
-        await pilot.press("escape")
-        await pilot.pause()
+        await pilot.press("escape")  # press waits until the key was handled
     if app.screen is not app.get_screen(name):
         app.switch_screen(name)
         await wait_for(pilot, lambda: app.screen is app.get_screen(name) and app.screen.is_mounted)
-    await pilot.pause()
+        await pilot.pause()
 
 
 async def test_every_key_on_every_screen(snapshots, tmp_path, monkeypatch):
@@ -67,8 +66,7 @@ async def test_every_key_on_every_screen(snapshots, tmp_path, monkeypatch):
                 app.screen.query_one("#in-device").value = "cpu"
             for key in _keys(app):
                 await _back_to(pilot, name)
-                await pilot.press(key)
-                await pilot.pause()
+                await pilot.press(key)  # returns once the app has handled it
                 pressed.append((name, key))
                 assert app.is_running and app.return_code is None, f"{key!r} on {name} ended the app"
                 if app.screen.is_modal:
