@@ -229,7 +229,8 @@ async def measure(snapshot: Path, seconds: float, size: tuple[int, int], view: s
     med, top = statistics.median, max
     return {
         "first_paint_s": (probe.first_paint - started) if probe.first_paint is not None else float("nan"),
-        "devices": rows, "seconds": wall, "ticks": len(probe.handler), "painted_ticks": len(probe.refresh),
+        "devices": rows, "cells": size[0] * size[1], "seconds": wall, "ticks": len(probe.handler),
+        "painted_ticks": len(probe.refresh),
         "unpainted_ticks": probe.unpainted,
         "process_cpu_pct": 100.0 * cpu / wall,
         "refresh_ms_median": _ms(probe.refresh, med), "refresh_ms_max": _ms(probe.refresh, top),
@@ -258,7 +259,9 @@ def main() -> int:
           f"({r['painted_ticks']} with the device panel repainted)")
     print(f"  first paint (start to devices): {r['first_paint_s'] * 1000:.0f} ms")
     print(f"  app process CPU between ticks : {r['process_cpu_pct']:.2f} % of one core   (target <= 2 %)")
-    print(f"  one refresh, UI-thread CPU    : median {r['refresh_ms_median']:.2f} ms, max {r['refresh_ms_max']:.2f} ms   (target <= 5 ms)")
+    target_ms = 8 if r.get("cells", 0) > 120 * 40 else 5  # issue 25: <= 5 ms at 80x24, <= 8 ms at 200x60
+    print(f"  one refresh, UI-thread CPU    : median {r['refresh_ms_median']:.2f} ms, max {r['refresh_ms_max']:.2f} ms   "
+          f"(target <= {target_ms} ms)")
     print(f"    handler dispatch            : median {r['handler_ms_median']:.2f} ms, max {r['handler_ms_max']:.2f} ms")
     print(f"    compositor (layout, render) : median {r['compositor_ms_median']:.2f} ms, max {r['compositor_ms_max']:.2f} ms")
     print(f"    terminal encoding           : median {r['encode_ms_median']:.2f} ms, max {r['encode_ms_max']:.2f} ms")
