@@ -46,4 +46,7 @@ def test_training_benchmark_runs_at_toy_size():
     out = _run("bench_training.py", "--steps", "20", "--merge-every", "10", "--repeats", "1", "--balances", "dynamic")
     (line,) = [x for x in out.splitlines() if x.startswith("dynamic")]
     efficiency = float(line.split("efficiency (solo)")[1].split()[0])
-    assert 0 < efficiency < 2  # a figure, not a verdict: toy runs are too short to judge balancing
+    # A figure, not a verdict: toy runs are too short to judge balancing. 20 steps are mostly fixed
+    # costs, which a solo and a pair no longer pay alike (a solo run skips evaluating its pre-merge
+    # copy), so the ratio read 2.03 once; it must be a real, positive number.
+    assert math.isfinite(efficiency) and efficiency > 0
