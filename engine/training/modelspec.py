@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from hwtui.core.bounded_read import read_bounded
+
 CHAR = "char"
 CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
@@ -73,9 +75,8 @@ def read_config(spec: ModelSpec) -> dict:
     try:
         if not path.is_file():
             raise ModelSpecError(f"--model {spec.value}: no config.json (not a Hugging Face model directory)")
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
+        raw, more = read_bounded(path, MAX_CONFIG_BYTES)  # a regular file only, opened without blocking
+        if more:
             raise ModelSpecError(f"--model {spec.value}: config.json larger than {MAX_CONFIG_BYTES} bytes")
         doc = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
