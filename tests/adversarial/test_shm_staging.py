@@ -28,31 +28,13 @@ import pytest
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import load_plan
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, paths_line, served, write_plan
+from tests.local_user import as_user
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(400)]
 
 NOBODY = 65534
 PRECIOUS = b"a root-owned file the weights must never land in\n"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def as_user(uid: int, cwd: str, fn) -> None:
-    """Run ``fn`` in a forked child as ``uid`` in ``cwd``: an unprivileged local user's moves."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.chdir(cwd)
-            if uid != os.geteuid():
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            fn()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def wait_for(pred, what: str, timeout: float = 180.0):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_user import as_user
+
 RUN_PREFIX = "hwtui-staging-"
 
 TENSORS = [{"name": "a", "dtype": "F32", "shape": [4], "nbytes": 16, "checksum": "0"},
@@ -33,25 +35,6 @@ def _victim(tmp_path: Path) -> Path:
 
 
 NOBODY = 65534
-
-
-def as_user(uid: int, cwd: Path, fn) -> None:
-    """Run ``fn`` in a forked child as ``uid``, in ``cwd`` (entered before privileges are dropped,
-    so only ``cwd`` itself must let that user in): an unprivileged local user's moves."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.chdir(cwd)
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            fn()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _mode(path: Path) -> int:
