@@ -41,7 +41,7 @@ def serve(n: int) -> None:
 
 
 def view_benchmark(nodes: int, seconds: float) -> int:
-    from hwtui.app.agent.client import Poller, Target
+    from hwtui.app.node_api.client import Poller, Target
     from hwtui.core.supervisor import Child
     from hwtui.widgets.cluster_nodes import node_rows
 
@@ -183,7 +183,7 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
     try:
         addrs = []
         if netns:
-            from hwtui.app.agent.token import load_or_create
+            from hwtui.app.node_api.token import load_or_create
             from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
 
             why = unavailable_reason()

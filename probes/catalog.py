@@ -32,10 +32,10 @@ CORE_RULES = [
 # Modules that add their own COLLECTORS / RULES (vendor probes, distributed environment...).
 EXTENSION_MODULES: list[str] = ["hwtui.probes.nvidia", "hwtui.probes.amd", "hwtui.probes.intel", "hwtui.probes.gaudi",
                                   "hwtui.probes.tpu", "hwtui.probes.torchwheel",
-                                  "hwtui.probes.dist.netif", "hwtui.probes.dist.launcher", "hwtui.probes.dist.visibility",
-                                  "hwtui.probes.dist.rendezvous", "hwtui.probes.dist.nccl", "hwtui.probes.dist.ib",
-                                  "hwtui.probes.dist.vendor_ccl", "hwtui.probes.dist.knobs", "hwtui.probes.dist.hygiene",
-                                  "hwtui.probes.frameworks", "hwtui.probes.gds", "hwtui.probes.dist.nccl_plugin",
+                                  "hwtui.probes.distributed.netif", "hwtui.probes.distributed.launcher", "hwtui.probes.distributed.visibility",
+                                  "hwtui.probes.distributed.rendezvous", "hwtui.probes.distributed.nccl", "hwtui.probes.distributed.ib",
+                                  "hwtui.probes.distributed.vendor_ccl", "hwtui.probes.distributed.knobs", "hwtui.probes.distributed.hygiene",
+                                  "hwtui.probes.frameworks", "hwtui.probes.gds", "hwtui.probes.distributed.nccl_plugin",
                                   "hwtui.probes.vendor_envs"]
 
 

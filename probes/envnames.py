@@ -16,7 +16,7 @@ from __future__ import annotations
 PROBE_ENV_NAMES: frozenset[str] = frozenset({
     # host and library paths (host.which, libpaths, nccl conf lookup, torch cache, hostinfo)
     "PATH", "HOME", "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "container",
-    # launcher / job shape (probes/dist/launcher.py)
+    # launcher / job shape (probes/distributed/launcher.py)
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "NPROC_PER_NODE", "NNODES", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "SLURM_NODEID",
     "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",

@@ -12,7 +12,7 @@ last answer in STATE: a person sees what the node was doing when it went quiet. 
 answered says so, with how long it has been tried. Verdicts are words, never colour alone, so the
 view reads the same with NO_COLOR.
 
-Rows are drawn from ``engine.agent.summary.NodeStatus``, the checked form of an agent's answer:
+Rows are drawn from ``engine.resident.summary.NodeStatus``, the checked form of an agent's answer:
 a field the agent sent invalid shows ``?`` (``-``: not reported), and every string is already
 free of terminal controls. Cells are ``rich.text.Text``, never markup, so a node named
 ``[red]x`` shows those characters.
@@ -26,7 +26,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from hwtui.core.units import duration_text
-from hwtui.engine.agent.summary import Device, NodeStatus
+from hwtui.engine.resident.summary import Device, NodeStatus
 from hwtui.widgets._draw import bar
 
 COLUMNS = (("NODE", "node"), ("STATE", "state"), ("DEVICE", "device"), ("UTIL", "util"), ("MEM", "mem"),

@@ -1,6 +1,6 @@
 """One node of the cluster view in full: its state, host CPU and memory, every device, its processes.
 
-Drawn from ``engine.agent.summary.NodeStatus`` (the checked form of the agent's answers, strings
+Drawn from ``engine.resident.summary.NodeStatus`` (the checked form of the agent's answers, strings
 already free of terminal controls) into ``rich.text.Text`` cells, never markup. A stale node keeps
 its last values, greyed, under a line that says STALE and the age of its last answer. The
 processes are the agent's ``/v1/processes`` (polled only while this view is open): ``?`` for a
@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from hwtui.engine.agent.summary import Device, NodeStatus, Process
+from hwtui.engine.resident.summary import Device, NodeStatus, Process
 from hwtui.widgets.cluster_nodes import STALE_STYLE, age_text, mem_text, tried_text, util_text, verdict_styles
 
 DEVICE_COLUMNS = (("DEVICE", "device"), ("NAME", "name"), ("UTIL", "util"), ("MEM", "mem"), ("TEMP", "temp"),

@@ -1,7 +1,7 @@
 """``hwtui agent``: the resident per-node process (foreground; packaging/hwtui-agent.service runs it).
 
 Serves this node's devices with live samples, the findings of the local check, processes per
-device, the replication state and Prometheus text at /metrics (see hwtui.app.agent.server), and
+device, the replication state and Prometheus text at /metrics (see hwtui.app.node_api.server), and
 hosts the resident replication rank that ``hwtui push`` pushes into.
 """
 
@@ -111,13 +111,13 @@ def _tls(cert: str | None, key: str | None):
 
 
 def _install_unit(args: argparse.Namespace) -> int:
-    """Write the systemd unit (app/agent/unit.py) for an agent run by this interpreter; start nothing."""
-    from hwtui.app.agent import unit
+    """Write the systemd unit (app/node_api/unit.py) for an agent run by this interpreter; start nothing."""
+    from hwtui.app.node_api import unit
     from hwtui.core.atomic import atomic_write_text
 
     if bool(args.cert) != bool(args.key):
         raise HwtuiError("--cert and --key go together")
-    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.app.node_api.ifname import IfnameError, derive
     from hwtui.engine.cluster.local import interfaces
 
     try:
@@ -143,10 +143,10 @@ def _install_unit(args: argparse.Namespace) -> int:
 
 def _pin_resident_interface(address: str) -> None:
     """The resident ranks (children, which inherit this environment) bind gloo/NCCL to the
-    interface holding the address peers reach this node at (app/agent/ifname.py), or the agent
+    interface holding the address peers reach this node at (app/node_api/ifname.py), or the agent
     refuses to start with the fix: before, gloo took the host name's address and the first push
     failed with a truncated "connectFullMesh ... Connection refused"."""
-    from hwtui.app.agent.ifname import IfnameError, derive
+    from hwtui.app.node_api.ifname import IfnameError, derive
     from hwtui.engine.cluster.local import interfaces
 
     try:
@@ -159,11 +159,11 @@ def _pin_resident_interface(address: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.agent.server import AgentServer, serve_in_thread
-    from hwtui.app.agent.token import default_token_file, load_or_create
     from hwtui.app.commands._host import host_from_args
-    from hwtui.engine.agent.sources import check_source, facts_source, sampler_source
-    from hwtui.engine.agent.state import NodeState
+    from hwtui.app.node_api.server import AgentServer, serve_in_thread
+    from hwtui.app.node_api.token import default_token_file, load_or_create
+    from hwtui.engine.resident.sources import check_source, facts_source, sampler_source
+    from hwtui.engine.resident.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
     if args.install_unit:
@@ -184,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
     post_routes = {}
     replication = None
     if args.out:
-        from hwtui.app.agent.push_routes import make_routes
-        from hwtui.engine.agent.resident import ResidentRank
+        from hwtui.app.node_api.push_routes import make_routes
+        from hwtui.engine.resident.resident import ResidentRank
 
         resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr)
         post_routes = make_routes(resident)

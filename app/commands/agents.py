@@ -13,7 +13,7 @@ from typing import Any
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 from hwtui.core.terminal_text import clean
-from hwtui.engine.agent.summary import Device, NodeStatus
+from hwtui.engine.resident.summary import Device, NodeStatus
 
 HELP = "poll the node agents (`hwtui agent`) of a cluster: devices, samples, versions served, stale nodes"
 
@@ -37,7 +37,7 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
 
 def client_settings(args: argparse.Namespace) -> tuple[str | None, Any]:
     """(token, httpx ``verify``: True for the system CAs, or an SSL context trusting --cacert)."""
-    from hwtui.app.agent.token import client_token
+    from hwtui.app.node_api.token import client_token
 
     verify: Any = True
     if getattr(args, "cacert", None):
@@ -63,7 +63,7 @@ def _util(d: Device) -> str:
 
 
 def _line(n: NodeStatus) -> str:
-    """One node's line. Every string in a NodeStatus is already clean (engine.agent.summary); the
+    """One node's line. Every string in a NodeStatus is already clean (engine.resident.summary); the
     line is cleaned once more as a whole, so nothing built here can reach the terminal as a control."""
     return clean(_compose(n))
 
@@ -116,7 +116,7 @@ def _compose(n: NodeStatus) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.agent.client import Cluster, Poller, parse_agents
+    from hwtui.app.node_api.client import Cluster, Poller, parse_agents
 
     targets = parse_agents(args.agents)
     if args.interval is not None and not 0.05 <= args.interval <= 3600:
@@ -170,12 +170,12 @@ def _starting(doc: dict[str, Any] | None, error: str | None) -> bool:
 def compare_agents(docs: list[tuple[Any, dict[str, Any] | None, str | None]]) -> list[Any]:
     """Findings: every unreachable agent (FAIL, named), every agent still starting (WARN), then the
     comparison of the nodes that answered. Each agent's document is untrusted: its facts are
-    cleaned (engine.agent.summary.parse_facts) and a rule that still trips on one is an error
+    cleaned (engine.resident.summary.parse_facts) and a rule that still trips on one is an error
     finding naming the rule, never a crash."""
     from hwtui.core.finding import error as error_finding
     from hwtui.core.finding import fail, warn
-    from hwtui.engine.agent.summary import MAX_NAME, parse_facts
     from hwtui.engine.cluster.compare import RULES, by_node
+    from hwtui.engine.resident.summary import MAX_NAME, parse_facts
 
     findings = []
     reports = []
@@ -225,7 +225,7 @@ async def _fetch_facts(targets: list[Any], token: str | None, verify: Any,
                        wait: float) -> list[tuple[Any, dict[str, Any] | None, str | None]]:
     """Every agent's /v1/facts; agents still collecting their first facts are asked again every
     ``STARTING_POLL_S`` until they have them or ``wait`` seconds have passed (bounded)."""
-    from hwtui.app.agent.client import fetch_all
+    from hwtui.app.node_api.client import fetch_all
 
     docs = await fetch_all(targets, "/v1/facts", token=token, timeout=10.0, verify=verify)
     end = time.monotonic() + wait
@@ -249,7 +249,7 @@ async def _fetch_facts(targets: list[Any], token: str | None, verify: Any,
 
 def run_check(args: argparse.Namespace) -> int:
     """``hwtui --check --agents LIST``: compare the nodes from their agents' facts."""
-    from hwtui.app.agent.client import import_httpx, parse_agents
+    from hwtui.app.node_api.client import import_httpx, parse_agents
     from hwtui.core.finding import Finding, Status, summarize
     from hwtui.core.redact import redact
 

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hwtui.core.finding import Status
     from hwtui.probes.catalog import catalog
-    from hwtui.probes.dist.exports import build_lines, render
+    from hwtui.probes.distributed.exports import build_lines, render
     from hwtui.probes.framework import run_checks
 
     host = host_from_args(args)

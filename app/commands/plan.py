@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import IO, Any
 
-from hwtui.probes.dist.replication_defaults import DEFAULT_BUCKET_MB
+from hwtui.probes.distributed.replication_defaults import DEFAULT_BUCKET_MB
 
 HELP = "plan a weight replication: buckets, checksums, delta against a previous manifest"
 

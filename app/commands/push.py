@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class _Client:
     def __init__(self, token: str | None, verify: Any):
-        from hwtui.app.agent.client import headers, import_httpx
+        from hwtui.app.node_api.client import headers, import_httpx
 
         httpx = import_httpx()
         self.http = httpx.AsyncClient(headers=headers(token), verify=verify, trust_env=False)
@@ -76,20 +76,20 @@ class _Client:
 
 def _refused(exc: BaseException) -> bool:
     """No connection could be made (refused, unreachable): not a slow answer (that is a timeout)."""
-    from hwtui.app.agent.client import import_httpx
+    from hwtui.app.node_api.client import import_httpx
 
     return isinstance(exc, import_httpx().ConnectError)
 
 
 def _why(exc: BaseException) -> str:
-    from hwtui.app.agent.client import _error_text
+    from hwtui.app.node_api.client import _error_text
 
     return _error_text(exc)
 
 
 async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any], targets: list[Any], token: str | None,
                verify: Any) -> dict[str, Any]:
-    from hwtui.app.agent.client import tls_verify
+    from hwtui.app.node_api.client import tls_verify
 
     t0 = time.monotonic()
     started_at = time.time()
@@ -440,8 +440,8 @@ def _resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.agent.client import parse_agents
     from hwtui.app.commands.agents import client_settings
+    from hwtui.app.node_api.client import parse_agents
 
     targets = parse_agents(args.agents)
     if len(targets) < 2:
@@ -483,7 +483,7 @@ def _plan_payload(path: str) -> bytes:
     """The plan file's own bytes: the agents load exactly the file that was validated here, and
     refuse it if its digest is not the validated one (a file replaced between the two reads
     included). Bounded by what an agent accepts as one plan (``MAX_PLAN_BYTES``)."""
-    from hwtui.engine.agent import resident
+    from hwtui.engine.resident import resident
 
     try:
         with open(path, "rb") as fh:

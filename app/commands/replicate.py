@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import IO, Any
 
-from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB
+from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB
 
 HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, windowed, verified)"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.probes.dist.replication_defaults import DEFAULT_BUCKET_MB, DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
+from hwtui.probes.distributed.replication_defaults import DEFAULT_BUCKET_MB, DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MIB = 1024**2
 

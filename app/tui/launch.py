@@ -34,7 +34,7 @@ def run_tui(args: argparse.Namespace) -> int:
 
     nodes_screen_args = None
     if getattr(args, "agents", None):
-        from hwtui.app.agent.client import import_httpx, parse_agents
+        from hwtui.app.node_api.client import import_httpx, parse_agents
 
         # Bad input and a missing extra before the terminal check and before Textual starts: inside
         # the app, a missing httpx was a Textual traceback and exit 0 (a base install: `pip install

@@ -80,7 +80,7 @@ class EngineExited(Message):
 
 
 class InterfacesDetected(Message):
-    """The network interfaces (``probes/dist/netif``) for the cluster form's default."""
+    """The network interfaces (``probes/distributed/netif``) for the cluster form's default."""
 
     def __init__(self, interfaces: list[dict[str, Any]], error: str = "") -> None:
         super().__init__()

@@ -37,7 +37,7 @@ def interfaces(host: Host | None = None) -> dict[str, dict[str, Any]]:
     Host (so a recorded or sysroot host works too, and there is one reader of /sys/class/net).
 
     Loopback stays in: a single-machine test pins gloo to ``lo``, and the interface rule must find it."""
-    from hwtui.probes.dist.netif import collect_interfaces
+    from hwtui.probes.distributed.netif import collect_interfaces
 
     netif = collect_interfaces(host or _live_host())
     addresses = netif.get("addresses") or {}
@@ -55,7 +55,7 @@ def _live_host() -> Host:
 def route_to(host: str, port: int, ifaces: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The local address and interface the kernel picks to reach ``host`` (rendezvous probe's
     route_to: a connected UDP socket sends nothing, connect() only consults the routing table)."""
-    from hwtui.probes.dist.rendezvous import route_to as probe_route
+    from hwtui.probes.distributed.rendezvous import route_to as probe_route
 
     out: dict[str, Any] = {"master": host, "local_addr": None, "interface": None}
     try:

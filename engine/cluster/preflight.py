@@ -19,7 +19,7 @@ from hwtui.core.finding import Finding, Status
 from hwtui.engine.cluster.spec import ClusterSpec, Node
 from hwtui.probes.host import Host
 
-# Finding ids that stop a node from joining (interface, plugin, port), from probes/dist.
+# Finding ids that stop a node from joining (interface, plugin, port), from probes/distributed.
 BLOCKING = ("nccl.socket_ifname", "gloo.socket_ifname", "nccl.net_plugin", "rendezvous.port")
 _LAUNCHER_VARS = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
                   "PMI_RANK", "PMIX_RANK", "LOCAL_RANK")

@@ -319,7 +319,7 @@ class ServedDir:
     def publish_verified(self, version: str, plan_digest: str) -> None:
         """Switch to a decided ``version`` whose staged copy the caller has just verified (or that
         was moved into ``versions/`` already): the writes ``prepare`` would have made, then the
-        renames. Shared by a re-run of ``replicate`` and a restarted agent (engine/agent/recovery.py)."""
+        renames. Shared by a re-run of ``replicate`` and a restarted agent (engine/resident/recovery.py)."""
         if not (self.root / "versions" / version).is_dir():
             make_dir(self.root / "versions", self.modes.dir_mode, self.modes.gid)
             self._seal(version)  # still unpublished: this run's modes, before its rename

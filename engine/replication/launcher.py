@@ -44,7 +44,7 @@ from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
-from hwtui.probes.dist.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
+from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread

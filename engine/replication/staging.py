@@ -180,7 +180,7 @@ def as_buffer(src: Any) -> Any:
 
 
 class Staging:
-    # Class-level defaults: a subclass that builds its file itself (engine.agent.spare) still has them.
+    # Class-level defaults: a subclass that builds its file itself (engine.resident.spare) still has them.
     _anon: mmap.mmap | None = None
     _fd: int | None = None
 

@@ -159,7 +159,7 @@ class Worker:
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
-        # Seams for a resident rank (engine.agent.resident_child), both off for `hwtui replicate`:
+        # Seams for a resident rank (engine.resident.resident_child), both off for `hwtui replicate`:
         # reuse_world: the process group already exists (a warm push): init() only agrees the
         # settings and the plan digest again; staging_factory: what builds a receiver's staging copy.
         self.reuse_world = False

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, NotRegularFile, read_bounded
-from hwtui.probes.dist import parsers
+from hwtui.probes.distributed import parsers
 from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
 from hwtui.probes.host import SNAPSHOT_SCHEMA, FsHost, ReplayHost, validate_snapshot
 from hwtui.probes.inventory import detect_devices
@@ -153,7 +153,7 @@ def test_validate_snapshot_rejects_anything_without_the_schema(value):
         validate_snapshot(value)
 
 
-# -- the environment grammars in probes/dist/parsers.py ----------------------------------------------------
+# -- the environment grammars in probes/distributed/parsers.py ----------------------------------------------------
 
 GRAMMARS = {
     "int": lambda s: parsers.parse_int(s, "X", 0, 10),

@@ -6,8 +6,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from hwtui.app.agent.server import AgentServer, Limits, serve_in_thread
-from hwtui.engine.agent.state import NodeState
+from hwtui.app.node_api.server import AgentServer, Limits, serve_in_thread
+from hwtui.engine.resident.state import NodeState
 
 TOKEN = "t0k3n-for-tests"
 

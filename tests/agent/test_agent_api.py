@@ -16,9 +16,9 @@ import time
 import httpx
 import pytest
 
-from hwtui.app.agent import token as tokens
-from hwtui.app.agent.server import MAX_BODY, AgentServer, is_loopback, serve_in_thread
-from hwtui.engine.agent.state import NodeState
+from hwtui.app.node_api import token as tokens
+from hwtui.app.node_api.server import MAX_BODY, AgentServer, is_loopback, serve_in_thread
+from hwtui.engine.resident.state import NodeState
 
 TOKEN = "t0k3n-for-tests"
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from hwtui.app.agent import token as tokens
+from hwtui.app.node_api import token as tokens
 
 
 def _agent(tmp_path, *args: str, token_file: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from hwtui.app.agent.server import Limits, StreamRoute
+from hwtui.app.node_api.server import Limits, StreamRoute
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 
 LIMITS = Limits(head_deadline_s=1.0, body_deadline_s=1.5, idle_s=0.5)

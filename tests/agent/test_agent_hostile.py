@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from hwtui.app.agent.server import Limits, StreamRoute
+from hwtui.app.node_api.server import Limits, StreamRoute
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"

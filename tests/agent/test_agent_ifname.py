@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hwtui.app.agent.ifname import IfnameError, derive, interface_holding
+from hwtui.app.node_api.ifname import IfnameError, derive, interface_holding
 
 IFACES = {"lo": {"addresses": ["127.0.0.1", "::1"]}, "eth0": {"addresses": ["10.77.0.1", "fe80::1"]},
           "ib0": {"addresses": []}}
@@ -75,7 +75,7 @@ def test_a_push_across_hosts_works_without_gloo_socket_ifname(tmp_path):
     pytest.importorskip("torch")
     import json
 
-    from hwtui.app.agent.token import load_or_create
+    from hwtui.app.node_api.token import load_or_create
     from tests.engine.replication.helpers import assert_bytes_equal, make_model, write_plan
 
     expected = make_model(tmp_path / "m", seed=5, big=60_000, n=6)

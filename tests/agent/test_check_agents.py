@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from hwtui.app.agent.client import parse_agents
 from hwtui.app.commands import agents as agents_cmd
 from hwtui.app.commands.agents import compare_agents
+from hwtui.app.node_api.client import parse_agents
 from hwtui.core.terminal_text import is_clean
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 from tests.agent.hostile import HostileAgent, answer

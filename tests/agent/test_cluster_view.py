@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from hwtui.app.agent.client import Poller, adaptive_interval, parse_agents
 from hwtui.app.commands.agents import compare_agents
+from hwtui.app.node_api.client import Poller, adaptive_interval, parse_agents
 from hwtui.core.errors import HwtuiError
 from tests.agent.helpers import TOKEN, Silent, dead_port, start_agent, stop_agent
 
@@ -238,7 +238,7 @@ async def test_hwtui_with_agents_opens_on_the_cluster_view(tmp_path, monkeypatch
 
 def test_the_text_view_names_a_node_without_accelerators():
     from hwtui.app.commands.agents import _line
-    from hwtui.engine.agent.summary import NodeStatus, parse_summary
+    from hwtui.engine.resident.summary import NodeStatus, parse_summary
 
     def status(doc):
         return NodeStatus(agent="n:1", url="http://n:1", stale=False, age_s=0.1,
@@ -369,8 +369,8 @@ async def test_a_stopped_node_keeps_its_last_values_greyed_with_their_age():
 
 def test_a_stopped_node_in_hwtui_agents_keeps_its_last_values_and_age():
     """`hwtui agents`' lines and JSON: the stale node's last values with their age; never-answered with since when."""
-    from hwtui.app.agent.client import Cluster
     from hwtui.app.commands.agents import _line
+    from hwtui.app.node_api.client import Cluster
 
     a, b = start_agent("alpha", 0), start_agent("beta", 1)
     dead = dead_port()

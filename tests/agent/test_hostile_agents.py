@@ -12,14 +12,14 @@ import sys
 
 import pytest
 
-from hwtui.app.agent.client import Poller, parse_agents
+from hwtui.app.node_api.client import Poller, parse_agents
 from hwtui.core.terminal_text import is_clean
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 from tests.agent.hostile import HostileAgent, answer, summary_bytes
 
 pytestmark = pytest.mark.timeout(180)
 
-MAX_SUMMARY = 1 << 20  # the client's cap on a summary (app/agent/client.py)
+MAX_SUMMARY = 1 << 20  # the client's cap on a summary (app/node_api/client.py)
 EVIL = "evil\x1b]0;PWNED\x07\x1b[2J"
 BIDI = "good\u202egnp.exe\u2066x\u2069\x9b31m\x00\x7f"
 

@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwtui.app.agent.http_head import MAX_HEAD, BadRequest, ClientGone, parse_head, read_head
+from hwtui.app.node_api.http_head import MAX_HEAD, BadRequest, ClientGone, parse_head, read_head
 
 _lines = st.lists(st.binary(max_size=80).map(lambda b: b.replace(b"\n", b"")), min_size=1, max_size=8)
 

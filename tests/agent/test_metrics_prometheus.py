@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hwtui.engine.agent.metrics import render
+from hwtui.engine.resident.metrics import render
 
 parser = pytest.importorskip("prometheus_client.parser")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hwtui.app.agent.token import load_or_create
+from hwtui.app.node_api.token import load_or_create
 from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
 
 pytestmark = [pytest.mark.torch, pytest.mark.netns, pytest.mark.timeout(240)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from hwtui.app.agent.client import Poller, parse_agents
-from hwtui.engine.agent.summary import MAX_PROCESSES, NodeStatus, parse_processes, parse_summary
+from hwtui.app.node_api.client import Poller, parse_agents
+from hwtui.engine.resident.summary import MAX_PROCESSES, NodeStatus, parse_processes, parse_summary
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 
 

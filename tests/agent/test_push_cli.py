@@ -49,7 +49,7 @@ def test_a_plan_larger_than_an_agent_accepts_is_one_line_exit_2(capsys, tmp_path
     """The plan travels as its file's bytes, bounded by what an agent takes as one plan; a larger
     one never leaves the pusher."""
     pytest.importorskip("xxhash")
-    from hwtui.engine.agent import resident
+    from hwtui.engine.resident import resident
     from tests.engine.replication.helpers import make_model, write_plan
 
     make_model(tmp_path / "m", seed=1, big=1000, n=2)

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hwtui.app.agent.push_routes import make_routes
 from hwtui.app.cli import main
-from hwtui.engine.agent.resident import ResidentRank
+from hwtui.app.node_api.push_routes import make_routes
+from hwtui.engine.resident.resident import ResidentRank
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 
 pytestmark = [pytest.mark.timeout(120)]

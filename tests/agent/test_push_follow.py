@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hwtui.engine.agent.resident import PushRefused, ResidentRank
+from hwtui.engine.resident.resident import PushRefused, ResidentRank
 
 
 @pytest.fixture

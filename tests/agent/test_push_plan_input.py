@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hwtui.engine.agent.resident import PushRefused, ResidentRank  # noqa: E402
 from hwtui.engine.replication import plan_format  # noqa: E402
 from hwtui.engine.replication.plan import _meta_for_file, load_plan  # noqa: E402
+from hwtui.engine.resident.resident import PushRefused, ResidentRank  # noqa: E402
 from tests.engine.replication.helpers import make_model, write_plan  # noqa: E402
 
 
@@ -142,7 +142,7 @@ def test_an_upload_that_is_not_its_digest_or_was_never_made_is_refused(node, pla
 
 
 def test_older_uploads_are_evicted_beyond_the_few_kept(node, plan_file, tmp_path):
-    from hwtui.engine.agent.resident import KEEP_UPLOADS
+    from hwtui.engine.resident.resident import KEEP_UPLOADS
 
     digests = []
     for seed in range(KEEP_UPLOADS + 2):

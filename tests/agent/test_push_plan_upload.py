@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hwtui.app.agent import server  # noqa: E402
-from hwtui.app.agent.push_routes import make_routes  # noqa: E402
 from hwtui.app.cli import main  # noqa: E402
-from hwtui.engine.agent import resident as resident_mod  # noqa: E402
-from hwtui.engine.agent.resident import ResidentRank  # noqa: E402
+from hwtui.app.node_api import server  # noqa: E402
+from hwtui.app.node_api.push_routes import make_routes  # noqa: E402
 from hwtui.engine.replication.plan import load_plan  # noqa: E402
+from hwtui.engine.resident import resident as resident_mod  # noqa: E402
+from hwtui.engine.resident.resident import ResidentRank  # noqa: E402
 from tests.agent.helpers import TOKEN, start_agent, stop_agent  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, write_plan  # noqa: E402
 

@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hwtui.engine.agent import recovery  # noqa: E402
-from hwtui.engine.agent.resident import PushRefused, ResidentRank  # noqa: E402
 from hwtui.engine.replication.commit import write_decision  # noqa: E402
 from hwtui.engine.replication.plan import build_plan_from_files, manifest_of, write_json_atomic  # noqa: E402
+from hwtui.engine.resident import recovery  # noqa: E402
+from hwtui.engine.resident.resident import PushRefused, ResidentRank  # noqa: E402
 from tests.engine.replication.helpers import make_model  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -111,8 +111,8 @@ def test_an_agent_start_finishes_decided_copies_and_removes_a_dead_push_s_leftov
 def test_resume_with_nothing_decided_is_refused_and_removes_undecided_copies(tmp_path, monkeypatch, capsys):
     """A prepared copy whose push was never decided (its agent died mid-vote, then restarted) is a
     leftover: `--resume` says there is nothing to resume, and its read-back removes that copy."""
-    from hwtui.app.agent.push_routes import make_routes
     from hwtui.app.cli import main
+    from hwtui.app.node_api.push_routes import make_routes
     from tests.agent.helpers import TOKEN, start_agent, stop_agent
     from tests.engine.replication.helpers import write_plan
 

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hwtui.engine.agent.spare import SpareStaging, make_spare, spare_path  # noqa: E402
 from hwtui.engine.replication.checksum import tensor_hex  # noqa: E402
 from hwtui.engine.replication.staging import Staging  # noqa: E402
+from hwtui.engine.resident.spare import SpareStaging, make_spare, spare_path  # noqa: E402
 
 
 def _tensors(seed: int, sizes: list[int]) -> tuple[list[dict], dict[str, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""engine.agent.summary: every field of an agent's summary, replaced by every kind of JSON value,
+"""engine.resident.summary: every field of an agent's summary, replaced by every kind of JSON value,
 parses without raising; what is kept is typed, finite, in range and clean, and the CLI line and the
 TUI rows drawn from it never raise and hold no control character."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hwtui.core.terminal_text import is_clean
-from hwtui.engine.agent.summary import MAX_BYTES, NodeStatus, parse_summary
+from hwtui.engine.resident.summary import MAX_BYTES, NodeStatus, parse_summary
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**400), max_value=10**400)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hwtui.app.agent import unit
 from hwtui.app.cli import main
+from hwtui.app.node_api import unit
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from hwtui.core.finding import Status
 from hwtui.probes.catalog import catalog
-from hwtui.probes.dist.nccl_plugin import mesh_findings, plugin_load_findings
+from hwtui.probes.distributed.nccl_plugin import mesh_findings, plugin_load_findings
 from hwtui.probes.framework import run_checks
 from hwtui.probes.host import FsHost
 

@@ -181,7 +181,7 @@ class EngineScreen(WizardStep):
     @work(thread=True, exclusive=True, group="netif", exit_on_error=False)
     def _detect_interfaces(self) -> None:
         # Off the UI thread: on a live host this reads sysfs and asks psutil for addresses.
-        from hwtui.probes.dist.netif import collect_interfaces
+        from hwtui.probes.distributed.netif import collect_interfaces
 
         try:
             found = collect_interfaces(self.hw.host)

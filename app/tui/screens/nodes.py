@@ -1,12 +1,12 @@
 """The live cluster view (``hwtui --agents a:port,b:port``): every node's devices, samples and versions.
 
-One asyncio task per node polls its agent (hwtui.app.agent.client.Poller) on Textual's own event
+One asyncio task per node polls its agent (hwtui.app.node_api.client.Poller) on Textual's own event
 loop, so nothing here blocks the UI; the table repaints once per refresh interval, which adapts to
 the number of nodes. A node that is slow or dead is shown STALE with the age of its last answer,
 its last values kept and greyed, and never holds the others up; one that never answered says how
 long it has been tried. The table has a row cursor: Enter opens the highlighted node's devices and
 processes (``NodeDetailScreen``; Escape comes back, the poller runs on throughout). What the
-agents send is read only through the checked form (``engine.agent.summary``): a bad field shows
+agents send is read only through the checked form (``engine.resident.summary``): a bad field shows
 ``?``, never a crash of the view.
 """
 
@@ -21,8 +21,8 @@ from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Static
 
-from hwtui.app.agent.client import Poller, Target
-from hwtui.engine.agent.summary import NodeStatus
+from hwtui.app.node_api.client import Poller, Target
+from hwtui.engine.resident.summary import NodeStatus
 from hwtui.widgets.cluster_nodes import ClusterNodes
 from hwtui.widgets.node_detail import NodeDetail
 

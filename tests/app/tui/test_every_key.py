@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from hwtui.app.agent.client import parse_agents
+from hwtui.app.node_api.client import parse_agents
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.app.tui.screens.help import HelpScreen

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from textual.app import App
 
-from hwtui.engine.agent.summary import NodeStatus, parse_summary
+from hwtui.engine.resident.summary import NodeStatus, parse_summary
 from hwtui.widgets.cluster_nodes import ClusterNodes, age_text, node_rows
 from tests.app.tui.conftest import wait_for
 from tests.app.tui.test_nodes_snapshots import FixedPoller
@@ -121,7 +121,7 @@ class _MarkupPoller(FixedPoller):
     """A node that names itself (and its process) in Rich/Textual markup: shown as those characters."""
 
     def statuses(self):
-        from hwtui.engine.agent.summary import parse_processes
+        from hwtui.engine.resident.summary import parse_processes
 
         name = "[/]ev[b]il[link=x]"
         summary = parse_summary({"node": name, "devices": [{"device": "cuda:0", "name": "[red]gpu"},

@@ -66,7 +66,7 @@ class FixedPoller:
         await stop.wait()
 
     def statuses(self):
-        from hwtui.engine.agent.summary import NodeStatus, parse_processes, parse_summary
+        from hwtui.engine.resident.summary import NodeStatus, parse_processes, parse_summary
 
         alpha = parse_summary({"node": "alpha", "devices": [*_gpus(4, 40.0), _host(23.0, 180.5, 2015.0)],
                                "replication": {"serving": "v7", "in_flight": {"version": "v8", "progress": 0.5}}})

@@ -192,7 +192,7 @@ class _FixedPoller:
 
     def statuses(self):
         """The nodes as the views read them: checked by the agents' one parser."""
-        from hwtui.engine.agent.summary import NodeStatus, parse_summary
+        from hwtui.engine.resident.summary import NodeStatus, parse_summary
 
         return [NodeStatus(agent=n["node"], url=n["url"], stale=n["stale"], age_s=n["age_s"], error=n.get("error"),
                            summary=None if n["stale"] else parse_summary(n)) for n in self.snapshot()]

@@ -81,7 +81,7 @@ def test_flush_never_follows_a_staging_path_swapped_for_a_symlink(tmp_path):
 
 @pytest.mark.torch
 def test_spare_is_private_and_a_planted_spare_or_temp_name_is_not_followed(tmp_path):
-    from hwtui.engine.agent.spare import SpareStaging, make_spare, spare_path
+    from hwtui.engine.resident.spare import SpareStaging, make_spare, spare_path
 
     victim = _victim(tmp_path)
     served = tmp_path / "rank1"
@@ -248,8 +248,8 @@ def test_a_plan_uploaded_to_a_resident_receiver_is_kept_owner_only(tmp_path):
     """The agent's resident receiver writes what a pusher sends under its --out: 0600, exclusive."""
     import io
 
-    from hwtui.engine.agent.resident import ResidentRank
     from hwtui.engine.replication.plan import load_plan
+    from hwtui.engine.resident.resident import ResidentRank
     from tests.engine.replication.helpers import make_model, write_plan
 
     make_model(tmp_path / "m", seed=3, big=400, n=3)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.app.agent.server import StreamRoute
-from hwtui.engine.agent.resident import MAX_PLAN_BYTES, PushRefused, ResidentRank
+from hwtui.app.node_api.server import StreamRoute
+from hwtui.engine.resident.resident import MAX_PLAN_BYTES, PushRefused, ResidentRank
 
 
 def make_routes(resident: ResidentRank) -> dict[str, Any]:

@@ -8,15 +8,15 @@ would surface as an ``hwtui.rule.*`` / ``hwtui.probe.*`` error finding; none may
 from __future__ import annotations
 
 import pytest
-from hwtui.probes.dist.launcher import INT_VARS, OTHER_VARS
-from hwtui.probes.dist.visibility import ALL_MASK_VARS
-from hwtui.core.finding import Status
-from hwtui.probes.host import FsHost
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.probes.dist.netsys import nvidia_ib_node, run_env
+from hwtui.core.finding import Status
+from hwtui.probes.distributed.launcher import INT_VARS, OTHER_VARS
+from hwtui.probes.distributed.visibility import ALL_MASK_VARS
+from hwtui.probes.host import FsHost
 from tests.machines import GOOGLE, HABANA, intel_gpu
+from tests.probes.distributed.netsys import nvidia_ib_node, run_env
 
 VARIABLES = sorted(set(INT_VARS) | set(OTHER_VARS) | set(ALL_MASK_VARS) | {
     "MASTER_ADDR", "MASTER_PORT", "CUDA_DEVICE_ORDER", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA",

@@ -4,7 +4,7 @@ Every node has its own polling task, so a node that is slow or dead costs only i
 others keep their own period. An agent is untrusted: each poll has one overall deadline
 (``request_timeout``, the whole exchange: connect, head and body, so an agent that drip-feeds its
 answer is cut there, where httpx's own timeout is per read), its answer is capped in size
-(``MAX_SUMMARY``), and it is read only through the typed parser of ``engine.agent.summary``, which
+(``MAX_SUMMARY``), and it is read only through the typed parser of ``engine.resident.summary``, which
 turns every invalid field into "unknown" and strips terminal controls from every string. A node whose last good
 answer is older than ``STALE_INTERVALS`` refresh intervals (or that never answered) is *stale*, and
 views say so instead of showing old figures as current.
@@ -26,7 +26,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.redact import redact_text
 from hwtui.core.terminal_text import clean
-from hwtui.engine.agent.summary import NodeStatus, Processes, Summary, parse_processes, parse_summary
+from hwtui.engine.resident.summary import NodeStatus, Processes, Summary, parse_processes, parse_summary
 
 DEFAULT_PORT = 9477
 STALE_INTERVALS = 2.0
@@ -137,7 +137,7 @@ def headers(token: str | None) -> dict[str, str]:
 @dataclass
 class NodeView:
     target: Target
-    summary: Summary | None = None  # last good /v1/summary, checked (engine.agent.summary)
+    summary: Summary | None = None  # last good /v1/summary, checked (engine.resident.summary)
     last_ok: float | None = None  # monotonic
     error: str | None = None  # clean text
     latency_s: float | None = None
@@ -382,7 +382,7 @@ async def fetch_all(targets: Sequence[Target], path: str, *, token: str | None, 
     """One GET of ``path`` on every target at once: (target, document or None, error or None).
 
     ``timeout`` is each agent's whole deadline. The documents are the agents' own, unchecked:
-    callers read them through a parser (``engine.agent.summary``) or clean them (``clean_tree``)."""
+    callers read them through a parser (``engine.resident.summary``) or clean them (``clean_tree``)."""
     httpx = import_httpx()
 
     async with httpx.AsyncClient(headers=headers(token), verify=tls_verify(targets, verify), trust_env=False,

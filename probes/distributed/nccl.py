@@ -13,9 +13,10 @@ import posixpath
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.devices import build_devices
-from hwtui.probes.dist.launcher import job_shape
-from hwtui.probes.dist.parsers import (
+from hwtui.probes.distributed.launcher import job_shape
+from hwtui.probes.distributed.parsers import (
     NCCL_SUBSYSTEMS,
     parse_ld_so_conf,
     parse_nccl_conf,
@@ -24,7 +25,6 @@ from hwtui.probes.dist.parsers import (
     parse_nccl_list,
     parse_switch,
 )
-from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
 
@@ -198,7 +198,7 @@ def socket_findings(env: Mapping[str, str], netif: Mapping[str, Any], multi_node
     spec = parse_nccl_list(raw, var, with_ports=with_ports)
     if var != "NCCL_SOCKET_IFNAME":
         # gloo takes exact names (comma separated since torch 2.2), no ^ or prefix.
-        from hwtui.probes.dist.parsers import NcclList
+        from hwtui.probes.distributed.parsers import NcclList
 
         spec = NcclList(raw, spec.entries, False, True, spec.problems +
                         ((f"{var}: gloo has no '^' or '=' syntax",) if raw.strip().startswith(("^", "=")) else ()))

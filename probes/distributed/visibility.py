@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from hwtui.probes.devices import Device
-from hwtui.probes.dist.launcher import env_int
-from hwtui.probes.dist.parsers import VisibleList, parse_module_list, parse_visible_devices, parse_ze_affinity_mask
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.devices import Device
+from hwtui.probes.distributed.launcher import env_int
+from hwtui.probes.distributed.parsers import VisibleList, parse_module_list, parse_visible_devices, parse_ze_affinity_mask
 from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.inventory import devices_from_facts
 

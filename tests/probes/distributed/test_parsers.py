@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hwtui.probes.dist import parsers as P
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from hwtui.probes.distributed import parsers as P
 
 # Strings biased toward the grammars' own characters, plus anything at all.
 GRAMMAR_CHARS = st.text(alphabet=st.sampled_from(list("^=,:.-_/ \t0123456789abcdefxGPUMIG[]()@#\n\\") + ["é", "\x00"]),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hwtui.probes.dist.launcher import job_shape
-from hwtui.probes.host import FsHost
 
-from tests.probes.dist.netsys import basic_node, findings, nvidia_ib_node, status
+from hwtui.probes.distributed.launcher import job_shape
+from hwtui.probes.host import FsHost
 from tests.machines import amd_gpu, nvidia_gpu
+from tests.probes.distributed.netsys import basic_node, findings, nvidia_ib_node, status
 
 GIB = 1 << 30
 

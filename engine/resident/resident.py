@@ -8,7 +8,7 @@ Layout under the agent's ``--out DIR``::
                                               link keeps this node's versions in one place whatever
                                               rank a push gives it
     served/staging/<v>                        the version a push is receiving (or a prepared copy
-                                              whose switch is still owed: engine.agent.recovery)
+                                              whose switch is still owed: engine.resident.recovery)
     ranks/decisions/<v>.json                  the decision record for <v>: the source's (the
                                               authority), and each receiver's copy, written
                                               when it learns the decision, before it switches
@@ -48,7 +48,7 @@ from hwtui.core.errors import HwtuiError
 from hwtui.core.private_file import create_private
 from hwtui.core.redact import redact_text
 from hwtui.core.supervisor import Child, Group, exit_text
-from hwtui.engine.agent import recovery
+from hwtui.engine.resident import recovery
 
 if TYPE_CHECKING:
     from hwtui.engine.replication.config import WorkerConfig
@@ -112,7 +112,7 @@ class ResidentRank:
         self.last: dict[str, Any] | None = None
         self.pushes: Counter[str] = Counter()
         self.child_starts = 0
-        self.spare: dict[str, Any] = {"state": "none"}  # the next push's pre-made staging file (engine.agent.spare)
+        self.spare: dict[str, Any] = {"state": "none"}  # the next push's pre-made staging file (engine.resident.spare)
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-spawner")
         self._flight_child: Child | None = None  # the child running the push in flight
         self._done_bytes = 0
@@ -552,7 +552,7 @@ class ResidentRank:
         if not fresh and self.child is not None and self.child.running and self.world_key == world_key:
             return True
         self._stop_child()
-        child = Child([sys.executable, "-m", "hwtui.engine.agent.resident_child", "{answer_fd}"], name=f"resident-{self.node}",
+        child = Child([sys.executable, "-m", "hwtui.engine.resident.resident_child", "{answer_fd}"], name=f"resident-{self.node}",
                       answer_pipe=True, stdin="pipe", stdout="null", stderr="inherit")
         # Started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that forked the
         # child exits, and HTTP handler threads end with their request.

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from hwtui.probes.catalog import catalog
 from hwtui.core.finding import Finding
+from hwtui.probes.catalog import catalog
 from hwtui.probes.framework import CheckResult, run_checks
 from hwtui.probes.host import FsHost, Host
-
 from tests.fakesys import FakeSys
 
 ARPHRD = {"ether": 1, "infiniband": 32, "loopback": 772}

@@ -9,9 +9,9 @@ from __future__ import annotations
 import socket
 
 import pytest
-from hwtui.probes.dist import rendezvous as R
 
-from tests.probes.dist.netsys import LiveFactsHost, basic_node, findings, status
+from hwtui.probes.distributed import rendezvous as R
+from tests.probes.distributed.netsys import LiveFactsHost, basic_node, findings, status
 
 pytestmark = pytest.mark.timeout(60)
 

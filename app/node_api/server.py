@@ -33,13 +33,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from hwtui.app.agent.admission import Admission, cut
-from hwtui.app.agent.http_head import BadRequest, ClientGone, RequestHead, parse_head, read_head
-from hwtui.app.agent.token import matches
+from hwtui.app.node_api.admission import Admission, cut
+from hwtui.app.node_api.http_head import BadRequest, ClientGone, RequestHead, parse_head, read_head
+from hwtui.app.node_api.token import matches
 from hwtui.core.redact import redact
-from hwtui.engine.agent import metrics
-from hwtui.engine.agent.sources import merge_facts
-from hwtui.engine.agent.state import NodeState
+from hwtui.engine.resident import metrics
+from hwtui.engine.resident.sources import merge_facts
+from hwtui.engine.resident.state import NodeState
 
 SCHEMA = "hwtui.agent/1"
 MAX_BODY = 32 << 20  # a push's plan for a large model is a few MB of JSON

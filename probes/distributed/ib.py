@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hwtui.probes.dist.parsers import NcclList, parse_int, parse_nccl_list
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.distributed.parsers import NcclList, parse_int, parse_nccl_list
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
 
@@ -221,8 +221,8 @@ def gid_findings(env: Mapping[str, str], ports: list[dict[str, Any]]) -> Iterato
 
 
 def ib_rules(facts: Facts) -> Iterator[Finding]:
-    from hwtui.probes.dist.launcher import job_shape
-    from hwtui.probes.dist.nccl import effective_env
+    from hwtui.probes.distributed.launcher import job_shape
+    from hwtui.probes.distributed.nccl import effective_env
 
     env = effective_env(facts)
     ports = facts["infiniband"]["ports"]

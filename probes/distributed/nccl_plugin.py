@@ -1,6 +1,6 @@
 """Does the NCCL net plugin actually load, and are the mesh plugin's NCCL_MESH_* settings sane?
 
-Finding the file (probes/dist/nccl.py) is not enough: a truncated copy, a plugin built for
+Finding the file (probes/distributed/nccl.py) is not enough: a truncated copy, a plugin built for
 another architecture, one whose libibverbs is missing, or a random file named libnccl-net.so all
 exist and all make NCCL fall back to its built-in transports (on a direct-connect mesh that means
 "Connection timed out" minutes later). So the plugin is dlopen()ed the way NCCL does it
@@ -17,7 +17,7 @@ from typing import Any
 
 from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.child import ChildError, run_in_child
-from hwtui.probes.dist.nccl import collect_nccl, effective_env
+from hwtui.probes.distributed.nccl import collect_nccl, effective_env
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 
@@ -65,7 +65,7 @@ def dlopen_plugin(path: str) -> dict[str, Any]:
 
 def load_in_child(path: str, timeout: float = 20.0) -> dict[str, Any]:
     try:
-        return run_in_child("hwtui.probes.dist.nccl_plugin:dlopen_plugin", {"path": path}, timeout=timeout)
+        return run_in_child("hwtui.probes.distributed.nccl_plugin:dlopen_plugin", {"path": path}, timeout=timeout)
     except ChildError as exc:
         return {"loaded": False, "error": str(exc), "child": exc.kind, "stderr": exc.stderr_tail[-400:]}
 
@@ -136,7 +136,7 @@ def mesh_findings(env: Mapping[str, str], info: Mapping[str, Any] | None) -> Ite
             yield warn("nccl.mesh[NCCL_MESH_DEBUG]", f"NCCL_MESH_DEBUG={raw!r} is not 0, 1 or 2", "", "export NCCL_MESH_DEBUG=1")
         else:
             yield passed("nccl.mesh[NCCL_MESH_DEBUG]", f"NCCL_MESH_DEBUG={raw.strip()}")
-    # NCCL_MESH_GID_INDEX against the ports' GID tables is ib.mesh_gid_index (probes/dist/ib.py).
+    # NCCL_MESH_GID_INDEX against the ports' GID tables is ib.mesh_gid_index (probes/distributed/ib.py).
 
 
 def plugin_rules(facts: Facts) -> Iterator[Finding]:

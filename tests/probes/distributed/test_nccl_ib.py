@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hwtui.probes.host import FsHost
 
-from tests.probes.dist.netsys import basic_node, findings, nvidia_ib_node, roce_gids, status
+from hwtui.probes.host import FsHost
+from tests.probes.distributed.netsys import basic_node, findings, nvidia_ib_node, roce_gids, status
 
 MULTI = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "9", "LOCAL_RANK": "1"}
 

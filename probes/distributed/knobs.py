@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hwtui.probes.dist.replication_defaults import (
+from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.distributed.ib import active_ports, selected_ports
+from hwtui.probes.distributed.parsers import parse_int, parse_nccl_list, parse_positive_number, parse_ucx_devices
+from hwtui.probes.distributed.replication_defaults import (
     DEFAULT_BUCKET_MB,
     DEFAULT_CHUNK_MB,
     DEFAULT_INFLIGHT,
     largest_collective_mb,
 )
-from hwtui.probes.dist.ib import active_ports, selected_ports
-from hwtui.probes.dist.parsers import parse_int, parse_nccl_list, parse_positive_number, parse_ucx_devices
-from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.inventory import devices_from_facts
 
@@ -131,7 +131,7 @@ NO_UCX_PATH = ("hwtui has no UCX path: replication and training move bytes over 
 
 
 def ucx_rules(facts: Facts) -> Iterator[Finding]:
-    from hwtui.probes.dist.nccl import effective_env
+    from hwtui.probes.distributed.nccl import effective_env
 
     env = effective_env(facts)
     ports = facts["infiniband"]["ports"]

@@ -13,10 +13,10 @@ import shutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hwtui.core.supervisor import run_capture
-from hwtui.probes.dist.launcher import job_shape
-from hwtui.probes.dist.parsers import Mount, parse_chrony_tracking, parse_key_values, parse_mounts
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.core.supervisor import run_capture
+from hwtui.probes.distributed.launcher import job_shape
+from hwtui.probes.distributed.parsers import Mount, parse_chrony_tracking, parse_key_values, parse_mounts
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 

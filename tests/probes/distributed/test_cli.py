@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hwtui.probes.dist.rendezvous import FACT_KEY
 
-from tests.probes.dist.netsys import nvidia_ib_node
+from hwtui.probes.distributed.rendezvous import FACT_KEY
+from tests.probes.distributed.netsys import nvidia_ib_node
 
 HWTUI = str(Path(sys.executable).with_name("hwtui"))
 pytestmark = pytest.mark.timeout(120)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hwtui.probes.dist.hygiene import CLOCK_FACT
-from hwtui.probes.host import FsHost
 
-from tests.probes.dist.netsys import basic_node, findings, nvidia_ib_node, status
+from hwtui.probes.distributed.hygiene import CLOCK_FACT
+from hwtui.probes.host import FsHost
 from tests.machines import GOOGLE, HABANA, amd_gpu, intel_gpu
+from tests.probes.distributed.netsys import basic_node, findings, nvidia_ib_node, status
 
 GIB = 1 << 30
 MULTI = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "9", "LOCAL_RANK": "1"}

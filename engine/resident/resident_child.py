@@ -47,7 +47,7 @@ class ResidentWorker(Worker):
     """The replication worker in a resident process: the first push forms the group, later ones reuse it.
 
     Only the worker's own seams are used: ``reuse_world`` (init agrees settings and the plan digest
-    again, nothing else) and ``staging_factory`` (the pre-made spare staging file, engine.agent.spare),
+    again, nothing else) and ``staging_factory`` (the pre-made spare staging file, engine.resident.spare),
     plus its bucket events: a bucket that is done on a receiver is in the staging copy with its
     final, verified bytes, so its byte ranges start going to disk at once (SpareStaging.written).
     """
@@ -55,7 +55,7 @@ class ResidentWorker(Worker):
     def __init__(self, cfg: WorkerConfig, emit: Any):
         import torch.distributed as dist
 
-        from hwtui.engine.agent.spare import SpareStaging
+        from hwtui.engine.resident.spare import SpareStaging
 
         super().__init__(cfg, emit)
         self.reuse_world = dist.is_initialized()
@@ -79,7 +79,7 @@ class ResidentWorker(Worker):
 
         The source's record is the authority, but it is on another node: an agent killed between
         the decision and its rank's switch finds this one at its next start and finishes the
-        switch from its verified staged copy (engine.agent.recovery) instead of staying behind."""
+        switch from its verified staged copy (engine.resident.recovery) instead of staying behind."""
         decided = super()._decide(plan)
         if decided and self.rank != SRC and self.cfg.out:
             from hwtui.engine.replication.commit import write_decision
@@ -195,8 +195,8 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool, Callable[[], None
 
 def _make_spare(cfg: WorkerConfig, emit: Any) -> None:
     """Idle work after a committed push: the next push's staging file, the size of this version."""
-    from hwtui.engine.agent.spare import make_spare
     from hwtui.engine.replication.commit import ServedDir
+    from hwtui.engine.resident.spare import make_spare
 
     t = time.perf_counter()
     try:

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from hwtui.probes.dist.parsers import parse_int
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.distributed.parsers import parse_int
 from hwtui.probes.framework import Facts, Rule
 
 # The integers torchrun, the hardware guide's launch script and SLURM/MPI set, with their minimum.

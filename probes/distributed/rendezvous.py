@@ -22,9 +22,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hwtui.probes.dist.launcher import JobShape, job_shape
-from hwtui.probes.dist.parsers import parse_host, parse_port
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.distributed.launcher import JobShape, job_shape
+from hwtui.probes.distributed.parsers import parse_host, parse_port
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 
@@ -63,7 +63,7 @@ def resolve(name: str, port: int | None, timeout: float = RESOLVE_TIMEOUT_S) -> 
 
 
 def local_addresses() -> dict[str, list[str]]:
-    from hwtui.probes.dist.netif import _live_if_addrs
+    from hwtui.probes.distributed.netif import _live_if_addrs
 
     try:
         return _live_if_addrs()

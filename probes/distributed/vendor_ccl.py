@@ -12,8 +12,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterator, Mapping
 
-from hwtui.probes.dist.parsers import parse_choice, parse_int
 from hwtui.core.finding import Finding, fail, passed, skip, warn
+from hwtui.probes.distributed.parsers import parse_choice, parse_int
 from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.host import Host
 from hwtui.probes.inventory import devices_from_facts

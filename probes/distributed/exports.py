@@ -17,12 +17,12 @@ from typing import Any
 
 from hwtui.core.finding import Finding, Status
 from hwtui.probes.devices import build_devices
-from hwtui.probes.dist.ib import active_ports, best_gid, selected_ports
-from hwtui.probes.dist.knobs import MIB, SAFE_FRACTION, _free_memory, knob_values
-from hwtui.probes.dist.launcher import job_shape
-from hwtui.probes.dist.nccl import best_interface, effective_env
-from hwtui.probes.dist.parsers import parse_host, parse_int, parse_nccl_debug, parse_nccl_list, parse_port
-from hwtui.probes.dist.vendor_ccl import ONEAPI_SETVARS, ONECCL_BINDINGS_SETVARS_PATH
+from hwtui.probes.distributed.ib import active_ports, best_gid, selected_ports
+from hwtui.probes.distributed.knobs import MIB, SAFE_FRACTION, _free_memory, knob_values
+from hwtui.probes.distributed.launcher import job_shape
+from hwtui.probes.distributed.nccl import best_interface, effective_env
+from hwtui.probes.distributed.parsers import parse_host, parse_int, parse_nccl_debug, parse_nccl_list, parse_port
+from hwtui.probes.distributed.vendor_ccl import ONEAPI_SETVARS, ONECCL_BINDINGS_SETVARS_PATH
 from hwtui.probes.framework import Facts
 
 
