@@ -177,7 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except HwtuiError as exc:
-        print(f"hwtui: error: {exc}", file=sys.stderr)
+        # One place redacts every error line: a message may quote a URL, an env value or a command
+        # line the user typed with a token in it, and stderr ends up in CI logs and bug reports.
+        from hwtui.core.redact import redact_text
+
+        print(f"hwtui: error: {redact_text(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except ModuleNotFoundError as exc:
         extra = ENGINE_EXTRA_MODULES.get((exc.name or "").split(".")[0])

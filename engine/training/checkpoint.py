@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.atomic import atomic_write_text
+from hwtui.core.bounded_read import read_bounded
 from hwtui.engine.training import knobs
 
 SCHEMA = "hwtui.train-checkpoint/1"
@@ -137,9 +138,10 @@ def verify(path: Path) -> dict[str, Any]:
     try:
         if not manifest.is_file():
             raise CheckpointError(f"{path}: no manifest")
-        with open(manifest, "rb") as fh:
-            raw = fh.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
+        # The bounded reader opens without following a FIFO into a blocking open and refuses
+        # anything but a regular file, which a planted manifest.json could otherwise be.
+        raw, more = read_bounded(manifest, MAX_MANIFEST_BYTES)
+        if more:
             raise CheckpointError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
         doc = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:

@@ -126,3 +126,13 @@ def test_the_engines_own_torch_hints_speak_the_installer_too(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/srv/venv/bin/python")
     (finding,) = interpreter_findings()
     assert finding.remedy.startswith('/srv/venv/bin/python -m pip install "hwtui[engine]"')
+
+
+def test_error_lines_are_redacted_in_one_place(tmp_path):
+    """A usage error quoting what the user typed must not echo a secret into a CI log: the CLI's one
+    error handler redacts every HwtuiError line, whichever command raised it."""
+    secret = "hunter2-not-for-logs"
+    r = hwtui("train", "--data", str(tmp_path / f"token={secret}"), "--steps", "1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert secret not in r.stderr and "REDACTED" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
