@@ -166,7 +166,7 @@ def _pin_resident_interface(address: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.app.node_api.server import AgentServer, serve_in_thread
     from hwtui.app.node_api.token import default_token_file, load_or_create
     from hwtui.engine.resident.sources import check_source, facts_source, sampler_source

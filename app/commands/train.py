@@ -186,7 +186,7 @@ def check_model_and_data(args: argparse.Namespace) -> str:
 
 def resolve_devices(args: argparse.Namespace) -> list:
     """DeviceRefs from --gpu-ids / --cuda-ids (or the default), errors as one line."""
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.core.errors import HwtuiError
     from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
     from hwtui.probes.inventory import detect_devices
