@@ -338,3 +338,33 @@ class _Push:
         await self.start_all()
         await self.follow_all()
         return await finish_doc(self.opts, self.client, self.plan, self.targets, self.run_)
+
+
+def preflight(opts: PushOptions, targets: Sequence[Any]) -> None:
+    """Before anything is trained or written for ``--push-to``: every agent answers, takes this
+    token and takes pushes (``--out``). Read-only (a prepare that names no version, as the
+    read-back does); the first refusal is one line (HwtuiError, exit 2), as ``hwtui push`` says it."""
+    from hwtui.app.node_api.client import tls_verify
+    from hwtui.app.node_api.client_options import resolve_client
+
+    token, verify = resolve_client(opts.token_file, opts.cacert)
+
+    async def ask(client: PushClient, t: Any) -> None:
+        try:
+            status, doc = await client.post(f"{t.url}/v1/push/prepare", {"world_key": "preflight"}, timeout=10)
+        except Exception as exc:  # noqa: BLE001
+            raise HwtuiError(f"agent {t.name} is unreachable: {why(exc)}") from None
+        if status != 200:
+            raise _refusal(t, status, doc)
+
+    async def main() -> None:
+        client = PushClient(token, tls_verify(targets, verify))
+        try:
+            answers = await asyncio.gather(*(ask(client, t) for t in targets), return_exceptions=True)
+        finally:
+            await client.aclose()
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if errors:
+            raise _first_error(errors)
+
+    asyncio.run(main())
