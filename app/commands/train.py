@@ -13,11 +13,12 @@ import math
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from hwtui.app.push.options import PushOptions
     from hwtui.app.push.training import TrainPusher
+    from hwtui.engine.training.config import TrainConfig
 
 HELP = "train a small model on every selected device (mixed vendors), merged by samples"
 
@@ -278,7 +279,7 @@ class TrainProgress:
         self.chunks: dict[int, int] = {}
         self.chunks_at_merge = 0
 
-    def feed(self, ev) -> None:
+    def feed(self, ev: Any) -> None:
         k = ev.kind
         if k == "train.start":
             self.steps, self.merge_every = ev.steps, ev.merge_every
@@ -305,10 +306,10 @@ class TrainProgress:
         upto = min(self.merged + self.merge_every, self.steps) - 1e-6
         return min(max(float(self.merged), self.merged + since), upto)
 
-    def elapsed(self, ev) -> float:
-        return max(0.0, ev.t - (self.t0 if self.t0 is not None else ev.t))
+    def elapsed(self, ev: Any) -> float:
+        return max(0.0, float(ev.t) - (self.t0 if self.t0 is not None else float(ev.t)))
 
-    def figures(self, ev) -> tuple[float, float, float]:
+    def figures(self, ev: Any) -> tuple[float, float, float]:
         """(done, total, elapsed_s) of this run (a resume counts from its checkpoint's step)."""
         return self.step() - self.base, float(self.steps - self.base), self.elapsed(ev)
 
@@ -321,14 +322,14 @@ class _Printer:
     summary, lost workers and errors; -v: every worker's figures too.
     """
 
-    def __init__(self, stream, verbosity: int = 0, mode: str | None = None):
+    def __init__(self, stream: TextIO, verbosity: int = 0, mode: str | None = None):
         from hwtui.app.output.progress import ProgressLine, mode_for
 
         self.stream, self.verbosity = stream, verbosity
         self.progress = ProgressLine(stream, mode or mode_for(stream, verbosity), every=10.0)
         self.track = TrainProgress()
 
-    def __call__(self, ev) -> None:
+    def __call__(self, ev: Any) -> None:
         from hwtui.app.output.progress import LIVE, status
 
         if getattr(ev, "where", None) == "startup" or (ev.kind == "train.done" and ev.report is None):
@@ -356,7 +357,7 @@ class _Printer:
                                  f"step {int(self.track.step())}/{self.track.steps}", force=ev.kind == "train.start")
 
     @staticmethod
-    def format(ev) -> str | None:
+    def format(ev: Any) -> str | None:
         k = ev.kind
         if k == "train.start":
             devs = ", ".join(f"{w['rank']}={w['device']} ({w['name'] if w['name'].startswith(w['vendor']) else w['vendor'] + ' ' + w['name']})"
@@ -378,14 +379,12 @@ class _Printer:
         if k == "error":
             return f"error: {ev.message}"
         if k == "log":
-            return ev.message
+            return str(ev.message)
         return None
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hwtui.core.errors import EXIT_FAILED, HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     _positive(args)
     push = push_options(args)
@@ -395,32 +394,11 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError("--resume needs --checkpoint-dir")
 
     from hwtui.core.events import Fanout, JsonlWriter
-    from hwtui.engine.training.config import ConfigError, ModelConfig, TrainConfig, TrainingError
+    from hwtui.engine.training.config import TrainingError
     from hwtui.engine.training.launcher import Coordinator
     from hwtui.engine.training.report import write_report
-    from hwtui.engine.training.resume import read_assignments
 
-    overrides = frozenset(x.strip().replace("-", "_") for x in args.override.split(",") if x.strip())
-    try:
-        replay = read_assignments(args.replay_assignment) if args.replay_assignment else {}
-        if args.replay_assignment and not replay:
-            raise HwtuiError(f"--replay-assignment {args.replay_assignment}: no such file, or no round recorded in it")
-        cfg = TrainConfig(
-            devices=tuple(refs), steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
-            merge=args.merge, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-            eval_every=args.eval_every, eval_windows=args.eval_windows, balance=args.balance,
-            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=args.keep_checkpoints, resume=args.resume, overrides=overrides, replay=replay,
-            seed=args.seed, precision=args.precision, activation_checkpointing=args.activation_checkpointing,
-            optimizer_state=args.optimizer_state,
-            model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
-            model_source=model_source, data=str(Path(args.data).resolve()) if args.data else None,
-            save_hf=str(Path(args.save_hf).resolve()) if args.save_hf else None,
-            heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
-        )
-    except (ConfigError, TrainingError) as exc:
-        raise HwtuiError(str(exc)) from None
-
+    cfg = _train_config(args, refs, model_source)
     if push is not None:
         from hwtui.app.push.orchestrate import preflight, targets_of
 
@@ -439,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
     coord = Coordinator(cfg, Fanout(human, writer, *([pusher] if pusher else [])))
     received: list[int] = []
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
         coord.request_stop(signal.Signals(signum).name)
 
@@ -462,9 +440,47 @@ def run(args: argparse.Namespace) -> int:
         write_report(args.report, report)
     if received:
         return 128 + received[0]
+    return _exit_code(report, pushes)
+
+
+def _exit_code(report: dict[str, Any], pushes: list[dict[str, Any]] | None) -> int:
+    """0 delivered; 1 the training failed; 4 (EXIT_PUSH_FAILED) delivered, but a push failed."""
+    from hwtui.core.errors import EXIT_FAILED
+
     if not report["ok"]:
         return EXIT_FAILED
-    return EXIT_PUSH_FAILED if pushes and any(not p["ok"] and p["outcome"] != "superseded" for p in pushes) else 0
+    failed = [p for p in pushes or [] if not p["ok"] and p["outcome"] != "superseded"]
+    return EXIT_PUSH_FAILED if failed else 0
+
+
+def _train_config(args: argparse.Namespace, refs: list[Any], model_source: str) -> TrainConfig:
+    """The engine's frozen settings from the checked arguments (a value it refuses: one line)."""
+    from pathlib import Path
+
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.training.config import ConfigError, ModelConfig, TrainConfig, TrainingError
+    from hwtui.engine.training.resume import read_assignments
+
+    overrides = frozenset(x.strip().replace("-", "_") for x in args.override.split(",") if x.strip())
+    try:
+        replay = read_assignments(args.replay_assignment) if args.replay_assignment else {}
+        if args.replay_assignment and not replay:
+            raise HwtuiError(f"--replay-assignment {args.replay_assignment}: no such file, or no round recorded in it")
+        return TrainConfig(
+            devices=tuple(refs), steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
+            merge=args.merge, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+            eval_every=args.eval_every, eval_windows=args.eval_windows, balance=args.balance,
+            checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints, resume=args.resume, overrides=overrides, replay=replay,
+            seed=args.seed, precision=args.precision, activation_checkpointing=args.activation_checkpointing,
+            optimizer_state=args.optimizer_state,
+            model=ModelConfig(context=args.context, d_model=args.d_model, layers=args.layers, heads=args.heads),
+            model_source=model_source, data=str(Path(args.data).resolve()) if args.data else None,
+            save_hf=str(Path(args.save_hf).resolve()) if args.save_hf else None,
+            heartbeat_timeout=args.heartbeat_timeout, stall_timeout=args.stall_timeout, group_timeout=args.group_timeout,
+        )
+    except (ConfigError, TrainingError) as exc:
+        raise HwtuiError(str(exc)) from None
 
 
 def _pusher(args: argparse.Namespace, push: Callable[[str], PushOptions]) -> TrainPusher:
