@@ -173,14 +173,19 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.resident.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
-    if args.install_unit:
-        return _install_unit(args)
     if args.serve_group is not None:
+        if args.install_unit:
+            # The unit's dynamic user keeps its versions in a StateDirectory no other user can enter
+            # (/var/lib/private, 0700): a group there could read nothing. Said, not silently dropped.
+            raise HwtuiError("--serve-group does not go with --install-unit: the unit's dynamic user keeps what it "
+                             "serves private; run the agent as a service user of your own to serve a group")
         from hwtui.engine.replication.served_files import serve_modes
 
         if not args.out:
             raise HwtuiError("--serve-group goes with --out (it sets who may read the versions this node serves)")
         serve_modes(args.serve_group)  # an unknown group is one line, exit 2, before anything starts
+    if args.install_unit:
+        return _install_unit(args)
     if args.out:
         _pin_resident_interface(args.advertise or host_addr)
     for name in ("interval", "check_interval"):

@@ -102,3 +102,12 @@ def test_serve_group_without_out_is_refused(tmp_path):
                            "--token-file", str(tmp_path / "t"), "--serve-group", "daemon"],
                           capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 2 and "--out" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_serve_group_with_install_unit_is_refused_not_dropped(tmp_path):
+    unit = tmp_path / "hwtui-agent.service"
+    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--install-unit", str(unit),
+                           "--serve-group", "daemon"], capture_output=True, text=True, timeout=120, env=env())
+    assert done.returncode == 2 and "--install-unit" in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert not unit.exists()
