@@ -126,3 +126,36 @@ def test_push_to_without_the_agent_extra_names_it(tmp_path, model):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "httpx" in lines[0] and "hwtui[agent]" in lines[0], done.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_push_that_cannot_run_is_recorded_never_raised(tmp_path):
+    """TrainPusher (the sink behind --push-to): a failed export and an unreachable agent are records
+    with the reason; the export directory it made is removed, --save-hf's is kept."""
+    import argparse
+    import dataclasses
+
+    from hwtui.app.commands import push as push_cmd
+    from hwtui.app.push.orchestrate import targets_of
+    from hwtui.app.push.training import TrainPusher
+    from hwtui.engine.training.events import TrainExport
+
+    agents = f"127.0.0.1:{dead_port()},127.0.0.1:{dead_port()}"
+    parser = argparse.ArgumentParser()
+    push_cmd.add_arguments(parser)
+    base = push_cmd.options(parser.parse_args(["--plan", "-", "--agents", agents]))
+    work = tmp_path / ".hwtui-push-x"
+    work.mkdir()
+    pusher = TrainPusher(lambda plan: dataclasses.replace(base, plan=plan), targets_of(agents), str(work))
+    pusher(TrainExport(round=1, step=5, path=None, error="OSError: disk full"))
+    export = work / "round-2"
+    export.mkdir()
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(export / "model.safetensors"))
+    pusher(TrainExport(round=2, step=10, path=str(export), final=True))
+    records = pusher.close(timeout=120)
+    assert [(r["round"], r["outcome"], r["ok"]) for r in records] == [(1, "not exported", False), (2, "failed", False)]
+    assert "disk full" in records[0]["error"] and "unreachable" in records[1]["error"], records
+    assert records[1]["version"].endswith("-step10") and records[1]["final"] is True
+    assert not work.exists()
