@@ -16,6 +16,10 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
 
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
@@ -37,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the local check re-runs (default 300 s)")
     p.add_argument("--out", metavar="DIR", help="where the resident receiver keeps the versions it serves "
                    "(enables `hwtui push` into this node)")
+    p.add_argument("--serve-group", metavar="GROUP",
+                   help="with --out: the versions this node serves are 0640 (directories 0750) and owned by GROUP, "
+                        "so a server running as another user of that group can read them (default: 0600, owner only)")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
@@ -83,7 +90,7 @@ def _pem_fd(option: str, path: str) -> int:
     return fd
 
 
-def _tls(cert: str | None, key: str | None):
+def _tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not cert and not key:
         return None
     if not (cert and key):
@@ -159,13 +166,24 @@ def _pin_resident_interface(address: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.app.node_api.server import AgentServer, serve_in_thread
     from hwtui.app.node_api.token import default_token_file, load_or_create
     from hwtui.engine.resident.sources import check_source, facts_source, sampler_source
     from hwtui.engine.resident.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
+    if args.serve_group is not None:
+        if args.install_unit:
+            # The unit's dynamic user keeps its versions in a StateDirectory no other user can enter
+            # (/var/lib/private, 0700): a group there could read nothing. Said, not silently dropped.
+            raise HwtuiError("--serve-group does not go with --install-unit: the unit's dynamic user keeps what it "
+                             "serves private; run the agent as a service user of your own to serve a group")
+        from hwtui.engine.replication.served_files import serve_modes
+
+        if not args.out:
+            raise HwtuiError("--serve-group goes with --out (it sets who may read the versions this node serves)")
+        serve_modes(args.serve_group)  # an unknown group is one line, exit 2, before anything starts
     if args.install_unit:
         return _install_unit(args)
     if args.out:
@@ -187,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.app.node_api.push_routes import make_routes
         from hwtui.engine.resident.resident import ResidentRank
 
-        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr)
+        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
+                                serve_group=args.serve_group)
         post_routes = make_routes(resident)
         replication = resident.state
 

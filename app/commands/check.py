@@ -9,21 +9,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hwtui.app.commands._host import host_from_args, timeout_scale
+from hwtui.app.host_args import host_from_args, timeout_scale
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
+
+if TYPE_CHECKING:
+    from hwtui.probes.devices import Device
+    from hwtui.probes.framework import CheckResult
+    from hwtui.probes.host import Host
 
 SCHEMA = "hwtui.check/1"
 
 
-def _host_summary(result) -> dict[str, Any]:
+def _host_summary(result: CheckResult) -> dict[str, Any]:
     info = dict(result.facts.get("host") or {})
     info.pop("python_executable", None)
     return info
 
 
-def build_document(host, result, devices) -> dict[str, Any]:
+def build_document(host: Host, result: CheckResult, devices: list[Device]) -> dict[str, Any]:
     from hwtui.core.finding import summarize
     from hwtui.core.redact import redact
 
@@ -35,10 +40,10 @@ def build_document(host, result, devices) -> dict[str, Any]:
         "summary": summarize(result.findings),
         "duration_s": round(result.duration_s, 3),
     }
-    return redact(doc)
+    return dict(redact(doc))
 
 
-def is_failure(result, strict: bool) -> bool:
+def is_failure(result: CheckResult, strict: bool) -> bool:
     from hwtui.core.finding import Status
 
     bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())

@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from hwtui.app.output.style import printable
+
+if TYPE_CHECKING:
+    from hwtui.probes.devices import Device
 
 HELP = "list accelerators of every vendor with one global id"
 
@@ -24,7 +29,7 @@ def _vram(n: int | None) -> str:
     return "-" if not n else f"{n / 1024**3:.0f} GB"
 
 
-def format_table(devices) -> str:
+def format_table(devices: Iterable[Device]) -> str:
     rows = [("ID", "Vendor", "Model", "VRAM", "Backend", "Device", "PCI", "Driver")]
     for d in devices:
         rows.append((
@@ -37,7 +42,7 @@ def format_table(devices) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.core.redact import redact
     from hwtui.probes.inventory import detect_devices
 

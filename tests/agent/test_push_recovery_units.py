@@ -151,3 +151,29 @@ def test_a_version_a_node_moved_on_from_is_not_switched_back_by_a_resume(tmp_pat
         assert sorted(p.name for p in (out / "served" / "versions").iterdir()) == ["v1", "v2"]
     finally:
         node.close()
+
+
+def test_a_switch_finished_from_a_staged_copy_keeps_the_agent_s_serve_group(tmp_path):
+    """`hwtui agent --serve-group G`: a version put in place by recovery (at the agent's start, or a
+    --resume's resolve) is group-readable like one the rank commits; it was 0600 whatever the group."""
+    import grp
+    import os
+    import stat
+
+    group = next((g for g in grp.getgrall() if g.gr_gid != os.getegid()
+                  and (os.geteuid() == 0 or g.gr_gid in os.getgroups())), None)
+    if group is None:
+        pytest.skip("no second group this user may give files to")
+    out = tmp_path / "g"
+    d1 = stage(tmp_path, out, "v1")
+    write_decision(out / "ranks", "v1", d1, [1])
+    node = ResidentRank(node="g", out=out, advertise="127.0.0.1", serve_group=group.gr_name)
+    try:
+        assert current(out) == "v1"
+        cur = json.loads((out / "served" / "CURRENT").read_text())
+        f = (out / "served" / cur["file"]).stat()
+        assert stat.S_IMODE(f.st_mode) == 0o640 and f.st_gid == group.gr_gid, (oct(f.st_mode), f.st_gid)
+        d = (out / "served" / cur["file"]).parent.stat()
+        assert stat.S_IMODE(d.st_mode) == 0o750 and d.st_gid == group.gr_gid
+    finally:
+        node.close()
