@@ -136,6 +136,10 @@ class TorchSeam:
         self.torch = torch
         self.device = torch.device(device)
         self.module: Any = torch.get_device_module(self.device.type)
+        if self.device.index is None:
+            # Resolved here, in the caller's thread: a reader thread's current device is device 0.
+            self.device = torch.device(self.device.type, self.module.current_device())
+        self.caller_stream = self.module.current_stream(self.device)  # the stream the rank's own work runs on
         self.pinned = True
 
     def host_buffer(self, nbytes: int) -> tuple[Any, memoryview]:
@@ -153,6 +157,9 @@ class TorchSeam:
         return self.module.Stream(device=self.device)
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int, stream: Any) -> Any:
+        # The destination may still be read by work queued on the caller's stream (a broadcast of
+        # the buffer's previous bucket): this stream's copy is ordered after it.
+        stream.wait_stream(self.caller_stream)
         with self.module.stream(stream):
             dst[dst_offset:dst_offset + nbytes].copy_(src[src_offset:src_offset + nbytes], non_blocking=self.pinned)
             event = self.module.Event()
@@ -383,6 +390,13 @@ class ParallelReader:
             self.stats.peak_host_bytes += self.depth * (self.slice_bytes + 2 * ALIGN)
             self._streams[t] = self.seam.stream()
         return ring
+
+    def warm(self) -> None:
+        """Allocate every thread's ring and stream now (pinning is slow: a source does it in set-up,
+        before the clock starts, not inside its first bucket)."""
+        if not self.seam.on_host:
+            for t in range(self.threads):
+                self._ring(t)
 
     def _slices(self, extents: Sequence[Extent]) -> list[_Slice]:
         out: list[_Slice] = []

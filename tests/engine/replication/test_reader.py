@@ -307,3 +307,17 @@ def test_readers_setting() -> None:
             check_readers(bad)
     assert default_readers(16, 1) == 16 and default_readers(16, 8) == 2 and default_readers(2, 1) == 2
     assert default_readers(64, 1) == 16 and default_readers(1, 8) == 1
+
+
+def test_warm_allocates_every_ring_before_the_first_read(tmp_path: Path) -> None:
+    seam = StandInSeam()
+    r = ParallelReader(seam, threads=4, slice_bytes=16 * KB)
+    r.warm()
+    assert seam.buffers == 8 and seam.streams == 4
+    p, data = _file(tmp_path, 64 * KB)
+    with WeightFile(p) as wf:
+        r.read(wf, [Extent(0, len(data), 0)], np.zeros(len(data), np.uint8))
+    assert seam.buffers == 8
+    host_reader = ParallelReader(HostSeam(), threads=4)
+    host_reader.warm()  # a CPU destination needs no ring: nothing allocated
+    assert host_reader.stats.peak_host_bytes == 0
