@@ -8,11 +8,15 @@ the file's bytes in device memory, hwtui's checked bit-exact against the file:
   pinned ring and copying each on the thread's own stream (on CPU: ``preadv`` straight into the
   destination), into a preallocated destination (a source reads into its pooled buffers);
 - ``hwtui source path``: the replication source's own staging of every planned bucket
-  (``_SourceReader.stage``) into pooled device buffers;
+  (``SourceReader.stage``) into pooled device buffers;
 - ``safetensors load_file(device=...)`` and ``safetensors load_file`` to CPU then ``.to(device)``;
 - ``plain pinned copy``: one thread ``readinto`` a pinned buffer, one ``copy_`` to the device;
 - ``read-only T=N``: the reader into host memory only (the ceiling the disk / page cache allows);
 - ``host->device``: one copy of an already filled pinned buffer (the PCIe ceiling); on CPU a memcpy.
+
+GPU -> GPU (two GPUs or more): ``hwtui replicate --device cuda --nproc 2`` (NCCL, verified) against
+NCCL's own ``dist.broadcast`` of one preallocated buffer of the same bytes, two ranks; hwtui's
+figure is bytes / its slowest rank's transfer phase, the baseline's the slowest rank's broadcast.
 
 ``--device cpu`` runs it without a GPU: the reader into host memory with 1 and 2 threads (or
 ``--readers``) against a plain single read, safetensors and a memcpy, on this machine's page cache.
@@ -57,14 +61,14 @@ def hwtui_to_device(plan_path: str, device: str) -> tuple[float, list]:
     """hwtui's source path: every planned bucket staged into a pooled device buffer."""
     from hwtui.engine.replication.plan import load_plan
     from hwtui.engine.replication.pool import BufferPool
-    from hwtui.engine.replication.worker import _SourceReader
+    from hwtui.engine.replication.source_reader import SourceReader
 
     plan = load_plan(plan_path)
     largest = max(b["size"] for b in plan.buckets)
     pool = BufferPool(len(plan.buckets), largest, device)  # all buckets kept: the bytes end in device memory
     sync(device)
     t0 = time.perf_counter()
-    reader = _SourceReader(plan)
+    reader = SourceReader(plan)
     bufs = []
     for b in range(len(plan.buckets)):
         buf, _pooled = reader.stage(plan, b, pool)
