@@ -16,11 +16,15 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
 HELP = "run the node agent: an HTTP API (JSON + /metrics) and a resident receiver for `hwtui push`"
 DEFAULT_PORT = 9477
+
+if TYPE_CHECKING:  # ssl is imported only where TLS is asked for
+    import ssl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the local check re-runs (default 300 s)")
     p.add_argument("--out", metavar="DIR", help="where the resident receiver keeps the versions it serves "
                    "(enables `hwtui push` into this node)")
+    p.add_argument("--readers", type=int, metavar="N",
+                   help="threads reading weight files when this node is a push's source, 1-64 (default: from the cores)")
+    p.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
+                   help="read weight files with O_DIRECT as a push's source (auto: files larger than the free memory)")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
@@ -83,7 +91,7 @@ def _pem_fd(option: str, path: str) -> int:
     return fd
 
 
-def _tls(cert: str | None, key: str | None):
+def _tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not cert and not key:
         return None
     if not (cert and key):
@@ -166,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.resident.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
+    if args.readers is not None:
+        from hwtui.engine.replication.reader import check_readers
+
+        check_readers(args.readers)
     if args.install_unit:
         return _install_unit(args)
     if args.out:
@@ -187,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.app.node_api.push_routes import make_routes
         from hwtui.engine.resident.resident import ResidentRank
 
-        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr)
+        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr, readers=args.readers,
+                                direct_io=args.direct_io)
         post_routes = make_routes(resident)
         replication = resident.state
 

@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: init timeout + 2 min + 1 min per GB)")
     p.add_argument("--inflight", type=int, default=4, metavar="K", help="buckets in flight (default 4)")
     p.add_argument("--chunk-mb", type=float, default=64.0, metavar="MB", help="largest collective (default 64)")
+    p.add_argument("--readers", type=int, metavar="N",
+                   help="threads the source reads the weight files with, 1-64 (default: the source agent's)")
+    p.add_argument("--direct-io", choices=("auto", "on", "off"),
+                   help="the source reads with O_DIRECT (default: the source agent's setting)")
     p.add_argument("--resume", action="store_true",
                    help="finish a push whose version was decided but not switched everywhere (a split); "
                         "refused when nothing was decided. A plain re-run does the same when there is a decision")
@@ -219,6 +223,8 @@ async def push(args: argparse.Namespace, plan_bytes: bytes, plan: dict[str, Any]
             master = urlsplit(group[0].url).hostname or master
         settings = {"timeout": args.timeout, "init_timeout": args.init_timeout, "inflight": args.inflight,
                     "chunk_mb": args.chunk_mb}
+        # Only when given: otherwise the source agent's own --readers / --direct-io apply.
+        settings.update({k: v for k, v in (("readers", args.readers), ("direct_io", args.direct_io)) if v is not None})
 
         # 2. Start every rank at once (a fresh group forms only when all of them are in it).
         async def start(i: int, t: Any) -> None:
@@ -454,6 +460,10 @@ def run(args: argparse.Namespace) -> int:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
+    if args.readers is not None:
+        from hwtui.engine.replication.reader import check_readers
+
+        check_readers(args.readers)
     plan_bytes = _plan_payload(args.plan)
     plan = _plan_facts(plan_bytes, args.plan)
     token, verify = client_settings(args)

@@ -16,6 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hwtui.engine.replication.reader import (
+    ALIGN,
+    MIN_SLICE,
+    SLICE_BYTES,
     Extent,
     ParallelReader,
     ReadStats,
@@ -28,10 +31,13 @@ from hwtui.engine.replication.reader import (
 
 class BucketReader:
     def __init__(self, files: Sequence[dict[str, Any]], device: Any, *, readers: int | None = None,
-                 direct: str = "auto", devices: int = 1):
+                 direct: str = "auto", devices: int = 1, largest: int | None = None):
         self.device = str(device)
         self.threads = readers or default_readers(devices=devices)
         self.direct = check_direct(direct)
+        # Ring buffers no larger than a bucket's share per thread: pinned memory is T x 2 x slice.
+        share = -(-(largest or SLICE_BYTES) // self.threads)  # ceil(largest / threads)
+        self.slice_bytes = min(SLICE_BYTES, max(MIN_SLICE, -(-share // ALIGN) * ALIGN))
         self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
         self._open: dict[int, WeightFile] = {}
         self._reader: ParallelReader | None = None
@@ -48,7 +54,7 @@ class BucketReader:
 
     def _ready(self) -> ParallelReader:
         if self._reader is None:
-            self._reader = ParallelReader(seam_for(self.device), threads=self.threads)
+            self._reader = ParallelReader(seam_for(self.device), threads=self.threads, slice_bytes=self.slice_bytes)
         return self._reader
 
     def warm(self) -> None:

@@ -29,6 +29,7 @@ import errno
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 from hwtui.core.errors import HwtuiError
 
 SLICE_BYTES = 64 << 20  # measured on an H200: 64 MiB slices, 2 per thread, ~31 GB/s at 8 threads
+MIN_SLICE = 1 << 20  # smaller slices cost more in syscalls and copy launches than they gain
 DEPTH = 2  # buffers per thread: one being read, one being copied
 ALIGN = 4096  # O_DIRECT: offset, length and buffer address aligned to this (covers 512 B and 4 KiB devices)
 MAX_READERS = 64
@@ -216,6 +218,15 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
+
+
 def _mem_available() -> int:
     try:
         with open("/proc/meminfo", "rb") as fh:
@@ -240,6 +251,9 @@ class WeightFile:
 
         self.path = str(path)
         self.fd, st = open_regular(path)
+        # Closed by close(), or when the object goes (a long-lived resident rank must not leak them).
+        self._fds = [self.fd]
+        self._closer = weakref.finalize(self, _close_all, self._fds)
         self.identity = _identity(st)
         self.size = st.st_size
         self.direct_fd: int | None = None
@@ -276,6 +290,7 @@ class WeightFile:
             view.release()
             probe.close()
         self.direct_fd = fd
+        self._fds.append(fd)
         self.direct_reason = "on"
 
     @property
@@ -283,9 +298,7 @@ class WeightFile:
         return self.direct_fd is not None
 
     def close(self) -> None:
-        for fd in (self.fd, self.direct_fd):
-            if fd is not None and fd >= 0:
-                os.close(fd)
+        self._closer()
         self.fd, self.direct_fd = -1, None
 
     def __enter__(self) -> WeightFile:
@@ -400,10 +413,16 @@ class ParallelReader:
 
     def _slices(self, extents: Sequence[Extent]) -> list[_Slice]:
         out: list[_Slice] = []
+        # Every thread gets work even when the request is smaller than T slices (one bucket):
+        # slices of total / T, at least MIN_SLICE (a syscall and a copy launch per slice), at most
+        # the ring's buffer.
+        total = sum(e.nbytes for e in extents)
+        per = -(-total // self.threads)
+        per = min(self.slice_bytes, max(min(MIN_SLICE, self.slice_bytes), -(-per // ALIGN) * ALIGN))
         for e in sorted(extents, key=lambda e: e.file_offset):
             pos = 0
             while pos < e.nbytes:
-                n = min(self.slice_bytes, e.nbytes - pos)
+                n = min(per, e.nbytes - pos)
                 out.append(_Slice(e.file_offset + pos, n, e.dst_offset + pos))
                 pos += n
         return out

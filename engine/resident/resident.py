@@ -96,8 +96,12 @@ def _remove_in_background(path: Path) -> None:
 
 
 class ResidentRank:
-    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str):
+    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, readers: int | None = None,
+                 direct_io: str = "auto"):
         self.node = node
+        # `hwtui agent --readers/--direct-io`: how this node reads weight files when it is a push's
+        # source; a push's own settings.readers / settings.direct_io win.
+        self.readers, self.direct_io = readers, direct_io
         self.out = Path(out).resolve()
         self.served = self.out / "served"
         self.ranks_out = self.out / "ranks"  # the worker's --out: decisions/<v>.json live here
@@ -543,7 +547,14 @@ class ResidentRank:
                             timeouts=Timeouts(init=number("init_timeout", 60, 1, 3600),
                                               bucket=number("timeout", 20, 0.5, 3600),
                                               commit=number("timeout", 20, 0.5, 3600)),
-                            fault=os.environ.get("HWTUI_TEST_FAULT"))
+                            fault=os.environ.get("HWTUI_TEST_FAULT"), **self._read_settings(settings))
+
+    def _read_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        readers = settings.get("readers", self.readers)
+        _need(readers is None or (type(readers) is int and 1 <= readers <= 64), "settings.readers must be an integer from 1 to 64")
+        direct = settings.get("direct_io", self.direct_io)
+        _need(direct in ("auto", "on", "off"), "settings.direct_io must be auto, on or off")
+        return {"readers": readers, "direct_io": direct}
 
     # ------------------------------------------------------------------ the resident child
 

@@ -321,3 +321,15 @@ def test_warm_allocates_every_ring_before_the_first_read(tmp_path: Path) -> None
     host_reader = ParallelReader(HostSeam(), threads=4)
     host_reader.warm()  # a CPU destination needs no ring: nothing allocated
     assert host_reader.stats.peak_host_bytes == 0
+
+
+def test_descriptors_are_closed_on_close_and_when_dropped(tmp_path: Path) -> None:
+    p, _ = _file(tmp_path, 8 * KB)
+    before = len(os.listdir("/proc/self/fd"))
+    wf = WeightFile(p, "on")
+    assert len(os.listdir("/proc/self/fd")) > before
+    wf.close()
+    wf.close()  # twice is harmless
+    assert len(os.listdir("/proc/self/fd")) == before
+    WeightFile(p, "on")  # dropped without close (a resident rank's reader going with its push)
+    assert len(os.listdir("/proc/self/fd")) == before
