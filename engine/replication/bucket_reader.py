@@ -31,7 +31,8 @@ from hwtui.engine.replication.reader import (
 
 class BucketReader:
     def __init__(self, files: Sequence[dict[str, Any]], device: Any, *, readers: int | None = None,
-                 direct: str = "auto", devices: int = 1, largest: int | None = None):
+                 direct: str = "auto", devices: int = 1, largest: int | None = None,
+                 opened: dict[int, WeightFile] | None = None):
         self.device = str(device)
         self.threads = readers or default_readers(devices=devices)
         self.direct = check_direct(direct)
@@ -39,6 +40,9 @@ class BucketReader:
         share = -(-(largest or SLICE_BYTES) // self.threads)  # ceil(largest / threads)
         self.slice_bytes = min(SLICE_BYTES, max(MIN_SLICE, -(-share // ALIGN) * ALIGN))
         self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
+        # Files opened by the caller (their identity pinned when the source opened them) are shared,
+        # and closed by the caller; the rest are opened on first use and closed here.
+        self._shared: dict[int, WeightFile] = dict(opened or {})
         self._open: dict[int, WeightFile] = {}
         self._reader: ParallelReader | None = None
 
@@ -47,7 +51,7 @@ class BucketReader:
         return item["file"] in self._paths
 
     def _file(self, idx: int) -> WeightFile:
-        wf = self._open.get(idx)
+        wf = self._shared.get(idx) or self._open.get(idx)
         if wf is None:
             wf = self._open[idx] = WeightFile(self._paths[idx], self.direct)
         return wf

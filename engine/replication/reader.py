@@ -138,11 +138,16 @@ class TorchSeam:
         self.torch = torch
         self.device = torch.device(device)
         self.module: Any = torch.get_device_module(self.device.type)
-        if self.device.index is None:
+        # A backend without streams and events in torch's device-module API (hpu builds differ) is
+        # still served: pageable buffers and a synchronous copy per slice, the threads still parallel.
+        self.streams = all(hasattr(self.module, a) for a in ("Stream", "Event", "stream", "current_stream"))
+        index = self.module.current_device() if hasattr(self.module, "current_device") else None
+        if self.device.index is None and type(index) is int:
             # Resolved here, in the caller's thread: a reader thread's current device is device 0.
-            self.device = torch.device(self.device.type, self.module.current_device())
-        self.caller_stream = self.module.current_stream(self.device)  # the stream the rank's own work runs on
-        self.pinned = True
+            self.device = torch.device(self.device.type, index)
+        # The stream the rank's own work runs on.
+        self.caller_stream = self.module.current_stream(self.device) if self.streams else None
+        self.pinned = self.streams
 
     def host_buffer(self, nbytes: int) -> tuple[Any, memoryview]:
         torch = self.torch
@@ -156,9 +161,17 @@ class TorchSeam:
         return view, memoryview(view.numpy()).cast("B")
 
     def stream(self) -> Any:
-        return self.module.Stream(device=self.device)
+        if not self.streams:
+            return None
+        try:
+            return self.module.Stream(device=self.device)
+        except TypeError:  # torch.cpu's stand-in streams take no device
+            return self.module.Stream()
 
     def copy(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int, stream: Any) -> Any:
+        if stream is None:
+            dst[dst_offset:dst_offset + nbytes].copy_(src[src_offset:src_offset + nbytes])
+            return None
         # The destination may still be read by work queued on the caller's stream (a broadcast of
         # the buffer's previous bucket): this stream's copy is ordered after it.
         stream.wait_stream(self.caller_stream)
@@ -173,7 +186,8 @@ class TorchSeam:
             token.synchronize()
 
     def synchronize(self) -> None:
-        self.module.synchronize(self.device)
+        if hasattr(self.module, "synchronize"):
+            self.module.synchronize(self.device)
 
 
 def seam_for(device: Any) -> DeviceSeam:
@@ -193,6 +207,12 @@ def host_view(dst: Any) -> memoryview:
     if view.readonly:
         raise ValueError("the destination is read-only")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _nbytes(dst: Any) -> int:
+    if hasattr(dst, "element_size") and hasattr(dst, "numel"):  # a torch tensor, on any device
+        return int(dst.numel() * dst.element_size())
+    return memoryview(dst).nbytes
 
 
 # ---------------------------------------------------------------- the file
@@ -434,6 +454,9 @@ class ParallelReader:
             if e.file_offset < 0 or e.nbytes < 0 or e.file_offset + e.nbytes > wf.size:
                 raise ReadFailed("short-read", f"weight file {wf.path} is {wf.size} bytes; bytes "
                                                f"{e.file_offset}..{e.file_offset + e.nbytes} were asked for")
+        need = max((e.dst_offset + e.nbytes for e in extents), default=0)
+        if min((e.dst_offset for e in extents), default=0) < 0 or _nbytes(dst) < need:
+            raise ValueError(f"the destination holds {_nbytes(dst)} bytes; the extents need {need}")
         slices = self._slices(extents)
         self.stats.slices += len(slices)
         self.stats.direct, self.stats.direct_reason = wf.direct, wf.direct_reason

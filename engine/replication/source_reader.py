@@ -10,6 +10,7 @@ from hwtui.engine.replication.bucket_reader import BucketReader
 from hwtui.engine.replication.checksum import Streaming
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.reader import WeightFile, check_direct
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 
 
@@ -103,8 +104,12 @@ class SourceReader:
         self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
                                            "largest": max((b["size"] for b in plan.buckets), default=1)}
         self._readers: dict[str, BucketReader] = {}
+        # Opened now, beside the mapping: each file's identity (device, inode, size, mtime) is pinned
+        # here, and a file changed or replaced before any later read is named by that read.
+        self._opened: dict[int, WeightFile] = {}
         for idx, f in enumerate(plan["files"]):
             if f["format"] == "safetensors":
+                self._opened[idx] = WeightFile(f["path"], check_direct(direct))
                 self.mapped[idx] = MappedFile(f["path"])
             else:
                 self.states[idx] = {k: tensor_bytes(v) for k, v in load_torch_state(f["path"]).items()}
@@ -114,7 +119,7 @@ class SourceReader:
         key = str(device)
         r = self._readers.get(key)
         if r is None:
-            r = self._readers[key] = BucketReader(self._files, key, **self._read_opts)
+            r = self._readers[key] = BucketReader(self._files, key, opened=self._opened, **self._read_opts)
         return r
 
     def warm(self, device: Any) -> None:
@@ -172,6 +177,9 @@ class SourceReader:
         for r in self._readers.values():
             r.close()
         self._readers.clear()
+        for wf in self._opened.values():
+            wf.close()
+        self._opened.clear()
         for m in self.mapped.values():
             m.close()
         self.mapped.clear()

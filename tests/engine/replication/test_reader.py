@@ -333,3 +333,39 @@ def test_descriptors_are_closed_on_close_and_when_dropped(tmp_path: Path) -> Non
     assert len(os.listdir("/proc/self/fd")) == before
     WeightFile(p, "on")  # dropped without close (a resident rank's reader going with its push)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_request_smaller_than_t_slices_is_shared_by_every_thread(tmp_path: Path) -> None:
+    """One 8 MiB bucket, 4 threads, 64 MiB slices: 4 slices of 2 MiB, not one slice for one thread."""
+    p, data = _file(tmp_path, 8 << 20)
+    seam = StandInSeam()
+    out = np.zeros(len(data), np.uint8)
+    with WeightFile(p) as wf:
+        ParallelReader(seam, threads=4).read(wf, [Extent(0, len(data), 0)], out)
+    assert sorted(seam.copies) == [(i << 21, 2 << 20) for i in range(4)]
+    assert np.array_equal(out, data)
+
+
+def test_a_destination_too_small_is_refused_before_any_read(tmp_path: Path) -> None:
+    p, _ = _file(tmp_path, 64 * KB)
+    for seam in (HostSeam(), StandInSeam()):
+        with WeightFile(p) as wf, pytest.raises(ValueError, match="holds 4096 bytes; the extents need 8192"):
+            ParallelReader(seam).read(wf, [Extent(0, 8192, 0)], np.zeros(4096, np.uint8))
+
+
+@pytest.mark.parametrize("direct", ["off", "on"])
+def test_the_torch_seam_itself_runs_on_torch_cpu(tmp_path: Path, direct: str) -> None:
+    """The accelerator seam's own code (device module, streams, events, stream ordering, the
+    pageable fallback where pinning is refused) driven through torch.cpu's stand-in device module."""
+    import torch
+
+    from hwtui.engine.replication.reader import TorchSeam
+
+    p, data = _file(tmp_path, (3 << 20) + 4097)
+    seam = TorchSeam("cpu")
+    dst = torch.zeros(len(data), dtype=torch.uint8)
+    with WeightFile(p, direct) as wf:
+        r = ParallelReader(seam, threads=3, slice_bytes=1 << 20)
+        r.read(wf, [Extent(0, len(data), 0)], dst)
+        r.close()
+    assert np.array_equal(dst.numpy(), data)
