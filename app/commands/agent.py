@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="threads reading weight files when this node is a push's source, 1-64 (default: from the cores)")
     p.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
                    help="read weight files with O_DIRECT as a push's source (auto: files larger than the free memory)")
+    p.add_argument("--serve-group", metavar="GROUP",
+                   help="with --out: the versions this node serves are 0640 (directories 0750) and owned by GROUP, "
+                        "so a server running as another user of that group can read them (default: 0600, owner only)")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
@@ -167,7 +170,7 @@ def _pin_resident_interface(address: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.app.node_api.server import AgentServer, serve_in_thread
     from hwtui.app.node_api.token import default_token_file, load_or_create
     from hwtui.engine.resident.sources import check_source, facts_source, sampler_source
@@ -180,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
         check_readers(args.readers)
     if args.install_unit:
         return _install_unit(args)
+    if args.serve_group is not None:
+        from hwtui.engine.replication.served_files import serve_modes
+
+        if not args.out:
+            raise HwtuiError("--serve-group goes with --out (it sets who may read the versions this node serves)")
+        serve_modes(args.serve_group)  # an unknown group is one line, exit 2, before anything starts
     if args.out:
         _pin_resident_interface(args.advertise or host_addr)
     for name in ("interval", "check_interval"):
@@ -199,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.app.node_api.push_routes import make_routes
         from hwtui.engine.resident.resident import ResidentRank
 
-        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr, readers=args.readers,
-                                direct_io=args.direct_io)
+        resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
+                                serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io)
         post_routes = make_routes(resident)
         replication = resident.state
 

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from hwtui.app.node_api.client_options import add_client_options, client_settings
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 from hwtui.core.terminal_text import clean
 from hwtui.engine.resident.summary import Device, NodeStatus
@@ -27,27 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=None, metavar="S",
                    help="seconds between two polls of one node (default: adapts to the number of nodes)")
     add_client_options(p)
-
-
-def add_client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--token-file", metavar="FILE", help="the agents' bearer token (default: $HWTUI_AGENT_TOKEN, "
-                   "else $XDG_CONFIG_HOME/hwtui/agent.token)")
-    p.add_argument("--cacert", metavar="PEM", help="CA bundle that signed the agents' certificates (https)")
-
-
-def client_settings(args: argparse.Namespace) -> tuple[str | None, Any]:
-    """(token, httpx ``verify``: True for the system CAs, or an SSL context trusting --cacert)."""
-    from hwtui.app.node_api.token import client_token
-
-    verify: Any = True
-    if getattr(args, "cacert", None):
-        import ssl
-
-        try:
-            verify = ssl.create_default_context(cafile=args.cacert)
-        except (OSError, ssl.SSLError) as exc:
-            raise HwtuiError(f"--cacert {args.cacert}: {exc}") from None
-    return client_token(getattr(args, "token_file", None)), verify
 
 
 def _num(value: float | None, field: str, unknown: tuple[str, ...], fmt: str) -> str:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from hwtui.app.commands._host import host_from_args, timeout_scale
+from hwtui.app.host_args import host_from_args, timeout_scale
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 
 SCHEMA = "hwtui.check/1"

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from hwtui.app.commands._host import host_from_args, timeout_scale
+from hwtui.app.host_args import host_from_args, timeout_scale
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
 HELP = "print the environment exports that make this node ready (NCCL, RDMA, rendezvous, vendor runtimes)"

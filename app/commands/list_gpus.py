@@ -37,7 +37,7 @@ def format_table(devices) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.core.redact import redact
     from hwtui.probes.inventory import detect_devices
 

@@ -54,7 +54,7 @@ def _facts(host):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.core.supervisor import hwtui_root
     from hwtui.probes import vendor_envs as ve
     from hwtui.probes.torchwheel import INDEX_URL

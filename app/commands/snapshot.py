@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from hwtui.app.commands._host import host_from_args, timeout_scale
+    from hwtui.app.host_args import host_from_args, timeout_scale
     from hwtui.core.atomic import atomic_write_text
     from hwtui.core.errors import HwtuiError
     from hwtui.core.finding import summarize

@@ -12,6 +12,13 @@ import argparse
 import math
 import signal
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from hwtui.app.push.options import PushOptions
+    from hwtui.app.push.training import TrainPusher
+    from hwtui.engine.training.config import TrainConfig
 
 HELP = "train a small model on every selected device (mixed vendors), merged by samples"
 
@@ -93,6 +100,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--report", metavar="FILE", help="write the run report (JSON) atomically to FILE")
     out.add_argument("--save-hf", metavar="DIR", help="write the merged model as a Hugging Face directory DIR (config.json, "
                                                       "model.safetensors, tokenizer files) at the end; needs --model DIR")
+    push = parser.add_argument_group("push (serve what trains: docs/training.md)")
+    push.add_argument("--push-to", metavar="AGENTS",
+                      help="SOURCE,RECEIVER,...: push the merged model (the model.safetensors --save-hf writes) into "
+                           "these node agents at the end, through the same verified, all-or-nothing push as "
+                           "`hwtui push`; the first agent sends and must read this host's files; needs --model DIR")
+    push.add_argument("--push-every", type=int, metavar="ROUNDS",
+                      help="with --push-to: also push every ROUNDS merge rounds (a push never holds training back)")
+    from hwtui.app.node_api.client_options import add_client_options
+
+    add_client_options(push)
 
 
 # Upper bounds for the counts and seconds `train` takes. Far beyond any real run, and low enough
@@ -162,6 +179,8 @@ def check_model_and_data(args: argparse.Namespace) -> str:
             parent = out.parent if str(out.parent) else Path(".")
             if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
                 raise HwtuiError(f"--save-hf {args.save_hf}: {parent} is not a writable directory")
+        if getattr(args, "push_to", None) is not None and spec.kind != "hf":
+            raise HwtuiError("--push-to pushes the model --save-hf writes: it needs --model DIR (a model directory)")
         docs = textdata.read_documents(args.data) if args.data is not None else None
         if spec.kind == "hf":
             from hwtui.engine.training import models
@@ -184,9 +203,45 @@ def check_model_and_data(args: argparse.Namespace) -> str:
     return spec.value
 
 
+# `hwtui train` exits 4 when the training delivered (exit 0 otherwise) but a --push-to push failed:
+# the run, its checkpoints, --save-hf and its report stand; the pushes are listed in the report.
+EXIT_PUSH_FAILED = 4
+
+
+def push_options(args: argparse.Namespace) -> Callable[[str], PushOptions] | None:
+    """--push-to checked before anything is written: the agents' list, the agent extra (httpx),
+    --token-file/--cacert, --push-every, a model --save-hf can export. The push's own settings are
+    `hwtui push`'s defaults (its parser: one default for each); returns PushOptions for a plan."""
+    import dataclasses
+
+    from hwtui.app.commands import push as push_cmd
+    from hwtui.core.errors import HwtuiError
+
+    if args.push_to is None:
+        if args.push_every is not None:
+            raise HwtuiError("--push-every goes with --push-to (it says how often to push)")
+        return None
+    if args.push_every is not None and not 1 <= args.push_every <= MAX_COUNT:
+        raise HwtuiError(f"--push-every must be between 1 and {MAX_COUNT:,} rounds (got {args.push_every})")
+    from hwtui.app.node_api.client import import_httpx
+    from hwtui.app.push.orchestrate import targets_of
+
+    targets_of(args.push_to)  # one line for a bad list, before the agent extra is asked for
+    import_httpx()  # a base install: the one-line "needs the agent extra"
+    parser = argparse.ArgumentParser(add_help=False)
+    push_cmd.add_arguments(parser)
+    ns = parser.parse_args(["--plan", "-", "--agents", args.push_to])
+    ns.token_file, ns.cacert = args.token_file, args.cacert
+    base = push_cmd.options(ns)
+    from hwtui.app.node_api.client_options import resolve_client
+
+    resolve_client(base.token_file, base.cacert)  # a bad --cacert or token file: one line now
+    return lambda plan: dataclasses.replace(base, plan=plan)
+
+
 def resolve_devices(args: argparse.Namespace) -> list:
     """DeviceRefs from --gpu-ids / --cuda-ids (or the default), errors as one line."""
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
     from hwtui.core.errors import HwtuiError
     from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
     from hwtui.probes.inventory import detect_devices
@@ -224,7 +279,7 @@ class TrainProgress:
         self.chunks: dict[int, int] = {}
         self.chunks_at_merge = 0
 
-    def feed(self, ev) -> None:
+    def feed(self, ev: Any) -> None:
         k = ev.kind
         if k == "train.start":
             self.steps, self.merge_every = ev.steps, ev.merge_every
@@ -251,10 +306,10 @@ class TrainProgress:
         upto = min(self.merged + self.merge_every, self.steps) - 1e-6
         return min(max(float(self.merged), self.merged + since), upto)
 
-    def elapsed(self, ev) -> float:
-        return max(0.0, ev.t - (self.t0 if self.t0 is not None else ev.t))
+    def elapsed(self, ev: Any) -> float:
+        return max(0.0, float(ev.t) - (self.t0 if self.t0 is not None else float(ev.t)))
 
-    def figures(self, ev) -> tuple[float, float, float]:
+    def figures(self, ev: Any) -> tuple[float, float, float]:
         """(done, total, elapsed_s) of this run (a resume counts from its checkpoint's step)."""
         return self.step() - self.base, float(self.steps - self.base), self.elapsed(ev)
 
@@ -267,14 +322,14 @@ class _Printer:
     summary, lost workers and errors; -v: every worker's figures too.
     """
 
-    def __init__(self, stream, verbosity: int = 0, mode: str | None = None):
+    def __init__(self, stream: TextIO, verbosity: int = 0, mode: str | None = None):
         from hwtui.app.output.progress import ProgressLine, mode_for
 
         self.stream, self.verbosity = stream, verbosity
         self.progress = ProgressLine(stream, mode or mode_for(stream, verbosity), every=10.0)
         self.track = TrainProgress()
 
-    def __call__(self, ev) -> None:
+    def __call__(self, ev: Any) -> None:
         from hwtui.app.output.progress import LIVE, status
 
         if getattr(ev, "where", None) == "startup" or (ev.kind == "train.done" and ev.report is None):
@@ -302,7 +357,7 @@ class _Printer:
                                  f"step {int(self.track.step())}/{self.track.steps}", force=ev.kind == "train.start")
 
     @staticmethod
-    def format(ev) -> str | None:
+    def format(ev: Any) -> str | None:
         k = ev.kind
         if k == "train.start":
             devs = ", ".join(f"{w['rank']}={w['device']} ({w['name'] if w['name'].startswith(w['vendor']) else w['vendor'] + ' ' + w['name']})"
@@ -324,25 +379,86 @@ class _Printer:
         if k == "error":
             return f"error: {ev.message}"
         if k == "log":
-            return ev.message
+            return str(ev.message)
         return None
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hwtui.core.errors import EXIT_FAILED, HwtuiError
+    from hwtui.core.errors import HwtuiError
 
     _positive(args)
+    push = push_options(args)
     refs = resolve_devices(args)
     model_source = check_model_and_data(args)
     if args.resume and not args.checkpoint_dir:
         raise HwtuiError("--resume needs --checkpoint-dir")
 
     from hwtui.core.events import Fanout, JsonlWriter
-    from hwtui.engine.training.config import ConfigError, ModelConfig, TrainConfig, TrainingError
+    from hwtui.engine.training.config import TrainingError
     from hwtui.engine.training.launcher import Coordinator
     from hwtui.engine.training.report import write_report
+
+    cfg = _train_config(args, refs, model_source)
+    if push is not None:
+        from hwtui.app.push.orchestrate import preflight, targets_of
+
+        preflight(push("-"), targets_of(args.push_to))  # an agent that refuses: one line, exit 2, nothing written
+    to_stdout = args.events == "-"
+    human = _Printer(sys.stderr if to_stdout else sys.stdout, getattr(args, "verbosity", 0))
+    try:
+        writer = JsonlWriter(args.events) if args.events else None
+    except OSError as exc:
+        raise HwtuiError(f"--events {args.events}: {exc.strerror}") from None
+    pusher = _pusher(args, push) if push is not None else None
+    if pusher is not None:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, export_dir=str(pusher.work_dir), export_every=args.push_every or 0)
+    coord = Coordinator(cfg, Fanout(human, writer, *([pusher] if pusher else [])))
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        coord.request_stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        report = coord.run()
+    except TrainingError as exc:
+        raise HwtuiError(str(exc)) from None
+    finally:
+        human.progress.clear()  # no half-drawn bar before an error line
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if writer:
+            writer.close()
+        pushes = pusher.close() if pusher is not None else None
+    if pushes is not None:
+        report["pushes"] = pushes
+        _say_pushes(pushes, human.stream)
+    if args.report:
+        write_report(args.report, report)
+    if received:
+        return 128 + received[0]
+    return _exit_code(report, pushes)
+
+
+def _exit_code(report: dict[str, Any], pushes: list[dict[str, Any]] | None) -> int:
+    """0 delivered; 1 the training failed; 4 (EXIT_PUSH_FAILED) delivered, but a push failed."""
+    from hwtui.core.errors import EXIT_FAILED
+
+    if not report["ok"]:
+        return EXIT_FAILED
+    failed = [p for p in pushes or [] if not p["ok"] and p["outcome"] != "superseded"]
+    return EXIT_PUSH_FAILED if failed else 0
+
+
+def _train_config(args: argparse.Namespace, refs: list[Any], model_source: str) -> TrainConfig:
+    """The engine's frozen settings from the checked arguments (a value it refuses: one line)."""
+    from pathlib import Path
+
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.training.config import ConfigError, ModelConfig, TrainConfig, TrainingError
     from hwtui.engine.training.resume import read_assignments
 
     overrides = frozenset(x.strip().replace("-", "_") for x in args.override.split(",") if x.strip())
@@ -350,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
         replay = read_assignments(args.replay_assignment) if args.replay_assignment else {}
         if args.replay_assignment and not replay:
             raise HwtuiError(f"--replay-assignment {args.replay_assignment}: no such file, or no round recorded in it")
-        cfg = TrainConfig(
+        return TrainConfig(
             devices=tuple(refs), steps=args.steps, batch_size=args.batch_size, lr=args.lr, merge_every=args.merge_every,
             merge=args.merge, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
             eval_every=args.eval_every, eval_windows=args.eval_windows, balance=args.balance,
@@ -366,32 +482,30 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, TrainingError) as exc:
         raise HwtuiError(str(exc)) from None
 
-    to_stdout = args.events == "-"
-    human = _Printer(sys.stderr if to_stdout else sys.stdout, getattr(args, "verbosity", 0))
-    try:
-        writer = JsonlWriter(args.events) if args.events else None
-    except OSError as exc:
-        raise HwtuiError(f"--events {args.events}: {exc.strerror}") from None
-    coord = Coordinator(cfg, Fanout(human, writer))
-    received: list[int] = []
 
-    def on_signal(signum, _frame):
-        received.append(signum)
-        coord.request_stop(signal.Signals(signum).name)
+def _pusher(args: argparse.Namespace, push: Callable[[str], PushOptions]) -> TrainPusher:
+    """The --push-to pusher, its working directory (exports between rounds, plans) owner-only
+    beside --save-hf's (or in the system's temporary directory)."""
+    import tempfile
+    from pathlib import Path
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        report = coord.run()
-    except TrainingError as exc:
-        raise HwtuiError(str(exc)) from None
-    finally:
-        human.progress.clear()  # no half-drawn bar before an error line
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if writer:
-            writer.close()
-    if args.report:
-        write_report(args.report, report)
-    if received:
-        return 128 + received[0]
-    return 0 if report["ok"] else EXIT_FAILED
+    from hwtui.app.push.orchestrate import targets_of
+    from hwtui.app.push.training import TrainPusher
+
+    parent = str(Path(args.save_hf).resolve().parent) if args.save_hf else None
+    work = tempfile.mkdtemp(prefix=".hwtui-push-", dir=parent)
+    return TrainPusher(push, targets_of(args.push_to), work)
+
+
+def _say_pushes(pushes: list[dict[str, Any]], stream: Any) -> None:
+    """Each push in the summary; a failed one also on stderr (one line each)."""
+    from hwtui.app.push.training import line
+    from hwtui.core.terminal_text import clean
+
+    for rec in pushes:
+        if rec["outcome"] == "superseded":
+            continue
+        text = clean(line(rec), 2000)
+        print(text, file=stream, flush=True)
+        if not rec["ok"] and stream is not sys.stderr:
+            print(f"hwtui: {text}", file=sys.stderr, flush=True)

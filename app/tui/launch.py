@@ -30,7 +30,7 @@ def require_terminal() -> None:
 
 
 def run_tui(args: argparse.Namespace) -> int:
-    from hwtui.app.commands._host import host_from_args
+    from hwtui.app.host_args import host_from_args
 
     nodes_screen_args = None
     if getattr(args, "agents", None):
@@ -60,7 +60,7 @@ def run_tui(args: argparse.Namespace) -> int:
         config.interval = float(interval)
     nodes_screen = None
     if nodes_screen_args is not None:
-        from hwtui.app.commands.agents import client_settings
+        from hwtui.app.node_api.client_options import client_settings
         from hwtui.app.tui.screens.nodes import NodesScreen
 
         token, verify = client_settings(args)

@@ -27,14 +27,19 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.checksum import xxh3_hex
 from hwtui.engine.replication.commit import ServedDir, read_decision
+from hwtui.engine.replication.served_files import ServeModes
 from hwtui.engine.replication.weights import read_safetensors_header
 
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest of millions of tensors is a few hundred MB at most
 
 
-def served_dir(served: Path) -> ServedDir:
-    """The commit module's view of an agent's ``served/`` directory (a rank's directory, whatever rank)."""
-    sd = ServedDir(served.parent, 0)
+def served_dir(served: Path, modes: ServeModes | None = None) -> ServedDir:
+    """The commit module's view of an agent's ``served/`` directory (a rank's directory, whatever rank).
+
+    ``modes``: the agent's ``--serve-group`` (default owner-only): a switch finished here publishes
+    the version with the same modes and group as one its rank commits, so a server of that group
+    can read a version whichever path put it in place."""
+    sd = ServedDir(served.parent, 0, modes)
     sd.root = served
     return sd
 
@@ -102,14 +107,15 @@ def verify_staged(staged_dir: Path, plan_digest: str) -> str | None:
     return None
 
 
-def finish(served: Path, ranks_out: Path, version: str, plan_digest: str) -> tuple[bool, str]:
+def finish(served: Path, ranks_out: Path, version: str, plan_digest: str,
+           modes: ServeModes | None = None) -> tuple[bool, str]:
     """Roll a decided ``version`` forward on this node: (switched or already serving it, what happened).
 
     The caller has established the decision (its own record, or the source's read by the pusher);
     it is recorded here first, so an agent killed half-way finishes at its next start."""
     from hwtui.engine.replication.commit import write_decision
 
-    sd = served_dir(served)
+    sd = served_dir(served, modes)
     try:
         cur = sd.current() or {}
     except HwtuiError:

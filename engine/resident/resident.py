@@ -96,9 +96,16 @@ def _remove_in_background(path: Path) -> None:
 
 
 class ResidentRank:
-    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, readers: int | None = None,
-                 direct_io: str = "auto"):
+    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None,
+                 readers: int | None = None, direct_io: str = "auto"):
+        from hwtui.engine.replication.served_files import serve_modes
+
         self.node = node
+        # --serve-group: who may read the versions this node serves (resolved here, on this host:
+        # an unknown group fails the agent's start, not a push). Every path that publishes a
+        # version uses it: the rank's own commit and a switch finished from a staged copy.
+        self.serve_group = serve_group
+        self.modes = serve_modes(serve_group)
         # `hwtui agent --readers/--direct-io`: how this node reads weight files when it is a push's
         # source; a push's own settings.readers / settings.direct_io win.
         self.readers, self.direct_io = readers, direct_io
@@ -176,7 +183,7 @@ class ResidentRank:
         """What this node serves, read from its disk, and (with ``version``) what it holds of that
         version: the pusher's read-back, before a push (what to finish, what to skip) and after it."""
         try:
-            cur = recovery.served_dir(self.served).current() or {}
+            cur = recovery.served_dir(self.served, self.modes).current() or {}
         except HwtuiError:
             cur = {}
         out: dict[str, Any] = {"serving": cur.get("version"), "serving_digest": cur.get("plan_digest"),
@@ -216,7 +223,7 @@ class ResidentRank:
                 # not a switch it missed (the push then refuses it as it always did).
                 return {"node": self.node, "done": False, "moved_on": True, "what": f"it served {version} before "
                         "and moved on (going back is a new version)", **self._holds(version)}
-            done, how = recovery.finish(self.served, self.ranks_out, version, digest)
+            done, how = recovery.finish(self.served, self.ranks_out, version, digest, self.modes)
             if done and how != "already serves it":
                 self._rotate_slots(version)
             return {"node": self.node, "done": done, "what": how, **self._holds(version)}
@@ -249,7 +256,7 @@ class ResidentRank:
                 continue
             dec = recovery.decision(self.ranks_out, v)
             if dec is not None and item["prepared"]:
-                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")))
+                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")), self.modes)
                 done.append(f"{v}: {how}")
                 if ok:
                     self._rotate_slots(v)
@@ -267,7 +274,7 @@ class ResidentRank:
             # Moved into versions/ but CURRENT not yet replaced: the switch of a decided version.
             dec = recovery.decision(self.ranks_out, v)
             if v != cur and dec is not None and v not in self.slots().values():
-                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")))
+                ok, how = recovery.finish(self.served, self.ranks_out, v, str(dec.get("plan_digest")), self.modes)
                 if ok:
                     done.append(f"{v}: {how}")
                     self._rotate_slots(v)
@@ -547,7 +554,8 @@ class ResidentRank:
                             timeouts=Timeouts(init=number("init_timeout", 60, 1, 3600),
                                               bucket=number("timeout", 20, 0.5, 3600),
                                               commit=number("timeout", 20, 0.5, 3600)),
-                            fault=os.environ.get("HWTUI_TEST_FAULT"), **self._read_settings(settings))
+                            serve_group=self.serve_group, fault=os.environ.get("HWTUI_TEST_FAULT"),
+                            **self._read_settings(settings))
 
     def _read_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
         readers = settings.get("readers", self.readers)
@@ -714,10 +722,10 @@ class ResidentRank:
     def _settle(self, version: str) -> None:
         """A receiver's rank died during push of ``version``: finish it if this node has its decision,
         keep a prepared copy that may have been decided elsewhere, remove anything else."""
-        sd = recovery.served_dir(self.served)
+        sd = recovery.served_dir(self.served, self.modes)
         dec = recovery.decision(self.ranks_out, version)
         if dec is not None and self.serving() != version:
-            ok, _ = recovery.finish(self.served, self.ranks_out, version, str(dec.get("plan_digest")))
+            ok, _ = recovery.finish(self.served, self.ranks_out, version, str(dec.get("plan_digest")), self.modes)
             if ok:
                 self._rotate_slots(version)
         elif not sd.prepared(version) or self.serving() == version:

@@ -101,8 +101,15 @@ class TrainConfig:
     model_source: str = "char"  # --model: char, a model directory (absolute), or package.module:function
     data: str | None = None  # --data: a text file, a directory of .txt, a .jsonl (None: the standard library)
     save_hf: str | None = None  # --save-hf: where the last round's writer exports the merged model
+    # --push-to: the merged model is also exported (as --save-hf writes it) into export_dir/round-N
+    # every export_every rounds (0: only at the end) and at the last round when there is no
+    # --save-hf; each export is announced by a train.export event (the app pushes it).
+    export_dir: str | None = None
+    export_every: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.export_every, bool) or not isinstance(self.export_every, int) or self.export_every < 0:
+            raise ConfigError(f"export_every must be an integer of at least 0 (got {self.export_every!r})")
         for name in ("steps", "batch_size", "merge_every", "checkpoint_every", "eval_every", "eval_windows", "cpu_threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

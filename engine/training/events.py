@@ -50,6 +50,18 @@ class TrainCheckpoint(Event):
     round: int
 
 
+@event("train.export")
+class TrainExport(Event):
+    """The merged model of a round written as a Hugging Face directory (--save-hf, or an export
+    for --push-to): ``path`` on success, ``error`` (one line) otherwise."""
+
+    round: int
+    step: int
+    path: str | None
+    error: str | None = None
+    final: bool = False  # the last round's export (the one --save-hf names, when given)
+
+
 @event("train.worker_lost")
 class TrainWorkerLost(Event):
     rank: int

@@ -53,7 +53,15 @@ from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 from hwtui.core.supervisor import Group, exit_text
 from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
-from hwtui.engine.training.events import TrainCheckpoint, TrainDone, TrainMerge, TrainStart, TrainWorker, TrainWorkerLost
+from hwtui.engine.training.events import (
+    TrainCheckpoint,
+    TrainDone,
+    TrainExport,
+    TrainMerge,
+    TrainStart,
+    TrainWorker,
+    TrainWorkerLost,
+)
 from hwtui.engine.training.health import Liveness
 from hwtui.engine.training.queue import ChunkQueue, Unit, unit_from_message, unit_message, unit_samples
 from hwtui.engine.training.schedule import (
@@ -303,11 +311,7 @@ class Coordinator:
             if record["loss_merged"] is not None:
                 self.final_loss = record["loss_merged"]
             if msg.get("exported") or msg.get("export_error"):
-                self.saved_hf = {"path": msg.get("exported") or self.cfg.save_hf, "ok": bool(msg.get("exported")),
-                                 "error": msg.get("export_error")}
-                self.sink(LogEvent(message=f"--save-hf: wrote {msg['exported']}" if msg.get("exported") else
-                                   f"--save-hf {self.cfg.save_hf} failed: {msg['export_error']}",
-                                   level="info" if msg.get("exported") else "error", source="train"))
+                self._exported(rnd, record["step"], msg)
             if msg.get("checkpoint"):
                 entry = {"path": msg["checkpoint"], "step": record["step"], "round": rnd, "written_by": w.device}
                 self.checkpoints.append(entry)
@@ -315,6 +319,28 @@ class Coordinator:
         if self.awaiting_round == rnd:
             self.awaiting.discard(w.rank)
             self._emit_merge_when_reported()
+
+    def _exported(self, rnd: int, step: int, msg: dict[str, Any]) -> None:
+        """The round's writer exported the merged model (or failed to): --save-hf's record, and a
+        train.export event for whoever pushes it (--push-to)."""
+        final = step >= self.cfg.steps
+        if final and self.cfg.save_hf:
+            self.saved_hf = {"path": msg.get("exported") or self.cfg.save_hf, "ok": bool(msg.get("exported")),
+                             "error": msg.get("export_error")}
+            self.sink(LogEvent(message=f"--save-hf: wrote {msg['exported']}" if msg.get("exported") else
+                               f"--save-hf {self.cfg.save_hf} failed: {msg['export_error']}",
+                               level="info" if msg.get("exported") else "error", source="train"))
+        self.sink(TrainExport(round=rnd, step=step, path=msg.get("exported"), error=msg.get("export_error"), final=final))
+
+    def _export_path(self, last: bool) -> str | None:
+        """Where this round's writer exports the merged model: --save-hf at the last round, else a
+        directory of its own under export_dir on --push-to's rounds (and at the end)."""
+        cfg = self.cfg
+        if last and cfg.save_hf:
+            return cfg.save_hf
+        if cfg.export_dir and (last or (cfg.export_every and self.round % cfg.export_every == 0)):
+            return f"{cfg.export_dir}/round-{self.round}"
+        return None
 
     def _emit_merge_when_reported(self) -> None:
         if self.awaiting_round is None or self.awaiting:
@@ -506,7 +532,7 @@ class Coordinator:
         # before the all-reduce: there a slow device's evaluation held the collective (and every
         # faster device) back, and on the last round it was inside the run's timed training.
         # A round with neither evaluation nor checkpoint needs no writer: its merge event goes out now.
-        export = cfg.save_hf if last else None
+        export = self._export_path(last)
         writer = min(alive, key=lambda w: (samples_by.get(w.rank, 0), w.rank)) if evaluate or ckpt or export else None
         # A run on one device has no workers' mean to compare with: its own copy is not evaluated
         # (the merged model is). Evaluations before the last round are telemetry, and with a small

@@ -50,14 +50,14 @@ class Agents:
     def agents(self) -> str:
         return ",".join(f"127.0.0.1:{self.ports[i]}" for i in range(self.n))
 
-    def start(self, i: int, **extra: str) -> None:
+    def start(self, i: int, *args: str, **extra: str) -> None:
         # A fresh port each start (``agents()`` names the current ones): reusing a dead agent's
         # port could race another test's ephemeral bind on a loaded box.
         port = 0
         self.logs[i] = self.tmp / f"node{i}.{len(list(self.tmp.glob(f'node{i}.*.log')))}.log"
         argv = [sys.executable, "-m", "hwtui.app", "agent", "--listen", f"127.0.0.1:{port}", "--token-file",
                 str(self.token_file), "--node", f"node{i}", "--out", str(self.out(i)), "--check-interval", "3600",
-                "--interval", "0.5"]
+                "--interval", "0.5", *args]
         with open(self.logs[i], "w") as log:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env(**extra),
                                     start_new_session=True)

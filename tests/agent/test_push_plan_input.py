@@ -156,7 +156,7 @@ def test_older_uploads_are_evicted_beyond_the_few_kept(node, plan_file, tmp_path
 
 
 def test_the_pusher_reads_a_plan_s_facts_from_its_header_alone(plan_file, tmp_path):
-    from hwtui.app.commands.push import _plan_facts
+    from hwtui.app.push.plan_file import plan_facts as _plan_facts
     from hwtui.core.errors import HwtuiError
     from hwtui.engine.replication.plan import write_json_atomic
 

@@ -1,14 +1,21 @@
-"""Turning --sysroot / --replay into a Host, with a one-line error for bad values."""
+"""Turning --sysroot / --replay into a Host, with a one-line error for bad values.
+
+Shared by the commands and the TUI's launch (``app.tui`` never imports ``app.commands``), so it
+lives beside them, not among them."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from hwtui.core.errors import HwtuiError
 
+if TYPE_CHECKING:
+    from hwtui.probes.host import Host
 
-def host_from_args(args: argparse.Namespace):
+
+def host_from_args(args: argparse.Namespace) -> Host:
     from hwtui.probes.host import make_host
 
     sysroot, replay = getattr(args, "sysroot", None), getattr(args, "replay", None)
