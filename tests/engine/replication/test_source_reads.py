@@ -116,3 +116,27 @@ def test_a_device_pool_is_filled_by_the_reader_not_through_the_mapping(tmp_path:
         assert isinstance(buf, torch.Tensor)
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("argv", [
+    ["replicate", "--plan", "p.json", "--readers", "0"],
+    ["replicate", "--plan", "p.json", "--readers", "65"],
+    ["push", "--plan", "p.json", "--agents", "a:1,b:1", "--readers", "0"],
+    ["agent", "--readers", "100"],
+])
+def test_readers_out_of_range_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    from hwtui.app.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--readers must be an integer from 1 to 64" in err, err
+
+
+def test_push_options_carry_the_read_settings_only_when_given() -> None:
+    from hwtui.app.push.options import PushOptions
+
+    base = {"plan": "p", "agents": "a,b", "timeout": 20.0, "init_timeout": 60.0, "deadline": None, "inflight": 4,
+            "chunk_mb": 64.0}
+    assert "readers" not in PushOptions(**base).rank_settings()  # type: ignore[arg-type]
+    got = PushOptions(**base, readers=6, direct_io="on").rank_settings()  # type: ignore[arg-type]
+    assert got["readers"] == 6 and got["direct_io"] == "on"
