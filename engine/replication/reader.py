@@ -30,6 +30,7 @@ import mmap
 import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -414,6 +415,8 @@ class ParallelReader:
         self._rings: list[list[tuple[Any, memoryview]]] = [[] for _ in range(threads)]
         self._streams: list[Any] = [None] * threads
         self.stats = ReadStats(threads=threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._busy = threading.Lock()  # one read at a time: the rings and streams are per thread index
 
     def _ring(self, t: int) -> list[tuple[Any, memoryview]]:
         ring = self._rings[t]
@@ -450,6 +453,10 @@ class ParallelReader:
     def read(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, *, check: bool = True) -> None:
         """Every extent of ``wf`` into ``dst`` (a device tensor, or host memory for a CPU seam);
         returns when every byte is in place (device copies synchronised) or raises ReadFailed."""
+        with self._busy:
+            self._read(wf, extents, dst, check)
+
+    def _read(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, check: bool) -> None:
         for e in extents:
             if e.file_offset < 0 or e.nbytes < 0 or e.file_offset + e.nbytes > wf.size:
                 raise ReadFailed("short-read", f"weight file {wf.path} is {wf.size} bytes; bytes "
@@ -515,11 +522,15 @@ class ParallelReader:
         if n == 1:
             run(0)
         else:
-            workers = [threading.Thread(target=run, args=(t,), name=f"hwtui-reader-{t}", daemon=True) for t in range(n)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
+            # The threads live as long as the reader: a source reads bucket after bucket, and
+            # starting T threads per bucket would cost more than a small bucket's read.
+            pool = self._pool
+            if pool is None:
+                pool = self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="hwtui-reader")
+            futures = [pool.submit(run, t) for t in range(1, n)]
+            run(0)  # the caller's thread is reader 0
+            for f in futures:
+                f.result()  # run() keeps its errors; this only waits (each read is bounded by the file's size)
         if errors:
             first = next((e for e in errors if isinstance(e, ReadFailed)), errors[0])
             raise first
@@ -527,6 +538,9 @@ class ParallelReader:
             wf.check_unchanged()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         for ring in self._rings:
             for buf, view in ring:
                 view.release()

@@ -173,13 +173,17 @@ class SourceReader:
         read from the files by the parallel reader of ``dst``'s device."""
         self.reader(dst.device).fill(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece)
 
-    def close(self) -> None:
+    def release_readers(self) -> None:
+        """The readers' pinned rings, threads and descriptors, released (the mapping stays)."""
         for r in self._readers.values():
             r.close()
         self._readers.clear()
         for wf in self._opened.values():
             wf.close()
         self._opened.clear()
+
+    def close(self) -> None:
+        self.release_readers()
         for m in self.mapped.values():
             m.close()
         self.mapped.clear()

@@ -163,7 +163,12 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
             if len(self.net_ranks) > 1:
-                self._send(plan)
+                try:
+                    self._send(plan)
+                finally:
+                    # Reads are over: the pinned ring, reader threads and descriptors go now (a
+                    # resident rank lives on after the push); the mapping stays for the digests.
+                    self._sources.release_readers()
             else:
                 self._serve_local(plan)
             if self.published is not None:

@@ -369,3 +369,29 @@ def test_the_torch_seam_itself_runs_on_torch_cpu(tmp_path: Path, direct: str) ->
         r.read(wf, [Extent(0, len(data), 0)], dst)
         r.close()
     assert np.array_equal(dst.numpy(), data)
+
+
+def test_direct_io_refused_at_the_first_read_falls_back_with_its_reason(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some filesystems take the O_DIRECT flag at open and refuse the reads (EINVAL): probed at open."""
+    p, data = _file(tmp_path, 50 * KB + 1)
+    real_open, real_preadv = os.open, os.preadv
+    direct_fds: set[int] = set()
+
+    def tracking_open(path: Any, flags: int, *a: Any, **k: Any) -> int:
+        fd = real_open(path, flags, *a, **k)
+        if flags & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def refusing(fd: int, bufs: Any, offset: int) -> int:
+        if fd in direct_fds:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, offset)
+
+    monkeypatch.setattr(rd.os, "open", tracking_open)
+    monkeypatch.setattr(rd.os, "preadv", refusing)
+    out = np.zeros(len(data), np.uint8)
+    stats = read_file(p, out, direct="on", slice_bytes=8 * KB)
+    assert np.array_equal(out, data)
+    assert not stats.direct and stats.direct_reason == "the filesystem refuses O_DIRECT reads (EINVAL)"

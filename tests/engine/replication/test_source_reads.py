@@ -140,3 +140,21 @@ def test_push_options_carry_the_read_settings_only_when_given() -> None:
     assert "readers" not in PushOptions(**base).rank_settings()  # type: ignore[arg-type]
     got = PushOptions(**base, readers=6, direct_io="on").rank_settings()  # type: ignore[arg-type]
     assert got["readers"] == 6 and got["direct_io"] == "on"
+
+
+def test_release_readers_frees_descriptors_and_threads_but_keeps_the_mapping(tmp_path: Path) -> None:
+    """A resident rank lives on after its push: what the reads held goes when the send ends."""
+    import threading
+
+    plan = _plan(tmp_path)
+    fds = len(os.listdir("/proc/self/fd"))
+    src = SourceReader(plan, readers=3, direct="off")
+    pool = BufferPool(2, max(b["size"] for b in plan.buckets), "cpu")
+    packed = next(b for b in range(len(plan.buckets)) if not src.contiguous(plan, b))
+    buf, _ = src.stage(plan, packed, pool)
+    assert any(t.name.startswith("hwtui-reader") for t in threading.enumerate())
+    src.release_readers()
+    assert not any(t.name.startswith("hwtui-reader") for t in threading.enumerate())
+    assert src.bucket_digest(plan, packed) == plan.buckets[packed]["checksum"]  # the mapping still serves digests
+    src.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
