@@ -91,6 +91,19 @@ def collective_groups(plan: Plan, *, chunk_bytes: int, max_group: int, enabled: 
     return groups
 
 
+def _device_key(device: Any) -> str:
+    """One name per device ("cuda" and "cuda:0" are the same one when 0 is current): one reader,
+    one pinned ring per device, whichever way the caller names it."""
+    import torch
+
+    d = torch.device(device)
+    if d.type != "cpu" and d.index is None:
+        index = torch.get_device_module(d.type).current_device()
+        if type(index) is int:
+            d = torch.device(d.type, index)
+    return "cpu" if d.type == "cpu" else str(d)
+
+
 class SourceReader:
     """The source's view of the weight files: zero-copy slices of the mapping where the bytes go
     out from host memory as they are, and the parallel reader (engine.replication.reader) wherever
@@ -116,7 +129,7 @@ class SourceReader:
 
     def reader(self, device: Any) -> BucketReader:
         """The one reader that fills buffers on ``device`` (its ring and threads reused bucket after bucket)."""
-        key = str(device)
+        key = _device_key(device)
         r = self._readers.get(key)
         if r is None:
             r = self._readers[key] = BucketReader(self._files, key, opened=self._opened, **self._read_opts)
@@ -124,7 +137,7 @@ class SourceReader:
 
     def warm(self, device: Any) -> None:
         """Pin the reader's ring for ``device`` now (set-up), not inside the first bucket."""
-        if str(device) != "cpu":
+        if _device_key(device) != "cpu":
             self.reader(device).warm()
 
     def contiguous(self, plan: Plan, b: int) -> bool:

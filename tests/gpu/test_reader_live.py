@@ -77,3 +77,23 @@ def test_planned_buckets_to_cuda_match_the_plan_checksums(tmp_path: Path) -> Non
             buf.fill_(0xAB)
     finally:
         r.close()
+
+
+def test_the_source_keeps_one_pinned_ring_per_gpu(tmp_path: Path) -> None:
+    """Set-up warms the ring for "cuda"; the buckets' buffers say "cuda:0": the same reader."""
+    import torch
+
+    from hwtui.engine.replication.plan import load_plan
+    from hwtui.engine.replication.source_reader import SourceReader
+    from tests.engine.replication.helpers import make_model, write_plan
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA (a CPU build of torch on a GPU machine)")
+    make_model(tmp_path / "m")
+    write_plan(tmp_path / "m", tmp_path / "p.json", version="v1", bucket_kib=48)
+    src = SourceReader(load_plan(tmp_path / "p.json"), readers=2)
+    try:
+        src.warm("cuda")
+        assert src.reader("cuda") is src.reader(torch.empty(1, device="cuda").device)
+    finally:
+        src.close()

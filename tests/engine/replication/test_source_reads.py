@@ -158,3 +158,12 @@ def test_release_readers_frees_descriptors_and_threads_but_keeps_the_mapping(tmp
     assert src.bucket_digest(plan, packed) == plan.buckets[packed]["checksum"]  # the mapping still serves digests
     src.close()
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_one_reader_per_device_whichever_way_it_is_named(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    try:
+        assert src.reader("cpu") is src.reader(torch.device("cpu")) is src.reader(torch.zeros(1).device)
+    finally:
+        src.close()
