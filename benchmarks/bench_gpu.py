@@ -1,21 +1,27 @@
-"""GPU benchmark (issue 17.2): hwtui's file -> GPU path and GPU -> GPU replication, against plain torch.
+"""GPU benchmark (issues 17.2, 23.6): hwtui's file -> device path and GPU -> GPU replication, against
+the references, in one run: rounds interleaved so background load hits every method alike, medians.
 
-One run, rounds interleaved so background load hits every method alike, medians reported:
+file -> device memory (warm page cache after the first, untimed, read), every method ending with
+the file's bytes in device memory, hwtui's checked bit-exact against the file:
 
-- file -> GPU memory: hwtui's source path (``SourceReader.stage``: the weight file memory-mapped,
-  one host-to-device copy per planned bucket into pooled device buffers) against the plain way of
-  moving the same bytes, ``torch.empty(n, pin_memory=True)`` + ``readinto`` + ``cuda_tensor.copy_``.
-  Both end with every byte in GPU memory and are checked bit-exact against the file. The page
-  cache is warm after the first round for both.
-- GPU -> GPU (two GPUs or more): ``hwtui replicate --device cuda --nproc 2`` (NCCL, verified)
-  against NCCL's own ``dist.broadcast`` of one preallocated buffer of the same bytes, two ranks;
-  hwtui's figure is bytes / its slowest rank's transfer phase, the baseline's the slowest rank's
-  broadcast.
+- ``hwtui reader T=N``: engine.replication.reader, N threads ``preadv``-ing 64 MiB slices into a
+  pinned ring and copying each on the thread's own stream (on CPU: ``preadv`` straight into the
+  destination), into a preallocated destination (a source reads into its pooled buffers);
+- ``hwtui source path``: the replication source's own staging of every planned bucket
+  (``SourceReader.stage``) into pooled device buffers;
+- ``safetensors load_file(device=...)`` and ``safetensors load_file`` to CPU then ``.to(device)``;
+- ``plain pinned copy``: one thread ``readinto`` a pinned buffer, one ``copy_`` to the device;
+- ``read-only T=N``: the reader into host memory only (the ceiling the disk / page cache allows);
+- ``host->device``: one copy of an already filled pinned buffer (the PCIe ceiling); on CPU a memcpy.
 
-``--device cpu`` runs the same code paths without a GPU (pageable buffers, no pinning): the smoke
-test uses it so this file cannot rot on CPU-only CI; its figures say nothing about a GPU.
+GPU -> GPU (two GPUs or more): ``hwtui replicate --device cuda --nproc 2`` (NCCL, verified) against
+NCCL's own ``dist.broadcast`` of one preallocated buffer of the same bytes, two ranks; hwtui's
+figure is bytes / its slowest rank's transfer phase, the baseline's the slowest rank's broadcast.
 
-    .venv/bin/python benchmarks/bench_gpu.py [--mb 1024] [--rounds 5] [--device cuda]
+``--device cpu`` runs it without a GPU: the reader into host memory with 1 and 2 threads (or
+``--readers``) against a plain single read, safetensors and a memcpy, on this machine's page cache.
+
+    .venv/bin/python benchmarks/bench_gpu.py [--mb 1024] [--rounds 5] [--device cuda] [--readers 1,2,8]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MB = 1 << 20
 
@@ -80,6 +87,15 @@ def plain_to_device(model: Path, device: str) -> tuple[float, object]:
     sync(device)
     t0 = time.perf_counter()
     host = torch.empty(n, dtype=torch.uint8, pin_memory=device == "cuda")
+    _readinto(model, host)
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    dev.copy_(host, non_blocking=device == "cuda")
+    sync(device)
+    return time.perf_counter() - t0, dev
+
+
+def _readinto(model: Path, host: Any) -> None:
+    n = host.numel()
     with open(model, "rb", buffering=0) as fh:
         view = memoryview(host.numpy())
         pos = 0
@@ -88,20 +104,123 @@ def plain_to_device(model: Path, device: str) -> tuple[float, object]:
             if not got:
                 raise SystemExit(f"{model}: short read at {pos}")
             pos += got
-    dev = torch.empty(n, dtype=torch.uint8, device=device)
-    dev.copy_(host, non_blocking=device == "cuda")
+
+
+def plain_read(model: Path, host: Any) -> float:
+    """CPU reference: one thread, one read of the whole file into a preallocated host buffer."""
+    t0 = time.perf_counter()
+    _readinto(model, host)
+    return time.perf_counter() - t0
+
+
+def reader_to(model: Path, reader: Any, dst: Any, device: str) -> float:
+    """hwtui's reader: the whole file into ``dst`` (device memory, or host memory for read-only/CPU)."""
+    from hwtui.engine.replication.reader import Extent, WeightFile
+
     sync(device)
-    return time.perf_counter() - t0, dev
+    t0 = time.perf_counter()
+    with WeightFile(model) as wf:
+        reader.read(wf, [Extent(0, wf.size, 0)], dst)
+    sync(device)
+    return time.perf_counter() - t0
 
 
-def exact_plain(dev, model: Path) -> bool:
+def safetensors_direct(model: Path, device: str) -> float:
+    from safetensors.torch import load_file
+
+    sync(device)
+    t0 = time.perf_counter()
+    out = load_file(str(model), device=device)
+    sync(device)
+    dt = time.perf_counter() - t0
+    del out
+    return dt
+
+
+def safetensors_via_cpu(model: Path, device: str) -> float:
+    from safetensors.torch import load_file
+
+    sync(device)
+    t0 = time.perf_counter()
+    out = {k: v.to(device) for k, v in load_file(str(model), device="cpu").items()}
+    sync(device)
+    dt = time.perf_counter() - t0
+    del out
+    return dt
+
+
+def host_to_device(src: Any, dst: Any, device: str) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=device == "cuda")
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def file_to_device(model: Path, plan_path: str, device: str, rounds: int, threads: list[int]) -> dict:
+    """Every method, rounds interleaved, medians; -> the results (GB/s and ratios to safetensors)."""
+    import torch
+
+    from hwtui.engine.replication.reader import ParallelReader, seam_for
+
+    n = model.stat().st_size
+    pinned = device != "cpu"
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+    host.zero_()  # touched: page faults are not the reader's
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    dev.zero_()
+    readers = {t: ParallelReader(seam_for(device), threads=t) for t in threads}
+    host_readers = {t: ParallelReader(seam_for("cpu"), threads=t) for t in threads}
+    want = torch.frombuffer(bytearray(model.read_bytes()), dtype=torch.uint8)  # warms the page cache too
+    exact = True
+    for r in readers.values():  # untimed: allocates the pinned rings once, as a source does in set-up
+        reader_to(model, r, dev, device)
+        exact &= bool(torch.equal(dev.cpu(), want))
+        dev.zero_()
+    staged_exact = exact_hwtui(hwtui_to_device(plan_path, device)[1], model)
+    times: dict[str, list[float]] = {}
+
+    def add(name: str, dt: float) -> None:
+        times.setdefault(name, []).append(dt)
+
+    for _ in range(rounds):
+        for t, r in readers.items():
+            add(f"hwtui reader T={t}", reader_to(model, r, dev, device))
+        if device != "cpu":  # on CPU the source sends zero-copy from its mapping: there is nothing to time
+            t_src, staged = hwtui_to_device(plan_path, device)
+            add("hwtui source path (planned buckets)", t_src)
+            del staged
+        if device != "cpu":  # on CPU load_file maps the file lazily: it moves no bytes, so it is no reference
+            add(f"safetensors load_file(device={device!r})", safetensors_direct(model, device))
+            add("safetensors load_file cpu -> .to(device)", safetensors_via_cpu(model, device))
+            add("plain pinned copy (1 thread readinto + copy_)", plain_to_device(model, device)[0])
+        else:
+            add("plain single read (readinto, 1 thread)", plain_read(model, host))
+        for t, r in host_readers.items():
+            if device != "cpu":
+                add(f"read-only ceiling T={t} (into pinned host memory)", reader_to(model, r, host, "cpu"))
+        _readinto(model, host)
+        add("host->device ceiling (pinned copy_)" if device != "cpu" else "memcpy ceiling (host copy_)",
+            host_to_device(host, dev, device))
+    for r in [*readers.values(), *host_readers.values()]:
+        r.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ref = next(k for k in med if k.startswith("safetensors load_file(device" if device != "cpu" else "plain single read"))
+    rows = {k: {"gbps": round(n / v / 1e9, 3), "median_s": round(v, 5), "x_reference": round(med[ref] / v, 3)}
+            for k, v in med.items()}
+    best = max((k for k in rows if k.startswith("hwtui reader")), key=lambda k: rows[k]["gbps"])
+    return {"bytes": n, "methods": rows, "hwtui_gbps": rows[best]["gbps"], "hwtui_best": best,
+            "exact": bool(exact and staged_exact), "reference": ref}
+
+
+def exact_plain(dev: Any, model: Path) -> bool:
     import torch
 
     want = torch.frombuffer(bytearray(model.read_bytes()), dtype=torch.uint8)
     return bool(torch.equal(dev.cpu(), want))
 
 
-def exact_hwtui(staged, model: Path) -> bool:
+def exact_hwtui(staged: Any, model: Path) -> bool:
     import torch
 
     data = model.read_bytes()
@@ -154,7 +273,8 @@ def nccl_baseline(nbytes: int, rounds: int) -> dict:
     outs = [p.communicate(timeout=600)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("the NCCL baseline failed: " + " ".join(str(p.returncode) for p in procs))
-    return json.loads(outs[1].strip().splitlines()[-1])
+    result: dict = json.loads(outs[1].strip().splitlines()[-1])
+    return result
 
 
 def hwtui_gpu_to_gpu(plan: str) -> dict:
@@ -177,6 +297,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--readers", metavar="LIST", help="reader threads to measure, e.g. 1,2,8 (default: 1 and 2 on cpu; "
+                                                      "1 and hwtui's default on a GPU)")
     args = ap.parse_args()
     import torch
 
@@ -185,6 +307,7 @@ def main() -> int:
               "or with --device cpu to exercise the code paths; nothing measured", file=sys.stderr)
         return 0  # `make bench` runs every benchmark: a CPU-only machine skips this one, it does not fail
     from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+    from hwtui.engine.replication.reader import default_readers
 
     results: dict = {"device": args.device, "mb": args.mb, "rounds": args.rounds,
                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__}
@@ -196,22 +319,13 @@ def main() -> int:
         # 64 MiB buckets (the engine's default order of magnitude); at toy sizes, still several buckets.
         bucket = max(MB, min(64 * MB, nbytes // 8))
         write_json_atomic(plan_path, build_plan_from_files([str(model)], model="bench", version="v1", bucket_bytes=bucket))
-        hw, plain = [], []
-        exact = True
-        for r in range(args.rounds):
-            t, staged = hwtui_to_device(plan_path, args.device)
-            hw.append(t)
-            exact &= r > 0 or exact_hwtui(staged, model)
-            del staged
-            t, dev = plain_to_device(model, args.device)
-            plain.append(t)
-            exact &= r > 0 or exact_plain(dev, model)
-            del dev
-        h, p = statistics.median(hw), statistics.median(plain)
-        results["file_to_device"] = {"bytes": nbytes, "hwtui_gbps": round(nbytes / h / 1e9, 3),
-                                     "pinned_copy_gbps": round(nbytes / p / 1e9, 3), "ratio": round(p / h, 3), "exact": exact}
-        print(f"file -> {args.device}: {nbytes / 1e9:.2f} GB, hwtui {nbytes / h / 1e9:.2f} GB/s, torch.empty(pinned)+copy_ "
-              f"{nbytes / p / 1e9:.2f} GB/s, ratio {p / h:.2f} (hwtui / baseline speed), bit-exact: {exact}")
+        threads = [int(x) for x in args.readers.split(",")] if args.readers else (
+            [1, 2] if args.device == "cpu" else sorted({1, default_readers()}))
+        res = results["file_to_device"] = file_to_device(model, plan_path, args.device, args.rounds, threads)
+        print(f"file -> {args.device}: {nbytes / 1e9:.2f} GB file, warm page cache, medians of {args.rounds} interleaved "
+              f"rounds (x = speed / that of {res['reference']}); hwtui bit-exact: {res['exact']}")
+        for name, row in res["methods"].items():
+            print(f"  {name:<50} {row['gbps']:8.2f} GB/s  {row['median_s'] * 1e3:9.1f} ms  x{row['x_reference']:.2f}")
         if args.device == "cuda" and torch.cuda.device_count() >= 2:
             reports = [hwtui_gpu_to_gpu(plan_path) for _ in range(args.rounds)]
             base = nccl_baseline(nbytes, args.rounds)

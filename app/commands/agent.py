@@ -18,13 +18,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import ssl
-
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
 HELP = "run the node agent: an HTTP API (JSON + /metrics) and a resident receiver for `hwtui push`"
 DEFAULT_PORT = 9477
+
+if TYPE_CHECKING:  # ssl is imported only where TLS is asked for
+    import ssl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how often the local check re-runs (default 300 s)")
     p.add_argument("--out", metavar="DIR", help="where the resident receiver keeps the versions it serves "
                    "(enables `hwtui push` into this node)")
+    p.add_argument("--readers", type=int, metavar="N",
+                   help="threads reading weight files when this node is a push's source, 1-64 (default: from the cores)")
+    p.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
+                   help="read weight files with O_DIRECT as a push's source (auto: files larger than the free memory)")
     p.add_argument("--serve-group", metavar="GROUP",
                    help="with --out: the versions this node serves are 0640 (directories 0750) and owned by GROUP, "
                         "so a server running as another user of that group can read them (default: 0600, owner only)")
@@ -173,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.resident.state import NodeState
 
     host_addr, port = parse_listen(args.listen)
+    if args.readers is not None:
+        from hwtui.engine.replication.reader import check_readers
+
+        check_readers(args.readers)
     if args.serve_group is not None:
         if args.install_unit:
             # The unit's dynamic user keeps its versions in a StateDirectory no other user can enter
@@ -206,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.engine.resident.resident import ResidentRank
 
         resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
-                                serve_group=args.serve_group)
+                                serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io)
         post_routes = make_routes(resident)
         replication = resident.state
 

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: init timeout + 2 min + 1 min per GB)")
     p.add_argument("--inflight", type=int, default=4, metavar="K", help="buckets in flight (default 4)")
     p.add_argument("--chunk-mb", type=float, default=64.0, metavar="MB", help="largest collective (default 64)")
+    p.add_argument("--readers", type=int, metavar="N",
+                   help="threads the source reads the weight files with, 1-64 (default: the source agent's)")
+    p.add_argument("--direct-io", choices=("auto", "on", "off"),
+                   help="the source reads with O_DIRECT (default: the source agent's setting)")
     p.add_argument("--resume", action="store_true",
                    help="finish a push whose version was decided but not switched everywhere (a split); "
                         "refused when nothing was decided. A plain re-run does the same when there is a decision")
@@ -63,9 +67,14 @@ def options(args: argparse.Namespace) -> PushOptions:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
     if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
         raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
+    if args.readers is not None:
+        from hwtui.engine.replication.reader import check_readers
+
+        check_readers(args.readers)
     return PushOptions(plan=args.plan, agents=args.agents, timeout=args.timeout, init_timeout=args.init_timeout,
                        deadline=args.deadline, inflight=args.inflight, chunk_mb=args.chunk_mb, resume=args.resume,
-                       token_file=getattr(args, "token_file", None), cacert=getattr(args, "cacert", None))
+                       token_file=getattr(args, "token_file", None), cacert=getattr(args, "cacert", None),
+                       readers=args.readers, direct_io=args.direct_io)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: HOTWEIGHTS_BCAST_CHUNK_MB, else {DEFAULT_CHUNK_MB:g})")
     parser.add_argument("--transport", metavar="NAME",
                         help="override the transport: gloo, cuda-ipc, nccl, rccl, xccl, ccl, hccl")
+    parser.add_argument("--readers", type=int, metavar="N",
+                        help="threads reading the weight files on the source, 1-64 (default: from the cores and the ranks)")
+    parser.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
+                        help="read the weight files with O_DIRECT, skipping the page cache (auto: files larger than "
+                             "the free memory; falls back with its reason where the filesystem refuses it)")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check every bucket's xxh3 on every receiver (default: on)")
     parser.add_argument("--same-host", action=argparse.BooleanOptionalAction, default=True,
@@ -188,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
                               verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out,
                               serve_group=args.serve_group, timeout=args.timeout,
-                              init_timeout=args.init_timeout)
+                              init_timeout=args.init_timeout, readers=args.readers, direct_io=args.direct_io)
     try:
         result = run_replication(opts, on_event=sink)
     except HwtuiError as exc:

@@ -20,6 +20,8 @@ class PushOptions:
     resume: bool = False  # finish a split (a decided version not switched everywhere)
     token_file: str | None = None
     cacert: str | None = None
+    readers: int | None = None  # --readers: the source's file reader threads (None: the source agent's setting)
+    direct_io: str | None = None  # --direct-io: auto, on, off (None: the source agent's setting)
 
     def deadline_for(self, total_bytes: int) -> float:
         """The push's deadline in seconds: the one given, else one that grows with the plan's size."""
@@ -29,8 +31,11 @@ class PushOptions:
 
     def rank_settings(self) -> dict[str, Any]:
         """What every resident rank is started with (the agent checks each value's type and range)."""
-        return {"timeout": self.timeout, "init_timeout": self.init_timeout, "inflight": self.inflight,
-                "chunk_mb": self.chunk_mb}
+        settings: dict[str, Any] = {"timeout": self.timeout, "init_timeout": self.init_timeout,
+                                    "inflight": self.inflight, "chunk_mb": self.chunk_mb}
+        # Only when given: otherwise the source agent's own --readers / --direct-io apply.
+        settings.update({k: v for k, v in (("readers", self.readers), ("direct_io", self.direct_io)) if v is not None})
+        return settings
 
     def resume_command(self) -> str:
         """The exact command that finishes (or settles) this push: the same plan and agents, --resume."""

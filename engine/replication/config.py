@@ -53,7 +53,18 @@ class WorkerConfig:
     # given one loads the plan without re-validating it and refuses a plan whose digest differs;
     # without one (a hand-written config) the rank validates the plan itself.
     plan_digest: str | None = None
+    # The source's file reads (engine.replication.reader): threads (None: from the cores and the
+    # ranks on this host) and O_DIRECT ("auto": only for a file larger than the free memory).
+    readers: int | None = None
+    direct_io: str = "auto"
     version: int = CONFIG_VERSION
+
+    def __post_init__(self) -> None:
+        from hwtui.engine.replication.reader import check_direct, check_readers
+
+        if self.readers is not None:
+            check_readers(self.readers)
+        check_direct(self.direct_io)
 
     def for_rank(self, rank: int, local_rank: int | None = None, **changes: Any) -> WorkerConfig:
         return replace(self, rank=rank, local_rank=rank if local_rank is None else local_rank, **changes)

@@ -38,6 +38,7 @@ from hwtui.engine.replication.events import (
 )
 from hwtui.engine.replication.monitor import Monitor, RunOutcome, Stop
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
+from hwtui.engine.replication.reader import check_direct, check_readers
 from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
@@ -72,6 +73,8 @@ class ReplicationOptions:
     timeout: float = 20.0  # per bucket wait
     init_timeout: float = 60.0
     commit_timeout: float | None = None  # None: same as timeout
+    readers: int | None = None  # --readers: the source's file reader threads (None: from the cores)
+    direct_io: str = "auto"  # --direct-io: O_DIRECT for the source's reads (auto: files larger than free memory)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -88,7 +91,7 @@ def _env_number(env: dict[str, str], name: str, default: float, kind: type = flo
     if not raw:
         return default
     try:
-        value = kind(raw)
+        value: float = kind(raw)
     except ValueError:
         raise HwtuiError(f"{name}={raw!r} is not a number") from None
     if value <= 0:
@@ -214,6 +217,9 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     """Run a replication; raises HwtuiError for bad input (nothing started, nothing written)."""
     sink = on_event or (lambda ev: None)
     t_wall = time.perf_counter()
+    if opts.readers is not None:
+        check_readers(opts.readers)
+    check_direct(opts.direct_io)
     settings = resolve_settings(opts)
     # The device first: a torch that cannot drive it is bad input before any transport line.
     opts.device = validate_device(opts.device)
@@ -280,7 +286,7 @@ def _worker_config(opts: ReplicationOptions, plan: Plan, choice: TransportChoice
         same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
         serve_group=opts.serve_group,
         timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
-        fault=opts.env.get("HWTUI_TEST_FAULT"))
+        fault=opts.env.get("HWTUI_TEST_FAULT"), readers=opts.readers, direct_io=opts.direct_io)
 
 
 def _run_ranks(opts: ReplicationOptions, plan: Plan, ranks: list[int], joined: dict[str, Any] | None,

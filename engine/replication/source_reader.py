@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
+from hwtui.engine.replication.bucket_reader import BucketReader
 from hwtui.engine.replication.checksum import Streaming
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.reader import WeightFile, check_direct
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 
 
@@ -89,17 +91,54 @@ def collective_groups(plan: Plan, *, chunk_bytes: int, max_group: int, enabled: 
     return groups
 
 
-class SourceReader:
-    """The source's zero-copy view of the weight files."""
+def _device_key(device: Any) -> str:
+    """One name per device ("cuda" and "cuda:0" are the same one when 0 is current): one reader,
+    one pinned ring per device, whichever way the caller names it."""
+    import torch
 
-    def __init__(self, plan: Plan):
+    d = torch.device(device)
+    if d.type != "cpu" and d.index is None:
+        index = torch.get_device_module(d.type).current_device()
+        if type(index) is int:
+            d = torch.device(d.type, index)
+    return "cpu" if d.type == "cpu" else str(d)
+
+
+class SourceReader:
+    """The source's view of the weight files: zero-copy slices of the mapping where the bytes go
+    out from host memory as they are, and the parallel reader (engine.replication.reader) wherever
+    they are copied: into a device buffer (pinned slices, one stream per reader thread: no device
+    copy ever reads through the mapping) or into a host buffer (``preadv`` straight into it)."""
+
+    def __init__(self, plan: Plan, *, readers: int | None = None, direct: str = "auto", devices: int = 1):
         self.mapped: dict[int, MappedFile] = {}
         self.states: dict[int, dict[str, Any]] = {}
+        self._files = plan["files"]
+        self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
+                                           "largest": max((b["size"] for b in plan.buckets), default=1)}
+        self._readers: dict[str, BucketReader] = {}
+        # Opened now, beside the mapping: each file's identity (device, inode, size, mtime) is pinned
+        # here, and a file changed or replaced before any later read is named by that read.
+        self._opened: dict[int, WeightFile] = {}
         for idx, f in enumerate(plan["files"]):
             if f["format"] == "safetensors":
+                self._opened[idx] = WeightFile(f["path"], check_direct(direct))
                 self.mapped[idx] = MappedFile(f["path"])
             else:
                 self.states[idx] = {k: tensor_bytes(v) for k, v in load_torch_state(f["path"]).items()}
+
+    def reader(self, device: Any) -> BucketReader:
+        """The one reader that fills buffers on ``device`` (its ring and threads reused bucket after bucket)."""
+        key = _device_key(device)
+        r = self._readers.get(key)
+        if r is None:
+            r = self._readers[key] = BucketReader(self._files, key, opened=self._opened, **self._read_opts)
+        return r
+
+    def warm(self, device: Any) -> None:
+        """Pin the reader's ring for ``device`` now (set-up), not inside the first bucket."""
+        if _device_key(device) != "cpu":
+            self.reader(device).warm()
 
     def contiguous(self, plan: Plan, b: int) -> bool:
         """True when bucket b is exactly one byte range of one safetensors file (no packing needed)."""
@@ -121,25 +160,17 @@ class SourceReader:
     def stage(self, plan: Plan, b: int, pool: BufferPool | None) -> tuple[Any, bool]:
         """(buffer holding bucket b, whether it came from the pool)."""
         size = plan.buckets[b]["size"]
-        if self.contiguous(plan, b):
+        if self.contiguous(plan, b) and (pool is None or pool.device == "cpu"):
             it = plan.bucket_items[b][0]
             start = it["file_offset"] - it["offset"]
-            view = self.mapped[it["file"]].tensor[start:start + size]
-            if pool is None or pool.device == "cpu":
-                return view, False  # zero-copy: broadcast straight from the mapping
-            buf = pool.acquire(size)
-            buf[:size].copy_(view)  # one host-to-device copy per bucket
-            return buf, True
+            return self.mapped[it["file"]].tensor[start:start + size], False  # zero-copy: broadcast from the mapping
         assert pool is not None, "setup() allocates the pool when a bucket must be packed"
         buf = pool.acquire(size)
-        pos = 0
-        for it in plan.bucket_items[b]:
-            if it["offset"] > pos:
-                buf[pos:it["offset"]].zero_()  # alignment padding is hashed as zeros by the planner
-            buf[it["offset"]:it["offset"] + it["nbytes"]].copy_(self.piece(it))
-            pos = it["offset"] + it["nbytes"]
-        if pos < size:
-            buf[pos:size].zero_()
+        try:
+            self.copy_into(plan, b, buf)
+        except BaseException:
+            pool.release(buf)
+            raise
         return buf, True
 
     def contiguous_view(self, plan: Plan, b: int) -> Any | None:
@@ -151,23 +182,21 @@ class SourceReader:
         return self.mapped[it["file"]].tensor[start:start + plan.buckets[b]["size"]]
 
     def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
-        """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``."""
-        size = plan.buckets[b]["size"]
-        if self.contiguous(plan, b):
-            it = plan.bucket_items[b][0]
-            start = it["file_offset"] - it["offset"]
-            dst[:size].copy_(self.mapped[it["file"]].tensor[start:start + size])
-            return
-        pos = 0
-        for it in plan.bucket_items[b]:
-            if it["offset"] > pos:
-                dst[pos:it["offset"]].zero_()
-            dst[it["offset"]:it["offset"] + it["nbytes"]].copy_(self.piece(it))
-            pos = it["offset"] + it["nbytes"]
-        if pos < size:
-            dst[pos:size].zero_()
+        """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``,
+        read from the files by the parallel reader of ``dst``'s device."""
+        self.reader(dst.device).fill(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece)
+
+    def release_readers(self) -> None:
+        """The readers' pinned rings, threads and descriptors, released (the mapping stays)."""
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+        for wf in self._opened.values():
+            wf.close()
+        self._opened.clear()
 
     def close(self) -> None:
+        self.release_readers()
         for m in self.mapped.values():
             m.close()
         self.mapped.clear()

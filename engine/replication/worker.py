@@ -107,8 +107,9 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         k = self.cfg.inflight
         device, comm = self.cfg.device, self.comm_device()
         if self.rank == SRC:
-            self._sources = SourceReader(plan)
+            self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
+            self._sources.warm(comm)  # the reader's pinned ring, before the clock starts
             if SRC in self.leader_files:
                 # The "shm" path: a staging copy in shared memory with the receivers' own layout,
                 # which they map and copy from (removed after the vote, on every error path, and by
@@ -144,7 +145,9 @@ class Worker(RankWorld, RankTransfer, RankCommit):
             needs_pool = len(self.direct) < n
             if self.paths.get(self.rank, ("", ""))[0] == "same-host":
                 # Mapped (and pre-populated) before the start barrier: page-table work is set-up.
-                self._local_reader = SourceReader(plan)
+                # Ranks beside the source share its host's cores: their readers take a share each.
+                self._local_reader = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io,
+                                                  devices=max(1, self.cfg.world_size))
             if comm != "cpu" and self.cfg.verify:
                 self.host_pool = BufferPool(k, largest, "cpu", pin=True)
                 self.host_pool.warm(min(k, n))
@@ -160,7 +163,12 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
             if len(self.net_ranks) > 1:
-                self._send(plan)
+                try:
+                    self._send(plan)
+                finally:
+                    # Reads are over: the pinned ring, reader threads and descriptors go now (a
+                    # resident rank lives on after the push); the mapping stays for the digests.
+                    self._sources.release_readers()
             else:
                 self._serve_local(plan)
             if self.published is not None:

@@ -96,7 +96,8 @@ def _remove_in_background(path: Path) -> None:
 
 
 class ResidentRank:
-    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None):
+    def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None,
+                 readers: int | None = None, direct_io: str = "auto"):
         from hwtui.engine.replication.served_files import serve_modes
 
         self.node = node
@@ -105,6 +106,9 @@ class ResidentRank:
         # version uses it: the rank's own commit and a switch finished from a staged copy.
         self.serve_group = serve_group
         self.modes = serve_modes(serve_group)
+        # `hwtui agent --readers/--direct-io`: how this node reads weight files when it is a push's
+        # source; a push's own settings.readers / settings.direct_io win.
+        self.readers, self.direct_io = readers, direct_io
         self.out = Path(out).resolve()
         self.served = self.out / "served"
         self.ranks_out = self.out / "ranks"  # the worker's --out: decisions/<v>.json live here
@@ -550,7 +554,15 @@ class ResidentRank:
                             timeouts=Timeouts(init=number("init_timeout", 60, 1, 3600),
                                               bucket=number("timeout", 20, 0.5, 3600),
                                               commit=number("timeout", 20, 0.5, 3600)),
-                            serve_group=self.serve_group, fault=os.environ.get("HWTUI_TEST_FAULT"))
+                            serve_group=self.serve_group, fault=os.environ.get("HWTUI_TEST_FAULT"),
+                            **self._read_settings(settings))
+
+    def _read_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        readers = settings.get("readers", self.readers)
+        _need(readers is None or (type(readers) is int and 1 <= readers <= 64), "settings.readers must be an integer from 1 to 64")
+        direct = settings.get("direct_io", self.direct_io)
+        _need(direct in ("auto", "on", "off"), "settings.direct_io must be auto, on or off")
+        return {"readers": readers, "direct_io": direct}
 
     # ------------------------------------------------------------------ the resident child
 

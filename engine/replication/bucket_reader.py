@@ -1,0 +1,98 @@
+"""The source's reads of planned buckets: every safetensors piece through the parallel reader.
+
+A bucket is a list of pieces (a tensor's bytes, or part of them) at planned offsets, with zero
+padding between them. Pieces from safetensors files are read by :class:`reader.ParallelReader`
+straight from the file into the bucket's buffer (pinned slices and streams on an accelerator,
+``preadv`` into host memory on a CPU rank); pieces of torch state dicts (already loaded, mapped by
+``torch.load``) are copied as before; padding is zeroed, as the planner hashed it.
+
+One reader (its pinned ring allocated once) and one open descriptor per file serve the whole
+transfer; :meth:`close` releases them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hwtui.engine.replication.reader import (
+    ALIGN,
+    MIN_SLICE,
+    SLICE_BYTES,
+    Extent,
+    ParallelReader,
+    ReadStats,
+    WeightFile,
+    check_direct,
+    default_readers,
+    seam_for,
+)
+
+
+class BucketReader:
+    def __init__(self, files: Sequence[dict[str, Any]], device: Any, *, readers: int | None = None,
+                 direct: str = "auto", devices: int = 1, largest: int | None = None,
+                 opened: dict[int, WeightFile] | None = None):
+        self.device = str(device)
+        self.threads = readers or default_readers(devices=devices)
+        self.direct = check_direct(direct)
+        # Ring buffers no larger than a bucket's share per thread: pinned memory is T x 2 x slice.
+        share = -(-(largest or SLICE_BYTES) // self.threads)  # ceil(largest / threads)
+        self.slice_bytes = min(SLICE_BYTES, max(MIN_SLICE, -(-share // ALIGN) * ALIGN))
+        self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
+        # Files opened by the caller (their identity pinned when the source opened them) are shared,
+        # and closed by the caller; the rest are opened on first use and closed here.
+        self._shared: dict[int, WeightFile] = dict(opened or {})
+        self._open: dict[int, WeightFile] = {}
+        self._reader: ParallelReader | None = None
+
+    def reads(self, item: dict[str, Any]) -> bool:
+        """True when this piece comes from a file this reader reads (a safetensors file)."""
+        return item["file"] in self._paths
+
+    def _file(self, idx: int) -> WeightFile:
+        wf = self._shared.get(idx) or self._open.get(idx)
+        if wf is None:
+            wf = self._open[idx] = WeightFile(self._paths[idx], self.direct)
+        return wf
+
+    def _ready(self) -> ParallelReader:
+        if self._reader is None:
+            self._reader = ParallelReader(seam_for(self.device), threads=self.threads, slice_bytes=self.slice_bytes)
+        return self._reader
+
+    def warm(self) -> None:
+        """The pinned ring and streams, allocated now (set-up) instead of in the first bucket."""
+        self._ready().warm()
+
+    def fill(self, items: Sequence[dict[str, Any]], size: int, dst: Any,
+             other: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        """Bucket bytes [0, size) into ``dst`` as the planner laid them out: pieces, zero padding."""
+        reader = self._ready()
+        by_file: dict[int, list[Extent]] = {}
+        pos = 0
+        for it in items:
+            if it["offset"] > pos:
+                dst[pos:it["offset"]] = 0  # alignment padding is hashed as zeros by the planner
+            if self.reads(it):
+                by_file.setdefault(it["file"], []).append(Extent(it["file_offset"], it["nbytes"], it["offset"]))
+            else:
+                assert other is not None, "a piece of a torch file needs its loaded tensor"
+                dst[it["offset"]:it["offset"] + it["nbytes"]].copy_(other(it))
+            pos = it["offset"] + it["nbytes"]
+        if pos < size:
+            dst[pos:size] = 0
+        for idx, extents in by_file.items():
+            reader.read(self._file(idx), extents, dst)
+
+    @property
+    def stats(self) -> ReadStats | None:
+        return self._reader.stats if self._reader is not None else None
+
+    def close(self) -> None:
+        for wf in self._open.values():
+            wf.close()
+        self._open.clear()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

@@ -1,0 +1,169 @@
+"""The replication source reads its buckets through the parallel reader (issue 23.1): the settings
+reach it from replicate, push and the agent, and a file changed under it is a named error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hwtui.core.errors import HwtuiError
+from hwtui.engine.replication.config import WorkerConfig
+from hwtui.engine.replication.plan import Plan, load_plan
+from hwtui.engine.replication.pool import BufferPool
+from hwtui.engine.replication.reader import ReadFailed
+from hwtui.engine.replication.source_reader import SourceReader
+from hwtui.engine.replication.transport import choose_transport
+from hwtui.engine.resident.resident import PushRefused, ResidentRank
+from tests.engine.replication.helpers import make_model, write_plan
+
+
+def _plan(tmp_path: Path, align: int = 64) -> Plan:
+    make_model(tmp_path / "m")
+    write_plan(tmp_path / "m", tmp_path / "p.json", version="v1", bucket_kib=48, align=align)
+    return load_plan(tmp_path / "p.json")
+
+
+def test_packed_buckets_are_read_and_exact(tmp_path: Path) -> None:
+    from hwtui.engine.replication.checksum import xxh3_hex
+
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    pool = BufferPool(2, max(b["size"] for b in plan.buckets), "cpu")
+    try:
+        for b, bk in enumerate(plan.buckets):
+            buf, pooled = src.stage(plan, b, pool)
+            assert xxh3_hex(buf[:bk["size"]].numpy()) == bk["checksum"]
+            if pooled:
+                pool.release(buf)
+        assert src.reader("cpu").threads == 2
+    finally:
+        src.close()
+
+
+def test_a_weight_file_changed_under_the_source_is_named(tmp_path: Path) -> None:
+    """Rewritten in place after the source opened it: the staged bucket is refused by name, not sent."""
+    plan = _plan(tmp_path)
+    st_path = tmp_path / "m" / "model.safetensors"
+    src = SourceReader(plan, readers=2, direct="off")
+    pool = BufferPool(2, max(b["size"] for b in plan.buckets), "cpu")
+    packed = next(b for b in range(len(plan.buckets)) if not src.contiguous(plan, b)
+                  and all(it["file"] == 0 for it in plan.bucket_items[b]))
+    try:
+        src.stage(plan, 0, pool)  # the reader has the file open now
+        with open(st_path, "r+b") as fh:
+            fh.seek(-64, os.SEEK_END)
+            fh.write(b"\xff" * 64)
+        st = st_path.stat()
+        os.utime(st_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later write, as a clock would show it
+        with pytest.raises(ReadFailed, match="was modified while it was read"):
+            src.stage(plan, packed, pool)
+        assert pool.in_use_bytes <= pool.buffer_bytes  # the failed bucket's buffer went back
+    finally:
+        src.close()
+
+
+def test_worker_config_carries_and_checks_the_read_settings() -> None:
+    base = WorkerConfig(plan="p", transport=choose_transport("cpu", None), world_size=2, rank=0, readers=8, direct_io="on")
+    back = WorkerConfig.from_json(base.to_json())
+    assert back.readers == 8 and back.direct_io == "on"
+    for bad in ('"readers":0', '"readers":65', '"direct_io":"always"'):
+        text = base.to_json().replace('"readers":8', bad) if "readers" in bad else base.to_json().replace('"direct_io":"on"', bad)
+        with pytest.raises(HwtuiError, match="--readers must be an integer|--direct-io must be auto, on or off"):
+            WorkerConfig.from_json(text)
+
+
+def test_push_settings_and_the_agent_default_reach_the_source_rank(tmp_path: Path) -> None:
+    node = ResidentRank(node="n", out=tmp_path / "n", advertise="127.0.0.1", readers=5, direct_io="off")
+    try:
+        def cfg(settings: dict) -> WorkerConfig:
+            return node._worker_cfg({}, settings, tmp_path / "p.plan", "d" * 64, 0, 2, "127.0.0.1", 1)
+
+        assert (cfg({}).readers, cfg({}).direct_io) == (5, "off")  # the agent's --readers / --direct-io
+        assert (cfg({"readers": 3, "direct_io": "on"}).readers, cfg({"direct_io": "on"}).direct_io) == (3, "on")
+        for bad in ({"readers": 0}, {"readers": "4"}, {"readers": True}, {"direct_io": "yes"}):
+            with pytest.raises(PushRefused, match="settings.readers must be|settings.direct_io must be"):
+                cfg(bad)
+    finally:
+        node.close()
+
+
+def test_a_device_pool_is_filled_by_the_reader_not_through_the_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contiguous bucket bound for a device buffer is read by the reader (its stand-in here: a
+    "device" pool on host memory); the mapping is only for zero-copy host sends and digests."""
+    plan = _plan(tmp_path, align=1)
+    src = SourceReader(plan, readers=2, direct="off")
+    b = next(b for b in range(len(plan.buckets)) if src.contiguous(plan, b))
+    pool = BufferPool(1, plan.buckets[b]["size"], "cpu")
+    pool.warm(1)
+    pool.device = "meta-device"  # stage() takes the device branch; the reader for that device is the host one below
+    used: list[str] = []
+    real = src.reader
+
+    def reader(device: object) -> object:
+        used.append(str(device))
+        return real("cpu")
+
+    monkeypatch.setattr(src, "reader", reader)
+    try:
+        buf, pooled = src.stage(plan, b, pool)
+        assert pooled and used == ["cpu"]
+        it = plan.bucket_items[b][0]
+        want = (tmp_path / "m" / "model.safetensors").read_bytes()[it["file_offset"] - it["offset"]:][:plan.buckets[b]["size"]]
+        assert bytes(buf[:len(want)].numpy()) == want
+        assert isinstance(buf, torch.Tensor)
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("argv", [
+    ["replicate", "--plan", "p.json", "--readers", "0"],
+    ["replicate", "--plan", "p.json", "--readers", "65"],
+    ["push", "--plan", "p.json", "--agents", "a:1,b:1", "--readers", "0"],
+    ["agent", "--readers", "100"],
+])
+def test_readers_out_of_range_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    from hwtui.app.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--readers must be an integer from 1 to 64" in err, err
+
+
+def test_push_options_carry_the_read_settings_only_when_given() -> None:
+    from hwtui.app.push.options import PushOptions
+
+    base = {"plan": "p", "agents": "a,b", "timeout": 20.0, "init_timeout": 60.0, "deadline": None, "inflight": 4,
+            "chunk_mb": 64.0}
+    assert "readers" not in PushOptions(**base).rank_settings()  # type: ignore[arg-type]
+    got = PushOptions(**base, readers=6, direct_io="on").rank_settings()  # type: ignore[arg-type]
+    assert got["readers"] == 6 and got["direct_io"] == "on"
+
+
+def test_release_readers_frees_descriptors_and_threads_but_keeps_the_mapping(tmp_path: Path) -> None:
+    """A resident rank lives on after its push: what the reads held goes when the send ends."""
+    import threading
+
+    plan = _plan(tmp_path)
+    fds = len(os.listdir("/proc/self/fd"))
+    src = SourceReader(plan, readers=3, direct="off")
+    pool = BufferPool(2, max(b["size"] for b in plan.buckets), "cpu")
+    packed = next(b for b in range(len(plan.buckets)) if not src.contiguous(plan, b))
+    buf, _ = src.stage(plan, packed, pool)
+    assert any(t.name.startswith("hwtui-reader") for t in threading.enumerate())
+    src.release_readers()
+    assert not any(t.name.startswith("hwtui-reader") for t in threading.enumerate())
+    assert src.bucket_digest(plan, packed) == plan.buckets[packed]["checksum"]  # the mapping still serves digests
+    src.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_one_reader_per_device_whichever_way_it_is_named(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    try:
+        assert src.reader("cpu") is src.reader(torch.device("cpu")) is src.reader(torch.zeros(1).device)
+    finally:
+        src.close()
