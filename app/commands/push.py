@@ -28,6 +28,15 @@ import sys
 
 from hwtui.app.push.options import PushOptions
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, HwtuiError
+from hwtui.probes.distributed.replication_defaults import (
+    DEFAULT_CHUNK_MB,
+    DEFAULT_INIT_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WINDOW,
+    MAX_CHUNK_MB,
+    MAX_TIMEOUT_S,
+    MAX_WINDOW,
+)
 
 HELP = "push a plan's weights into the resident receivers of running agents (first agent = source)"
 
@@ -36,14 +45,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, metavar="FILE", help="plan written by `hwtui plan` (paths as the source agent sees them)")
     p.add_argument("--agents", required=True, metavar="LIST",
                    help="SOURCE,RECEIVER,...: agents as HOST[:PORT] (default port 9477); the first one sends")
-    p.add_argument("--timeout", type=float, default=20.0, metavar="S", help="per-bucket and commit wait (default 20 s)")
-    p.add_argument("--init-timeout", type=float, default=60.0, metavar="S",
-                   help="wait for a new process group to form (default 60 s)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"per-bucket and commit wait (default {DEFAULT_TIMEOUT_S:g} s)")
+    p.add_argument("--init-timeout", type=float, default=DEFAULT_INIT_TIMEOUT_S, metavar="S",
+                   help=f"wait for a new process group to form (default {DEFAULT_INIT_TIMEOUT_S:g} s)")
     p.add_argument("--deadline", type=float, default=None, metavar="S",
                    help="give up on the whole push after S s and stop it on every agent "
                         "(default: init timeout + 2 min + 1 min per GB)")
-    p.add_argument("--inflight", type=int, default=4, metavar="K", help="buckets in flight (default 4)")
-    p.add_argument("--chunk-mb", type=float, default=64.0, metavar="MB", help="largest collective (default 64)")
+    p.add_argument("--inflight", type=int, default=DEFAULT_WINDOW, metavar="K",
+                   help=f"buckets in flight (default {DEFAULT_WINDOW}, at most {MAX_WINDOW})")
+    p.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_MB, metavar="MB",
+                   help=f"largest collective (default {DEFAULT_CHUNK_MB:g}, at most {MAX_CHUNK_MB:g})")
     p.add_argument("--readers", type=int, metavar="N",
                    help="threads the source reads the weight files with, 1-64 (default: the source agent's)")
     p.add_argument("--direct-io", choices=("auto", "on", "off"),
@@ -63,10 +75,10 @@ def options(args: argparse.Namespace) -> PushOptions:
         v = getattr(args, name)
         if v is None:
             continue
-        if not 0 < v <= 86400:
-            raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to 86400 seconds")
-    if not 1 <= args.inflight <= 64 or not 1 <= args.chunk_mb <= 4096:
-        raise HwtuiError("--inflight is 1 to 64 and --chunk-mb 1 to 4096")
+        if not 0 < v <= MAX_TIMEOUT_S:
+            raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to {MAX_TIMEOUT_S:g} seconds")
+    if not 1 <= args.inflight <= MAX_WINDOW or not 1 <= args.chunk_mb <= MAX_CHUNK_MB:
+        raise HwtuiError(f"--inflight is 1 to {MAX_WINDOW} and --chunk-mb 1 to {MAX_CHUNK_MB:g}")
     if args.readers is not None:
         from hwtui.engine.replication.reader import check_readers
 

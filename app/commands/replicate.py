@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
 
-from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB
+from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_WINDOW, MAX_WINDOW
+
+if TYPE_CHECKING:
+    from hwtui.core.events import ErrorEvent, LogEvent
+    from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
 HELP = "replicate planned weights to N ranks over torch.distributed (bucketed, windowed, verified)"
 
@@ -22,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, metavar="N",
                         help="start N local ranks (default: join the world of torchrun/SLURM if present, else 2)")
     parser.add_argument("--inflight", type=int, metavar="K",
-                        help="buckets in flight at once (default: HOTWEIGHTS_IPC_INFLIGHT_BUCKETS, else 4)")
+                        help=f"buckets in flight at once, at most {MAX_WINDOW} "
+                             f"(default: HOTWEIGHTS_IPC_INFLIGHT_BUCKETS, else {DEFAULT_WINDOW})")
     parser.add_argument("--max-inflight-mb", type=float, metavar="MB", help="also cap the bytes in flight")
     parser.add_argument("--adaptive", action="store_true", help="steer the window towards --target-bucket-ms per bucket")
     parser.add_argument("--target-bucket-ms", type=float, default=50.0, metavar="MS", help="adaptive target (default 50)")
@@ -105,7 +111,6 @@ class Printer:
         print(text, file=sys.stderr, flush=True)
 
     def __call__(self, ev: Any) -> None:
-        from hwtui.app.output.progress import format_bytes
         from hwtui.core.events import ErrorEvent, LogEvent
         from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplRanks, ReplStart, ReplThroughput
 
@@ -113,55 +118,74 @@ class Printer:
             if isinstance(ev, ErrorEvent) and ev.where == "replication":
                 print(f"hwtui: rank {self.quiet_rank}: error: {ev.message}", file=sys.stderr, flush=True)
             return
-        if isinstance(ev, LogEvent):
-            self._info(ev.message)
-        elif isinstance(ev, ReplStart):
-            self._info(f"replicating {ev.model} {ev.version}: {ev.total_bytes / 1e6:.1f} MB in {ev.n_buckets} bucket(s) of "
-                       f"{ev.bucket_bytes / 2**20:g} MiB to {ev.world_size} ranks on {ev.device} via {ev.transport}; "
-                       f"window {ev.window}, chunk {ev.chunk_bytes / 2**20:g} MiB")
-        elif isinstance(ev, ReplRanks):
-            # One line each time the whole world reaches a phase (every update with -v), e.g.
-            # "ranks: 3/3 world joined (ready 1/3)".
-            whole = ev.counts.get(ev.phase, 0) >= ev.world_size
-            if self.verbose or (whole and ev.phase != self._ranks_phase):
-                self._ranks_phase = ev.phase if whole else self._ranks_phase
-                tail = "" if ev.phase == "ready" else f" (ready {ev.ready}/{ev.world_size})"
-                self._info(f"ranks: {ev.counts.get(ev.phase, 0)}/{ev.world_size} {ev.phase}{tail}")
-        elif isinstance(ev, ReplThroughput):
-            # Throttled on the engine's own clock (elapsed_s): one line a second in a log, a redraw
-            # ten times a second on a terminal, every event with -v.
-            self.progress.update(ev.elapsed_s, "replicating", ev.bytes_done, ev.total_bytes,
-                                 f"{format_bytes(ev.bytes_done)}/{format_bytes(ev.total_bytes)}",
-                                 f"{ev.gbps:.2f} GB/s  {ev.elapsed_s:.1f} s")
-        elif isinstance(ev, ReplBucket) and (self.verbose or ev.state == "failed"):
+        handlers: tuple[tuple[type, Callable[[Any], None]], ...] = (
+            (LogEvent, self._log), (ReplStart, self._start), (ReplRanks, self._ranks),
+            (ReplThroughput, self._throughput), (ReplBucket, self._bucket), (ReplCommit, self._commit),
+            (ErrorEvent, self._error), (ReplDone, self._done))
+        for kind, handle in handlers:
+            if isinstance(ev, kind):
+                handle(ev)
+                return
+
+    def _log(self, ev: LogEvent) -> None:
+        self._info(ev.message)
+
+    def _start(self, ev: ReplStart) -> None:
+        self._info(f"replicating {ev.model} {ev.version}: {ev.total_bytes / 1e6:.1f} MB in {ev.n_buckets} bucket(s) of "
+                   f"{ev.bucket_bytes / 2**20:g} MiB to {ev.world_size} ranks on {ev.device} via {ev.transport}; "
+                   f"window {ev.window}, chunk {ev.chunk_bytes / 2**20:g} MiB")
+
+    def _ranks(self, ev: ReplRanks) -> None:
+        # One line each time the whole world reaches a phase (every update with -v), e.g.
+        # "ranks: 3/3 world joined (ready 1/3)".
+        whole = ev.counts.get(ev.phase, 0) >= ev.world_size
+        if self.verbose or (whole and ev.phase != self._ranks_phase):
+            self._ranks_phase = ev.phase if whole else self._ranks_phase
+            tail = "" if ev.phase == "ready" else f" (ready {ev.ready}/{ev.world_size})"
+            self._info(f"ranks: {ev.counts.get(ev.phase, 0)}/{ev.world_size} {ev.phase}{tail}")
+
+    def _throughput(self, ev: ReplThroughput) -> None:
+        from hwtui.app.output.progress import format_bytes
+
+        # Throttled on the engine's own clock (elapsed_s): one line a second in a log, a redraw
+        # ten times a second on a terminal, every event with -v.
+        self.progress.update(ev.elapsed_s, "replicating", ev.bytes_done, ev.total_bytes,
+                             f"{format_bytes(ev.bytes_done)}/{format_bytes(ev.total_bytes)}",
+                             f"{ev.gbps:.2f} GB/s  {ev.elapsed_s:.1f} s")
+
+    def _bucket(self, ev: ReplBucket) -> None:
+        if self.verbose or ev.state == "failed":
             who = "all ranks" if ev.rank is None else f"rank {ev.rank}"
             self._info(f"  bucket {ev.bucket_id} {ev.state} on {who} ({ev.nbytes} B, {ev.seconds * 1e3:.1f} ms)")
-        elif isinstance(ev, ReplCommit):
-            # -q: a prepare that went well is a step on the way; a switch or a failure is a result.
-            text = f"commit {ev.phase}: {'ok' if ev.ok else 'FAILED'} ({ev.detail})"
-            if ev.ok and ev.phase == "prepare":
-                self._info(text)
-            else:
-                self._p(text)
-        elif isinstance(ev, ErrorEvent):
-            if ev.where == "replication":
-                self._err(f"hwtui: error: {ev.message}")
-            elif self.verbose or ev.where in ("verify", "source"):
-                self._err(f"  {ev.message}")
-        elif isinstance(ev, ReplDone):
-            self.progress.close()
-            if ev.ok:
-                r = ev.report or {}
-                mem = (r.get("peak_memory") or {}).get("max_pool_peak_bytes", 0)
-                checked = "verified" if r.get("verify") else "NOT verified (--no-verify)"
-                self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
-                        f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
-                        + ("; committed" if r.get("committed") else ""))
-            serving = (ev.report or {}).get("serving") or {}
-            if serving:
-                # The per-rank truth read from disk after the run, success or not: the final line
-                # and the report always agree on what every rank serves.
-                self._p("serving: " + ", ".join(f"rank {r} {v or 'nothing'}" for r, v in serving.items()))
+
+    def _commit(self, ev: ReplCommit) -> None:
+        # -q: a prepare that went well is a step on the way; a switch or a failure is a result.
+        text = f"commit {ev.phase}: {'ok' if ev.ok else 'FAILED'} ({ev.detail})"
+        if ev.ok and ev.phase == "prepare":
+            self._info(text)
+        else:
+            self._p(text)
+
+    def _error(self, ev: ErrorEvent) -> None:
+        if ev.where == "replication":
+            self._err(f"hwtui: error: {ev.message}")
+        elif self.verbose or ev.where in ("verify", "source"):
+            self._err(f"  {ev.message}")
+
+    def _done(self, ev: ReplDone) -> None:
+        self.progress.close()
+        if ev.ok:
+            r = ev.report or {}
+            mem = (r.get("peak_memory") or {}).get("max_pool_peak_bytes", 0)
+            checked = "verified" if r.get("verify") else "NOT verified (--no-verify)"
+            self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
+                    f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
+                    + ("; committed" if r.get("committed") else ""))
+        serving = (ev.report or {}).get("serving") or {}
+        if serving:
+            # The per-rank truth read from disk after the run, success or not: the final line
+            # and the report always agree on what every rank serves.
+            self._p("serving: " + ", ".join(f"rank {r} {v or 'nothing'}" for r, v in serving.items()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     printer = Printer(human, verbose=verbosity > 0, quiet=verbosity < 0,
                       quiet_rank=joined["rank"] if joined and joined["rank"] != 0 else None)
     sink = Fanout(printer, events)
-    opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, inflight=args.inflight,
+    opts = ReplicationOptions(plan=args.plan, device=args.device, nproc=args.nproc, window=args.inflight,
                               max_inflight_mb=args.max_inflight_mb, adaptive=args.adaptive,
                               target_bucket_ms=args.target_bucket_ms, chunk_mb=args.chunk_mb, transport=args.transport,
                               verify=args.verify, same_host=args.same_host, commit=args.commit, out=args.out,

@@ -4,15 +4,15 @@ Why these numbers: a bucket should be a small fraction of the smallest device's 
 ``window`` of them in flight plus the model fit with room to spare, while staying large enough
 that per-bucket overhead is amortised (the reference measurements show 25 MB buckets reach
 ~3x the throughput of per-tensor sends on gloo). Without an accelerator the engine runs on 2 CPU
-ranks over gloo with the engine's own defaults (engine/replication/defaults.py), which are what
-measured fastest there.
+ranks over gloo with the engine's own defaults (probes/distributed/replication_defaults.py), which
+are what measured fastest there.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hwtui.probes.distributed.replication_defaults import DEFAULT_BUCKET_MB, DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
+from hwtui.probes.distributed.replication_defaults import DEFAULT_BUCKET_MB, DEFAULT_CHUNK_MB, DEFAULT_WINDOW
 
 MIB = 1024**2
 
@@ -29,9 +29,9 @@ def engine_defaults(devices: list[Any]) -> dict[str, Any]:
     vram = [d.vram_total for d in usable if getattr(d, "vram_total", None)]
     if device != "cpu" and vram:
         bucket_mb = max(32, min(512, min(vram) // (256 * MIB)))
-        window, chunk_mb = DEFAULT_INFLIGHT, int(DEFAULT_CHUNK_MB)
+        window, chunk_mb = DEFAULT_WINDOW, int(DEFAULT_CHUNK_MB)
     else:
-        bucket_mb, window, chunk_mb = DEFAULT_BUCKET_MB, DEFAULT_INFLIGHT, int(DEFAULT_CHUNK_MB)
+        bucket_mb, window, chunk_mb = DEFAULT_BUCKET_MB, DEFAULT_WINDOW, int(DEFAULT_CHUNK_MB)
     gpu_ids = ",".join(d.device for d in usable) if usable else "cpu:0,cpu:1"
     # A cluster node runs one rank per accelerator; a CPU-only box runs the one-rank local check.
     devices_per_node = nproc if device != "cpu" else 1

@@ -1,7 +1,9 @@
 """What one replication rank is told to do: a frozen, versioned dataclass, serialised once.
 
 The launcher builds one :class:`WorkerConfig` per rank and hands it to the worker as one JSON
-argument (local mode) or as the object itself (join mode, in-process). Nothing else crosses the
+argument (local mode) or as the object itself (join mode, in-process). Its ``settings`` are the
+very :class:`~hwtui.engine.replication.settings.ReplicationSettings` the launcher resolved from the
+command line (a resident receiver's agent: from the push's settings), nested as typed JSON. Nothing else crosses the
 boundary: no loose dict, nothing written back into it, nothing pickled. ``version`` changes when a
 field changes meaning; a worker handed a version it does not know refuses it in one clear line
 (a launcher and a worker from different hwtui installs must never half-understand each other).
@@ -14,9 +16,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
+from hwtui.engine.replication.settings import ReplicationSettings
 from hwtui.engine.replication.transport import TransportChoice
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2  # 2: the replication settings travel as one typed object (settings.py)
 
 
 @dataclass(frozen=True)
@@ -32,16 +35,10 @@ class WorkerConfig:
     transport: TransportChoice
     world_size: int
     rank: int
-    device: str = "cpu"
+    settings: ReplicationSettings = field(default_factory=ReplicationSettings)  # window, chunk, verify, device
     local_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    inflight: int = 4
-    max_inflight_bytes: int | None = None
-    adaptive: bool = False
-    target_bucket_s: float = 0.05
-    chunk_bytes: int = 64 << 20
-    verify: bool = True
     same_host: bool = True  # receivers on the source's host copy from its page cache (see host_copy._copy_local)
     commit: bool = False
     out: str | None = None
@@ -91,6 +88,7 @@ class WorkerConfig:
         try:
             raw["transport"] = TransportChoice(**raw["transport"])
             raw["timeouts"] = Timeouts(**raw["timeouts"])
+            raw["settings"] = ReplicationSettings.from_dict(raw["settings"])
             return cls(**raw)
         except (KeyError, TypeError) as exc:
             raise HwtuiError(f"worker configuration is incomplete: {exc}") from None

@@ -24,7 +24,7 @@ class RankHostCopy(RankVerify):
             self.faults.at_bucket(b)
             # No "staged"/"inflight": the source sends nothing here, so its window (what the TUI's
             # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
-            if self.cfg.verify:
+            if self.settings.verify:
                 self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
             if self.published is not None:
                 self._publish(plan, b)
@@ -63,7 +63,7 @@ class RankHostCopy(RankVerify):
                 if self.faults.corrupts(b):
                     data[size // 2] ^= 0xFF
                     digest = None  # hash this copy again, as it is now
-                if not self.cfg.verify:
+                if not self.settings.verify:
                     ok = True
                 elif digest is not None:
                     ok = self._verify_digest(plan, b, digest)
@@ -135,7 +135,7 @@ class RankHostCopy(RankVerify):
                 t1 = now()
                 if self.faults.corrupts(b) and region is not None:
                     region[size // 2] ^= 0xFF
-                ok = not self.cfg.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
+                ok = not self.settings.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
                 self.bucket(b, "done" if ok else "failed", size, now() - t1)
         finally:
             src.close()

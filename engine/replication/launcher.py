@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
@@ -41,9 +41,15 @@ from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.reader import check_direct, check_readers
 from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.served_files import serve_modes
+from hwtui.engine.replication.settings import ReplicationSettings
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
 from hwtui.engine.replication.transport import TransportChoice, choose_transport, detect_facts, validate_device
-from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
+from hwtui.probes.distributed.replication_defaults import (
+    DEFAULT_INIT_TIMEOUT_S,
+    DEFAULT_TARGET_BUCKET_MS,
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+)
 
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
@@ -59,10 +65,10 @@ class ReplicationOptions:
     plan: str
     device: str = "cpu"
     nproc: int | None = None  # None: join an existing world if the environment describes one, else 2
-    inflight: int | None = None  # None: HOTWEIGHTS_IPC_INFLIGHT_BUCKETS, else 4
+    window: int | None = None  # --inflight; None: HOTWEIGHTS_IPC_INFLIGHT_BUCKETS, else DEFAULT_WINDOW
     max_inflight_mb: float | None = None
     adaptive: bool = False
-    target_bucket_ms: float = 50.0
+    target_bucket_ms: float = DEFAULT_TARGET_BUCKET_MS
     chunk_mb: float | None = None  # None: HOTWEIGHTS_BCAST_CHUNK_MB, else DEFAULT_CHUNK_MB
     transport: str | None = None
     verify: bool = True
@@ -70,8 +76,8 @@ class ReplicationOptions:
     commit: bool = False
     out: str | None = None
     serve_group: str | None = None  # --serve-group: served files 0640 and owned by this group (default: 0600)
-    timeout: float = 20.0  # per bucket wait
-    init_timeout: float = 60.0
+    timeout: float = DEFAULT_TIMEOUT_S  # per bucket wait
+    init_timeout: float = DEFAULT_INIT_TIMEOUT_S
     commit_timeout: float | None = None  # None: same as timeout
     readers: int | None = None  # --readers: the source's file reader threads (None: from the cores)
     direct_io: str = "auto"  # --direct-io: O_DIRECT for the source's reads (auto: files larger than free memory)
@@ -86,38 +92,22 @@ class ReplicationResult:
     report: dict[str, Any]
 
 
-def _env_number(env: dict[str, str], name: str, default: float, kind: type = float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value: float = kind(raw)
-    except ValueError:
-        raise HwtuiError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise HwtuiError(f"{name}={raw!r} must be positive")
-    return value
-
-
-def resolve_settings(opts: ReplicationOptions) -> dict[str, Any]:
-    inflight = opts.inflight if opts.inflight is not None else int(_env_number(opts.env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", DEFAULT_INFLIGHT, int))
-    chunk_mb = opts.chunk_mb if opts.chunk_mb is not None else _env_number(opts.env, "HOTWEIGHTS_BCAST_CHUNK_MB", DEFAULT_CHUNK_MB)
-    if inflight < 1:
-        raise HwtuiError("--inflight must be at least 1")
-    if chunk_mb <= 0:
-        raise HwtuiError("--chunk-mb must be positive")
-    if opts.max_inflight_mb is not None and opts.max_inflight_mb <= 0:
-        raise HwtuiError("--max-inflight-mb must be positive")
-    if min(opts.timeout, opts.init_timeout, opts.commit_timeout or opts.timeout) <= 0:
+def resolve_settings(opts: ReplicationOptions) -> ReplicationSettings:
+    """The run's settings, built once (flag, else environment, else default) after every option is checked."""
+    settings = ReplicationSettings.resolve(window=opts.window, chunk_mb=opts.chunk_mb, max_inflight_mb=opts.max_inflight_mb,
+                                           adaptive=opts.adaptive, target_bucket_ms=opts.target_bucket_ms,
+                                           verify=opts.verify, device=opts.device, env=opts.env)
+    timeouts = (opts.timeout, opts.init_timeout, opts.commit_timeout or opts.timeout)
+    if min(timeouts) <= 0:
         raise HwtuiError("timeouts must be positive")
+    if max(timeouts) > MAX_TIMEOUT_S:
+        raise HwtuiError(f"timeouts are at most {MAX_TIMEOUT_S:g} seconds")
     if opts.commit and not opts.out:
         raise HwtuiError("--commit needs --out DIR (where each receiver keeps the version it serves)")
     if opts.serve_group is not None and not opts.commit:
         raise HwtuiError("--serve-group applies to what --commit --out serves: add --commit --out DIR")
     serve_modes(opts.serve_group)  # an unknown group is bad input before anything starts
-    return {"window": inflight, "chunk_bytes": max(1, int(chunk_mb * MB)), "adaptive": opts.adaptive,
-            "max_inflight_bytes": int(opts.max_inflight_mb * MB) if opts.max_inflight_mb else None,
-            "target_bucket_s": opts.target_bucket_ms / 1000.0, "verify": opts.verify, "device": opts.device}
+    return settings
 
 
 def joined_world(env: dict[str, str]) -> dict[str, Any] | None:
@@ -223,7 +213,7 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
     settings = resolve_settings(opts)
     # The device first: a torch that cannot drive it is bad input before any transport line.
     opts.device = validate_device(opts.device)
-    settings["device"] = opts.device
+    settings = replace(settings, device=opts.device)
     joined = joined_world(opts.env) if opts.nproc is None else None
     world = joined["world_size"] if joined else (opts.nproc or 2)
     if world < 2:
@@ -243,18 +233,17 @@ def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] 
 
 
 def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: int, joined: dict[str, Any] | None,
-               settings: dict[str, Any], sink: Callable[[Event], None], stop: threading.Event | None,
+               settings: ReplicationSettings, sink: Callable[[Event], None], stop: threading.Event | None,
                t_wall: float) -> ReplicationResult:
     facts = {"rocm": False, "multi_node": False, "xccl_available": False}
     if opts.device != "cpu":
         facts = detect_facts(opts.device, {**opts.env, **({} if joined else {"WORLD_SIZE": str(world)})})
     choice = choose_transport(opts.device, opts.transport, **facts)
-    settings.update({"transport": choice.to_dict(), "world_size": world, "mode": "join" if joined else "local"})
 
     sink(LogEvent(message=choice.decision_line(), source="replication.transport"))
     sink(ReplStart(plan_digest=plan.digest, model=plan["model"], version=plan["version"], total_bytes=plan["total_bytes"],
                    n_buckets=len(plan.buckets), bucket_bytes=plan["bucket_bytes"], world_size=world, device=opts.device,
-                   transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
+                   transport=choice.name, window=settings.window, chunk_bytes=settings.chunk_bytes))
     coord = Coordinator(plan, ranks, sink, world_size=world)
     cfg_base = _worker_config(opts, plan, choice, world, settings)
     launcher_phases: dict[str, float] = {}
@@ -265,7 +254,8 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
     transfer = max((r.transfer_s for r in results), default=0.0)
     seconds = transfer if transfer > 0 else time.perf_counter() - t_wall
     committed = bool(ok and opts.commit and (decided or joined))
-    report = build_report(ok=ok, error=outcome.error, plan=plan.raw, settings=settings, ranks=[dict(r.row) for r in results],
+    report = build_report(ok=ok, error=outcome.error, plan=plan.raw, settings=settings, transport=choice.to_dict(),
+                          world_size=world, mode="join" if joined else "local", ranks=[dict(r.row) for r in results],
                           seconds=seconds, wall_seconds=time.perf_counter() - t_wall, committed=committed,
                           launcher_phases=launcher_phases, serving=serving,
                           decision="commit" if decided else ("abort" if opts.commit else None))
@@ -277,13 +267,11 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
 
 
 def _worker_config(opts: ReplicationOptions, plan: Plan, choice: TransportChoice, world: int,
-                   settings: dict[str, Any]) -> WorkerConfig:
+                   settings: ReplicationSettings) -> WorkerConfig:
     """Rank 0's config; every rank's is this one with its own rank and rendezvous (for_rank)."""
     return WorkerConfig(
-        plan=os.path.abspath(opts.plan), plan_digest=plan.digest, device=opts.device, transport=choice, world_size=world, rank=0,
-        inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
-        target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
-        same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
+        plan=os.path.abspath(opts.plan), plan_digest=plan.digest, transport=choice, world_size=world, rank=0,
+        settings=settings, same_host=opts.same_host, commit=opts.commit, out=os.path.abspath(opts.out) if opts.out else None,
         serve_group=opts.serve_group,
         timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
         fault=opts.env.get("HWTUI_TEST_FAULT"), readers=opts.readers, direct_io=opts.direct_io)
@@ -356,7 +344,7 @@ def _settle(opts: ReplicationOptions, plan: Plan, coord: Coordinator, results: l
     return ok, outcome
 
 
-def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], settings: dict[str, Any], world: int,
+def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], settings: ReplicationSettings, world: int,
                     mode: str, sink: Callable[[Event], None], t_wall: float) -> ReplicationResult:
     """Re-run of a decided version: finish the switch on every rank that did not make it; no byte moves."""
     assert opts.out is not None
@@ -382,9 +370,9 @@ def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], sett
                              + (f" ({'; '.join(errors)})" if errors else "") + ": re-run the same command to finish the switch")
     sink(ReplCommit(version=version, phase="commit", ok=ok,
                     detail="; ".join(f"rank {r} {what}" for r, what in sorted(done.items())) + f" ({serving_text(serving)})"))
-    settings.update({"transport": None, "world_size": world, "mode": mode})
     rows = [{"rank": r, "ok": r in done or r == 0, "serves": serving.get(r), "recovery": done.get(r)} for r in ranks]
-    report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, ranks=rows, seconds=0.0,
+    report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, transport=None, world_size=world, mode=mode,
+                          ranks=rows, seconds=0.0,
                           wall_seconds=time.perf_counter() - t_wall, committed=ok, launcher_phases={},
                           serving=serving, decision="commit", recovered=True)
     if error is not None:

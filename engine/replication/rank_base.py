@@ -51,6 +51,7 @@ class RankBase:
 
     def __init__(self, cfg: WorkerConfig, emit: Emit):
         self.cfg = cfg
+        self.settings = cfg.settings  # window, chunk, verify, device: the same on every rank (agree.py)
         self.rank = cfg.rank
         self.world = cfg.world_size
         self._emit = emit

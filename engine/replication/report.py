@@ -6,13 +6,15 @@ import os
 from typing import Any
 
 from hwtui.core.redact import redact, redact_env
+from hwtui.engine.replication.settings import ReplicationSettings
 
 REPORT_SCHEMA = "hwtui.replication-report/1"
 _ENV_PREFIXES = ("HOTWEIGHTS_", "MASTER_", "NCCL_", "GLOO_", "TORCH_", "CCL_", "HCCL_", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                  "SLURM_NTASKS", "SLURM_JOB_ID")
 
 
-def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings: dict[str, Any],
+def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings: ReplicationSettings,
+                 transport: dict[str, Any] | None, world_size: int, mode: str,
                  ranks: list[dict[str, Any]], seconds: float, wall_seconds: float, committed: bool,
                  launcher_phases: dict[str, float], serving: dict[int, str | None] | None = None,
                  decision: str | None = None, recovered: bool = False) -> dict[str, Any]:
@@ -47,11 +49,18 @@ def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings:
         "peak_memory": {
             "max_peak_rss_bytes": max((m.get("peak_rss_bytes") or 0 for m in mem), default=0),
             "max_pool_peak_bytes": max(pool_peaks, default=0),
-            "pool_bound_bytes": int(settings["window"]) * max((b["size"] for b in plan["buckets"]), default=0),
+            "pool_bound_bytes": settings.window * max((b["size"] for b in plan["buckets"]), default=0),
         },
-        "world_size": settings["world_size"],
+        "world_size": world_size,
         "ranks": ranks,
-        **{k: settings[k] for k in ("device", "transport", "window", "adaptive", "chunk_bytes", "verify", "mode")},
+        "device": settings.device,
+        "transport": transport,
+        "window": settings.window,
+        "adaptive": settings.adaptive,
+        "chunk_bytes": settings.chunk_bytes,
+        "verify": settings.verify,
+        "mode": mode,
         "env": redact_env({k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}),
     }
-    return redact(report)
+    redacted: dict[str, Any] = redact(report)  # the same shape, secrets replaced
+    return redacted

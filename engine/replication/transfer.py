@@ -24,24 +24,24 @@ from hwtui.engine.replication.window import Window
 
 class RankTransfer(RankHostCopy):
     def _chunks(self, buf: Any) -> list[Any]:
-        step = max(1, int(self.cfg.chunk_bytes) or buf.numel())
+        step = max(1, int(self.settings.chunk_bytes) or buf.numel())
         chunks = [buf[i:i + step] for i in range(0, buf.numel(), step)]
         self.collectives += len(chunks)
         return chunks
 
     def _window(self) -> Window:
-        return Window(self.cfg.inflight, max_bytes=self.cfg.max_inflight_bytes,
-                      adaptive=self.cfg.adaptive and self.rank == SRC,
-                      target_s=self.cfg.target_bucket_s, max_limit=self.cfg.inflight)
+        return Window(self.settings.window, max_bytes=self.settings.max_inflight_bytes,
+                      adaptive=self.settings.adaptive and self.rank == SRC,
+                      target_s=self.settings.target_bucket_s, max_limit=self.settings.window)
 
     def _groups(self, plan: Plan) -> list[list[int]]:
         # Only on host memory: the source sends zero-copy from the mapping and every receiver
         # receives straight into its staging copy, so a group needs no pooled buffer at all and the
         # pool bound (window x bucket) is untouched. Every rank derives the same groups from the plan.
-        cpu = self.cfg.device == "cpu" and self.comm_device() == "cpu"
+        cpu = self.settings.device == "cpu" and self.comm_device() == "cpu"
         layout = header_layout(self.source_header) if self.source_header else None
-        return collective_groups(plan, chunk_bytes=int(self.cfg.chunk_bytes),
-                                 max_group=max(1, self.cfg.inflight // 2), enabled=cpu, layout=layout)
+        return collective_groups(plan, chunk_bytes=int(self.settings.chunk_bytes),
+                                 max_group=max(1, self.settings.window // 2), enabled=cpu, layout=layout)
 
     def _send(self, plan: Plan) -> None:
         import torch.distributed as dist
@@ -68,7 +68,7 @@ class RankTransfer(RankHostCopy):
                     self.bucket(x, "staged", sizes[x], staged)
                 works = [dist.broadcast(c, SRC, group=self.net_group, async_op=True) for c in self._chunks(buf[:total])]
                 t_post = now()
-                if self.cfg.verify:
+                if self.settings.verify:
                     # The source's check of what it sends runs beside the send, on the host copy
                     # (xxhash releases the GIL), instead of a second pass over the model afterwards.
                     for x in group:
@@ -102,7 +102,7 @@ class RankTransfer(RankHostCopy):
         inflight: deque[Any] = deque()
         groups = self._groups(plan)
         sizes = [bk["size"] for bk in plan.buckets]
-        verify = self.cfg.verify
+        verify = self.settings.verify
         while b < len(groups) or inflight:
             while b < len(groups) and win.can_admit(sum(sizes[x] for x in groups[b]), count=len(groups[b])):
                 group = groups[b]

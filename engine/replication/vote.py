@@ -21,13 +21,13 @@ from hwtui.engine.replication.verify import RankVerify
 class RankCommit(RankVerify):
     def prepare(self, plan: Plan) -> bool:
         t = now()
-        if self.rank == SRC and self.cfg.verify:
+        if self.rank == SRC and self.settings.verify:
             self._check_sources(plan)
         if self.rank != SRC and not self.failures:
             kept = [tt["name"] for tt in plan["tensors"] if not tt["send"]]
             if kept:
                 self._copy_kept(kept)
-            if self.cfg.verify:
+            if self.settings.verify:
                 self._verify_staging(plan)
             if self.served and not self.failures:
                 self.staging.flush()

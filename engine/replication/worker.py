@@ -89,7 +89,7 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         self.plan_version = plan["version"]
         self.phases["load"] = now() - t
         self.phase("plan loaded")
-        if self.rank != SRC and self.cfg.device == "cpu" and not (self.cfg.out and self.cfg.commit) \
+        if self.rank != SRC and self.settings.device == "cpu" and not (self.cfg.out and self.cfg.commit) \
                 and self.staging_factory is None:
             # Host staging without a file: fault it in while the world forms (see staging.Prefaulted).
             # An upper bound of its size: the layout comes with the source's header, after the world.
@@ -104,8 +104,8 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         self.rss_base = rss()
         n = len(plan.buckets)
         largest = max((b["size"] for b in plan.buckets), default=1)
-        k = self.cfg.inflight
-        device, comm = self.cfg.device, self.comm_device()
+        k = self.settings.window
+        device, comm = self.settings.device, self.comm_device()
         if self.rank == SRC:
             self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io)
             needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
@@ -148,7 +148,7 @@ class Worker(RankWorld, RankTransfer, RankCommit):
                 # Ranks beside the source share its host's cores: their readers take a share each.
                 self._local_reader = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io,
                                                   devices=max(1, self.cfg.world_size))
-            if comm != "cpu" and self.cfg.verify:
+            if comm != "cpu" and self.settings.verify:
                 self.host_pool = BufferPool(k, largest, "cpu", pin=True)
                 self.host_pool.warm(min(k, n))
         if needs_pool:

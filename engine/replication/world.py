@@ -83,9 +83,9 @@ class RankWorld(RankBase):
         import torch.distributed as dist
 
         record = settings_record(hwtui=hwtui_version(), torch=torch.__version__.split("+")[0], plan_digest=plan.digest,
-                                 bucket_bytes=plan["bucket_bytes"], window=self.cfg.inflight,
-                                 chunk_bytes=self.cfg.chunk_bytes, max_inflight_bytes=self.cfg.max_inflight_bytes,
-                                 verify=self.cfg.verify, commit=self.cfg.commit, transport=self.choice.name)
+                                 bucket_bytes=plan["bucket_bytes"], window=self.settings.window,
+                                 chunk_bytes=self.settings.chunk_bytes, max_inflight_bytes=self.settings.max_inflight_bytes,
+                                 verify=self.settings.verify, commit=self.cfg.commit, transport=self.choice.name)
         record["host"] = host_facts([f["path"] for f in plan["files"]])
         record["staging_file"] = self._staging_file_for_followers(plan)
         mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
@@ -104,7 +104,7 @@ class RankWorld(RankBase):
         name from them. None where no follower could use it (then nobody copies from this rank)."""
         if self.served is not None:
             return str(self.served.staging_file(plan["version"]))
-        if not self.cfg.same_host or self.cfg.device != "cpu" or self.comm_device() != "cpu":
+        if not self.cfg.same_host or self.settings.device != "cpu" or self.comm_device() != "cpu":
             return None
         try:
             self.run_dir = make_run_dir()
@@ -122,8 +122,8 @@ class RankWorld(RankBase):
         why_not = None
         if not self.cfg.same_host:
             why_not = "same-host path turned off (--no-same-host)"
-        elif self.cfg.device != "cpu" or self.comm_device() != "cpu":
-            why_not = f"device {self.cfg.device}: buckets travel device to device"
+        elif self.settings.device != "cpu" or self.comm_device() != "cpu":
+            why_not = f"device {self.settings.device}: buckets travel device to device"
         mappable = all(f.get("format") == "safetensors" for f in plan["files"])
         choice = choose_paths(records, why_not=why_not, mappable=mappable)
         self.paths, self.leader_of, self.net_ranks = dict(choice.paths), dict(choice.leader_of), list(choice.net_ranks)

@@ -49,9 +49,19 @@ from hwtui.core.private_file import create_private
 from hwtui.core.redact import redact_text
 from hwtui.core.supervisor import Child, Group, exit_text
 from hwtui.engine.resident import recovery
+from hwtui.probes.distributed.replication_defaults import (
+    DEFAULT_CHUNK_MB,
+    DEFAULT_INIT_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WINDOW,
+    MAX_CHUNK_MB,
+    MAX_TIMEOUT_S,
+    MAX_WINDOW,
+)
 
 if TYPE_CHECKING:
-    from hwtui.engine.replication.config import WorkerConfig
+    from hwtui.engine.replication.config import Timeouts, WorkerConfig
+    from hwtui.engine.replication.settings import ReplicationSettings
 
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -93,6 +103,31 @@ def free_port(address: str) -> int:
 def _remove_in_background(path: Path) -> None:
     threading.Thread(target=shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, name="evict",
                      daemon=True).start()
+
+
+def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeouts]:
+    """A push's settings, as the pusher sent them (untrusted JSON), into the rank's typed settings.
+
+    The wire keeps the command line's name for the window (``inflight``); every default and maximum
+    is the one ``hwtui replicate`` and ``hwtui push`` use (probes/distributed/replication_defaults.py).
+    Anything out of bounds is refused (HTTP 400) before a rank is told anything."""
+    from hwtui.engine.replication.config import Timeouts
+    from hwtui.engine.replication.settings import MB, ReplicationSettings
+
+    def number(key: str, default: float, lo: float, hi: float) -> float:
+        v = settings.get(key, default)
+        _need(isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi,
+              f"settings.{key} must be a number from {lo:g} to {hi:g}")
+        return float(v)
+
+    device = settings.get("device", "cpu")
+    _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
+    repl = ReplicationSettings(window=int(number("inflight", DEFAULT_WINDOW, 1, MAX_WINDOW)), max_inflight_bytes=None,
+                               adaptive=False, chunk_bytes=int(number("chunk_mb", DEFAULT_CHUNK_MB, 1, MAX_CHUNK_MB) * MB),
+                               verify=bool(settings.get("verify", True)), device="cpu")
+    init = number("init_timeout", DEFAULT_INIT_TIMEOUT_S, 1, MAX_TIMEOUT_S)
+    timeout = number("timeout", DEFAULT_TIMEOUT_S, 0.5, MAX_TIMEOUT_S)
+    return repl, Timeouts(init=init, bucket=timeout, commit=timeout)
 
 
 class ResidentRank:
@@ -534,28 +569,15 @@ class ResidentRank:
 
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
                     world: int, master: str, port: int) -> WorkerConfig:
-        from hwtui.engine.replication.config import Timeouts, WorkerConfig
+        from hwtui.engine.replication.config import WorkerConfig
         from hwtui.engine.replication.transport import choose_transport
 
-        def number(key: str, default: float, lo: float, hi: float) -> float:
-            v = settings.get(key, default)
-            _need(isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi,
-                  f"settings.{key} must be a number from {lo:g} to {hi:g}")
-            return float(v)
-
-        device = settings.get("device", "cpu")
-        _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
+        repl, timeouts = push_settings(settings)
         choice = choose_transport("cpu", None, multi_node=True)
-        return WorkerConfig(plan=str(plan_path), plan_digest=digest, device="cpu", transport=choice, world_size=world,
-                            rank=rank, local_rank=0, master_addr=master, master_port=port,
-                            inflight=int(number("inflight", 4, 1, 64)), max_inflight_bytes=None, adaptive=False,
-                            target_bucket_s=0.05, chunk_bytes=int(number("chunk_mb", 64, 1, 4096) * (1 << 20)),
-                            verify=bool(settings.get("verify", True)), commit=True, out=str(self.out / "ranks"),
-                            timeouts=Timeouts(init=number("init_timeout", 60, 1, 3600),
-                                              bucket=number("timeout", 20, 0.5, 3600),
-                                              commit=number("timeout", 20, 0.5, 3600)),
-                            serve_group=self.serve_group, fault=os.environ.get("HWTUI_TEST_FAULT"),
-                            **self._read_settings(settings))
+        return WorkerConfig(plan=str(plan_path), plan_digest=digest, transport=choice, world_size=world,
+                            rank=rank, local_rank=0, master_addr=master, master_port=port, settings=repl, commit=True,
+                            out=str(self.out / "ranks"), timeouts=timeouts, serve_group=self.serve_group,
+                            fault=os.environ.get("HWTUI_TEST_FAULT"), **self._read_settings(settings))
 
     def _read_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
         readers = settings.get("readers", self.readers)

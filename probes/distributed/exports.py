@@ -187,7 +187,7 @@ def _knob_lines(facts: Facts, env: dict[str, str], findings: list[Finding]) -> l
     k = knob_values(env)
     free, what = _free_memory(facts, env)
     if "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS" in env and not _bad(findings, "knobs.window_memory") and not k["problems"]:
-        lines.append(Line("export", "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", str(k["inflight"]), "current setting fits"))
+        lines.append(Line("export", "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", str(k["window"]), "current setting fits"))
     elif free is not None and _bad(findings, "knobs"):
         fits = max(1, int(free * SAFE_FRACTION) // (k["bucket_mb"] * MIB))
         lines.append(Line("export", "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", str(min(fits, 64)),

@@ -18,15 +18,14 @@ from hwtui.probes.distributed.parsers import parse_int, parse_nccl_list, parse_p
 from hwtui.probes.distributed.replication_defaults import (
     DEFAULT_BUCKET_MB,
     DEFAULT_CHUNK_MB,
-    DEFAULT_INFLIGHT,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
     largest_collective_mb,
 )
 from hwtui.probes.framework import Facts, Rule
 from hwtui.probes.inventory import devices_from_facts
 
 MIB = 1 << 20
-# The engine's own defaults, so the check judges the configuration the engine will really run.
-MAX_INFLIGHT = 1024
 BUCKET_VARS = ("HWTUI_BUCKET_MB", "HOTWEIGHTS_BUCKET_MB")
 # Leave half of the free memory to the model and the framework's own caches.
 SAFE_FRACTION = 0.5
@@ -43,7 +42,7 @@ def _int_knob(env: Mapping[str, str], name: str, lo: int, hi: int) -> tuple[int 
 def knob_values(env: Mapping[str, str]) -> dict[str, Any]:
     """Effective knob values (defaults where unset or invalid) and the problems found."""
     problems: dict[str, list[str]] = {}
-    inflight, p = _int_knob(env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", 1, MAX_INFLIGHT)
+    window, p = _int_knob(env, "HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", 1, MAX_WINDOW)
     problems["HOTWEIGHTS_IPC_INFLIGHT_BUCKETS"] = p
     bucket, bucket_var = None, None
     for name in BUCKET_VARS:
@@ -56,7 +55,7 @@ def knob_values(env: Mapping[str, str]) -> dict[str, Any]:
     if "HOTWEIGHTS_BCAST_CHUNK_MB" in env:
         nv = parse_positive_number(env["HOTWEIGHTS_BCAST_CHUNK_MB"], "HOTWEIGHTS_BCAST_CHUNK_MB")
         chunk, problems["HOTWEIGHTS_BCAST_CHUNK_MB"] = nv.value, list(nv.problems)
-    return {"inflight": inflight or DEFAULT_INFLIGHT, "bucket_mb": bucket or DEFAULT_BUCKET_MB, "chunk_mb": chunk,
+    return {"window": window or DEFAULT_WINDOW, "bucket_mb": bucket or DEFAULT_BUCKET_MB, "chunk_mb": chunk,
             "bucket_var": bucket_var, "problems": {k: v for k, v in problems.items() if v}}
 
 
@@ -84,14 +83,14 @@ def knob_rules(facts: Facts) -> Iterator[Finding]:
     for name in ("HOTWEIGHTS_IPC_INFLIGHT_BUCKETS", "HOTWEIGHTS_BCAST_CHUNK_MB", *BUCKET_VARS):
         if name in env and name not in k["problems"]:
             yield passed(f"knobs.{name.lower()}", f"{name}={env[name].strip()}")
-    reach = largest_collective_mb(k["chunk_mb"] or DEFAULT_CHUNK_MB, k["bucket_mb"], k["inflight"])
+    reach = largest_collective_mb(k["chunk_mb"] or DEFAULT_CHUNK_MB, k["bucket_mb"], k["window"])
     if k["chunk_mb"] and k["chunk_mb"] > reach:
         yield warn("knobs.chunk", f"HOTWEIGHTS_BCAST_CHUNK_MB={k['chunk_mb']:g} is larger than any broadcast can be "
-                   f"({reach:g} MB)", f"With {k['bucket_mb']:g} MB buckets and a window of {k['inflight']}, at most "
+                   f"({reach:g} MB)", f"With {k['bucket_mb']:g} MB buckets and a window of {k['window']}, at most "
                    f"{reach:g} MB travel in one broadcast, so the extra size has no effect.",
                    f"export HOTWEIGHTS_BCAST_CHUNK_MB={reach:g}")
-    window = k["inflight"] * k["bucket_mb"] * MIB
-    desc = f"{k['inflight']} bucket(s) x {k['bucket_mb']:g} MB = {window / MIB:.0f} MB in flight"
+    window = k["window"] * k["bucket_mb"] * MIB
+    desc = f"{k['window']} bucket(s) x {k['bucket_mb']:g} MB = {window / MIB:.0f} MB in flight"
     free, what = _free_memory(facts, env)
     if free is None:
         yield skip("knobs.window_memory", f"{desc}; free memory not known here")

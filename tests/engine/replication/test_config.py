@@ -9,11 +9,13 @@ import pytest
 
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.config import CONFIG_VERSION, Timeouts, WorkerConfig
+from hwtui.engine.replication.settings import ReplicationSettings
 from hwtui.engine.replication.transport import choose_transport
 
 
 def _cfg() -> WorkerConfig:
-    return WorkerConfig(plan="/p.json", transport=choose_transport("cpu"), world_size=3, rank=0, chunk_bytes=1 << 20,
+    return WorkerConfig(plan="/p.json", transport=choose_transport("cpu"), world_size=3, rank=0,
+                        settings=ReplicationSettings(chunk_bytes=1 << 20),
                         out="/out", commit=True, timeouts=Timeouts(init=5, bucket=2, commit=3), fault="kill:rank=1")
 
 

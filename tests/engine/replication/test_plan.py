@@ -321,12 +321,12 @@ def test_knobs_default_from_the_vendor_guide_env():
     from hwtui.engine.replication.launcher import ReplicationOptions, resolve_settings
 
     base = resolve_settings(ReplicationOptions(plan="p", env={}))
-    assert base["window"] == 4 and base["chunk_bytes"] == 64 << 20
+    assert base.window == 4 and base.chunk_bytes == 64 << 20
     env = {"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "7", "HOTWEIGHTS_BCAST_CHUNK_MB": "2.5"}
     got = resolve_settings(ReplicationOptions(plan="p", env=env))
-    assert got["window"] == 7 and got["chunk_bytes"] == int(2.5 * (1 << 20))
-    flags = resolve_settings(ReplicationOptions(plan="p", env=env, inflight=2, chunk_mb=1))
-    assert flags["window"] == 2 and flags["chunk_bytes"] == 1 << 20  # flags beat the environment
+    assert got.window == 7 and got.chunk_bytes == int(2.5 * (1 << 20))
+    flags = resolve_settings(ReplicationOptions(plan="p", env=env, window=2, chunk_mb=1))
+    assert flags.window == 2 and flags.chunk_bytes == 1 << 20  # flags beat the environment
     for bad in ({"HOTWEIGHTS_IPC_INFLIGHT_BUCKETS": "four"}, {"HOTWEIGHTS_BCAST_CHUNK_MB": "-1"}):
         with pytest.raises(HwtuiError, match=next(iter(bad))):
             resolve_settings(ReplicationOptions(plan="p", env=bad))

@@ -56,7 +56,7 @@ def v1(world):
     expected = make_model(world["src"], seed=1)
     plan = write_plan(world["src"], world["root"] / "v1.json", version="v1", bucket_kib=64)
     write_json_atomic(world["root"] / "v1.manifest.json", manifest_of(plan))
-    result, events, secs = replicate(world["root"] / "v1.json", nproc=3, commit=True, out=str(world["out"]), inflight=3)
+    result, events, secs = replicate(world["root"] / "v1.json", nproc=3, commit=True, out=str(world["out"]), window=3)
     return {"plan": plan, "expected": expected, "result": result, "events": events}
 
 
@@ -194,7 +194,7 @@ def test_two_ranks_window_bound_with_packed_buckets(tmp_path):
     # align 64 pads tensors inside buckets, so the source must pack from the pool as well
     plan = write_plan(tmp_path / "src", tmp_path / "p.json", version="w1", bucket_kib=32, align=64)
     bucket = max(b["size"] for b in plan["buckets"])
-    result, events, _ = replicate(tmp_path / "p.json", nproc=2, inflight=2, chunk_mb=0.01, commit=True,
+    result, events, _ = replicate(tmp_path / "p.json", nproc=2, window=2, chunk_mb=0.01, commit=True,
                                   out=str(tmp_path / "out"))
     assert result.ok, result.error
     assert_bytes_equal(served(tmp_path / "out", 1)[1], expected)
