@@ -25,6 +25,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.private_file import create_private, open_private
 from hwtui.engine.replication.checksum import tensor_hex
+from hwtui.engine.replication.disk import NO_SPACE, WriteBehind, no_space, preallocate
 from hwtui.engine.replication.weights import DTYPES, read_safetensors_header
 
 
@@ -183,6 +184,9 @@ class Staging:
     # Class-level defaults: a subclass that builds its file itself (engine.resident.spare) still has them.
     _anon: mmap.mmap | None = None
     _fd: int | None = None
+    _behind: WriteBehind | None = None
+    preallocated = False
+    write_behind = True  # False: a subclass starts its own write-out (engine.resident.spare)
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
                  file: str | os.PathLike[str] | None = None, first: list[str] | None = None,
@@ -211,7 +215,10 @@ class Staging:
             try:
                 if not reuse_file or os.fstat(fd).st_size != total:
                     os.ftruncate(fd, total)
-                pwrite_all(fd, self.header, 0)
+                    # Every block reserved before the first byte (engine.replication.disk): a full
+                    # disk fails here, in one line, not mid-transfer (or by SIGBUS through the mapping).
+                    self.preallocated = preallocate(fd, total, f"the staging copy {self.file}")
+                self._pwrite(fd, self.header, 0)
                 self._mm = mmap.mmap(fd, total) if total else None
             except BaseException:
                 os.close(fd)
@@ -220,6 +227,7 @@ class Staging:
                 os.close(fd)
             else:
                 self._fd = fd  # kept for pwrite: the path is never opened again
+                self._behind = WriteBehind(fd) if self.write_behind else None
             whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
             self.data = whole[len(self.header):]
         elif device == "cpu" and self.data_bytes:
@@ -262,7 +270,9 @@ class Staging:
         on_host = getattr(device, "type", "cpu") == "cpu"
         fd = self._file_fd() if on_host else None
         if fd is not None:
-            pwrite_all(fd, as_buffer(src), len(self.header) + start)
+            buf = as_buffer(src)
+            self._pwrite(fd, buf, len(self.header) + start)
+            self.landed(start, memoryview(buf).nbytes)
         elif on_host and self.data.device.type == "cpu":
             import numpy as np
 
@@ -288,16 +298,36 @@ class Staging:
         for c in range(0, raw.size, step):
             piece, at = raw[c:c + step], start + c
             if fd is not None:
-                pwrite_all(fd, piece, len(self.header) + at)
+                self._pwrite(fd, piece, len(self.header) + at)
             else:
                 mine[at:at + piece.size] = piece
             h.update(mine[at:at + piece.size])
+        if fd is not None:
+            self.landed(start, raw.size)
         return f"{h.intdigest():016x}"
+
+    def landed(self, start: int, nbytes: int) -> None:
+        """Data bytes ``[start, start + nbytes)`` of a file staging copy are in place (written, or
+        received through the mapping): their write-out starts behind the transfer, so the fsync
+        before the vote has little left to do (engine.replication.disk.WriteBehind). Nothing for
+        a copy in memory or on a device."""
+        if self._behind is not None:
+            self._behind.landed(len(self.header) + start, nbytes)
+
+    def _pwrite(self, fd: int, data: Any, offset: int) -> None:
+        """pwrite_all, with a full disk (a sparse file where the filesystem cannot preallocate) named as such."""
+        try:
+            pwrite_all(fd, data, offset)
+        except OSError as exc:
+            if exc.errno in NO_SPACE:
+                raise no_space(f"the staging copy {self.file}", len(self.header) + self.data_bytes, exc) from None
+            raise
 
     def _file_fd(self) -> int | None:
         """The staging file, open for pwrite (host copies only; a device copy is written out at flush)."""
         if self._fd is None and self.file is not None and self.device == "cpu" and self._mm is not None:
             self._fd = open_private(self.file)
+            self._behind = WriteBehind(self._fd) if self.write_behind else None
         return self._fd
 
     def verify(self, names: list[str] | None = None) -> list[str]:
@@ -321,14 +351,24 @@ class Staging:
             self._write_out(self.header, self.data.cpu().numpy())
         elif self._mm is None and not os.path.lexists(self.file):  # an empty model: header only
             self._write_out(self.header)
+        if self._behind is not None:
+            self._behind.drain()  # it only started write-out; the fsync below is what makes it durable
         if self._fd is not None:
-            os.fsync(self._fd)
+            self._fsync(self._fd)
             return
         fd = open_private(self.file, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            self._fsync(fd)
         finally:
             os.close(fd)
+
+    def _fsync(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno in NO_SPACE:  # a sparse file's delayed allocation can fail only here
+                raise no_space(f"the staging copy {self.file}", len(self.header) + self.data_bytes, exc) from None
+            raise
 
     def _write_out(self, *parts: Any) -> None:
         """A staging file written whole at flush (a device copy, an empty model): created like any other."""
@@ -337,13 +377,17 @@ class Staging:
         try:
             at = 0
             for part in parts:
-                pwrite_all(fd, part, at)
+                self._pwrite(fd, part, at)
                 at += memoryview(part).nbytes
         finally:
             os.close(fd)
 
     def close(self) -> None:
         self.data = None  # type: ignore[assignment]  # drop the view before unmapping
+        if self._behind is not None:
+            with contextlib.suppress(OSError):
+                self._behind.close()  # before its fd goes: a kick never meets a closed (or reused) fd
+            self._behind = None
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
