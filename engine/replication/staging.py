@@ -25,7 +25,7 @@ from typing import Any
 from hwtui.core.errors import HwtuiError
 from hwtui.core.private_file import create_private, open_private
 from hwtui.engine.replication.checksum import tensor_hex
-from hwtui.engine.replication.disk import NO_SPACE, WriteBehind, no_space, preallocate
+from hwtui.engine.replication.disk import NO_SPACE, WRITE_BEHIND_BYTES, WriteBehind, no_space, preallocate
 from hwtui.engine.replication.weights import DTYPES, read_safetensors_header
 
 
@@ -186,6 +186,7 @@ class Staging:
     _fd: int | None = None
     _behind: WriteBehind | None = None
     preallocated = False
+    _kicks = 0  # write-out kicks, kept when the WriteBehind closes
     write_behind = True  # False: a subclass starts its own write-out (engine.resident.spare)
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
@@ -227,7 +228,7 @@ class Staging:
                 os.close(fd)
             else:
                 self._fd = fd  # kept for pwrite: the path is never opened again
-                self._behind = WriteBehind(fd) if self.write_behind else None
+                self._behind = self._write_behind_for(fd)
             whole = torch.frombuffer(self._mm, dtype=torch.uint8) if self._mm else torch.empty(0, dtype=torch.uint8)
             self.data = whole[len(self.header):]
         elif device == "cpu" and self.data_bytes:
@@ -314,6 +315,18 @@ class Staging:
         if self._behind is not None:
             self._behind.landed(len(self.header) + start, nbytes)
 
+    def _write_behind_for(self, fd: int) -> WriteBehind | None:
+        # A kick per 32 MiB landed, or per eighth of a smaller copy: every copy gets a head start.
+        total = len(self.header) + self.data_bytes
+        return WriteBehind(fd, step=min(WRITE_BEHIND_BYTES, max(4096, total // 8))) if self.write_behind else None
+
+    def disk_stats(self) -> dict[str, Any] | None:
+        """For the rank's report: was the file reserved whole, and how often did write-out start behind the transfer."""
+        if self.file is None or self.device != "cpu":
+            return None
+        behind = self._behind.kicks if self._behind is not None else self._kicks
+        return {"preallocated": self.preallocated, "write_out_kicks": behind}
+
     def _pwrite(self, fd: int, data: Any, offset: int) -> None:
         """pwrite_all, with a full disk (a sparse file where the filesystem cannot preallocate) named as such."""
         try:
@@ -327,7 +340,7 @@ class Staging:
         """The staging file, open for pwrite (host copies only; a device copy is written out at flush)."""
         if self._fd is None and self.file is not None and self.device == "cpu" and self._mm is not None:
             self._fd = open_private(self.file)
-            self._behind = WriteBehind(self._fd) if self.write_behind else None
+            self._behind = self._write_behind_for(self._fd)
         return self._fd
 
     def verify(self, names: list[str] | None = None) -> list[str]:
@@ -385,6 +398,7 @@ class Staging:
     def close(self) -> None:
         self.data = None  # type: ignore[assignment]  # drop the view before unmapping
         if self._behind is not None:
+            self._kicks = self._behind.kicks
             with contextlib.suppress(OSError):
                 self._behind.close()  # before its fd goes: a kick never meets a closed (or reused) fd
             self._behind = None

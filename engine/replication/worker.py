@@ -187,7 +187,8 @@ class Worker(RankWorld, RankTransfer, RankCommit):
                       memory={"peak_rss_bytes": peak, "rss_before_setup_bytes": self.rss_base,
                               "pool": self.pool.stats() if self.pool else None,
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
-                              "staging_bytes": self.staging.data_bytes if self.staging is not None else 0},
+                              "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
+                              "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
                       window=self.window_stats, collectives=self.collectives,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])

@@ -172,3 +172,37 @@ def test_a_memory_copy_starts_no_write_out(monkeypatch: pytest.MonkeyPatch) -> N
     st.landed(0, 70_000)
     assert st.verify() == []
     st.close()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", ["same-host", "shm", "network"])
+def test_every_receivers_staging_file_is_reserved_and_written_out_behind_the_transfer(tmp_path: Path, path: str) -> None:
+    """Every way bytes land -- copied by pwrite from the source's page cache (same-host) or from its
+    /dev/shm copy (shm), received through the mapping (network) -- start their write-out before prepare, and the copy is still every byte the
+    source's, committed. On 7309e8d the report had no staging_disk: the file was sparse and
+    nothing was written out before the fsync."""
+    from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+    from tests.engine.replication.helpers import assert_bytes_equal, make_model, served
+
+    model = make_model(tmp_path / "src", seed=3)
+    sources = [str(tmp_path / "src" / "model.safetensors"), str(tmp_path / "src" / "head.pt")]
+    if path == "same-host":  # one safetensors file: the replica is that file, copied from its pages
+        from safetensors import safe_open
+
+        sources = sources[:1]
+        with safe_open(sources[0], "pt") as fh:
+            model = {k: model[k] for k in fh.keys()}  # noqa: SIM118 - safe_open is no dict
+    write_json_atomic(tmp_path / "v1.json", build_plan_from_files(sources, model="tiny", version="v1", bucket_bytes=64 << 10))
+    result = run_replication(ReplicationOptions(plan=str(tmp_path / "v1.json"), nproc=3, commit=True,
+                                                out=str(tmp_path / "out"), same_host=path != "network"))
+    assert result.ok, result.error
+    receivers = [r for r in result.report["ranks"] if r["rank"] != 0]
+    assert {r["path"] for r in receivers} == {path}
+    for r in receivers:
+        disk_stats = r["memory"]["staging_disk"]
+        assert disk_stats["preallocated"] is True and disk_stats["write_out_kicks"] >= 1, (r["rank"], disk_stats)
+        version, tensors = served(tmp_path / "out", r["rank"])
+        assert version == "v1"
+        assert_bytes_equal(tensors, model)
