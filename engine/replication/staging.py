@@ -109,10 +109,11 @@ def anonymous_buffer(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
+MADV_POPULATE_READ = 22  # Linux >= 5.14: fault pages in (a file's: into the page cache), in one call
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in, writable, in one call
 
 
-def populate(buf: mmap.mmap) -> bool:
+def populate(buf: mmap.mmap, advice: int = MADV_POPULATE_WRITE) -> bool:
     """Fault every page of an anonymous buffer in, inside the kernel, with the GIL released.
 
     ``mmap.madvise`` would hold the GIL for the whole call (up to a second per GB on a busy host)
@@ -127,7 +128,7 @@ def populate(buf: mmap.mmap) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return bool(arr.size) and libc.madvise(ctypes.c_void_p(arr.ctypes.data), arr.size, MADV_POPULATE_WRITE) == 0
+        return bool(arr.size) and libc.madvise(ctypes.c_void_p(arr.ctypes.data), arr.size, advice) == 0
     except (OSError, AttributeError):
         return False
     finally:
@@ -163,6 +164,57 @@ class Prefaulted:
         if self._thread.is_alive():
             return None  # dropped: a buffer a thread may still be touching is not handed out
         return buf
+
+
+class PrefaultedFile:
+    """A receiver's ``--out`` staging file, made by a thread while the rank forms its world.
+
+    The file is created (0600, exclusively), reserved whole (:func:`disk.preallocate`) and its
+    pages brought into the page cache (``MADV_POPULATE_READ`` on a read-only mapping: the blocks
+    are an unwritten extent, so this reads no disk, it allocates zeroed cache pages), all inside
+    the kernel with the GIL released, while ``import torch`` and the rendezvous run. The transfer
+    then writes into cached pages, as into a reused spare (measured 1 GB: 0.12 s instead of 0.16 s
+    into a fresh preallocated file, 0.23-2.1 s into a sparse one), and the page allocation it no
+    longer pays is done where the rank was waiting anyway, as :class:`Prefaulted` does for memory.
+    Nothing is written to the file: every data byte is still written by the transfer and verified.
+    ``nbytes`` may be off (the layout comes with the source's header): :class:`Staging` resizes it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], nbytes: int):
+        import threading
+
+        self.path = Path(path)
+        self.nbytes = nbytes
+        self.preallocated = False
+        self.populated = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="prefault-staging-file", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            fd = create_private(self.path, replace=True)
+            try:
+                os.ftruncate(fd, self.nbytes)
+                self.preallocated = preallocate(fd, self.nbytes, f"the staging copy {self.path}")
+                if self.nbytes:
+                    with mmap.mmap(fd, self.nbytes, prot=mmap.PROT_READ) as mm:
+                        self.populated = populate(mm, MADV_POPULATE_READ)
+            finally:
+                os.close(fd)
+        except BaseException as exc:  # noqa: BLE001 - handed to the rank's own thread by take()
+            self.error = exc
+
+    def take(self, timeout: float) -> bool:
+        """True once the file is made (a bounded wait). A full disk raises here, in the rank's
+        thread, as the "no space" error; any other failure, or a thread still at it, is False:
+        :class:`Staging` then makes the file itself, as it would have anyway."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        if isinstance(self.error, HwtuiError):
+            raise self.error
+        return self.error is None
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:

@@ -206,3 +206,29 @@ def test_every_receivers_staging_file_is_reserved_and_written_out_behind_the_tra
         version, tensors = served(tmp_path / "out", r["rank"])
         assert version == "v1"
         assert_bytes_equal(tensors, model)
+
+
+def test_a_staging_file_made_ahead_is_taken_whole_and_resized_when_the_layout_differs(tmp_path: Path) -> None:
+    from hwtui.engine.replication.staging import PrefaultedFile
+
+    meta, data = _tensors([70_000, 3000])
+    path = tmp_path / "model.safetensors"
+    made = PrefaultedFile(path, sum(t["nbytes"] for t in meta))  # the data's size: the header comes later
+    assert made.take(60.0) and made.preallocated and os.stat(path).st_size == 73_000
+    st = Staging(meta, {"format": "pt"}, file=path, reuse_file=True)
+    total = len(st.header) + st.data_bytes
+    assert os.stat(path).st_size == total and os.stat(path).st_blocks * 512 >= total
+    _fill_and_check(st, data, path)
+
+
+def test_no_space_for_a_staging_file_made_ahead_is_raised_in_the_ranks_thread(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwtui.engine.replication.staging import PrefaultedFile
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(disk, "fallocate", full)
+    made = PrefaultedFile(tmp_path / "model.safetensors", 1 << 20)
+    with pytest.raises(HwtuiError, match="no space left on device for the staging copy"):
+        made.take(60.0)
