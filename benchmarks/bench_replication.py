@@ -7,7 +7,11 @@ log-uniform sizes (plus 8 x 16 MB), rounds interleaved so background load hits e
   are on one host, so receivers copy each bucket from the source file's page cache and verify their
   own copy (same-host path). ``hwtui`` GB/s is total bytes / the slowest rank's transfer phase (from
   ``--report``); ``hwtui_cli_wall`` is the CLI's wall time, start to exit. ``--commit`` (``hwtui_commit``
-  rows) adds the durable commit: every receiver's copy fsynced to disk, the vote and the switch.
+  rows) adds the durable commit: every receiver's copy fsynced to disk, the vote and the switch,
+  and prints its cost against the plain run of the same round: the transfer phase with and
+  without ``--commit --out`` (issue 23: <= 1.5x), ``prepare`` and ``commit`` (the slowest
+  receiver's), and transfer + prepare + commit (the slowest rank's sum, from the start barrier to
+  its switch; issue 23: <= 2.5x the plain transfer), medians and per-round ratios;
   ``--network`` adds ``hwtui_network``: the same run with ``--no-same-host`` (the windowed, chunked
   gloo pipeline other hosts get);
 - flat: one ``dist.broadcast`` of one preallocated, already-touched buffer holding the model's bytes,
@@ -21,8 +25,11 @@ log-uniform sizes (plus 8 x 16 MB), rounds interleaved so background load hits e
 
 Every method is checked bit-exact. Then, optionally, the planner on a million tensors.
 
+- cross-host: ``--netns`` runs ``bench_replication_netns.py`` (root, ``ip netns``: 2 namespace
+  hosts x 2 ranks, hierarchical against a flat broadcast) after the rest and repeats its ratio line.
+
     .venv/bin/python benchmarks/bench_replication.py [--rounds 3] [--mb 1000] [--tensors 400] [--ranks 2,3]
-        [--methods flat|all] [--commit] [--network] [--planner-tensors 0]
+        [--methods flat|all] [--commit] [--network] [--netns] [--planner-tensors 0]
 """
 
 from __future__ import annotations
@@ -38,8 +45,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MB = 1 << 20
+
+
+def xxh(arr: Any) -> int:
+    """xxh3-64 of a numpy array's bytes (typed once here: numpy's stubs are no Buffer to mypy)."""
+    import xxhash
+
+    return int(xxhash.xxh3_64_intdigest(arr))
 
 
 def make_model(path: Path, total_mb: int, n: int, seed: int = 0) -> None:
@@ -63,7 +78,6 @@ def make_model(path: Path, total_mb: int, n: int, seed: int = 0) -> None:
 def baseline_worker(rank: int, port: int, model: str, world: int, methods: str) -> None:
     import torch
     import torch.distributed as dist
-    import xxhash
     from safetensors.torch import load_file
 
     torch.set_num_threads(1)
@@ -77,10 +91,11 @@ def baseline_worker(rank: int, port: int, model: str, world: int, methods: str) 
         tensors = [torch.zeros_like(src[n]) for n in names]
     total = sum(t.numel() * 4 for t in tensors)
     flat = torch.cat([t.view(-1) for t in tensors]).view(torch.uint8) if rank == 0 else torch.zeros(total, dtype=torch.uint8)
-    want = xxhash.xxh3_64_intdigest(torch.cat([src[n].view(-1) for n in names]).view(torch.uint8).numpy())
+    want = xxh(torch.cat([src[n].view(-1) for n in names]).view(torch.uint8).numpy())
     pg = dist.group.WORLD
+    assert pg is not None
 
-    def timed(fn):
+    def timed(fn: Any) -> float:
         for t in tensors if rank else []:
             t.zero_()
         if rank:
@@ -92,11 +107,11 @@ def baseline_worker(rank: int, port: int, model: str, world: int, methods: str) 
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
         return float(dt.item())
 
-    def exact_tensors():
-        return xxhash.xxh3_64_intdigest(torch.cat([t.view(-1) for t in tensors]).view(torch.uint8).numpy()) == want
+    def exact_tensors() -> bool:
+        return bool(xxh(torch.cat([t.view(-1) for t in tensors]).view(torch.uint8).numpy()) == want)
 
     table = {
-        "flat": (lambda: dist.broadcast(flat, 0), lambda: xxhash.xxh3_64_intdigest(flat.numpy()) == want),
+        "flat": (lambda: dist.broadcast(flat, 0), lambda: xxh(flat.numpy()) == want),
         "ddp_coalesced_25mb": (lambda: dist._broadcast_coalesced(pg, tensors, 25 * MB, 0), exact_tensors),
         "ddp_coalesced_250mb": (lambda: dist._broadcast_coalesced(pg, tensors, 250 * MB, 0), exact_tensors),
         "tensor_by_tensor": (lambda: [dist.broadcast(t, 0) for t in tensors], exact_tensors),
@@ -147,7 +162,7 @@ def flat_once_worker(rank: int, port: int, model: str, world: int) -> None:
         import xxhash
 
         with open(model, "rb") as fh:
-            print(json.dumps({"exact": xxhash.xxh3_64_intdigest(buf.numpy()) == xxhash.xxh3_64_intdigest(fh.read())}),
+            print(json.dumps({"exact": xxh(buf.numpy()) == xxhash.xxh3_64_intdigest(fh.read())}),
                   flush=True)
     dist.destroy_process_group()
 
@@ -188,7 +203,7 @@ def run_hwtui(plan: str, world: int, work: Path, *, commit: bool, same_host: boo
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"hwtui replicate failed ({r.returncode}): {r.stderr[-2000:]}")
-    rep = json.loads(report.read_text())
+    rep: dict = json.loads(report.read_text())
     rep["cli_wall"] = wall
     return rep
 
@@ -201,6 +216,43 @@ def check_committed(model: str, out: Path, world: int) -> bool:
         if (out / f"rank{rank}" / cur["file"]).read_bytes() != want:
             return False
     return True
+
+
+def commit_phases(rep: dict) -> dict[str, float]:
+    """A ``--commit`` run's cost from its report: the transfer phase (slowest rank), the slowest
+    receiver's prepare (its fsync, manifest, pending CURRENT) and commit (vote, decision, switch),
+    and the slowest rank's transfer + prepare + commit (every rank starts them at the start barrier)."""
+    recv = [r for r in rep["ranks"] if r["rank"] != 0]
+    return {"transfer": rep["seconds"],
+            "prepare": max(r["phases"].get("prepare", 0.0) for r in recv),
+            "commit": max(r["phases"].get("commit", 0.0) for r in recv),
+            "total": max(sum(r["phases"].get(p, 0.0) for p in ("transfer", "prepare", "commit")) for r in rep["ranks"])}
+
+
+def print_commit_cost(plain: list[float], costs: dict[str, list[float]]) -> None:
+    """--commit --out against the plain run of the same round (they ran back to back)."""
+    m = {k: statistics.median(v) for k, v in costs.items()}
+    p = statistics.median(plain)
+
+    def spread(v: list[float]) -> str:
+        return f"[{min(v):.3f}-{max(v):.3f}]"
+
+    print(f"commit path (medians, s): plain transfer {p:.3f} {spread(plain)}; --commit transfer {m['transfer']:.3f} "
+          f"{spread(costs['transfer'])}, prepare {m['prepare']:.3f} {spread(costs['prepare'])}, "
+          f"commit {m['commit']:.3f} {spread(costs['commit'])}, transfer+prepare+commit {m['total']:.3f} {spread(costs['total'])}")
+    for key, what, target in (("transfer", "--commit transfer / plain transfer", 1.5),
+                              ("total", "--commit transfer+prepare+commit / plain transfer", 2.5)):
+        per_round = sorted(c / x for x, c in zip(plain, costs[key], strict=True))
+        print(f"{what} = {m[key] / p:.2f}x (issue 23 target <= {target}x); per round (sorted): "
+              + " ".join(f"{r:.2f}" for r in per_round))
+
+
+def run_netns(rounds: int) -> None:
+    """The cross-host ratio, from its own bench (it needs root and network namespaces)."""
+    bench = Path(__file__).with_name("bench_replication_netns.py")
+    r = subprocess.run([sys.executable, str(bench), "--rounds", str(rounds)], capture_output=True, text=True, timeout=1800)
+    print("\ncross-host (" + bench.name + "):")
+    print((r.stdout + r.stderr).strip() or f"exit {r.returncode}, no output")
 
 
 # ----------------------------------------------------------------------------- planner
@@ -235,6 +287,7 @@ def bench_planner(n: int) -> dict:
 def bench_world(model: str, plan: str, work: Path, world: int, args: argparse.Namespace) -> dict[str, float]:
     procs = start_baselines(model, world, args.methods)
     rows: dict[str, list[float]] = {}
+    costs: dict[str, list[float]] = {}  # the --commit run's phases (commit_phases), one per round
     exact: dict[str, bool] = {}
     total = 0
     try:
@@ -258,6 +311,8 @@ def bench_world(model: str, plan: str, work: Path, world: int, args: argparse.Na
                     rows.setdefault("hwtui_commit", []).append(rep["seconds"])
                     rows.setdefault("hwtui_commit_cli_wall", []).append(rep["cli_wall"])
                     exact["hwtui_commit"] = exact["hwtui_commit_cli_wall"] = exact["hwtui"]
+                    for k, v in commit_phases(rep).items():
+                        costs.setdefault(k, []).append(v)
             wall, ok = flat_end_to_end(model, world)
             rows.setdefault("flat_end_to_end", []).append(wall)
             exact["flat_end_to_end"] = exact.get("flat_end_to_end", True) and ok
@@ -295,6 +350,8 @@ def bench_world(model: str, plan: str, work: Path, world: int, args: argparse.Na
     if args.commit:
         print(f"hwtui --commit CLI wall vs flat end to end = {med['flat_end_to_end'] / med['hwtui_commit_cli_wall']:.2f}x "
               "(durable: every copy fsynced, voted, switched)")
+    if args.commit:
+        print_commit_cost(rows["hwtui"], costs)
     if args.network:
         print(f"hwtui network / flat     = {med['flat'] / med['hwtui_network']:.2f}x (target >= 0.85x)")
     for k in ("ddp_coalesced_25mb", "ddp_coalesced_250mb", "tensor_by_tensor"):
@@ -321,6 +378,8 @@ def main() -> int:
     ap.add_argument("--methods", choices=("flat", "all"), default="all")
     ap.add_argument("--commit", action="store_true", help="also time --commit --out (durable) every round")
     ap.add_argument("--network", action="store_true", help="also time --no-same-host (the network path)")
+    ap.add_argument("--netns", action="store_true",
+                    help="also run bench_replication_netns.py (cross-host: hierarchical vs flat; root)")
     ap.add_argument("--planner-tensors", type=int, default=1_000_000)
     args = ap.parse_args()
 
@@ -338,6 +397,11 @@ def main() -> int:
             ok = bool(bench_world(model, plan, work, world, args)["ok"]) and ok
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the model and every served copy
+    if args.netns:
+        run_netns(args.rounds)
+    else:
+        print("\ncross-host: benchmarks/bench_replication_netns.py (or --netns) prints hierarchical / flat on "
+              "2 namespace hosts x 2 ranks")
     if args.planner_tensors:
         print(f"\nplanner: {json.dumps(bench_planner(args.planner_tensors))}")
     return 0 if ok else 1

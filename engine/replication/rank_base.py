@@ -26,7 +26,7 @@ from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.rank_signals import TransportFailure
 from hwtui.engine.replication.shm import RunDir
 from hwtui.engine.replication.source_reader import SourceReader
-from hwtui.engine.replication.staging import Prefaulted
+from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile
 
 SRC = 0
 
@@ -94,6 +94,7 @@ class RankBase:
         self.reuse_world = False
         self.staging_factory: Callable[..., Any] | None = None
         self._prefault: Prefaulted | None = None
+        self._prefault_file: PrefaultedFile | None = None  # a receiver's --out staging file, made while the world forms
 
     # ------------------------------------------------------------------ plumbing
 

@@ -141,6 +141,10 @@ class RankTransfer(RankHostCopy):
                 if ok and ob not in self.direct:
                     for it in plan.bucket_items[ob]:
                         self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
+                elif ok:
+                    # Received in place through the mapping: its write-out to disk starts now, behind
+                    # the transfer (staging.Staging.landed), so the fsync before the vote finds it done.
+                    self.staging.landed(self._direct_offset(ob), size)
                 self.bucket(ob, "done" if ok else "failed", size, now() - t1)
                 if self.host_group is not None:
                     self._announce(ob)

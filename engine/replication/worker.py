@@ -48,7 +48,7 @@ from hwtui.engine.replication.rank_signals import (
 from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import sweep_dead_run_dirs
 from hwtui.engine.replication.source_reader import SourceReader, stream_order
-from hwtui.engine.replication.staging import Prefaulted, Staging, faithful_eligible
+from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile, Staging, faithful_eligible
 from hwtui.engine.replication.transfer import RankTransfer
 from hwtui.engine.replication.vote import RankCommit
 from hwtui.engine.replication.world import RankWorld
@@ -97,6 +97,12 @@ class Worker(RankWorld, RankTransfer, RankCommit):
             # the world's thread may hold for a while (dlopen).
             bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
             self._prefault = Prefaulted(int(bound))
+        elif self.served is not None and self.cfg.device == "cpu" and self.staging_factory is None:
+            # The --out staging file: made, reserved and brought into the page cache by a thread
+            # while the world forms (staging.PrefaultedFile). Its size: the source file's when the
+            # replica is that file, else the data's (Staging adds the header's when it takes it).
+            size = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
+            self._prefault_file = PrefaultedFile(self.served.staging_file(plan["version"]), int(size))
         return plan
 
     def setup(self, plan: Plan) -> None:
@@ -132,8 +138,13 @@ class Worker(RankWorld, RankTransfer, RankCommit):
             else:
                 buffer = prefault.take(float(self.cfg.timeouts.init)) \
                     if prefault is not None and file is None else None
+                made, self._prefault_file = self._prefault_file, None
+                reuse = made is not None and made.take(float(self.cfg.timeouts.init))
                 self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
-                                       first=stream_order(plan), header=self.source_header, buffer=buffer)
+                                       first=stream_order(plan), header=self.source_header, buffer=buffer,
+                                       reuse_file=reuse)
+                if reuse and made is not None and not self.staging.preallocated:
+                    self.staging.preallocated = made.preallocated  # reserved by the thread, same size
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
@@ -195,7 +206,8 @@ class Worker(RankWorld, RankTransfer, RankCommit):
                       memory={"peak_rss_bytes": peak, "rss_before_setup_bytes": self.rss_base,
                               "pool": self.pool.stats() if self.pool else None,
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
-                              "staging_bytes": self.staging.data_bytes if self.staging is not None else 0},
+                              "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
+                              "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
                       window=self.window_stats, collectives=self.collectives,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])

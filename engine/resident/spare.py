@@ -125,6 +125,7 @@ class SpareStaging(Staging):
     writes finished buckets back to disk while the transfer runs (``written``)."""
 
     writeback: Writeback | None = None
+    write_behind = False  # Writeback below starts the write-out, by verified bucket
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
                  file: str | os.PathLike[str] | None = None, first: list[str] | None = None,

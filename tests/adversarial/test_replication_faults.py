@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +28,8 @@ from tests.engine.replication.helpers import assert_bytes_equal, make_model, ser
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
-def replicate(plan: Path, out: Path, *, nproc: int, fault: str | None = None, **kw):
+def replicate(plan: Path, out: Path, *, nproc: int, fault: str | None = None,
+              **kw: Any) -> tuple[Any, list[Any], float]:
     env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
     if fault:
         env["HWTUI_TEST_FAULT"] = fault
@@ -38,7 +41,7 @@ def replicate(plan: Path, out: Path, *, nproc: int, fault: str | None = None, **
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """v1 served by ranks 1 and 2, and a v2 plan ready to push (a full push: every tensor changes)."""
     root = tmp_path_factory.mktemp("faults")
     v1 = make_model(root / "src1", seed=21, big=20_000, n=8)
@@ -49,7 +52,7 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture
-def out(base):
+def out(base: dict[str, Any]) -> Path:
     """A fresh --out where ranks 1 and 2 serve v1 (copied from a template committed once)."""
     import shutil
 
@@ -58,14 +61,14 @@ def out(base):
         result, _, _ = replicate(base["root"] / "v1.json", template, nproc=3)
         assert result.ok, result.error
     base["n"] += 1
-    dst = base["root"] / f"out{base['n']}"
+    dst: Path = base["root"] / f"out{base['n']}"
     shutil.copytree(template, dst, ignore=shutil.ignore_patterns(".lock.*"))
     return dst
 
 
-def serving(out: Path, base, ranks=(1, 2)) -> dict[int, str | None]:
+def serving(out: Path, base: dict[str, Any], ranks: tuple[int, ...] = (1, 2)) -> dict[int, str | None]:
     """What each rank serves, after checking every byte of it against the version it claims."""
-    got = {}
+    got: dict[int, str | None] = {}
     for r in ranks:
         version, tensors = served(out, r)
         assert version in ("v1", "v2"), (r, version)
@@ -74,7 +77,7 @@ def serving(out: Path, base, ranks=(1, 2)) -> dict[int, str | None]:
     return got
 
 
-def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base, out):
+def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base: dict[str, Any], out: Path) -> None:
     plan = base["root"] / "v2.json"
     result, events, secs = replicate(plan, out, nproc=3, fault="kill:rank=1,phase=commit")
     assert not result.ok and result.exit_code == 1
@@ -101,7 +104,7 @@ def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base, out):
     assert third.ok and third.report["serving"] == {"1": "v2", "2": "v2"}
 
 
-def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(base, out):
+def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(base: dict[str, Any], out: Path) -> None:
     env = dict(os.environ, HWTUI_TEST_FAULT="term:rank=2,phase=commit")
     proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
                            "--nproc", "3", "--commit", "--out", str(out), "--report", str(out / "report.json")],
@@ -117,7 +120,7 @@ def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(ba
 
 # kill:rank=2,phase=prepare is test_replicate.py::test_rank_dying_after_prepare_means_no_commit_anywhere
 @pytest.mark.parametrize("fault", ["term:rank=1,bucket=1", "fail:rank=0,phase=decide"])
-def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base, out, fault):
+def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base: dict[str, Any], out: Path, fault: str) -> None:
     result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault=fault, timeout=5)
     assert not result.ok and result.exit_code == 1
     rank = fault.split("rank=")[1][0]
@@ -130,17 +133,17 @@ def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base, ou
 
 
 def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | None = None,
-        timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        timeout: float = 90, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """``hwtui replicate --commit`` as an operator runs it (``wrap``: a command it runs under, e.g. unshare)."""
     env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
     if fault:
         env["HWTUI_TEST_FAULT"] = fault
     argv = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3", "--commit",
-            "--out", str(out), "--timeout", "10"]
+            "--out", str(out), "--timeout", "10", *extra]
     return subprocess.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def assert_aborted_everywhere(out: Path, base) -> None:
+def assert_aborted_everywhere(out: Path, base: dict[str, Any]) -> None:
     """Nobody switched, nothing of v2 is left: no decision, no staging copy, no pending CURRENT."""
     assert not decision_path(out, "v2").exists()
     assert serving(out, base) == {1: "v1", 2: "v1"}
@@ -152,7 +155,7 @@ def assert_aborted_everywhere(out: Path, base) -> None:
 
 
 @pytest.fixture
-def chattr(tmp_path):
+def chattr(tmp_path: Path) -> Iterator[Any]:
     """``chattr(path, "+i")``, undone after the test; None where inode flags cannot be set (not root, no ext4)."""
     probe = tmp_path / "chattr-probe"
     probe.mkdir()
@@ -176,7 +179,7 @@ def chattr(tmp_path):
 
 
 @pytest.mark.parametrize("target,flag", [("versions", "+i"), ("versions", "+a"), ("CURRENT", "+i")])
-def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base, out, chattr, target, flag):
+def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base: dict[str, Any], out: Path, chattr: Any, target: Any, flag: Any) -> None:
     # On 769874d an immutable versions/ passed the probe (it wrote into the rank directory), the
     # vote was unanimous and rank 2 failed its rename after the decision: rank 1 served v2, rank 2 v1.
     if chattr is None:
@@ -195,7 +198,7 @@ def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base, out, 
     assert serving(out, base) == {1: "v2", 2: "v2"}
 
 
-def test_something_in_the_way_of_the_new_current_votes_no(base, out):
+def test_something_in_the_way_of_the_new_current_votes_no(base: dict[str, Any], out: Path) -> None:
     # The same without root: a non-empty directory where rank 2 must write its new CURRENT.
     blocker = out / "rank2" / ".CURRENT.v2.tmp"
     blocker.mkdir()
@@ -221,7 +224,7 @@ _MOUNTS = {
 
 
 @pytest.mark.parametrize("mount", sorted(_MOUNTS))
-def test_versions_on_another_or_read_only_mount_votes_no(base, out, tmp_path, mount):
+def test_versions_on_another_or_read_only_mount_votes_no(base: dict[str, Any], out: Path, tmp_path: Path, mount: str) -> None:
     # A read-only versions/ refuses the rename (EROFS); a writable one on another mount refuses it
     # too (EXDEV): both used to be found only by the switch, after the decision.
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
@@ -235,7 +238,7 @@ def test_versions_on_another_or_read_only_mount_votes_no(base, out, tmp_path, mo
     assert_aborted_everywhere(out, base)
 
 
-def test_no_space_for_the_new_current_is_caught_before_the_vote(base, out):
+def test_no_space_for_the_new_current_is_caught_before_the_vote(base: dict[str, Any], out: Path) -> None:
     # On 769874d CURRENT was written after the decision: a full disk there left a split.
     result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=current")
     assert not result.ok and result.exit_code == 1
@@ -255,7 +258,7 @@ _FULL_DISK = ('set -e; mount --make-rprivate /; cp -a "$1/." "$2"; mount -t tmpf
 
 
 @pytest.mark.parametrize("spare_pages,switches", [(0, False), (1, True)])
-def test_a_real_full_disk_at_current_votes_no(base, out, tmp_path, spare_pages, switches):
+def test_a_real_full_disk_at_current_votes_no(base: dict[str, Any], out: Path, tmp_path: Path, spare_pages: int, switches: bool) -> None:
     """Exactly the pages the staging copy and its manifest take are free on rank 2: the new CURRENT
     finds no space. On 769874d that came after the decision (rank 1 v2, rank 2 v1); now rank 2
     votes no. One page more and the same run commits: CURRENT was the write that did not fit."""
@@ -282,7 +285,7 @@ def test_a_real_full_disk_at_current_votes_no(base, out, tmp_path, spare_pages, 
 @pytest.mark.timeout(300)  # up to four runs of the CLI, on a loaded box
 @pytest.mark.parametrize("fault", ["fail:rank=2,phase=commit", "fail:rank=2,phase=switched",
                                    "kill:rank=2,phase=switched"])
-def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base, out, chattr, fault):
+def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base: dict[str, Any], out: Path, chattr: Any, fault: str) -> None:
     """After the decision the only way is forward: one line names the command, and that command finishes it."""
     plan = base["root"] / "v2.json"
     proc = cli(plan, out, fault=fault)
@@ -315,7 +318,7 @@ def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base, out,
     assert not (out / "rank2" / ".CURRENT.v2.pending").exists() and not (out / "rank2" / "staging").exists()
 
 
-def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base, out):
+def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base: dict[str, Any], out: Path) -> None:
     # rank 2 cannot create its staging directory (a full disk): exit 2 within seconds, not at the init timeout
     result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=load")
     assert not result.ok and result.exit_code == 2
@@ -324,7 +327,7 @@ def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base, out):
     assert serving(out, base) == {1: "v1", 2: "v1"}
 
 
-def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base, tmp_path):
+def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base: dict[str, Any], tmp_path: Path) -> None:
     blocked = tmp_path / "out"
     blocked.write_text("a file, not a directory")
     for target in (blocked, blocked / "sub"):
@@ -338,7 +341,7 @@ def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base, tmp_pa
         replicate(base["root"] / "v2.json", tmp_path / "o2", nproc=3)
 
 
-def test_second_concurrent_run_is_refused_naming_the_holder(base, out):
+def test_second_concurrent_run_is_refused_naming_the_holder(base: dict[str, Any], out: Path) -> None:
     with OutLock(out, [0, 1, 2]):  # this test process plays the first run
         proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
                                "--nproc", "3", "--commit", "--out", str(out)], capture_output=True, text=True, timeout=30)
@@ -350,7 +353,7 @@ def test_second_concurrent_run_is_refused_naming_the_holder(base, out):
         pass
 
 
-def test_decision_for_another_plan_under_the_same_version_is_refused(base, out):
+def test_decision_for_another_plan_under_the_same_version_is_refused(base: dict[str, Any], out: Path) -> None:
     decision_path(out, "v2").parent.mkdir(parents=True, exist_ok=True)
     decision_path(out, "v2").write_text(json.dumps({"schema": "hwtui.replication-decision/1", "version": "v2",
                                                     "plan_digest": "0" * 32, "decision": "commit", "ranks": [1, 2]}))
@@ -359,7 +362,7 @@ def test_decision_for_another_plan_under_the_same_version_is_refused(base, out):
     assert serving(out, base) == {1: "v1", 2: "v1"}
 
 
-def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(base, out, tmp_path):
+def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(base: dict[str, Any], out: Path, tmp_path: Path) -> None:
     victim, victim_dir = tmp_path / "victim", tmp_path / "victim-dir"
     victim.write_text("not yours")
     victim_dir.mkdir()
@@ -380,3 +383,35 @@ def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(ba
     assert json.loads((tmp_path / "current-copy").read_text())["version"] == "v1"
     assert not (rank2 / "CURRENT").is_symlink() and not (rank2 / "staging").exists()
     assert not [p for p in rank2.iterdir() if p.name.startswith(".CURRENT")]
+
+
+# As _FULL_DISK, and after the run, what is left of rank 2's staging/ (read inside the namespace,
+# where its tmpfs still exists) is printed as "LEFT: <name>" lines.
+_FULL_DISK_LEFT = _FULL_DISK.replace('shift 4; exec "$@"',
+                                     'd="$1"; shift 4; rc=0; "$@" || rc=$?; '
+                                     'ls -A "$d/staging" 2>/dev/null | sed "s/^/LEFT: /"; exit $rc')
+
+
+@pytest.mark.parametrize("path", ["same-host", "network"])
+def test_no_space_for_the_staging_copy_is_one_no_space_line_and_nothing_commits(base: dict[str, Any], out: Path, tmp_path: Path, path: str) -> None:
+    """Rank 2's disk has room for half the staging copy. It is reserved whole before the transfer
+    (fallocate), so the run stops at set-up with one line that says "no space", exit 2, and no rank
+    switches. On 7309e8d the sparse copy filled mid-transfer: on the same-host path the rank died
+    of an internal OSError ("rank 2 exited with status 3"), on the network path its stores
+    through the mapping hit the full disk and the run read it as "rank 2 hung"."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    v1 = out / "rank2" / "versions" / "v1"
+    pages = -(-(v1 / "model.safetensors").stat().st_size // 4096)
+    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_DISK_LEFT, "sh", str(out / "rank2"), str(tmp_path),
+            str(pages // 2), sys.executable]
+    proc = cli(base["root"] / "v2.json", out, wrap=wrap, extra=("--no-same-host",) if path == "network" else ())
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
+    assert len(errors) == 1 and "no space left on device for the staging copy" in errors[0], proc.stderr
+    assert "rank2/staging/v2/model.safetensors" in errors[0], errors[0]
+    assert "LEFT:" not in proc.stdout, proc.stdout  # rank 2's half-made copy went with the abort
+    assert not decision_path(out, "v2").exists()
+    assert serving(out, base, ranks=(1,)) == {1: "v1"}  # rank 2's tmpfs went with its namespace
+    assert not (out / "rank1" / "staging" / "v2").exists() and not (out / "rank1" / ".CURRENT.v2.pending").exists()
