@@ -97,7 +97,7 @@ class Worker(RankWorld, RankTransfer, RankCommit):
             # the world's thread may hold for a while (dlopen).
             bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
             self._prefault = Prefaulted(int(bound))
-        elif self.served is not None and self.cfg.device == "cpu" and self.staging_factory is None:
+        elif self.served is not None and self.settings.device == "cpu" and self.staging_factory is None:
             # The --out staging file: made, reserved and brought into the page cache by a thread
             # while the world forms (staging.PrefaultedFile). Its size: the source file's when the
             # replica is that file, else the data's (Staging adds the header's when it takes it).
