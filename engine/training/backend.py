@@ -139,16 +139,15 @@ class BackendSpec:
     torch_type: str  # the device type torch uses
     runtime: Callable[[], Any]  # -> module-like object (is_available, set_device, synchronize, ...)
     fp16_needs_scaler: bool
-    same_vendor_collective: str  # what DDP would use within the vendor (informational)
     check_build: Callable[[], None] = lambda: None
 
 
 BACKENDS: dict[str, BackendSpec] = {
-    "cuda": BackendSpec("cuda", "cuda", _torch_module("cuda"), True, "nccl", _check_cuda_build),
-    "hip": BackendSpec("hip", "cuda", _torch_module("cuda"), True, "nccl (RCCL)", _check_hip_build),
-    "xpu": BackendSpec("xpu", "xpu", _torch_module("xpu"), True, "xccl"),
-    "hpu": BackendSpec("hpu", "hpu", _hpu, False, "hccl"),
-    "cpu": BackendSpec("cpu", "cpu", lambda: _CpuRuntime(), False, "gloo"),
+    "cuda": BackendSpec("cuda", "cuda", _torch_module("cuda"), True, _check_cuda_build),
+    "hip": BackendSpec("hip", "cuda", _torch_module("cuda"), True, _check_hip_build),
+    "xpu": BackendSpec("xpu", "xpu", _torch_module("xpu"), True),
+    "hpu": BackendSpec("hpu", "hpu", _hpu, False),
+    "cpu": BackendSpec("cpu", "cpu", lambda: _CpuRuntime(), False),
 }
 
 
