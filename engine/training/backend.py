@@ -173,7 +173,7 @@ class TrainDevice:
         return f"{self.spec.name}:{self.index}"
 
     @property
-    def device(self):
+    def device(self) -> Any:
         import torch
 
         return torch.device("cpu") if self.spec.torch_type == "cpu" else torch.device(self.spec.torch_type, self.index)
@@ -212,7 +212,7 @@ class TrainDevice:
             return "bf16" if self.bf16_supported() else "fp32"
         return requested
 
-    def autocast(self, precision: str):
+    def autocast(self, precision: str) -> Any:
         """The autocast context for this backend; fp32 gets a no-op context."""
         import torch
 
@@ -221,7 +221,7 @@ class TrainDevice:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.spec.torch_type, dtype=dtype)
 
-    def grad_scaler(self, precision: str):
+    def grad_scaler(self, precision: str) -> Any:
         """A GradScaler only where one is needed: fp16 on backends whose fp16 underflows (not bf16)."""
         if precision != "fp16" or not self.spec.fp16_needs_scaler:
             return None
