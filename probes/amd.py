@@ -61,7 +61,8 @@ def kfd_targets(host: Host) -> dict[str, str]:
 
 def _amdsmi_live() -> dict[str, Any]:
     try:
-        return run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0)
+        facts: dict[str, Any] = run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0)
+        return facts
     except ChildError as exc:
         return {"available": False, "reason": f"amdsmi child {exc.kind}: {exc}"}
 
@@ -112,33 +113,42 @@ def amd_rules(facts: Facts) -> Iterator[Finding]:
     smi = amd.get("amdsmi") or {}
     yield passed("amd.smi", "AMD figures from amdsmi" if smi.get("available") else "AMD figures from sysfs (amdsmi unavailable)",
                  smi.get("reason") or "")
+    yield _kfd_finding(amd)
+    rocm = amd.get("rocm_version")
+    yield passed("amd.rocm", f"ROCm {rocm}" if rocm else "no system ROCm (torch ROCm wheels bundle their runtime)")
+    for dev in amd["devices"]:
+        name = dev.get("name") or next((d.name for d in usable if d.pci == dev["pci"]), "AMD GPU")
+        yield passed(f"amd.device[{dev['pci']}]", f"{name}: " + (", ".join(_figures(dev)) or "no figures"),
+                     f"source: {dev.get('source')}", **dev)
+
+
+def _kfd_finding(amd: dict[str, Any]) -> Finding:
+    """/dev/kfd, ROCm's compute interface: present, and open to this user?"""
     kfd = amd.get("kfd") or {}
     user = amd.get("user") or "$USER"
     missing_groups = [g for g, ok in (amd.get("groups") or {}).items() if not ok]
     if not kfd.get("exists"):
-        yield fail("amd.kfd", "/dev/kfd is missing: ROCm cannot reach the GPUs",
-                   "amdgpu is bound but the compute interface (KFD) is absent: in a container it was not passed in.",
-                   "sudo modprobe amdgpu; in a container: docker run --device=/dev/kfd --device=/dev/dri --group-add video "
-                   "--group-add render ...")
-    elif not kfd.get("access"):
-        yield fail("amd.kfd", f"no access to /dev/kfd for {user}",
-                   "not in group(s): " + ", ".join(missing_groups) if missing_groups else "",
-                   f"sudo usermod -aG render,video {user} && log out and back in")
-    else:
-        yield passed("amd.kfd", "/dev/kfd is accessible", "groups: " + ", ".join(
-            f"{g} {'yes' if ok else 'no'}" for g, ok in (amd.get("groups") or {}).items()))
-    rocm = amd.get("rocm_version")
-    yield passed("amd.rocm", f"ROCm {rocm}" if rocm else "no system ROCm (torch ROCm wheels bundle their runtime)")
-    for dev in amd["devices"]:
-        parts = [p for p in (dev.get("gfx"),
-                             f"{(dev.get('vram_used') or 0) / 2**30:.1f} / {(dev.get('vram_total') or 0) / 2**30:.1f} GiB"
-                             if dev.get("vram_total") else None,
-                             f"{dev['util']}% busy" if dev.get("util") is not None else None,
-                             f"{dev['temp_c']:.0f} C" if dev.get("temp_c") is not None else None,
-                             f"{dev['power_w']:.0f} W" if dev.get("power_w") is not None else None) if p]
-        name = dev.get("name") or next((d.name for d in usable if d.pci == dev["pci"]), "AMD GPU")
-        yield passed(f"amd.device[{dev['pci']}]", f"{name}: " + (", ".join(parts) or "no figures"),
-                     f"source: {dev.get('source')}", **dev)
+        return fail("amd.kfd", "/dev/kfd is missing: ROCm cannot reach the GPUs",
+                    "amdgpu is bound but the compute interface (KFD) is absent: in a container it was not passed in.",
+                    "sudo modprobe amdgpu; in a container: docker run --device=/dev/kfd --device=/dev/dri --group-add video "
+                    "--group-add render ...")
+    if not kfd.get("access"):
+        return fail("amd.kfd", f"no access to /dev/kfd for {user}",
+                    "not in group(s): " + ", ".join(missing_groups) if missing_groups else "",
+                    f"sudo usermod -aG render,video {user} && log out and back in")
+    return passed("amd.kfd", "/dev/kfd is accessible", "groups: " + ", ".join(
+        f"{g} {'yes' if ok else 'no'}" for g, ok in (amd.get("groups") or {}).items()))
+
+
+def _figures(dev: dict[str, Any]) -> list[str]:
+    """A device's figures that are known: gfx target, VRAM, utilisation, temperature, power."""
+    parts = [dev.get("gfx"),
+             f"{(dev.get('vram_used') or 0) / 2**30:.1f} / {(dev.get('vram_total') or 0) / 2**30:.1f} GiB"
+             if dev.get("vram_total") else None,
+             f"{dev['util']}% busy" if dev.get("util") is not None else None,
+             f"{dev['temp_c']:.0f} C" if dev.get("temp_c") is not None else None,
+             f"{dev['power_w']:.0f} W" if dev.get("power_w") is not None else None]
+    return [p for p in parts if p]
 
 
 def amd_enricher(facts: Facts) -> dict[str, dict[str, Any]]:

@@ -61,7 +61,8 @@ def _live_packages() -> dict[str, Any]:
 def installed_packages(host: Host) -> dict[str, Any] | None:
     """The package fact; None when this host (a sysroot or replay without it) cannot say."""
     try:
-        return host.fact("python_packages", _live_packages)
+        packages: dict[str, Any] = host.fact("python_packages", _live_packages)
+        return packages
     except FactUnavailable:
         return None
 
@@ -78,7 +79,8 @@ def accelerate_config_path(env: Mapping[str, str]) -> str:
 
 def _working_dir(host: Host) -> str | None:
     try:
-        return host.fact("cwd", os.getcwd)
+        cwd: str = host.fact("cwd", os.getcwd)
+        return cwd
     except FactUnavailable:
         return host.env.get("PWD")
 
@@ -186,23 +188,38 @@ def accelerate_findings(acc: Mapping[str, Any], hw: Mapping[str, list[Device]], 
         yield fail("frameworks.accelerate.distributed_type", f"{ctx} is not a type Accelerate knows",
                    f"Known: {', '.join(sorted(ACCELERATE_TYPES))}.", f"accelerate config --config_file {path}")
         return
+    want = ACCELERATE_NEEDS.get(dtype)
+    yield _accelerate_type_finding(path, ctx, dtype, cfg, hw)
+    yield from _accelerate_process_findings(path, cfg, hw, want)
+    yield from _accelerate_precision_findings(path, cfg, hw, want, caps)
+    if dtype == "DEEPSPEED" and packages is not None and "deepspeed" not in packages:
+        yield fail("frameworks.accelerate.deepspeed", f"{ctx} but DeepSpeed is not installed", "",
+                   "python3 -m pip install deepspeed")
+
+
+def _accelerate_type_finding(path: str, ctx: str, dtype: str, cfg: Mapping[str, Any],
+                             hw: Mapping[str, list[Device]]) -> Finding:
+    """distributed_type (and use_cpu) against the accelerators this host has."""
     best = next((k for k in ("cuda", "xpu", "hpu", "tpu") if hw[k]), None)
     want = ACCELERATE_NEEDS.get(dtype)
     use_cpu = cfg.get("use_cpu") is True
     if want and not hw[want]:
         fix = f"set distributed_type: {TYPE_FOR[best]} in {path}" if best else f"set distributed_type: MULTI_CPU (or NO) in {path}"
-        yield fail("frameworks.accelerate.distributed_type", f"{ctx} needs {want.upper()} devices; this host has {_hw_line(hw)}",
-                   "accelerate launch would start ranks that find no device.", fix)
-    elif dtype in ("NO", "MULTI_CPU") and best and not use_cpu:
-        yield warn("frameworks.accelerate.distributed_type", f"{ctx} on a host with {_hw_line(hw)}",
-                   f"{'One process' if dtype == 'NO' else 'CPU processes'}: the other accelerators stay idle.",
-                   f"set distributed_type: {TYPE_FOR[best]} and num_processes: {len(hw[best])} in {path}")
-    elif use_cpu and best:
-        yield warn("frameworks.accelerate.use_cpu", f"{path}: use_cpu: true on a host with {_hw_line(hw)}",
-                   "Accelerate runs on the CPU and ignores every GPU.", f"set use_cpu: false in {path}")
-    else:
-        yield passed("frameworks.accelerate.distributed_type", f"{ctx} fits this host ({_hw_line(hw)})")
+        return fail("frameworks.accelerate.distributed_type", f"{ctx} needs {want.upper()} devices; this host has {_hw_line(hw)}",
+                    "accelerate launch would start ranks that find no device.", fix)
+    if dtype in ("NO", "MULTI_CPU") and best and not use_cpu:
+        return warn("frameworks.accelerate.distributed_type", f"{ctx} on a host with {_hw_line(hw)}",
+                    f"{'One process' if dtype == 'NO' else 'CPU processes'}: the other accelerators stay idle.",
+                    f"set distributed_type: {TYPE_FOR[best]} and num_processes: {len(hw[best])} in {path}")
+    if use_cpu and best:
+        return warn("frameworks.accelerate.use_cpu", f"{path}: use_cpu: true on a host with {_hw_line(hw)}",
+                    "Accelerate runs on the CPU and ignores every GPU.", f"set use_cpu: false in {path}")
+    return passed("frameworks.accelerate.distributed_type", f"{ctx} fits this host ({_hw_line(hw)})")
 
+
+def _accelerate_process_findings(path: str, cfg: Mapping[str, Any], hw: Mapping[str, list[Device]],
+                                 want: str | None) -> Iterator[Finding]:
+    """num_processes and gpu_ids against this host's devices; main_process_ip when several machines."""
     machines = _count(cfg.get("num_machines", 1)) or 1
     procs = _count(cfg.get("num_processes", 1))
     if want and hw[want] and procs is not None:
@@ -224,18 +241,23 @@ def accelerate_findings(acc: Mapping[str, Any], hw: Mapping[str, list[Device]], 
     if machines > 1 and not cfg.get("main_process_ip"):
         yield fail("frameworks.accelerate.main_process", f"{path}: num_machines {machines} without main_process_ip",
                    "Every machine must know where rank 0 listens.", f"set main_process_ip: <rank-0 address> in {path}")
+
+
+# mixed_precision -> the lowest NVIDIA compute capability that has it
+_PRECISION_FLOOR = {"bf16": (8, 0), "fp8": (8, 9)}
+
+
+def _accelerate_precision_findings(path: str, cfg: Mapping[str, Any], hw: Mapping[str, list[Device]], want: str | None,
+                                   caps: Mapping[str, tuple[int, int]]) -> Iterator[Finding]:
     precision = str(cfg.get("mixed_precision", "no")).lower()
-    if precision in ("bf16", "fp8") and want == "cuda" and hw["nvidia"]:
-        floor = (8, 0) if precision == "bf16" else (8, 9)
+    if precision in _PRECISION_FLOOR and want == "cuda" and hw["nvidia"]:
+        floor = _PRECISION_FLOOR[precision]
         low = [d for d in hw["nvidia"] if d.pci in caps and tuple(caps[d.pci]) < floor]
         if low:
             yield fail("frameworks.accelerate.mixed_precision",
                        f"{path}: mixed_precision {precision} needs compute capability {floor[0]}.{floor[1]}+",
                        "; ".join(f"{d.device} {d.name}: sm_{caps[d.pci][0]}{caps[d.pci][1]}" for d in low),
                        f"set mixed_precision: fp16 in {path}")
-    if dtype == "DEEPSPEED" and packages is not None and "deepspeed" not in packages:
-        yield fail("frameworks.accelerate.deepspeed", f"{ctx} but DeepSpeed is not installed", "",
-                   "python3 -m pip install deepspeed")
 
 
 # -- Lightning ------------------------------------------------------------------------------------
@@ -278,54 +300,66 @@ def lightning_findings(lit: Mapping[str, Any], hw: Mapping[str, list[Device]], p
                    f"Known: {', '.join(sorted(LIGHTNING_ACCELERATORS))}.", f"set trainer.accelerator: {_accel_name(best)} in {path}")
         return
     want = LIGHTNING_ACCELERATORS[accel]
-    if want == "mps" or (want and not hw[want]):
-        extra = " (Lightning's 'gpu' means CUDA or ROCm; Intel XPUs need a third-party accelerator)" if hw["xpu"] and want == "cuda" else ""
-        yield fail("frameworks.lightning.accelerator", f"{path}: trainer.accelerator={accel} but this host has {_hw_line(hw)}",
-                   "Trainer() raises MisconfigurationException before the first step." + extra,
-                   f"set trainer.accelerator: {_accel_name(best)} in {path}")
-    elif accel == "cpu" and best:
-        yield warn("frameworks.lightning.accelerator", f"{path}: trainer.accelerator=cpu on a host with {_hw_line(hw)}",
-                   "Every accelerator stays idle.", f"set trainer.accelerator: {_accel_name(best)} in {path}")
-    else:
-        yield passed("frameworks.lightning.accelerator", f"{path}: trainer.accelerator={accel} fits this host ({_hw_line(hw)})")
+    yield _lightning_accelerator_finding(path, accel, want, best, hw)
     target = want or best
     n = _count(devices)
     if target and target != "mps" and hw.get(target) and n is not None and n > len(hw[target]):
         yield fail("frameworks.lightning.devices", f"{path}: trainer.devices={n} but this host has {len(hw[target])} "
                    f"{target.upper()} device(s)", "", f"set trainer.devices: {len(hw[target])} (or -1 for all) in {path}")
-    if strategy in REMOVED_STRATEGIES:
-        yield fail("frameworks.lightning.strategy", f"{path}: trainer.strategy={strategy}", REMOVED_STRATEGIES[strategy] + ".",
-                   f"set trainer.strategy: {'xla' if accel == 'tpu' else 'ddp'} in {path}")
-    elif strategy.startswith("xla") and accel != "tpu":
-        yield fail("frameworks.lightning.strategy", f"{path}: trainer.strategy={strategy} with accelerator {accel}",
-                   "The XLA strategy runs on TPUs only.", f"set trainer.strategy: ddp in {path}")
-    elif strategy.startswith("ddp") and accel == "tpu":
-        yield fail("frameworks.lightning.strategy", f"{path}: trainer.strategy={strategy} on TPU",
-                   "TPUs use the XLA strategy; DDP needs NCCL or gloo devices.", f"set trainer.strategy: xla in {path}")
-    elif strategy.startswith("deepspeed") and packages is not None and "deepspeed" not in packages:
-        yield fail("frameworks.lightning.strategy", f"{path}: trainer.strategy={strategy} but DeepSpeed is not installed", "",
-                   "python3 -m pip install deepspeed")
-    else:
-        yield passed("frameworks.lightning.strategy", f"{path}: trainer.strategy={strategy}")
+    yield _lightning_strategy_finding(path, strategy, accel, packages)
     if accel == "tpu":
-        if tpu_cores is not None:
-            cores = _count(tpu_cores)
-            if cores not in (1, 8):
-                yield fail("frameworks.lightning.tpu_cores", f"{path}: trainer.tpu_cores={tpu_cores}",
-                           "A TPU v3 host has 8 cores; Lightning accepts 1 or 8.", f"set trainer.devices: 8 in {path}")
-            else:
-                yield warn("frameworks.lightning.tpu_cores", f"{path}: trainer.tpu_cores={cores} is gone in Lightning 2.x",
-                           "Lightning 2.0 removed the tpu_cores argument.", f"replace trainer.tpu_cores with trainer.devices: {cores} in {path}")
-        backend = env.get("PL_TORCH_DISTRIBUTED_BACKEND")
-        if backend != "xla":
-            yield warn("frameworks.lightning.tpu_backend", f"PL_TORCH_DISTRIBUTED_BACKEND is {backend or 'unset'} with a TPU accelerator",
-                       "The hardware guide requires xla for TPU launches.", "export PL_TORCH_DISTRIBUTED_BACKEND=xla")
+        yield from _lightning_tpu_findings(path, tpu_cores, env)
     if packages is not None and not ({"lightning", "pytorch-lightning"} & set(packages)):
         yield warn("frameworks.lightning.installed", f"{path} configures Lightning but Lightning is not installed", "",
                    "python3 -m pip install lightning")
     if str(cfg.get("backend", "")).lower() == "accelerate" and accelerate.get("config") is None and not accelerate.get("error"):
         yield warn("frameworks.lightning.accelerate_backend", f"{path}: backend: accelerate but there is no Accelerate config",
                    f"looked for {accelerate['path']}", "accelerate config")
+
+
+def _lightning_accelerator_finding(path: str, accel: str, want: str | None, best: str | None,
+                                   hw: Mapping[str, list[Device]]) -> Finding:
+    if want == "mps" or (want and not hw[want]):
+        extra = " (Lightning's 'gpu' means CUDA or ROCm; Intel XPUs need a third-party accelerator)" if hw["xpu"] and want == "cuda" else ""
+        return fail("frameworks.lightning.accelerator", f"{path}: trainer.accelerator={accel} but this host has {_hw_line(hw)}",
+                    "Trainer() raises MisconfigurationException before the first step." + extra,
+                    f"set trainer.accelerator: {_accel_name(best)} in {path}")
+    if accel == "cpu" and best:
+        return warn("frameworks.lightning.accelerator", f"{path}: trainer.accelerator=cpu on a host with {_hw_line(hw)}",
+                    "Every accelerator stays idle.", f"set trainer.accelerator: {_accel_name(best)} in {path}")
+    return passed("frameworks.lightning.accelerator", f"{path}: trainer.accelerator={accel} fits this host ({_hw_line(hw)})")
+
+
+def _lightning_strategy_finding(path: str, strategy: str, accel: str, packages: Mapping[str, Any] | None) -> Finding:
+    fid = "frameworks.lightning.strategy"
+    if strategy in REMOVED_STRATEGIES:
+        return fail(fid, f"{path}: trainer.strategy={strategy}", REMOVED_STRATEGIES[strategy] + ".",
+                    f"set trainer.strategy: {'xla' if accel == 'tpu' else 'ddp'} in {path}")
+    if strategy.startswith("xla") and accel != "tpu":
+        return fail(fid, f"{path}: trainer.strategy={strategy} with accelerator {accel}",
+                    "The XLA strategy runs on TPUs only.", f"set trainer.strategy: ddp in {path}")
+    if strategy.startswith("ddp") and accel == "tpu":
+        return fail(fid, f"{path}: trainer.strategy={strategy} on TPU",
+                    "TPUs use the XLA strategy; DDP needs NCCL or gloo devices.", f"set trainer.strategy: xla in {path}")
+    if strategy.startswith("deepspeed") and packages is not None and "deepspeed" not in packages:
+        return fail(fid, f"{path}: trainer.strategy={strategy} but DeepSpeed is not installed", "",
+                    "python3 -m pip install deepspeed")
+    return passed(fid, f"{path}: trainer.strategy={strategy}")
+
+
+def _lightning_tpu_findings(path: str, tpu_cores: Any, env: Mapping[str, str]) -> Iterator[Finding]:
+    if tpu_cores is not None:
+        cores = _count(tpu_cores)
+        if cores not in (1, 8):
+            yield fail("frameworks.lightning.tpu_cores", f"{path}: trainer.tpu_cores={tpu_cores}",
+                       "A TPU v3 host has 8 cores; Lightning accepts 1 or 8.", f"set trainer.devices: 8 in {path}")
+        else:
+            yield warn("frameworks.lightning.tpu_cores", f"{path}: trainer.tpu_cores={cores} is gone in Lightning 2.x",
+                       "Lightning 2.0 removed the tpu_cores argument.", f"replace trainer.tpu_cores with trainer.devices: {cores} in {path}")
+    backend = env.get("PL_TORCH_DISTRIBUTED_BACKEND")
+    if backend != "xla":
+        yield warn("frameworks.lightning.tpu_backend", f"PL_TORCH_DISTRIBUTED_BACKEND is {backend or 'unset'} with a TPU accelerator",
+                   "The hardware guide requires xla for TPU launches.", "export PL_TORCH_DISTRIBUTED_BACKEND=xla")
 
 
 def _accel_name(best: str | None) -> str:

@@ -51,47 +51,61 @@ def gaudi_rules(facts: Facts) -> Iterator[Finding]:
     if not usable:
         return
     hpu = (facts.get("torch_runtime") or {}).get("hpu")
-    if hpu is None:
-        yield warn("gaudi.runtime", f"{len(usable)} Gaudi device(s), but habana_frameworks was not probed",
-                   "torch is not installed or its probe failed.",
-                   "use Intel Gaudi's PyTorch container (vault.habana.ai/gaudi-docker/<version>/<os>/habanalabs/pytorch-installer-<torch>)")
-    elif not hpu.get("available"):
-        yield fail("gaudi.runtime", "habana_frameworks cannot see the Gaudi devices", hpu.get("error") or "",
-                   "./habanalabs-installer.sh install --type pytorch (or use the Gaudi PyTorch container); "
-                   "check `hl-smi` first")
-    elif hpu.get("device_count", 0) < len(usable):
-        yield warn("gaudi.runtime", f"habana_frameworks sees {hpu['device_count']} of {len(usable)} Gaudi devices",
-                   ", ".join(hpu.get("names") or []), "hl-smi; sudo dmesg | grep -i habanalabs")
-    else:
-        yield passed("gaudi.runtime", f"habana_frameworks sees {hpu['device_count']} HPU(s)",
-                     ", ".join(hpu.get("names") or []), count=hpu["device_count"])
-    smi = gaudi.get("hl_smi")
-    if gaudi.get("hl_smi_path") is None:
-        yield warn("gaudi.hl_smi", "hl-smi not found on PATH", "It ships with the habanalabs driver package.",
-                   "sudo apt install habanalabs-firmware-tools (Intel Gaudi software repository)")
-    elif smi and not smi.get("ok"):
-        yield fail("gaudi.hl_smi", "hl-smi failed", smi.get("error") or "", "sudo dmesg | grep -i habanalabs")
-    elif smi:
-        yield passed("gaudi.hl_smi", f"hl-smi lists {len(smi.get('rows') or [])} device(s)",
-                     "; ".join(", ".join(r) for r in smi.get("rows") or []))
-    env = gaudi.get("env") or {}
-    missing = [k for k in HCCL_VARS if k not in env]
-    if not env:
-        yield passed("gaudi.hccl_env", "WORLD_SIZE/RANK/LOCAL_RANK not set: fine for one process",
-                     "For multi-process HCCL, set all three before importing habana_frameworks.torch.distributed.hccl, "
-                     "or call initialize_distributed_hpu(world_size, rank, local_rank).")
-    elif missing:
-        yield fail("gaudi.hccl_env", f"HCCL environment incomplete: {', '.join(missing)} not set",
-                   "HCCL reads all three when its module is imported; with one missing every process assumes rank 0.",
-                   "export " + " ".join(f"{k}=<{k.lower()}>" for k in missing) + " before importing "
-                   "habana_frameworks.torch.distributed.hccl (torchrun sets them), or call "
-                   "initialize_distributed_hpu(world_size, rank, local_rank)", set=sorted(env))
-    else:
-        yield passed("gaudi.hccl_env", "HCCL environment set: " + " ".join(f"{k}={env[k]}" for k in HCCL_VARS))
+    yield _runtime_finding(hpu, len(usable))
+    smi_finding = _hl_smi_finding(gaudi)
+    if smi_finding is not None:
+        yield smi_finding
+    yield _hccl_env_finding(gaudi.get("env") or {})
     backends = (facts.get("torch_runtime") or {}).get("backends") or {}
     if backends.get("hccl") is False:
         yield fail("gaudi.hccl", "the hccl backend is not registered", backends.get("hccl_error") or "",
                    "import habana_frameworks.torch.distributed.hccl before init_process_group('hccl')")
+
+
+def _runtime_finding(hpu: dict[str, Any] | None, usable: int) -> Finding:
+    """What habana_frameworks saw in the torch probe, against the Gaudi devices on the bus."""
+    if hpu is None:
+        return warn("gaudi.runtime", f"{usable} Gaudi device(s), but habana_frameworks was not probed",
+                    "torch is not installed or its probe failed.",
+                    "use Intel Gaudi's PyTorch container (vault.habana.ai/gaudi-docker/<version>/<os>/habanalabs/pytorch-installer-<torch>)")
+    if not hpu.get("available"):
+        return fail("gaudi.runtime", "habana_frameworks cannot see the Gaudi devices", hpu.get("error") or "",
+                    "./habanalabs-installer.sh install --type pytorch (or use the Gaudi PyTorch container); "
+                    "check `hl-smi` first")
+    if hpu.get("device_count", 0) < usable:
+        return warn("gaudi.runtime", f"habana_frameworks sees {hpu['device_count']} of {usable} Gaudi devices",
+                    ", ".join(hpu.get("names") or []), "hl-smi; sudo dmesg | grep -i habanalabs")
+    return passed("gaudi.runtime", f"habana_frameworks sees {hpu['device_count']} HPU(s)",
+                  ", ".join(hpu.get("names") or []), count=hpu["device_count"])
+
+
+def _hl_smi_finding(gaudi: dict[str, Any]) -> Finding | None:
+    smi = gaudi.get("hl_smi")
+    if gaudi.get("hl_smi_path") is None:
+        return warn("gaudi.hl_smi", "hl-smi not found on PATH", "It ships with the habanalabs driver package.",
+                    "sudo apt install habanalabs-firmware-tools (Intel Gaudi software repository)")
+    if smi and not smi.get("ok"):
+        return fail("gaudi.hl_smi", "hl-smi failed", smi.get("error") or "", "sudo dmesg | grep -i habanalabs")
+    if smi:
+        return passed("gaudi.hl_smi", f"hl-smi lists {len(smi.get('rows') or [])} device(s)",
+                      "; ".join(", ".join(r) for r in smi.get("rows") or []))
+    return None
+
+
+def _hccl_env_finding(env: dict[str, str]) -> Finding:
+    """HCCL reads WORLD_SIZE, RANK and LOCAL_RANK when imported: none, or all three."""
+    missing = [k for k in HCCL_VARS if k not in env]
+    if not env:
+        return passed("gaudi.hccl_env", "WORLD_SIZE/RANK/LOCAL_RANK not set: fine for one process",
+                      "For multi-process HCCL, set all three before importing habana_frameworks.torch.distributed.hccl, "
+                      "or call initialize_distributed_hpu(world_size, rank, local_rank).")
+    if missing:
+        return fail("gaudi.hccl_env", f"HCCL environment incomplete: {', '.join(missing)} not set",
+                    "HCCL reads all three when its module is imported; with one missing every process assumes rank 0.",
+                    "export " + " ".join(f"{k}=<{k.lower()}>" for k in missing) + " before importing "
+                    "habana_frameworks.torch.distributed.hccl (torchrun sets them), or call "
+                    "initialize_distributed_hpu(world_size, rank, local_rank)", set=sorted(env))
+    return passed("gaudi.hccl_env", "HCCL environment set: " + " ".join(f"{k}={env[k]}" for k in HCCL_VARS))
 
 
 COLLECTORS = [Collector("gaudi", collect_gaudi, "gpu", timeout=20.0)]

@@ -52,26 +52,31 @@ def nvml_torch_agreement(nvml: Mapping[str, Any], runtime: Mapping[str, Any], ke
         problems.append(f"device count: NVML {n_nvml}, torch.cuda {n_torch}")
     by_pci = {d.get("pci"): d for d in nvml.get("devices") or []}
     for dev in cuda.get("devices") or []:
-        ref = by_pci.get(dev.get("pci"))
-        label = f"cuda:{dev.get('index')} ({dev.get('pci')})"
-        if ref is None:
-            problems.append(f"{label}: torch sees it, NVML does not")
-            continue
-        if ref.get("name") != dev.get("name"):
-            problems.append(f"{label}: name NVML {ref.get('name')!r}, torch {dev.get('name')!r}")
-        total = (ref.get("memory") or {}).get("total")
-        got = dev.get("total_memory")
-        if total and got and not (total * (1 - mem_tolerance) <= got <= total):
-            problems.append(f"{label}: memory NVML {total / 2**30:.2f} GiB, torch {got / 2**30:.2f} GiB")
-        cap = ref.get("compute_capability")
-        if cap and dev.get("capability") and list(cap) != list(dev["capability"]):
-            problems.append(f"{label}: compute capability NVML {cap}, torch {dev['capability']}")
+        problems += _device_disagreements(dev, by_pci.get(dev.get("pci")), mem_tolerance)
     torch_cuda = (runtime.get("version") or {}).get("cuda")
     driver_cuda = nvml.get("cuda_driver_version")
     if torch_cuda and driver_cuda and _version(driver_cuda)[:1] < _version(torch_cuda)[:1]:
         problems.append(f"CUDA: the driver supports {driver_cuda}, torch was built for {torch_cuda} (a newer major)")
     if kernel_driver and nvml.get("driver_version") and _version(kernel_driver) != _version(nvml["driver_version"]):
         problems.append(f"driver: NVML {nvml['driver_version']}, kernel module {kernel_driver}")
+    return problems
+
+
+def _device_disagreements(dev: Mapping[str, Any], ref: Mapping[str, Any] | None, mem_tolerance: float) -> list[str]:
+    """One device as torch saw it against NVML's record of the same PCI address (None: no record)."""
+    label = f"cuda:{dev.get('index')} ({dev.get('pci')})"
+    if ref is None:
+        return [f"{label}: torch sees it, NVML does not"]
+    problems: list[str] = []
+    if ref.get("name") != dev.get("name"):
+        problems.append(f"{label}: name NVML {ref.get('name')!r}, torch {dev.get('name')!r}")
+    total = (ref.get("memory") or {}).get("total")
+    got = dev.get("total_memory")
+    if total and got and not (total * (1 - mem_tolerance) <= got <= total):
+        problems.append(f"{label}: memory NVML {total / 2**30:.2f} GiB, torch {got / 2**30:.2f} GiB")
+    cap = ref.get("compute_capability")
+    if cap and dev.get("capability") and list(cap) != list(dev["capability"]):
+        problems.append(f"{label}: compute capability NVML {cap}, torch {dev['capability']}")
     return problems
 
 

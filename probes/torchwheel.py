@@ -123,7 +123,8 @@ NOT_RECORDED = {"installed": False, "not_recorded": True}
 
 def collect_torch_build(host: Host) -> dict[str, Any]:
     try:
-        return host.fact("torch_build", _live_build)
+        build: dict[str, Any] = host.fact("torch_build", _live_build)
+        return build
     except FactUnavailable:
         return dict(NOT_RECORDED)
 
@@ -164,7 +165,8 @@ def collect_torch_runtime(host: Host) -> dict[str, Any]:
         return live_runtime(probe_args_for(collect_pci(host)))
 
     try:
-        return host.fact("torch_runtime", produce)
+        runtime: dict[str, Any] = host.fact("torch_runtime", produce)
+        return runtime
     except FactUnavailable:
         return dict(NOT_RECORDED)
 
@@ -525,6 +527,9 @@ def _level_zero_verdict(facts: Facts, vendors: set[str]) -> Iterator[Finding]:
         yield passed(fid, "Level Zero loader and Intel GPU driver present", ", ".join(lz["loader"] + lz["gpu_driver"]))
 
 
+_ERROR_TITLES: dict[str | None, str] = {"timeout": "importing torch timed out", "crash": "importing torch crashed"}
+
+
 def runtime_rules(facts: Facts) -> Iterator[Finding]:
     """What the torch child saw: init errors, availability, collective backends."""
     runtime = facts["torch_runtime"]
@@ -534,49 +539,63 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
     vendors = {d.vendor for d in devices}
     err = runtime.get("error")
     if err:
-        kind = err.get("kind")
-        title = {"timeout": "importing torch timed out", "crash": "importing torch crashed"}.get(kind, "the torch probe failed")
-        # The child's last stderr line says why (an exception's last line); its traceback stays out
-        # of the finding, which is one line per field for people and tools alike.
-        last = next((ln.strip() for ln in reversed(str(err.get("stderr") or "").splitlines()) if ln.strip()), "")
-        yield error("torch.runtime", title, (err.get("message") or "") + (f" (stderr: {last})" if last else ""),
-                    "python -c 'import torch; print(torch.cuda.is_available())' shows the same failure in the open")
+        yield _probe_error(err)
         return
     version = runtime.get("version") or {}
-    cuda = runtime.get("cuda") or {}
     remedy = remedy_for(facts, build_devices(facts.get("pci") or {}))
     if (version.get("cuda") and "NVIDIA" in vendors) or (version.get("hip") and "AMD" in vendors):
-        want = sum(1 for d in devices if d.vendor == ("AMD" if version.get("hip") else "NVIDIA"))
-        api = "ROCm" if version.get("hip") else "CUDA"
-        if not cuda.get("available"):
-            yield fail("torch.runtime.cuda", f"torch.cuda.is_available() is False with a {api} wheel and {want} GPU(s)",
-                       cuda.get("error") or "torch gave no reason", remedy)
-        elif cuda.get("device_count", 0) < want and not (runtime.get("env") or {}):
-            yield warn("torch.runtime.cuda", f"torch sees {cuda['device_count']} of {want} {api} GPU(s)",
-                       "; ".join(cuda.get("warnings") or []), "sudo dmesg | tail -50 (a GPU failed to initialise)")
-        else:
-            yield passed("torch.runtime.cuda", f"torch sees {cuda.get('device_count')} {api} device(s)"
-                         + (" (cached)" if runtime.get("cached") else ""),
-                         "; ".join(f"{d['index']}: {d['name']}" for d in cuda.get("devices") or []))
-    xpu = runtime.get("xpu") or {}
+        yield _cuda_finding(runtime, devices, remedy)
     if version.get("xpu") and "Intel" in vendors:
-        if xpu.get("available"):
-            yield passed("torch.runtime.xpu", f"torch sees {xpu.get('device_count')} XPU device(s)",
-                         "; ".join(f"{d['index']}: {d['name']} (driver {d.get('driver_version')})" for d in xpu.get("devices") or []))
-        else:
-            yield fail("torch.runtime.xpu", "torch.xpu.is_available() is False with an XPU wheel and an Intel GPU",
-                       xpu.get("error") or "", "sudo apt install libze1 libze-intel-gpu1 intel-opencl-icd; "
-                       "and add the user to the render group")
+        yield _xpu_finding(runtime.get("xpu") or {})
+    yield _backends_finding(runtime, remedy)
+
+
+def _probe_error(err: dict[str, Any]) -> Finding:
+    title = _ERROR_TITLES.get(err.get("kind"), "the torch probe failed")
+    # The child's last stderr line says why (an exception's last line); its traceback stays out
+    # of the finding, which is one line per field for people and tools alike.
+    last = next((ln.strip() for ln in reversed(str(err.get("stderr") or "").splitlines()) if ln.strip()), "")
+    return error("torch.runtime", title, (err.get("message") or "") + (f" (stderr: {last})" if last else ""),
+                 "python -c 'import torch; print(torch.cuda.is_available())' shows the same failure in the open")
+
+
+def _cuda_finding(runtime: dict[str, Any], devices: list[Any], remedy: str) -> Finding:
+    """A CUDA or ROCm wheel with that vendor's GPUs: does torch see them all?"""
+    version = runtime.get("version") or {}
+    cuda = runtime.get("cuda") or {}
+    want = sum(1 for d in devices if d.vendor == ("AMD" if version.get("hip") else "NVIDIA"))
+    api = "ROCm" if version.get("hip") else "CUDA"
+    if not cuda.get("available"):
+        return fail("torch.runtime.cuda", f"torch.cuda.is_available() is False with a {api} wheel and {want} GPU(s)",
+                    cuda.get("error") or "torch gave no reason", remedy)
+    if cuda.get("device_count", 0) < want and not (runtime.get("env") or {}):
+        return warn("torch.runtime.cuda", f"torch sees {cuda['device_count']} of {want} {api} GPU(s)",
+                    "; ".join(cuda.get("warnings") or []), "sudo dmesg | tail -50 (a GPU failed to initialise)")
+    return passed("torch.runtime.cuda", f"torch sees {cuda.get('device_count')} {api} device(s)"
+                  + (" (cached)" if runtime.get("cached") else ""),
+                  "; ".join(f"{d['index']}: {d['name']}" for d in cuda.get("devices") or []))
+
+
+def _xpu_finding(xpu: dict[str, Any]) -> Finding:
+    if xpu.get("available"):
+        return passed("torch.runtime.xpu", f"torch sees {xpu.get('device_count')} XPU device(s)",
+                      "; ".join(f"{d['index']}: {d['name']} (driver {d.get('driver_version')})" for d in xpu.get("devices") or []))
+    return fail("torch.runtime.xpu", "torch.xpu.is_available() is False with an XPU wheel and an Intel GPU",
+                xpu.get("error") or "", "sudo apt install libze1 libze-intel-gpu1 intel-opencl-icd; "
+                "and add the user to the render group")
+
+
+def _backends_finding(runtime: dict[str, Any], remedy: str) -> Finding:
+    cuda = runtime.get("cuda") or {}
     backends = runtime.get("backends") or {}
     have = sorted(k for k, v in backends.items() if v is True)
     data = {k: v for k, v in backends.items() if not k.endswith("_error")}
     n_cuda = cuda.get("device_count", 0) if cuda.get("available") else 0
     if n_cuda > 1 and backends.get("nccl") is False:
-        yield warn("torch.runtime.backends", f"{n_cuda} GPUs but torch has no NCCL", "available: " + ", ".join(have),
-                   remedy, **data)
-    else:
-        yield passed("torch.runtime.backends", "collective backends: " + (", ".join(have) or "none"),
-                     "; ".join(f"{k}: {v}" for k, v in backends.items() if k.endswith("_error")), **data)
+        return warn("torch.runtime.backends", f"{n_cuda} GPUs but torch has no NCCL", "available: " + ", ".join(have),
+                    remedy, **data)
+    return passed("torch.runtime.backends", "collective backends: " + (", ".join(have) or "none"),
+                  "; ".join(f"{k}: {v}" for k, v in backends.items() if k.endswith("_error")), **data)
 
 
 COLLECTORS = [

@@ -44,7 +44,6 @@ from hwtui.probes.torchwheel import (
 CONFIG_SCHEMA = "hwtui.tui-config/1"  # the TUI's schema: one config file for the whole app
 # Vendors a pip wheel exists for -> (backend the engine uses, torch build variant that drives it).
 VENDORS = {"NVIDIA": ("cuda", "cuda"), "AMD": ("hip", "rocm"), "Intel": ("xpu", "xpu")}
-VARIANT_FOR_BACKEND = {backend: variant for backend, variant in VENDORS.values()}
 # What the engine imports besides torch (pyproject's engine extra, minus torch itself).
 ENGINE_DEPS = ("numpy>=1.26", "safetensors>=0.4", "xxhash>=3.4")
 

@@ -166,7 +166,7 @@ def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpe
 
 # -- reaching the store ------------------------------------------------------------------------
 
-def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None):
+def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None) -> Any:
     from torch.distributed import PrefixStore, TCPStore
 
     where = f"{ctx.master_addr}:{ctx.master_port}"
@@ -202,7 +202,7 @@ def _missing_label(rank: int, ctx: LaunchContext, spec: ClusterSpec | None) -> d
     return {"rank": rank, "node": node.name if node else None, "address": node.addr if node else None}
 
 
-def roll_call(store, ctx: LaunchContext, me: dict[str, Any], join_timeout: float, spec: ClusterSpec | None,
+def roll_call(store: Any, ctx: LaunchContext, me: dict[str, Any], join_timeout: float, spec: ClusterSpec | None,
               backend: str) -> dict[str, Any]:
     """Register, then (rank 0) wait for everyone or (others) wait for rank 0's verdict."""
     store.set(f"join/{ctx.rank}", json.dumps(me))
@@ -212,7 +212,8 @@ def roll_call(store, ctx: LaunchContext, me: dict[str, Any], join_timeout: float
         except Exception:  # noqa: BLE001 - DistStoreError: a timeout
             raise ClusterFailure(f"rank 0 did not publish the roll call within {join_timeout + 15:g} s "
                                  f"(rank {ctx.rank} on {me['node']} gave up)") from None
-        return json.loads(store.get("verdict"))
+        verdict: dict[str, Any] = json.loads(store.get("verdict"))
+        return verdict
 
     keys = [f"join/{r}" for r in range(ctx.world_size)]
     started = time.monotonic()
@@ -317,7 +318,7 @@ def _summary(rep: Mapping[str, Any]) -> str:
             f"{route.get('interface') or '?'} {route.get('local_addr') or '?'}, local check: {rep.get('check', {}).get('worst')}")
 
 
-def _wait_done(store, ctx: LaunchContext, timeout: float, ranks: list[int] | None = None) -> None:
+def _wait_done(store: Any, ctx: LaunchContext, timeout: float, ranks: list[int] | None = None) -> None:
     """Rank 0 hosts the store in fixed layouts: it must outlive the other ranks' last store call."""
     store.set(f"done/{ctx.rank}", "1")
     if ctx.rank == 0 and not ctx.agent_store:
@@ -327,15 +328,24 @@ def _wait_done(store, ctx: LaunchContext, timeout: float, ranks: list[int] | Non
             time.sleep(POLL_S)
 
 
+@dataclass
+class _Run:
+    """What every step of one rank's run reads: who it is, where it reports, what it has heard."""
+
+    opts: SmokeOptions
+    ctx: LaunchContext
+    node: str
+    store: Any
+    say: Callable[[Event], None]  # rank 0 emits; the other ranks say nothing
+    secrets: dict[str, str]
+    base: dict[str, Any]  # the report's fields known before the test
+    started: float
+    verdict: dict[str, Any]  # the roll call's
+    blocked: list[Finding]  # this node's local check findings that stop it
+
+
 def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str] | None = None) -> SmokeResult:
     import torch
-    import torch.distributed as dist
-
-    from hwtui.engine.cluster.gather import GatherError, all_gather_json
-    from hwtui.engine.cluster.local import SCHEMA as RANK_SCHEMA
-    from hwtui.engine.cluster.local import rank_report, route_to
-    from hwtui.engine.cluster.peer import PeerReportError, cap, checked_report
-    from hwtui.engine.cluster.reach import check_peers
 
     env = dict(os.environ if env is None else env)
     started = time.monotonic()
@@ -345,7 +355,6 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     node = identify_node(env, opts.node, spec)
     host_node = spec.master_node() if spec else None
     master_node = host_node.name if host_node else None
-    say = emit if ctx.rank == 0 else (lambda ev: None)
 
     # The local check first: a node that cannot work (interface, plugin) says so before it joins,
     # and registers with its finding so rank 0 names it at once instead of after the timeout.
@@ -370,52 +379,89 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
 
     base = {"schema": REPORT_SCHEMA, "launcher": ctx.launcher, "world_size": ctx.world_size, "backend": backend,
             "master": f"{ctx.master_addr}:{ctx.master_port}", "join_timeout": opts.join_timeout, "timeout": opts.timeout}
-
-    def stop(findings: list[Finding], extra: dict[str, Any], ranks: list[int] | None) -> SmokeResult:
-        """End the test before the process group: rank 0 reports the findings, every rank exits 1."""
-        mine = [f for f in findings if f.data.get("rank") == ctx.rank or f.data.get("node") == node]
-        own = f"local check on node {node} failed before joining: {one_line(blocked[0])}" if blocked else None
-        msg = own or "; ".join(f.title for f in (mine or findings))
-        report = None
-        if ctx.rank == 0:
-            nodes = sorted({j["node"] for j in verdict["joined"].values()})
-            for f in findings:
-                say(MismatchEvent(finding=f.to_dict()))
-            say(DoneEvent(ok=False, world_size=ctx.world_size, nodes=nodes, findings=[f.to_dict() for f in findings]))
-            report = _public({**base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings], **extra,
-                              "duration_s": round(time.monotonic() - started, 2)}, secrets)
-        _wait_done(store, ctx, 5.0, ranks)
-        return SmokeResult(ctx.rank, 1, msg, report)
+    r = _Run(opts, ctx, node, store, emit if ctx.rank == 0 else (lambda ev: None), secrets, base, started, verdict,
+             blocked)
 
     if not verdict["ok"]:
         came = {j["node"] for j in verdict["joined"].values()}
         absent = missing_findings(verdict, spec, _absent_said(spec, came)) + blocked_findings(verdict)
-        return stop(absent, {"missing": verdict["missing"]}, [int(r) for r in verdict["joined"]])
+        return _stop(r, absent, {"missing": verdict["missing"]}, [int(k) for k in verdict["joined"]])
 
-    nodes_by_rank = {int(r): j["node"] for r, j in verdict["joined"].items()}
-    if ctx.world_size > 1:
-        _say(store, ctx.rank, "testing connections to its peers")
-        address = route_to(ctx.master_addr, ctx.master_port).get("local_addr") or "0.0.0.0"  # noqa: S104
-        reach = check_peers(store, ctx.rank, ctx.world_size, address, nodes_by_rank,
-                            connect_timeout=min(3.0, opts.timeout), timeout=opts.join_timeout,
-                            last_said=lambda r: _heard(store, r))
-        if not reach["ok"]:
-            unreachable = [Finding.from_dict(f) for f in reach["findings"]]
-            if not unreachable:
-                raise ClusterFailure(f"rank {ctx.rank} on {node}: {reach.get('error', 'the connection test failed')}")
-            return stop(unreachable, {}, None)
+    nodes_by_rank = {int(k): j["node"] for k, j in verdict["joined"].items()}
+    unreachable = _unreachable(r, nodes_by_rank)
+    if unreachable:
+        return _stop(r, unreachable, {}, None)
 
-    # Gloo binds to the address the host name resolves to unless told otherwise; on a machine whose
-    # host name points at another network (or at nothing, in a container) that fails obscurely.
-    # Pin it to the interface that routes to the master, which is the one the store just used.
+    auto_iface = _pin_gloo_interface(backend, env, ctx)
+    device = _form_group(r, backend, nodes_by_rank)
+    _say(store, ctx.rank, "process group formed; gathering node reports")
+    reports, findings, check, results = _test(r, env, device, auto_iface)
+    return _finish(r, reports, findings, check, results)
+
+
+def _stop(r: _Run, findings: list[Finding], extra: dict[str, Any], ranks: list[int] | None) -> SmokeResult:
+    """End the test before the process group: rank 0 reports the findings, every rank exits 1."""
+    from hwtui.engine.cluster.preflight import one_line
+
+    ctx = r.ctx
+    mine = [f for f in findings if f.data.get("rank") == ctx.rank or f.data.get("node") == r.node]
+    own = f"local check on node {r.node} failed before joining: {one_line(r.blocked[0])}" if r.blocked else None
+    msg = own or "; ".join(f.title for f in (mine or findings))
+    report = None
+    if ctx.rank == 0:
+        nodes = sorted({j["node"] for j in r.verdict["joined"].values()})
+        for f in findings:
+            r.say(MismatchEvent(finding=f.to_dict()))
+        r.say(DoneEvent(ok=False, world_size=ctx.world_size, nodes=nodes, findings=[f.to_dict() for f in findings]))
+        report = _public({**r.base, "ok": False, "nodes": nodes, "findings": [f.to_dict() for f in findings], **extra,
+                          "duration_s": round(time.monotonic() - r.started, 2)}, r.secrets)
+    _wait_done(r.store, ctx, 5.0, ranks)
+    return SmokeResult(ctx.rank, 1, msg, report)
+
+
+def _unreachable(r: _Run, nodes_by_rank: dict[int, str]) -> list[Finding]:
+    """Every rank opens a TCP connection to every other before the process group: the findings of
+    the pairs that failed (none in a world of one)."""
+    from hwtui.engine.cluster.local import route_to
+    from hwtui.engine.cluster.reach import check_peers
+
+    ctx, store = r.ctx, r.store
+    if ctx.world_size <= 1:
+        return []
+    _say(store, ctx.rank, "testing connections to its peers")
+    address = route_to(ctx.master_addr, ctx.master_port).get("local_addr") or "0.0.0.0"  # noqa: S104
+    reach = check_peers(store, ctx.rank, ctx.world_size, address, nodes_by_rank,
+                        connect_timeout=min(3.0, r.opts.timeout), timeout=r.opts.join_timeout,
+                        last_said=lambda rank: _heard(store, rank))
+    if reach["ok"]:
+        return []
+    unreachable = [Finding.from_dict(f) for f in reach["findings"]]
+    if not unreachable:
+        raise ClusterFailure(f"rank {ctx.rank} on {r.node}: {reach.get('error', 'the connection test failed')}")
+    return unreachable
+
+
+def _pin_gloo_interface(backend: str, env: Mapping[str, str], ctx: LaunchContext) -> str | None:
+    """Gloo binds to the address the host name resolves to unless told otherwise; on a machine whose
+    host name points at another network (or at nothing, in a container) that fails obscurely.
+    Pin it to the interface that routes to the master, which is the one the store just used."""
+    from hwtui.engine.cluster.local import route_to
+
     auto_iface = None
     if backend == "gloo" and not env.get("GLOO_SOCKET_IFNAME") and ctx.world_size > 1:
         auto_iface = route_to(ctx.master_addr, ctx.master_port).get("interface")
         if auto_iface:
             os.environ["GLOO_SOCKET_IFNAME"] = auto_iface
+    return auto_iface
 
+
+def _form_group(r: _Run, backend: str, nodes_by_rank: dict[int, str]) -> Any:
+    """init_process_group over the store; the device the collectives run on."""
+    import torch
+    import torch.distributed as dist
     from torch.distributed import PrefixStore
 
+    ctx, store, timeout = r.ctx, r.store, r.opts.timeout
     device: Any = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", ctx.local_rank % max(torch.cuda.device_count(), 1))
@@ -423,54 +469,45 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     _say(store, ctx.rank, f"forming the {backend} process group")
     try:
         dist.init_process_group(backend, store=PrefixStore("pg", store), rank=ctx.rank, world_size=ctx.world_size,
-                                timeout=timedelta(seconds=opts.timeout))
+                                timeout=timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001
         behind = _behind(store, ctx, nodes_by_rank, f"forming the {backend} process group")
         raise ClusterFailure(
-            f"rank {ctx.rank} on {node}: the {backend} process group did not form within {opts.timeout:g} s: "
+            f"rank {ctx.rank} on {r.node}: the {backend} process group did not form within {timeout:g} s: "
             f"{str(exc).splitlines()[0][:300] if str(exc) else exc!r}. Every rank reached every other over TCP just "
             f"before, so suspect the transport settings (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME, NCCL_NET_PLUGIN)"
             + (f"; last heard: {behind}" if behind else "")) from None
-    _say(store, ctx.rank, "process group formed; gathering node reports")
+    return device
+
+
+_Tested = tuple[list[dict[str, Any]], list[Finding], Correctness, list[BandwidthResult]]
+
+
+def _test(r: _Run, env: Mapping[str, str], device: Any, auto_iface: str | None) -> _Tested:
+    """Inside the process group: gather the node reports, compare them, check an all-reduce, sweep
+    the bandwidth. A peer that dies or a link that drops is one ClusterFailure naming the stage."""
+    import torch.distributed as dist
+
+    from hwtui.engine.cluster.gather import GatherError
+    from hwtui.engine.cluster.peer import PeerReportError
+
+    ctx, opts, store = r.ctx, r.opts, r.store
     stage = "gathering the node reports"
     try:
-        mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=node,
-                           master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ},
-                           secrets=secrets)
-        if auto_iface:
-            mine["gloo_socket_ifname_auto"] = auto_iface
-        # Peers' reports are capped and shape-checked before anything reads them (peer.py).
-        reports = [checked_report(cap(rep), slot, RANK_SCHEMA)
-                   for slot, rep in enumerate(all_gather_json(mine, device=device))]
-        for rep in reports:
-            say(NodeEvent(rank=rep["rank"], node=rep["node"], ok=rep["check"]["worst"] not in ("fail", "error"),
-                          summary=_summary(rep)))
-
-        findings: list[Finding] = []
-        if spec:
-            registered = [rep["node"] for rep in reports]
-            findings += cmp.expected_nodes(registered, [n.name for n in spec.nodes], opts.join_timeout,
-                                           {n.name: n.addr for n in spec.nodes}, _absent_said(spec, set(registered)))
-        findings += cmp.compare(reports)
-        for f in findings:
-            if f.status not in (Status.PASS, Status.SKIP):
-                say(MismatchEvent(finding=f.to_dict()))
+        reports = _gather_reports(r, env, device, auto_iface)
+        findings = _node_findings(r, reports)
 
         stage = "the correctness all-reduce"
         _say(store, ctx.rank, "running the correctness all-reduce")
         check = correctness(ctx.rank, ctx.world_size, device)
-        say(CorrectnessEvent(ok=check.ok, expected=check.expected, got=check.got))
+        r.say(CorrectnessEvent(ok=check.ok, expected=check.expected, got=check.got))
         findings.append(_correctness_finding(check, reports))
 
         stage = "the bandwidth sweep"
         _say(store, ctx.rank, "running the bandwidth sweep")
         results: list[BandwidthResult] = []
         if opts.sweep and ctx.world_size > 1 and check.ok:
-            for op in opts.ops:
-                for size in opts.sizes:
-                    res = measure(op, size, ctx.rank, ctx.world_size, device, opts.iters, opts.warmup)
-                    results.append(res)
-                    say(BandwidthEvent(op=op, size_bytes=size, algbw=res.algbw, busbw=res.busbw, seconds=res.seconds))
+            results = _sweep(r, device)
             findings += _bandwidth_findings(results, opts.min_busbw)
         elif opts.sweep:
             reason = "a world of one rank has no link to measure" if ctx.world_size == 1 else "the correctness test failed"
@@ -478,26 +515,80 @@ def run(opts: SmokeOptions, emit: Callable[[Event], None], env: Mapping[str, str
     except (RuntimeError, GatherError, PeerReportError) as exc:  # DistBackendError & co. derive from RuntimeError
         # A peer that dies or a link that drops mid-test surfaces here after `timeout` at most.
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ClusterFailure(f"rank {ctx.rank} on {node}: {stage} failed after at most {opts.timeout:g} s: {first[:300]}. "
+        raise ClusterFailure(f"rank {ctx.rank} on {r.node}: {stage} failed after at most {opts.timeout:g} s: {first[:300]}. "
                              "Another rank died or the network between the nodes dropped; its own output says which") from None
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    return reports, findings, check, results
 
+
+def _gather_reports(r: _Run, env: Mapping[str, str], device: Any, auto_iface: str | None) -> list[dict[str, Any]]:
+    """Every rank's report, on every rank; rank 0 emits one NodeEvent per rank."""
+    from hwtui.engine.cluster.gather import all_gather_json
+    from hwtui.engine.cluster.local import SCHEMA as RANK_SCHEMA
+    from hwtui.engine.cluster.local import rank_report
+    from hwtui.engine.cluster.peer import cap, checked_report
+
+    ctx = r.ctx
+    mine = rank_report(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, node=r.node,
+                       master=ctx.master_addr, master_port=ctx.master_port, env={**env, **os.environ},
+                       secrets=r.secrets)
+    if auto_iface:
+        mine["gloo_socket_ifname_auto"] = auto_iface
+    # Peers' reports are capped and shape-checked before anything reads them (peer.py).
+    reports = [checked_report(cap(rep), slot, RANK_SCHEMA)
+               for slot, rep in enumerate(all_gather_json(mine, device=device))]
+    for rep in reports:
+        r.say(NodeEvent(rank=rep["rank"], node=rep["node"], ok=rep["check"]["worst"] not in ("fail", "error"),
+                        summary=_summary(rep)))
+    return reports
+
+
+def _node_findings(r: _Run, reports: list[dict[str, Any]]) -> list[Finding]:
+    """The nodes that came against the description, and the reports against each other."""
+    spec = r.opts.spec
+    findings: list[Finding] = []
+    if spec:
+        registered = [rep["node"] for rep in reports]
+        findings += cmp.expected_nodes(registered, [n.name for n in spec.nodes], r.opts.join_timeout,
+                                       {n.name: n.addr for n in spec.nodes}, _absent_said(spec, set(registered)))
+    findings += cmp.compare(reports)
+    for f in findings:
+        if f.status not in (Status.PASS, Status.SKIP):
+            r.say(MismatchEvent(finding=f.to_dict()))
+    return findings
+
+
+def _sweep(r: _Run, device: Any) -> list[BandwidthResult]:
+    ctx, opts = r.ctx, r.opts
+    results: list[BandwidthResult] = []
+    for op in opts.ops:
+        for size in opts.sizes:
+            res = measure(op, size, ctx.rank, ctx.world_size, device, opts.iters, opts.warmup)
+            results.append(res)
+            r.say(BandwidthEvent(op=op, size_bytes=size, algbw=res.algbw, busbw=res.busbw, seconds=res.seconds))
+    return results
+
+
+def _finish(r: _Run, reports: list[dict[str, Any]], findings: list[Finding], check: Correctness,
+            results: list[BandwidthResult]) -> SmokeResult:
+    """Rank 0 reports; every rank waits until the others are done with the store, then exits."""
+    ctx, opts = r.ctx, r.opts
     ok = not any(f.status in (Status.FAIL, Status.ERROR) for f in findings)
     report = None
     if ctx.rank == 0:
         node_list = list(cmp.by_node(reports))
-        say(DoneEvent(ok=ok, world_size=ctx.world_size, nodes=node_list, findings=[f.to_dict() for f in findings]))
+        r.say(DoneEvent(ok=ok, world_size=ctx.world_size, nodes=node_list, findings=[f.to_dict() for f in findings]))
         report = _public({
-            **base, "ok": ok, "nodes": [{"node": n, "ranks": [r["rank"] for r in reports if r["node"] == n],
-                                         "summary": _summary(rep)} for n, rep in cmp.by_node(reports).items()],
+            **r.base, "ok": ok, "nodes": [{"node": n, "ranks": [rep_["rank"] for rep_ in reports if rep_["node"] == n],
+                                           "summary": _summary(rep)} for n, rep in cmp.by_node(reports).items()],
             "findings": [f.to_dict() for f in findings], "correctness": check.to_dict(),
-            "bandwidth": [r.to_dict() for r in results], "min_busbw": opts.min_busbw,
+            "bandwidth": [res.to_dict() for res in results], "min_busbw": opts.min_busbw,
             "sizes": opts.sizes, "iters": opts.iters, "warmup": opts.warmup,
-            "ranks": reports, "duration_s": round(time.monotonic() - started, 2)}, secrets)
-    _say(store, ctx.rank, "finished")
-    _wait_done(store, ctx, 10.0)
+            "ranks": reports, "duration_s": round(time.monotonic() - r.started, 2)}, r.secrets)
+    _say(r.store, ctx.rank, "finished")
+    _wait_done(r.store, ctx, 10.0)
     bad = [f.title for f in findings if f.status in (Status.FAIL, Status.ERROR)]
     return SmokeResult(ctx.rank, 0 if ok else 1, "; ".join(bad) or "cluster test passed", report)
 
@@ -530,7 +621,8 @@ def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> dict[str, Any
     """The report as it may leave rank 0: --env values masked wherever they appear, then redacted."""
     from hwtui.engine.cluster.peer import mask_values
 
-    return redact(mask_values(report, secrets.values()))
+    public: dict[str, Any] = redact(mask_values(report, secrets.values()))
+    return public
 
 
 def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,17 @@ def _shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+# Optional network fields, each checked against its grammar when set: (field, check, message with
+# {} for the value as shown).
+_OPTIONAL_NETWORK_FIELDS: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+    ("master_addr", valid_host, "master address {} is neither a host name nor an IP address"),
+    ("interface", lambda v: _matches(_IFNAME_LIST, v),
+     "interface {} is not an interface name (e.g. eth0, ib0, or a list eth0,eth1)"),
+    ("ib_hca", lambda v: _matches(_HCA, v),
+     "NCCL_IB_HCA value {} is not a list of HCA names (e.g. mlx5_0,mlx5_1 or =mlx5_0:1)"),
+)
+
+
 @dataclass
 class Node:
     name: str
@@ -159,7 +171,15 @@ class ClusterSpec:
 
     # -- validation and (de)serialisation ----------------------------------------------------
     def validate(self) -> ClusterSpec:
-        """Check every field's type and grammar; the message names the field and the fix."""
+        """Check every field's type and grammar; the message names the field and the fix. The checks
+        run in this order, so the first problem found is always the same one."""
+        self._validate_nodes()
+        self._validate_launch()
+        self._validate_network()
+        self._validate_run()
+        return self
+
+    def _validate_nodes(self) -> None:
         if not isinstance(self.nodes, list) or not self.nodes:
             raise SpecError("no nodes given: pass --nodes host1,host2,... (name or name=address)")
         seen: dict[str, str] = {}
@@ -177,6 +197,9 @@ class ClusterSpec:
         dup = next((a for a, k in counts.items() if k > 1), None)
         if dup is not None:
             raise SpecError(f"address {dup!r} is given to more than one node")
+
+    def _validate_launch(self) -> None:
+        """Devices per node, the launcher (and a TPU launch's Google Cloud names), the backend."""
         if not _whole(self.devices_per_node) or not 1 <= self.devices_per_node <= 1024:
             raise SpecError(f"devices per node must be a whole number from 1 to 1024, not {_shown(self.devices_per_node)}")
         if self.launcher not in LAUNCHERS:
@@ -192,19 +215,23 @@ class ClusterSpec:
                 raise SpecError(f"{label} {_shown(gcp)} is not a Google Cloud name (lower-case letters, digits, '-')")
         if self.backend not in BACKENDS:
             raise SpecError(f"backend {_shown(self.backend)} is not one of {', '.join(BACKENDS)}")
+
+    def _validate_network(self) -> None:
+        """The rendezvous port, then each optional network field against its grammar, then the plugin."""
         if not _whole(self.master_port) or not 1 <= self.master_port <= 65535:
             raise SpecError(f"master port {_shown(self.master_port)} is not a TCP port (1-65535)")
-        if self.master_addr is not None and not valid_host(self.master_addr):
-            raise SpecError(f"master address {_shown(self.master_addr)} is neither a host name nor an IP address")
-        if self.interface is not None and not _matches(_IFNAME_LIST, self.interface):
-            raise SpecError(f"interface {_shown(self.interface)} is not an interface name (e.g. eth0, ib0, or a list eth0,eth1)")
-        if self.ib_hca is not None and not _matches(_HCA, self.ib_hca):
-            raise SpecError(f"NCCL_IB_HCA value {_shown(self.ib_hca)} is not a list of HCA names (e.g. mlx5_0,mlx5_1 or =mlx5_0:1)")
+        for attr, ok, message in _OPTIONAL_NETWORK_FIELDS:
+            value = getattr(self, attr)
+            if value is not None and not ok(value):
+                raise SpecError(message.format(_shown(value)))
         if self.net_plugin is not None:
             if not isinstance(self.net_plugin, str) or not self.net_plugin.strip() or _has_control(self.net_plugin):
                 raise SpecError("the NCCL net plugin must be a path or a plugin name (no control characters)")
             if "/" in self.net_plugin and not self.net_plugin.startswith("/"):
                 raise SpecError(f"the NCCL net plugin path {_shown(self.net_plugin)} must be absolute: every node resolves it on its own")
+
+    def _validate_run(self) -> None:
+        """Timeouts, the bandwidth floor, the interpreter and the extra environment."""
         for what, seconds in (("join timeout", self.join_timeout), ("timeout", self.timeout)):
             if not _number(seconds) or not 0 < seconds <= 86400:
                 raise SpecError(f"{what} must be a number of seconds above 0 (at most 86400), not {_shown(seconds)}")
@@ -219,7 +246,6 @@ class ClusterSpec:
                 raise SpecError(f"{_shown(name)} is not an environment variable name")
             if not isinstance(value, str) or "\0" in value:
                 raise SpecError(f"the value of {name} must be a string without NUL bytes")
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}

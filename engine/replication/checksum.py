@@ -28,10 +28,6 @@ class Streaming:
     def update(self, data: Any) -> None:
         self._h.update(data)
 
-    def update_fn(self) -> Any:
-        """The bound C method itself: the planner calls it a million times."""
-        return self._h.update
-
     def pad(self, n: int) -> None:
         while n > 0:
             step = min(n, len(ZEROS))

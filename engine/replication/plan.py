@@ -115,7 +115,8 @@ class Tables:
     i_offset: np.ndarray  # i8: offset inside the bucket
 
     def shape(self, k: int) -> list[int]:
-        return self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
+        shape: list[int] = self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
+        return shape
 
 
 _TENSOR_SECTIONS = ("dtype", "shape_end", "nbytes", "checksum", "send", "file", "file_offset")
@@ -197,7 +198,8 @@ class Plan:
 
     @property
     def buckets(self) -> list[dict[str, Any]]:
-        return self["buckets"]
+        buckets: list[dict[str, Any]] = self["buckets"]
+        return buckets
 
     @property
     def bucket_items(self) -> _BucketItems:
@@ -541,12 +543,7 @@ def _sort_names(cols: Columns) -> tuple[np.ndarray, list[str], tuple[np.ndarray,
 def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_bytes: int, align: int = 1,
                 prev: tuple[str | None, dict[str, tuple[str, list[int], str]]] | None = None,
                 on_event: Callable[[Any], None] | None = None) -> Plan:
-    if version is not None:
-        check_version(version, "version")
-    if type(bucket_bytes) is not int or bucket_bytes <= 0:
-        raise HwtuiError("--bucket-mb must be positive")
-    if type(align) is not int or align <= 0 or align & (align - 1) or align > 1 << 30:
-        raise HwtuiError(f"--align {align} must be a power of two (at most 1 GiB)")
+    _check_build_args(version, bucket_bytes, align)
     prev_version, prev_tensors = prev if prev is not None else (None, {})
     cols, fetch = _columns(inputs)
     n_tensors = len(cols.nbytes)
@@ -565,44 +562,8 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     meter = _Meter(on_event, 2 * int(nb_arr.sum()))
     meter.add("tensors", 0)
     is_st = [f["format"] == "safetensors" for f in inputs.files]
-    checksum = np.zeros(n_tensors, dtype=np.uint64)
-    digest64 = xxhash.xxh3_64_intdigest
-    bounds = np.searchsorted(file_arr[order], np.arange(len(inputs.files) + 1)).tolist()
-    for f in range(len(inputs.files)):
-        idx = order[bounds[f]:bounds[f + 1]]
-        mv = inputs.buffers.get(f) if is_st[f] else None
-        if mv is not None:
-            # Tensors of at most 16 bytes: XXH3 column-wise over all of them (xxh3_small.py). The rest
-            # through C-level iteration (map over slices): no bytecode per tensor; one run per
-            # PROGRESS_STEP of bytes, so a progress event costs nothing per tensor either.
-            lo, ns = off_arr[idx], nb_arr[idx]
-            short = ns <= xxh3_small.MAX_LEN
-            if short.any():
-                buf = np.frombuffer(mv, dtype=np.uint8)
-                checksum[idx[short]] = xxh3_small.xxh3_64_short(buf, lo[short], ns[short])
-                meter.add("tensors", int(ns[short].sum()))
-            if not short.all():
-                rest, lo = idx[~short], lo[~short]
-                sizes = nb_arr[rest]
-                for a, b in _steps(sizes) if on_event is not None else [(0, len(rest))]:
-                    slices = map(slice, lo[a:b].tolist(), (lo[a:b] + sizes[a:b]).tolist())
-                    checksum[rest[a:b]] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
-                                                      count=b - a)
-                    meter.add("tensors", int(sizes[a:b].sum()))
-        else:
-            for a, b in _steps(nb_arr[idx]):
-                checksum[idx[a:b]] = [digest64(fetch(k)) for k in idx[a:b].tolist()]
-                meter.add("tensors", int(nb_arr[idx[a:b]].sum()))
-
-    send = np.ones(n_tensors, dtype=bool)
-    if prev_tensors:
-        ends = np.cumsum(cols.ndims).tolist()
-        cks, codes, nds, all_dims = checksum.tolist(), cols.dtype.tolist(), cols.ndims.tolist(), cols.dims.tolist()
-        for k, name in zip(perm.tolist(), sorted_names, strict=True):
-            old = prev_tensors.get(name)
-            if (old is not None and _is_hex16(old[2]) and int(old[2], 16) == cks[k]
-                    and old[0] == _DTYPE_NAMES[codes[k]] and list(old[1]) == all_dims[ends[k] - nds[k]:ends[k]]):
-                send[k] = False
+    checksum = _tensor_checksums(inputs, cols, fetch, order, is_st, meter, progress=on_event is not None)
+    send = _to_send(cols, checksum, perm, sorted_names, prev_tensors)
     stream = order[send[order] & (nb_arr[order] > 0)]  # what travels, in order
 
     if align == 1:
@@ -613,28 +574,10 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     meter.add("buckets", 0, total=meter.done + int(b_size.sum()))  # now the second pass is known exactly
     b_ck = _bucket_checksums(inputs, fetch, is_st, file_arr, off_arr, i_src, i_toff, i_n, i_b, i_off, b_size, meter)
 
-    # The tensor table, sorted by name; ragged shapes permuted with index arithmetic, not a Python loop.
-    ndims_src, dims_src = cols.ndims, cols.dims
-    ndims = ndims_src[perm]
-    src_start = np.cumsum(ndims_src) - ndims_src
-    new_start = np.cumsum(ndims) - ndims
-    dims = dims_src[np.repeat(src_start[perm] - new_start, ndims) + np.arange(int(ndims.sum()), dtype=np.int64)]
-    dtype_src = cols.dtype
-    st_arr = np.asarray(is_st, dtype=bool)
-    fo = np.where(st_arr[file_arr], off_arr, -1) if n_tensors else np.zeros(0, dtype=np.int64)
-    tables = Tables(
-        names=sorted_names, dtype=dtype_src[perm], shape_end=np.cumsum(ndims), dims=dims,
-        nbytes=nb_arr[perm], checksum=checksum[perm], send=send.astype(np.uint8)[perm],
-        file=file_arr.astype(np.int32)[perm], file_offset=fo[perm],
-        b_size=b_size, b_checksum=b_ck,
-        i_tensor=rank[i_src], i_tensor_offset=i_toff, i_nbytes=i_n, i_bucket=i_b, i_offset=i_off,
-    )
+    tables = Tables(**_tensor_columns(cols, perm, sorted_names, checksum, send, is_st), b_size=b_size, b_checksum=b_ck,
+                    i_tensor=rank[i_src], i_tensor_offset=i_toff, i_nbytes=i_n, i_bucket=i_b, i_offset=i_off)
     if version is None:  # content-addressed: the same weights always get the same version
-        h = xxhash.xxh3_64()
-        h.update("\0".join(tables.names).encode("utf-8", "surrogatepass"))
-        for arr in (tables.dtype, tables.shape_end, tables.dims, tables.checksum):
-            h.update(arr.tobytes())
-        version = "v" + h.hexdigest()[:12]
+        version = _content_version(tables)
     if prev_version is not None and prev_version == version:
         raise HwtuiError(f"the previous manifest already is version {version!r}; nothing to plan under that name")
     meta = {
@@ -648,6 +591,92 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
     plan._encoded = _encode(plan)
     plan._digest = plan._encoded[1]
     return plan
+
+
+def _check_build_args(version: str | None, bucket_bytes: int, align: int) -> None:
+    if version is not None:
+        check_version(version, "version")
+    if type(bucket_bytes) is not int or bucket_bytes <= 0:
+        raise HwtuiError("--bucket-mb must be positive")
+    if type(align) is not int or align <= 0 or align & (align - 1) or align > 1 << 30:
+        raise HwtuiError(f"--align {align} must be a power of two (at most 1 GiB)")
+
+
+def _tensor_checksums(inputs: PlanInputs, cols: Columns, fetch: Callable[[int], Any], order: np.ndarray,
+                      is_st: list[bool], meter: _Meter, *, progress: bool) -> np.ndarray:
+    """xxh3 of every tensor (by source index), read file by file in stream order."""
+    file_arr, off_arr, nb_arr = cols.file, cols.offset, cols.nbytes
+    checksum = np.zeros(len(nb_arr), dtype=np.uint64)
+    digest64 = xxhash.xxh3_64_intdigest
+    bounds = np.searchsorted(file_arr[order], np.arange(len(inputs.files) + 1)).tolist()
+    for f in range(len(inputs.files)):
+        idx = order[bounds[f]:bounds[f + 1]]
+        mv = inputs.buffers.get(f) if is_st[f] else None
+        if mv is None:
+            for a, b in _steps(nb_arr[idx]):
+                checksum[idx[a:b]] = [digest64(fetch(k)) for k in idx[a:b].tolist()]
+                meter.add("tensors", int(nb_arr[idx[a:b]].sum()))
+            continue
+        # Tensors of at most 16 bytes: XXH3 column-wise over all of them (xxh3_small.py). The rest
+        # through C-level iteration (map over slices): no bytecode per tensor; one run per
+        # PROGRESS_STEP of bytes, so a progress event costs nothing per tensor either.
+        lo, ns = off_arr[idx], nb_arr[idx]
+        short = ns <= xxh3_small.MAX_LEN
+        if short.any():
+            buf = np.frombuffer(mv, dtype=np.uint8)
+            checksum[idx[short]] = xxh3_small.xxh3_64_short(buf, lo[short], ns[short])
+            meter.add("tensors", int(ns[short].sum()))
+        if not short.all():
+            rest, lo = idx[~short], lo[~short]
+            sizes = nb_arr[rest]
+            for a, b in _steps(sizes) if progress else [(0, len(rest))]:
+                slices = map(slice, lo[a:b].tolist(), (lo[a:b] + sizes[a:b]).tolist())
+                checksum[rest[a:b]] = np.fromiter(map(digest64, map(mv.__getitem__, slices)), dtype=np.uint64,
+                                                  count=b - a)
+                meter.add("tensors", int(sizes[a:b].sum()))
+    return checksum
+
+
+def _to_send(cols: Columns, checksum: np.ndarray, perm: np.ndarray, sorted_names: list[str],
+             prev_tensors: dict[str, tuple[str, list[int], str]]) -> np.ndarray:
+    """Per source tensor: False where the previous version holds the same checksum, dtype and shape."""
+    send = np.ones(len(cols.nbytes), dtype=bool)
+    if not prev_tensors:
+        return send
+    ends = np.cumsum(cols.ndims).tolist()
+    cks, codes, nds, all_dims = checksum.tolist(), cols.dtype.tolist(), cols.ndims.tolist(), cols.dims.tolist()
+    for k, name in zip(perm.tolist(), sorted_names, strict=True):
+        old = prev_tensors.get(name)
+        if (old is not None and _is_hex16(old[2]) and int(old[2], 16) == cks[k]
+                and old[0] == _DTYPE_NAMES[codes[k]] and list(old[1]) == all_dims[ends[k] - nds[k]:ends[k]]):
+            send[k] = False
+    return send
+
+
+def _tensor_columns(cols: Columns, perm: np.ndarray, sorted_names: list[str], checksum: np.ndarray, send: np.ndarray,
+                    is_st: list[bool]) -> dict[str, Any]:
+    """The tensor table's columns, sorted by name; ragged shapes permuted with index arithmetic, not
+    a Python loop."""
+    file_arr, off_arr = cols.file, cols.offset
+    ndims_src, dims_src = cols.ndims, cols.dims
+    ndims = ndims_src[perm]
+    src_start = np.cumsum(ndims_src) - ndims_src
+    new_start = np.cumsum(ndims) - ndims
+    dims = dims_src[np.repeat(src_start[perm] - new_start, ndims) + np.arange(int(ndims.sum()), dtype=np.int64)]
+    st_arr = np.asarray(is_st, dtype=bool)
+    fo = np.where(st_arr[file_arr], off_arr, -1) if len(cols.nbytes) else np.zeros(0, dtype=np.int64)
+    return {"names": sorted_names, "dtype": cols.dtype[perm], "shape_end": np.cumsum(ndims), "dims": dims,
+            "nbytes": cols.nbytes[perm], "checksum": checksum[perm], "send": send.astype(np.uint8)[perm],
+            "file": file_arr.astype(np.int32)[perm], "file_offset": fo[perm]}
+
+
+def _content_version(tables: Tables) -> str:
+    """The version a plan gets when none is named: the same weights always get the same version."""
+    h = xxhash.xxh3_64()
+    h.update("\0".join(tables.names).encode("utf-8", "surrogatepass"))
+    for arr in (tables.dtype, tables.shape_end, tables.dims, tables.checksum):
+        h.update(arr.tobytes())
+    return "v" + h.hexdigest()[:12]
 
 
 _Layout = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -931,10 +960,25 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
 
 
 def _validate_tables(plan: Plan) -> None:
-    """Every invariant a worker relies on, vectorised (a million tensors check in well under a second)."""
+    """Every invariant a worker relies on, vectorised (a million tensors check in well under a second).
+
+    The steps run in this order, each relying on what the earlier ones proved; the first violation
+    is the one reported."""
     meta, t, path = plan.meta, plan.tables, plan.path
     _check_meta(meta, path)
-    n, nb, nfiles = len(t.names), len(t.b_size), len(meta["files"])
+    _check_tensor_table(meta, t, path)
+    _check_totals(meta, t, path)
+    if not len(t.i_tensor):
+        if int((t.send.astype(bool) & (t.nbytes > 0)).sum()):
+            _fail(path, "tensors to send but no items")
+        return
+    _check_item_bounds(meta, t, path)
+    _check_item_order_and_coverage(t, path)
+
+
+def _check_tensor_table(meta: dict[str, Any], t: Tables, path: str) -> None:
+    """Names sorted and unique; dtype codes, shapes, sizes, send flags and file indexes in range."""
+    n, nfiles = len(t.names), len(meta["files"])
     if any(a >= b for a, b in zip(t.names, t.names[1:], strict=False)):  # sorted => unique
         _fail(path, "tensor names are not sorted and unique")
     if n and (int(t.dtype.max()) >= len(meta["dtypes"])):
@@ -944,46 +988,57 @@ def _validate_tables(plan: Plan) -> None:
         _fail(path, "bad shape table")
     if len(t.dims) and t.dims.min() < 0:
         _fail(path, "a tensor has a negative dimension")
+    if not n:
+        return
+    _check_tensor_sizes(meta, t, ndims, path)
+    if t.send.max() > 1:
+        _fail(path, "bad send flag")
+    if t.file.min() < -1 or t.file.max() >= nfiles:
+        _fail(path, "a tensor points at a file the plan does not list")
+
+
+def _check_tensor_sizes(meta: dict[str, Any], t: Tables, ndims: Any, path: str) -> None:
+    """Each tensor's nbytes is its dtype's item size times the product of its dims."""
+    n = len(t.names)
     itemsize = np.asarray([DTYPES[d][0] for d in meta["dtypes"]], dtype=np.int64)
-    if n:
-        # log2 bound first: an int64 product of the dims must not wrap
-        logs = np.zeros(n)
-        starts = np.concatenate(([0], t.shape_end[:-1]))
-        nz = ndims > 0
-        if len(t.dims):
-            cum = np.concatenate(([0.0], np.cumsum(np.log2(t.dims.astype(np.float64) + 1))))
-            logs = cum[t.shape_end] - cum[starts]
-        if logs.max() > 56:
-            _fail(path, "a tensor is impossibly large")
-        prods = np.ones(n, dtype=np.int64)
-        if nz.any():
-            prods[nz] = np.multiply.reduceat(t.dims, starts[nz])
-        if not np.array_equal(prods * itemsize[t.dtype], t.nbytes):
-            bad = int(np.nonzero(prods * itemsize[t.dtype] != t.nbytes)[0][0])
-            _fail(path, f"tensor {t.names[bad][:80]!r}: nbytes does not match its dtype and shape")
-        if t.send.max() > 1:
-            _fail(path, "bad send flag")
-        if t.file.min() < -1 or t.file.max() >= nfiles:
-            _fail(path, "a tensor points at a file the plan does not list")
+    # log2 bound first: an int64 product of the dims must not wrap
+    logs = np.zeros(n)
+    starts = np.concatenate(([0], t.shape_end[:-1]))
+    nz = ndims > 0
+    if len(t.dims):
+        cum = np.concatenate(([0.0], np.cumsum(np.log2(t.dims.astype(np.float64) + 1))))
+        logs = cum[t.shape_end] - cum[starts]
+    if logs.max() > 56:
+        _fail(path, "a tensor is impossibly large")
+    prods = np.ones(n, dtype=np.int64)
+    if nz.any():
+        prods[nz] = np.multiply.reduceat(t.dims, starts[nz])
+    if not np.array_equal(prods * itemsize[t.dtype], t.nbytes):
+        bad = int(np.nonzero(prods * itemsize[t.dtype] != t.nbytes)[0][0])
+        _fail(path, f"tensor {t.names[bad][:80]!r}: nbytes does not match its dtype and shape")
+
+
+def _check_totals(meta: dict[str, Any], t: Tables, path: str) -> None:
+    """Deleted names, bucket sizes, the header's totals and counts against the tables."""
     names = set(t.names) if meta["deleted"] else set()  # a million-entry set only when there is something to check
     for gone in meta["deleted"]:
         if not isinstance(gone, str) or gone in names:
             _fail(path, f"deleted tensor {str(gone)[:80]!r} is also in the next version (or not a name)")
+    nb = len(t.b_size)
     if nb and (t.b_size.min() <= 0 or t.b_size.max() > meta["bucket_bytes"]):
         _fail(path, "a bucket has a bad size")
     if int(t.b_size.sum()) != meta["total_bytes"]:
         _fail(path, "total_bytes is not the sum of the bucket sizes")
     if int(t.nbytes.sum()) != meta["model_bytes"]:
         _fail(path, "model_bytes is not the sum of the tensor sizes")
-    ni = len(t.i_tensor)
-    if (n, nb, ni) != (meta["counts"]["tensors"], meta["counts"]["buckets"], meta["counts"]["items"]):
+    if (len(t.names), nb, len(t.i_tensor)) != (meta["counts"]["tensors"], meta["counts"]["buckets"], meta["counts"]["items"]):
         _fail(path, "table sizes differ from the header's counts")
-    if not ni:
-        if int((t.send.astype(bool) & (t.nbytes > 0)).sum()):
-            _fail(path, "tensors to send but no items")
-        return
+
+
+def _check_item_bounds(meta: dict[str, Any], t: Tables, path: str) -> None:
+    """Each item inside its tensor's table row, its bucket and its source file."""
     k, toff, m, b, off = t.i_tensor, t.i_tensor_offset, t.i_nbytes, t.i_bucket, t.i_offset
-    if k.min() < 0 or k.max() >= n or b.min() < 0 or b.max() >= nb:
+    if k.min() < 0 or k.max() >= len(t.names) or b.min() < 0 or b.max() >= len(t.b_size):
         _fail(path, "an item points at a tensor or bucket the plan does not have")
     if m.min() <= 0 or off.min() < 0 or toff.min() < 0 or (off + m > t.b_size[b]).any():
         _fail(path, "an item lies outside its bucket")
@@ -1001,6 +1056,10 @@ def _validate_tables(plan: Plan) -> None:
         over = st[t.file[k]] & (ends > np.asarray([min(s, 1 << 62) for s in sizes], dtype=np.int64)[t.file[k]])
         if over.any():
             _fail(path, "an item lies outside its source file")
+
+
+def _check_item_order_and_coverage(t: Tables, path: str) -> None:
+    k, toff, m, b, off = t.i_tensor, t.i_tensor_offset, t.i_nbytes, t.i_bucket, t.i_offset
     # items by (bucket, offset), never overlapping inside a bucket
     same = b[1:] == b[:-1]
     if (b[1:] < b[:-1]).any() or (same & (off[1:] < off[:-1] + m[:-1])).any():

@@ -23,7 +23,6 @@ to write (1 GB was 0.4-0.7 s with no head start).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
@@ -171,7 +170,3 @@ def _own_regular_file(path: Path) -> bool:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
-
-def remove_spare(served_root: str | os.PathLike[str]) -> None:
-    with contextlib.suppress(OSError):
-        spare_path(served_root).unlink()

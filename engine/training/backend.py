@@ -139,16 +139,15 @@ class BackendSpec:
     torch_type: str  # the device type torch uses
     runtime: Callable[[], Any]  # -> module-like object (is_available, set_device, synchronize, ...)
     fp16_needs_scaler: bool
-    same_vendor_collective: str  # what DDP would use within the vendor (informational)
     check_build: Callable[[], None] = lambda: None
 
 
 BACKENDS: dict[str, BackendSpec] = {
-    "cuda": BackendSpec("cuda", "cuda", _torch_module("cuda"), True, "nccl", _check_cuda_build),
-    "hip": BackendSpec("hip", "cuda", _torch_module("cuda"), True, "nccl (RCCL)", _check_hip_build),
-    "xpu": BackendSpec("xpu", "xpu", _torch_module("xpu"), True, "xccl"),
-    "hpu": BackendSpec("hpu", "hpu", _hpu, False, "hccl"),
-    "cpu": BackendSpec("cpu", "cpu", lambda: _CpuRuntime(), False, "gloo"),
+    "cuda": BackendSpec("cuda", "cuda", _torch_module("cuda"), True, _check_cuda_build),
+    "hip": BackendSpec("hip", "cuda", _torch_module("cuda"), True, _check_hip_build),
+    "xpu": BackendSpec("xpu", "xpu", _torch_module("xpu"), True),
+    "hpu": BackendSpec("hpu", "hpu", _hpu, False),
+    "cpu": BackendSpec("cpu", "cpu", lambda: _CpuRuntime(), False),
 }
 
 
@@ -174,7 +173,7 @@ class TrainDevice:
         return f"{self.spec.name}:{self.index}"
 
     @property
-    def device(self):
+    def device(self) -> Any:
         import torch
 
         return torch.device("cpu") if self.spec.torch_type == "cpu" else torch.device(self.spec.torch_type, self.index)
@@ -213,7 +212,7 @@ class TrainDevice:
             return "bf16" if self.bf16_supported() else "fp32"
         return requested
 
-    def autocast(self, precision: str):
+    def autocast(self, precision: str) -> Any:
         """The autocast context for this backend; fp32 gets a no-op context."""
         import torch
 
@@ -222,7 +221,7 @@ class TrainDevice:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.spec.torch_type, dtype=dtype)
 
-    def grad_scaler(self, precision: str):
+    def grad_scaler(self, precision: str) -> Any:
         """A GradScaler only where one is needed: fp16 on backends whose fp16 underflows (not bf16)."""
         if precision != "fp16" or not self.spec.fp16_needs_scaler:
             return None

@@ -246,9 +246,6 @@ class ChunkQueue:
     def busy(self) -> bool:
         return any(c.state == "claimed" for c in self.chunks.values())
 
-    def has_pending(self) -> bool:
-        return any(c.state == "pending" for c in self.chunks.values())
-
     def done_by(self) -> dict[int, float]:
         """Chunks done this round per rank (a half counts 0.5: the sum is the round's chunk count)."""
         return {r: sum(unit_fraction(u) for u in us) for r, us in self.assignment().items()}

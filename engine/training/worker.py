@@ -350,37 +350,49 @@ class Worker:
         loss_local = self.evaluate(windows) if reply.get("evaluate_local", reply.get("evaluate", True)) else None
         if self.outer is not None:
             self.outer.accept()
+        self._load_merged(merged, averaged_opt)
+        if reply.get("writer"):
+            loss_merged = self.evaluate(windows) if reply.get("evaluate", True) else None
+            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
+                                    "loss_local": loss_local}
+            self.chan.send(done | self._write_merged(reply, merged))
+        elif loss_local is not None:
+            self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
+        return {"kind": "claim", "done": None}
+
+    def _load_merged(self, merged: dict[str, Any], averaged_opt: bool) -> None:
+        """The committed round's weights (and averaged optimizer state, or a reset one) into this copy."""
+        from hwtui.engine.training import merge as M
+
         M.load_model_tensors(self.model, {k: v for k, v in merged.items() if not k.startswith("opt:")})
         if averaged_opt:
             M.load_optimizer_tensors(self.opt, self.model, {k[4:]: v for k, v in merged.items() if k.startswith("opt:")})
         elif self.cfg.optimizer_state == "reset":
             self.opt.state.clear()
-        if reply.get("writer"):
-            loss_merged = self.evaluate(windows) if reply.get("evaluate", True) else None
-            done: dict[str, Any] = {"kind": "merged", "round": msg["round"], "loss_merged": loss_merged, "checkpoint": None,
-                                    "loss_local": loss_local}
-            ck = reply.get("checkpoint")
-            if ck:
-                from hwtui.engine.training import checkpoint
 
-                model_t = {k: v for k, v in merged.items() if not k.startswith("opt:")}
-                opt_t = {k[4:]: v for k, v in merged.items() if k.startswith("opt:")} or None
-                outer_t = self.outer.state() if self.outer is not None else None
-                path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3),
-                                       outer=outer_t)
-                done["checkpoint"] = str(path)
-            export = reply.get("export")
-            if export:  # the last round: the merged model (now loaded) as a Hugging Face directory
-                from hwtui.engine.training.export import save_hf
+    def _write_merged(self, reply: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:
+        """The writer's duties for a committed round: the checkpoint and, on the last round, the Hugging
+        Face export, when the coordinator asks for them; what was written, for the "merged" message."""
+        out: dict[str, Any] = {}
+        ck = reply.get("checkpoint")
+        if ck:
+            from hwtui.engine.training import checkpoint
 
-                try:
-                    done["exported"] = str(save_hf(self.model, self.tokenizer, export))
-                except Exception as exc:  # reported; the run's checkpoints and report stand
-                    done["export_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            self.chan.send(done)
-        elif loss_local is not None:
-            self.chan.send({"kind": "evaluated", "round": msg["round"], "loss_local": loss_local})
-        return {"kind": "claim", "done": None}
+            model_t = {k: v for k, v in merged.items() if not k.startswith("opt:")}
+            opt_t = {k[4:]: v for k, v in merged.items() if k.startswith("opt:")} or None
+            outer_t = self.outer.state() if self.outer is not None else None
+            path = checkpoint.save(ck["dir"], ck["step"], model_t, opt_t, ck["manifest"], keep=ck.get("keep", 3),
+                                   outer=outer_t)
+            out["checkpoint"] = str(path)
+        export = reply.get("export")
+        if export:  # the last round: the merged model (now loaded) as a Hugging Face directory
+            from hwtui.engine.training.export import save_hf
+
+            try:
+                out["exported"] = str(save_hf(self.model, self.tokenizer, export))
+            except Exception as exc:  # reported; the run's checkpoints and report stand
+                out["export_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        return out
 
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         kind = msg.get("kind")

@@ -65,14 +65,25 @@ def _bad(findings: list[Finding], prefix: str) -> bool:
 
 
 def _network_lines(facts: Facts, env: dict[str, str], findings: list[Finding]) -> list[Line]:
-    lines: list[Line] = []
-    shape = job_shape(env)
-    rdv = facts.get("rendezvous") or {}
-    netif = facts.get("netif") or {"interfaces": []}
-    interfaces = netif.get("interfaces", [])
-    names = [i["name"] for i in interfaces]
+    lines = _rendezvous_lines(env, findings)
+    lines += _socket_lines(facts, env, findings)
+    ports = (facts.get("infiniband") or {}).get("ports", [])
+    hca_lines, hca_ports = _hca_lines(ports, env, findings)
+    lines += hca_lines
+    lines += _gid_lines(hca_ports, env, findings)
+    # hwtui has no UCX path, so no UCX variable is exported (one that nothing reads only misleads);
+    # the mapping is left as a comment for programs that do use UCX.
+    if hca_ports:
+        ucx = ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports)
+        lines.append(Line("comment", f"hwtui has no UCX path; for a UCX program the same ports are UCX_NET_DEVICES={ucx}"))
+    if "HOTWEIGHTS_UCX_NET_DEVICES" in env:
+        lines.append(Line("comment", "HOTWEIGHTS_UCX_NET_DEVICES is set, but nothing in hwtui reads it (no UCX path)"))
+    return lines
 
-    # Rendezvous: keep good values, repair the common mistakes (a URL or host:port in MASTER_ADDR).
+
+def _rendezvous_lines(env: dict[str, str], findings: list[Finding]) -> list[Line]:
+    """Keep good values, repair the common mistakes (a URL or host:port in MASTER_ADDR)."""
+    lines: list[Line] = []
     if "MASTER_ADDR" in env:
         parsed = parse_host(env["MASTER_ADDR"])
         host = parsed.host or parsed.suggestion
@@ -87,63 +98,84 @@ def _network_lines(facts: Facts, env: dict[str, str], findings: list[Finding]) -
     else:
         lines.append(Line("comment", "MASTER_PORT: a free TCP port on rank 0's node, e.g. 29500"
                           + (" (the current one failed the check)" if port is not None else "")))
+    return lines
 
-    # Socket interface for NCCL and gloo bootstrap.
-    route_if = (rdv.get("route") or {}).get("interface")
+
+def _socket_lines(facts: Facts, env: dict[str, str], findings: list[Finding]) -> list[Line]:
+    """The socket interface for NCCL and gloo bootstrap."""
+    lines: list[Line] = []
+    shape = job_shape(env)
+    rdv = facts.get("rendezvous") or {}
+    netif = facts.get("netif") or {"interfaces": []}
+    interfaces = netif.get("interfaces", [])
     up = {i["name"]: i for i in interfaces if i["up"]}
-    chosen, why = None, ""
+    chosen: str | None = None
     if "NCCL_SOCKET_IFNAME" in env and not _bad(findings, "nccl.socket_ifname"):
         lines.append(Line("export", "NCCL_SOCKET_IFNAME", env["NCCL_SOCKET_IFNAME"], "current setting checks out"))
         spec = parse_nccl_list(env["NCCL_SOCKET_IFNAME"], "NCCL_SOCKET_IFNAME")
         chosen = next((n for n, i in up.items() if spec.matches(n) and not i["virtual"]), None)
     else:
-        best = best_interface(interfaces, netif.get("addresses"), route_if)
-        if best and best == route_if:
-            chosen, why = route_if, f"the interface that routes to MASTER_ADDR ({rdv.get('ip')})"
-        elif best:
-            chosen, why = best, "an interface that is up with an address (not loopback or a container bridge)"
-        elif "lo" in up and not shape.multi_node:
-                chosen, why = "lo", "single node: loopback is enough"
+        chosen, why = _choose_interface(interfaces, netif.get("addresses"), rdv, up, shape.multi_node)
         if chosen:
+            names = [i["name"] for i in interfaces]
             lines.append(Line("export", "NCCL_SOCKET_IFNAME", _exact_if(chosen, names), f"bootstrap over {why}"))
     if "GLOO_SOCKET_IFNAME" in env and not _bad(findings, "gloo.socket_ifname"):
         lines.append(Line("export", "GLOO_SOCKET_IFNAME", env["GLOO_SOCKET_IFNAME"], "current setting checks out"))
     elif chosen:
         lines.append(Line("export", "GLOO_SOCKET_IFNAME", chosen, "gloo takes one exact interface name"))
+    return lines
 
-    # RDMA ports and GID indices.
-    ports = (facts.get("infiniband") or {}).get("ports", [])
+
+def _choose_interface(interfaces: list[dict[str, Any]], addresses: Any, rdv: dict[str, Any], up: dict[str, Any],
+                      multi_node: bool | None) -> tuple[str | None, str]:
+    """(interface, why) when nothing is set: the route to MASTER_ADDR, else one that is up with an
+    address, else loopback on a single node."""
+    route_if = (rdv.get("route") or {}).get("interface")
+    best = best_interface(interfaces, addresses, route_if)
+    if best and best == route_if:
+        return route_if, f"the interface that routes to MASTER_ADDR ({rdv.get('ip')})"
+    if best:
+        return best, "an interface that is up with an address (not loopback or a container bridge)"
+    if "lo" in up and not multi_node:
+        return "lo", "single node: loopback is enough"
+    return None, ""
+
+
+def _hca_lines(ports: list[dict[str, Any]], env: dict[str, str],
+               findings: list[Finding]) -> tuple[list[Line], list[dict[str, Any]]]:
+    """NCCL_IB_HCA; (lines, the RDMA ports it selects)."""
     active = active_ports(ports)
-    hca_ports = []
     if "NCCL_IB_HCA" in env and not _bad(findings, "ib.hca"):
-        lines.append(Line("export", "NCCL_IB_HCA", env["NCCL_IB_HCA"], "current setting checks out"))
         spec = parse_nccl_list(env["NCCL_IB_HCA"], "NCCL_IB_HCA")
-        hca_ports = active_ports(selected_ports(ports, spec))
-    elif "NCCL_IB_HCA" in env and not active:
-        lines.append(Line("unset", "NCCL_IB_HCA", why="no ACTIVE RDMA port on this node: NCCL uses sockets anyway"))
-    elif active:
-        layer = max({p.get("link_layer") for p in active}, key=lambda ll: sum(p.get("link_layer") == ll for p in active))
-        hca_ports = [p for p in active if p.get("link_layer") == layer]
-        value = "=" + ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports)
-        kind = "RoCE" if layer == "Ethernet" else (layer or "RDMA")
-        lines.append(Line("export", "NCCL_IB_HCA", value, f"the {len(hca_ports)} ACTIVE {kind} port(s), named exactly"))
+        return ([Line("export", "NCCL_IB_HCA", env["NCCL_IB_HCA"], "current setting checks out")],
+                active_ports(selected_ports(ports, spec)))
+    if "NCCL_IB_HCA" in env and not active:
+        return [Line("unset", "NCCL_IB_HCA", why="no ACTIVE RDMA port on this node: NCCL uses sockets anyway")], []
+    if not active:
+        return [], []
+    layer = max({p.get("link_layer") for p in active}, key=lambda ll: sum(p.get("link_layer") == ll for p in active))
+    hca_ports = [p for p in active if p.get("link_layer") == layer]
+    value = "=" + ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports)
+    kind = "RoCE" if layer == "Ethernet" else (layer or "RDMA")
+    return [Line("export", "NCCL_IB_HCA", value, f"the {len(hca_ports)} ACTIVE {kind} port(s), named exactly")], hca_ports
+
+
+# (variable, the finding that judges it)
+_GID_VARS = (("NCCL_IB_GID_INDEX", "ib.gid_index"), ("NCCL_MESH_GID_INDEX", "ib.mesh_gid_index"))
+
+
+def _gid_lines(hca_ports: list[dict[str, Any]], env: dict[str, str], findings: list[Finding]) -> list[Line]:
+    """GID indices: kept when they check out, else the RoCE v2 index the selected ports agree on."""
+    lines: list[Line] = []
     roce = [p for p in hca_ports if p.get("link_layer") == "Ethernet"]
     hints = {g["index"] for p in roce for g in [best_gid(p)] if g}
     gid_hint = next(iter(hints)) if len(hints) == 1 else None
-    for var in ("NCCL_IB_GID_INDEX", "NCCL_MESH_GID_INDEX"):
-        fid = "ib.gid_index" if var == "NCCL_IB_GID_INDEX" else "ib.mesh_gid_index"
+    for var, fid in _GID_VARS:
         if var in env and not _bad(findings, fid) and parse_int(env[var]).value is not None:
             lines.append(Line("export", var, env[var].strip(), "current setting checks out"))
         elif (var in env or (var == "NCCL_IB_GID_INDEX" and roce)) and gid_hint is not None:
             lines.append(Line("export", var, str(gid_hint),
                               "RoCE v2 GID with an IPv4-mapped address on the selected ports"))
-    # hwtui has no UCX path, so no UCX variable is exported (one that nothing reads only misleads);
-    # the mapping is left as a comment for programs that do use UCX.
-    if hca_ports:
-        ucx = ",".join(f"{p['hca']}:{p['port']}" for p in hca_ports)
-        lines.append(Line("comment", f"hwtui has no UCX path; for a UCX program the same ports are UCX_NET_DEVICES={ucx}"))
-    if "HOTWEIGHTS_UCX_NET_DEVICES" in env:
-        lines.append(Line("comment", "HOTWEIGHTS_UCX_NET_DEVICES is set, but nothing in hwtui reads it (no UCX path)"))
     return lines
 
 

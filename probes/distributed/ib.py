@@ -95,15 +95,7 @@ def hca_findings(env: Mapping[str, str], ports: list[dict[str, Any]], multi_node
     raw = env.get("NCCL_IB_HCA")
     active = active_ports(ports)
     if raw is None:
-        if not ports:
-            yield skip("ib.hca", "no RDMA device in /sys/class/infiniband: NCCL uses TCP sockets between nodes")
-        elif active:
-            yield passed("ib.hca", f"NCCL_IB_HCA unset: NCCL uses all {len(active)} active RDMA port(s)",
-                         "; ".join(port_label(p) for p in active))
-        else:
-            yield warn("ib.hca", f"{len(ports)} RDMA port(s), none ACTIVE",
-                       "; ".join(port_label(p) for p in ports) + ". NCCL falls back to TCP sockets.",
-                       "Check cabling and the subnet manager: ibstat (IB) or ip link (RoCE); sudo systemctl start opensm")
+        yield _unset_hca_finding(ports, active)
         return
     spec = parse_nccl_list(raw, "NCCL_IB_HCA")
     chosen = selected_ports(ports, spec)
@@ -112,23 +104,35 @@ def hca_findings(env: Mapping[str, str], ports: list[dict[str, Any]], multi_node
     if spec.problems:
         yield fail("ib.hca", spec.problems[0], "; ".join(spec.problems[1:]),
                    f"export NCCL_IB_HCA={_suggest(active) or '<hca>:<port>'}")
-        return
-    if not ports:
+    elif not ports:
         yield fail("ib.hca", f"NCCL_IB_HCA={raw} but this node has no RDMA device",
                    "NCCL falls back to TCP sockets silently.",
                    "unset NCCL_IB_HCA, or install the RDMA driver: sudo modprobe mlx5_ib ib_uverbs")
-        return
-    if not chosen:
+    elif not chosen:
         yield fail("ib.hca", f"NCCL_IB_HCA={raw} matches no RDMA port",
                    f"Present: {'; '.join(port_label(p) for p in ports)}. NCCL falls back to TCP sockets.",
                    f"export NCCL_IB_HCA={_suggest(active) or '=' + hcas[0]}")
-        return
-    if not chosen_active:
+    elif not chosen_active:
         yield fail("ib.hca", f"NCCL_IB_HCA={raw} selects only inactive ports",
                    "; ".join(port_label(p) for p in chosen) + ". NCCL falls back to TCP sockets.",
                    f"export NCCL_IB_HCA={_suggest(active)}" if active else "Bring the link up: ibstat; sudo systemctl start opensm")
-        return
-    # Prefix semantics: mlx5_1 also matches mlx5_10..mlx5_19.
+    else:
+        yield _selected_hca_finding(raw, spec, hcas, chosen, chosen_active)
+
+
+def _unset_hca_finding(ports: list[dict[str, Any]], active: list[dict[str, Any]]) -> Finding:
+    if not ports:
+        return skip("ib.hca", "no RDMA device in /sys/class/infiniband: NCCL uses TCP sockets between nodes")
+    if active:
+        return passed("ib.hca", f"NCCL_IB_HCA unset: NCCL uses all {len(active)} active RDMA port(s)",
+                      "; ".join(port_label(p) for p in active))
+    return warn("ib.hca", f"{len(ports)} RDMA port(s), none ACTIVE",
+                "; ".join(port_label(p) for p in ports) + ". NCCL falls back to TCP sockets.",
+                "Check cabling and the subnet manager: ibstat (IB) or ip link (RoCE); sudo systemctl start opensm")
+
+
+def _prefix_surprises(spec: NcclList, hcas: list[str]) -> list[str]:
+    """Prefix semantics: mlx5_1 also matches mlx5_10..mlx5_19."""
     surprises = []
     if not spec.exact and not spec.exclude:
         for entry in spec.entries:
@@ -136,24 +140,30 @@ def hca_findings(env: Mapping[str, str], ports: list[dict[str, Any]], multi_node
             extra = [h for h in hits if h != entry.name]
             if entry.name in hits and extra:
                 surprises.append(f"{entry.name} also matches {', '.join(extra)}")
+    return surprises
+
+
+def _selected_hca_finding(raw: str, spec: NcclList, hcas: list[str], chosen: list[dict[str, Any]],
+                          chosen_active: list[dict[str, Any]]) -> Finding:
+    """NCCL_IB_HCA selects some active port: is it what was meant?"""
+    surprises = _prefix_surprises(spec, hcas)
     inactive = [p for p in chosen if p not in chosen_active]
     layers = sorted({p.get("link_layer") or "?" for p in chosen_active})
     listing = "; ".join(port_label(p) for p in chosen_active)
     if surprises:
-        yield warn("ib.hca", f"NCCL_IB_HCA={raw} is a prefix list: {'; '.join(surprises)}", listing,
-                   f"export NCCL_IB_HCA={_suggest(chosen_active)}  (the leading '=' makes names exact)")
-    elif inactive and not spec.exclude:
+        return warn("ib.hca", f"NCCL_IB_HCA={raw} is a prefix list: {'; '.join(surprises)}", listing,
+                    f"export NCCL_IB_HCA={_suggest(chosen_active)}  (the leading '=' makes names exact)")
+    if inactive and not spec.exclude:
         # Named explicitly but down: NCCL skips it, so the job runs on fewer rails than planned.
-        yield warn("ib.hca", f"NCCL_IB_HCA selects {len(inactive)} inactive port(s)",
-                   f"in use: {listing}; down: {'; '.join(port_label(p) for p in inactive)}",
-                   f"export NCCL_IB_HCA={_suggest(chosen_active)}")
-    elif len(layers) > 1:
-        yield warn("ib.hca", "NCCL_IB_HCA mixes InfiniBand and RoCE ports", listing,
-                   f"export NCCL_IB_HCA={_suggest([p for p in chosen_active if p.get('link_layer') == layers[0]])}")
-    else:
-        yield passed("ib.hca", f"NCCL_IB_HCA selects {len(chosen_active)} active port(s)",
-                     listing + (f"; inactive, skipped by NCCL: {', '.join(port_label(p) for p in inactive)}" if inactive else ""),
-                     ports=[f"{p['hca']}:{p['port']}" for p in chosen_active])
+        return warn("ib.hca", f"NCCL_IB_HCA selects {len(inactive)} inactive port(s)",
+                    f"in use: {listing}; down: {'; '.join(port_label(p) for p in inactive)}",
+                    f"export NCCL_IB_HCA={_suggest(chosen_active)}")
+    if len(layers) > 1:
+        return warn("ib.hca", "NCCL_IB_HCA mixes InfiniBand and RoCE ports", listing,
+                    f"export NCCL_IB_HCA={_suggest([p for p in chosen_active if p.get('link_layer') == layers[0]])}")
+    return passed("ib.hca", f"NCCL_IB_HCA selects {len(chosen_active)} active port(s)",
+                  listing + (f"; inactive, skipped by NCCL: {', '.join(port_label(p) for p in inactive)}" if inactive else ""),
+                  ports=[f"{p['hca']}:{p['port']}" for p in chosen_active])
 
 
 def _suggest(ports: list[dict[str, Any]]) -> str:
@@ -162,12 +172,16 @@ def _suggest(ports: list[dict[str, Any]]) -> str:
 
 def best_gid(port: Mapping[str, Any]) -> dict[str, Any] | None:
     """The GID NCCL should use on a RoCE port: RoCE v2 with an IPv4-mapped address, else any v2."""
-    gids = port.get("gids") or []
+    gids: list[dict[str, Any]] = port.get("gids") or []
     v2 = [g for g in gids if "v2" in (g.get("type") or "").lower()]
     for pool in ([g for g in v2 if g.get("ipv4")], v2):
         if pool:
             return pool[0]
     return None
+
+
+# (variable, finding id)
+_GID_VARS = (("NCCL_IB_GID_INDEX", "ib.gid_index"), ("NCCL_MESH_GID_INDEX", "ib.mesh_gid_index"))
 
 
 def gid_findings(env: Mapping[str, str], ports: list[dict[str, Any]]) -> Iterator[Finding]:
@@ -177,8 +191,7 @@ def gid_findings(env: Mapping[str, str], ports: list[dict[str, Any]]) -> Iterato
         spec = None if parsed.problems else parsed
     chosen = active_ports(selected_ports(ports, spec))
     roce = [p for p in chosen if p.get("link_layer") == "Ethernet"]
-    for var in ("NCCL_IB_GID_INDEX", "NCCL_MESH_GID_INDEX"):
-        fid = "ib.gid_index" if var == "NCCL_IB_GID_INDEX" else "ib.mesh_gid_index"
+    for var, fid in _GID_VARS:
         raw = env.get(var)
         if raw is None:
             if var == "NCCL_IB_GID_INDEX" and roce:
@@ -191,33 +204,35 @@ def gid_findings(env: Mapping[str, str], ports: list[dict[str, Any]]) -> Iterato
         iv = parse_int(raw, var, -1)
         if not iv.ok:
             yield fail(fid, "; ".join(iv.problems), "", f"export {var}=<GID index shown by show_gids>")
-            continue
-        idx = iv.value
-        if idx == -1:
+        elif iv.value == -1:
             yield passed(fid, f"{var}=-1: automatic GID selection")
-            continue
-        if not chosen:
-            yield skip(fid, f"{var}={idx} but no active RDMA port is selected to check it against")
-            continue
-        bad, weak, good = [], [], []
-        for p in chosen:
-            entry = next((g for g in p.get("gids") or [] if g["index"] == idx), None)
-            label = f"{p['hca']}:{p['port']}"
-            if entry is None:
-                bad.append(f"{label} has no GID at index {idx}")
-            elif p.get("link_layer") == "Ethernet" and "v2" not in (entry.get("type") or "").lower():
-                weak.append(f"{label}[{idx}] is {entry.get('type') or 'untyped'} (RoCE v1 does not cross subnets)")
-            else:
-                good.append(f"{label}[{idx}] {entry.get('type') or ''} {entry.get('ipv4') or entry['gid']}".strip())
-        suggestion = next((g["index"] for p in roce for g in [best_gid(p)] if g), None)
-        remedy = f"export {var}={suggestion}" if suggestion is not None else "show_gids lists the valid indices"
-        if bad:
-            yield fail(fid, f"{var}={idx}: {'; '.join(bad)}",
-                       "The queue pair cannot reach RTR with an empty GID ('QP transition to RTR failed').", remedy)
-        elif weak:
-            yield warn(fid, f"{var}={idx}: {'; '.join(weak)}", "", remedy)
+        elif not chosen:
+            yield skip(fid, f"{var}={iv.value} but no active RDMA port is selected to check it against")
         else:
-            yield passed(fid, f"{var}={idx} is valid on every selected port", "; ".join(good))
+            yield _gid_index_finding(var, fid, iv.value, chosen, roce)
+
+
+def _gid_index_finding(var: str, fid: str, idx: Any, chosen: list[dict[str, Any]],
+                       roce: list[dict[str, Any]]) -> Finding:
+    """A GID index set by hand, against the GID table of every selected active port."""
+    bad, weak, good = [], [], []
+    for p in chosen:
+        entry = next((g for g in p.get("gids") or [] if g["index"] == idx), None)
+        label = f"{p['hca']}:{p['port']}"
+        if entry is None:
+            bad.append(f"{label} has no GID at index {idx}")
+        elif p.get("link_layer") == "Ethernet" and "v2" not in (entry.get("type") or "").lower():
+            weak.append(f"{label}[{idx}] is {entry.get('type') or 'untyped'} (RoCE v1 does not cross subnets)")
+        else:
+            good.append(f"{label}[{idx}] {entry.get('type') or ''} {entry.get('ipv4') or entry['gid']}".strip())
+    suggestion = next((g["index"] for p in roce for g in [best_gid(p)] if g), None)
+    remedy = f"export {var}={suggestion}" if suggestion is not None else "show_gids lists the valid indices"
+    if bad:
+        return fail(fid, f"{var}={idx}: {'; '.join(bad)}",
+                    "The queue pair cannot reach RTR with an empty GID ('QP transition to RTR failed').", remedy)
+    if weak:
+        return warn(fid, f"{var}={idx}: {'; '.join(weak)}", "", remedy)
+    return passed(fid, f"{var}={idx} is valid on every selected port", "; ".join(good))
 
 
 def ib_rules(facts: Facts) -> Iterator[Finding]:

@@ -9,7 +9,7 @@ believes it is someone else. Those are the mistakes checked here, before anythin
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from hwtui.core.finding import Finding, fail, passed, skip, warn
@@ -163,10 +163,17 @@ def launcher_rules(facts: Facts) -> Iterator[Finding]:
                  f"local rank {shape.local_rank if shape.local_rank is not None else '?'}, "
                  f"nodes {shape.nnodes or '?'}", launcher=launcher or "manual")
 
+    yield from _rank_findings(env)
+    yield from _layout_findings(env, shape)
+    yield from _slurm_findings(env, shape)
+    yield from _mpi_findings(env, torch_set)
+    yield from _torchelastic_findings(env)
+
+
+def _rank_findings(env: Mapping[str, str]) -> Iterator[Finding]:
+    """RANK and LOCAL_RANK each set with its size, and below it."""
     world, rank = env_int(env, "WORLD_SIZE"), env_int(env, "RANK")
     local_rank, local_world = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
-    nproc = env_int(env, "NPROC_PER_NODE")
-
     # torch's env:// needs RANK and WORLD_SIZE together.
     if ("RANK" in env) != ("WORLD_SIZE" in env):
         have, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
@@ -187,6 +194,13 @@ def launcher_rules(facts: Facts) -> Iterator[Finding]:
                        "", f"export LOCAL_RANK=<0..{local_world - 1}>")
         else:
             yield passed("launcher.local_rank", f"LOCAL_RANK {local_rank} of LOCAL_WORLD_SIZE {local_world}")
+
+
+def _layout_findings(env: Mapping[str, str], shape: JobShape) -> Iterator[Finding]:
+    """The per-node sizes against the world, the node rank against the node count, the rank layout."""
+    world, rank = env_int(env, "WORLD_SIZE"), env_int(env, "RANK")
+    local_rank, local_world = env_int(env, "LOCAL_RANK"), env_int(env, "LOCAL_WORLD_SIZE")
+    nproc = env_int(env, "NPROC_PER_NODE")
     if local_world is not None and world is not None:
         if local_world > world:
             yield fail("launcher.local_world_size", f"LOCAL_WORLD_SIZE={local_world} exceeds WORLD_SIZE={world}",
@@ -210,19 +224,23 @@ def launcher_rules(facts: Facts) -> Iterator[Finding]:
                    "torchrun assigns ranks node by node; a different layout means hand-edited variables.",
                    "Let torchrun set RANK (do not export it in the job script)")
 
-    yield from _slurm_findings(env, shape)
-    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
-        pairs = [("OMPI_COMM_WORLD_RANK", "RANK"), ("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"),
-                 ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
-                 ("PMI_RANK", "RANK"), ("PMI_SIZE", "WORLD_SIZE")]
-        if not torch_set:
-            yield warn("launcher.mpi_agree", "MPI task without RANK/WORLD_SIZE",
-                       "torch.distributed does not read MPI's variables for env:// (the Gaudi bridge does).",
-                       "export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
-                       "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK")
-        else:
-            yield from _pairs_check("launcher.mpi_agree", env, pairs, "MPI")
-    yield from _torchelastic_findings(env)
+
+# MPI's variables and the torch variables they stand for.
+_MPI_PAIRS = [("OMPI_COMM_WORLD_RANK", "RANK"), ("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE"),
+              ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+              ("PMI_RANK", "RANK"), ("PMI_SIZE", "WORLD_SIZE")]
+
+
+def _mpi_findings(env: Mapping[str, str], torch_set: Sequence[str]) -> Iterator[Finding]:
+    if "OMPI_COMM_WORLD_RANK" not in env and "PMI_RANK" not in env:
+        return
+    if not torch_set:
+        yield warn("launcher.mpi_agree", "MPI task without RANK/WORLD_SIZE",
+                   "torch.distributed does not read MPI's variables for env:// (the Gaudi bridge does).",
+                   "export RANK=$OMPI_COMM_WORLD_RANK WORLD_SIZE=$OMPI_COMM_WORLD_SIZE "
+                   "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK")
+    else:
+        yield from _pairs_check("launcher.mpi_agree", env, _MPI_PAIRS, "MPI")
 
 
 def _slurm_findings(env: Mapping[str, str], shape: JobShape) -> Iterator[Finding]:

@@ -18,6 +18,7 @@ from hwtui.probes.devices import build_devices
 from hwtui.probes.distributed.launcher import job_shape
 from hwtui.probes.distributed.parsers import (
     NCCL_SUBSYSTEMS,
+    NcclList,
     parse_ld_so_conf,
     parse_nccl_conf,
     parse_nccl_debug,
@@ -138,7 +139,8 @@ def origin_of(facts: Facts, name: str) -> str:
         return "environment"
     for f in (facts.get("nccl") or {}).get("conf_files", []):
         if name in f.get("settings", {}):
-            return f["path"]
+            path: str = f["path"]
+            return path
     return "default"
 
 
@@ -176,64 +178,83 @@ def socket_findings(env: Mapping[str, str], netif: Mapping[str, Any], multi_node
     fid = "nccl.socket_ifname" if var == "NCCL_SOCKET_IFNAME" else "gloo.socket_ifname"
     raw = env.get(var)
     if raw is None:
-        if var != "NCCL_SOCKET_IFNAME":
-            return
-        picks = default_candidates(interfaces)
-        names = ", ".join(_if_label(i, addresses) for i in picks) or "none"
-        if not picks:
-            yield fail(fid, "no network interface is up", "NCCL aborts with 'no socket interface found'.",
-                       "sudo ip link set <interface> up")
-        elif multi_node and len(picks) > 1:
-            best = best_interface(interfaces, addresses, route_if) or picks[0]["name"]
-            yield warn(fid, f"NCCL_SOCKET_IFNAME unset with {len(picks)} candidate interfaces",
-                       f"NCCL picks among: {names}; a wrong pick (a management or container network) makes "
-                       "the job slow or hang at init.", f"export NCCL_SOCKET_IFNAME={best}")
-        elif multi_node and picks[0]["loopback"]:
-            yield fail(fid, "only the loopback interface is up", "Other nodes cannot reach this one.",
-                       "sudo ip link set <interface> up")
-        else:
-            yield passed(fid, "NCCL_SOCKET_IFNAME unset: NCCL's default choice is fine here", f"candidates: {names}")
+        if var == "NCCL_SOCKET_IFNAME":
+            yield _unset_socket_finding(fid, interfaces, addresses, multi_node, route_if)
         return
-    with_ports = var == "NCCL_SOCKET_IFNAME"
-    spec = parse_nccl_list(raw, var, with_ports=with_ports)
-    if var != "NCCL_SOCKET_IFNAME":
-        # gloo takes exact names (comma separated since torch 2.2), no ^ or prefix.
-        from hwtui.probes.distributed.parsers import NcclList
-
-        spec = NcclList(raw, spec.entries, False, True, spec.problems +
-                        ((f"{var}: gloo has no '^' or '=' syntax",) if raw.strip().startswith(("^", "=")) else ()))
-    matched = [i for i in interfaces if spec.matches(i["name"])]
-    matched_up = [i for i in matched if i["up"]]
+    spec = _socket_spec(raw, var)
     where = "" if origin == "environment" else f" (from {origin})"
     if spec.problems:
         yield fail(fid, spec.problems[0] + where, "; ".join(spec.problems[1:]),
                    f"export {var}={best_interface(interfaces, addresses, route_if) or 'eth0'}")
         return
-    up_names = ", ".join(_if_label(i, addresses) for i in interfaces if i["up"]) or "none"
+    matched = [i for i in interfaces if spec.matches(i["name"])]
+    matched_up = [i for i in matched if i["up"]]
     if not matched_up:
-        down = ", ".join(_if_label(i, addresses) for i in matched)
-        best = best_interface(interfaces, addresses, route_if)
-        yield fail(fid, f"{var}={raw}{where} matches no interface that is up",
-                   (f"matched but down: {down}; " if down else "") + f"up: {up_names}. "
-                   + ("NCCL aborts with 'no socket interface found'." if with_ports else "gloo fails to create its device."),
-                   f"export {var}={best}" if best else "sudo ip link set <interface> up")
+        yield _nothing_up_finding(fid, f"{var}={raw}{where}", var, matched, interfaces, addresses, route_if)
         return
+    yield _selection_finding(fid, f"{var}={raw}{where}", var, matched_up, interfaces, addresses, multi_node, route_if)
+
+
+def _unset_socket_finding(fid: str, interfaces: list[dict[str, Any]], addresses: Any, multi_node: bool | None,
+                          route_if: str | None) -> Finding:
+    """NCCL_SOCKET_IFNAME unset: is NCCL's own pick safe here?"""
+    picks = default_candidates(interfaces)
+    names = ", ".join(_if_label(i, addresses) for i in picks) or "none"
+    if not picks:
+        return fail(fid, "no network interface is up", "NCCL aborts with 'no socket interface found'.",
+                    "sudo ip link set <interface> up")
+    if multi_node and len(picks) > 1:
+        best = best_interface(interfaces, addresses, route_if) or picks[0]["name"]
+        return warn(fid, f"NCCL_SOCKET_IFNAME unset with {len(picks)} candidate interfaces",
+                    f"NCCL picks among: {names}; a wrong pick (a management or container network) makes "
+                    "the job slow or hang at init.", f"export NCCL_SOCKET_IFNAME={best}")
+    if multi_node and picks[0]["loopback"]:
+        return fail(fid, "only the loopback interface is up", "Other nodes cannot reach this one.",
+                    "sudo ip link set <interface> up")
+    return passed(fid, "NCCL_SOCKET_IFNAME unset: NCCL's default choice is fine here", f"candidates: {names}")
+
+
+def _socket_spec(raw: str, var: str) -> NcclList:
+    """The setting parsed as its reader parses it: NCCL's list syntax, or gloo's exact names."""
+    spec = parse_nccl_list(raw, var, with_ports=var == "NCCL_SOCKET_IFNAME")
+    if var == "NCCL_SOCKET_IFNAME":
+        return spec
+    # gloo takes exact names (comma separated since torch 2.2), no ^ or prefix.
+    return NcclList(raw, spec.entries, False, True, spec.problems +
+                    ((f"{var}: gloo has no '^' or '=' syntax",) if raw.strip().startswith(("^", "=")) else ()))
+
+
+def _nothing_up_finding(fid: str, setting: str, var: str, matched: list[dict[str, Any]],
+                        interfaces: list[dict[str, Any]], addresses: Any, route_if: str | None) -> Finding:
+    up_names = ", ".join(_if_label(i, addresses) for i in interfaces if i["up"]) or "none"
+    down = ", ".join(_if_label(i, addresses) for i in matched)
+    best = best_interface(interfaces, addresses, route_if)
+    return fail(fid, f"{setting} matches no interface that is up",
+                (f"matched but down: {down}; " if down else "") + f"up: {up_names}. "
+                + ("NCCL aborts with 'no socket interface found'." if var == "NCCL_SOCKET_IFNAME"
+                   else "gloo fails to create its device."),
+                f"export {var}={best}" if best else "sudo ip link set <interface> up")
+
+
+def _selection_finding(fid: str, setting: str, var: str, matched_up: list[dict[str, Any]],
+                       interfaces: list[dict[str, Any]], addresses: Any, multi_node: bool | None,
+                       route_if: str | None) -> Finding:
+    """The interfaces a setting selects (some are up): reachable from other nodes, with an address?"""
     bad = [i for i in matched_up if i["loopback"] or i["virtual"]]
     no_ip = [i for i in matched_up if addresses is not None and not addresses.get(i["name"])]
     listing = ", ".join(_if_label(i, addresses) for i in matched_up)
     if multi_node and bad:
         best = best_interface(interfaces, addresses, route_if) or "eth0"
-        yield warn(fid, f"{var}={raw}{where} selects {', '.join(i['name'] for i in bad)} in a multi-node job",
-                   "Loopback and container bridges are not reachable from other nodes.", f"export {var}={best}")
-    elif no_ip and len(no_ip) == len(matched_up):
-        yield fail(fid, f"{var}={raw}{where} selects interfaces without an IP address",
-                   listing, f"sudo ip addr add <address>/<prefix> dev {no_ip[0]['name']}")
-    elif route_if and multi_node and route_if not in {i["name"] for i in matched_up}:
-        yield warn(fid, f"{var}={raw}{where} does not include {route_if}, the interface that routes to MASTER_ADDR",
-                   f"selected: {listing}. Fine when both networks reach every node; a hang at init otherwise.",
-                   f"export {var}={route_if}")
-    else:
-        yield passed(fid, f"{var}={raw}{where} selects {listing}", "", interfaces=[i["name"] for i in matched_up])
+        return warn(fid, f"{setting} selects {', '.join(i['name'] for i in bad)} in a multi-node job",
+                    "Loopback and container bridges are not reachable from other nodes.", f"export {var}={best}")
+    if no_ip and len(no_ip) == len(matched_up):
+        return fail(fid, f"{setting} selects interfaces without an IP address",
+                    listing, f"sudo ip addr add <address>/<prefix> dev {no_ip[0]['name']}")
+    if route_if and multi_node and route_if not in {i["name"] for i in matched_up}:
+        return warn(fid, f"{setting} does not include {route_if}, the interface that routes to MASTER_ADDR",
+                    f"selected: {listing}. Fine when both networks reach every node; a hang at init otherwise.",
+                    f"export {var}={route_if}")
+    return passed(fid, f"{setting} selects {listing}", "", interfaces=[i["name"] for i in matched_up])
 
 
 # -- plugin, debug, switches, conf, peermem ---------------------------------------------------------

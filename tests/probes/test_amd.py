@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 
 import pytest
@@ -73,13 +72,14 @@ def test_amdsmi_faked_through_the_real_child(fake_amdsmi_dir, capfd):
     assert json.loads(json.dumps(out)) == out
 
 
-def test_collect_amd_merges_amdsmi_over_sysfs(tmp_path, fake_amdsmi_dir, monkeypatch):
+def test_collect_amd_merges_amdsmi_over_sysfs(tmp_path, monkeypatch):
+    """The fake stands in for the library itself: a module named ``amdsmi`` first on the path the
+    probe child inherits, so collect_amd runs its own child exactly as on a ROCm box."""
     fs = recorded.mixed3(tmp_path)
-    from hwtui.probes import amd
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake_amdsmi_dir), *sys.path])}
-    monkeypatch.setattr(amd, "_amdsmi_live", lambda: run_in_child("hwtui.probes.runtime_child:amdsmi_facts",
-                                                                  {"module": "fake_amdsmi"}, timeout=60, env=env))
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "amdsmi.py").write_text(FAKE_AMDSMI)
+    monkeypatch.syspath_prepend(str(shadow))
     got = collect_amd(LiveTreeHost(fs.root, {}))
     dev = got["devices"][0]
     assert dev["source"] == "amdsmi" and dev["name"] == "AMD Radeon RX 7800 XT" and dev["vram_used"] == 2**30

@@ -49,14 +49,23 @@ def test_h100_every_field():
         assert dev["unsupported"] == {}
 
 
-def test_not_supported_leaves_field_empty_with_reason():
+def test_not_supported_leaves_field_empty_with_reason(tmp_path):
+    """What the check says about a GeForce that answers NotSupported for NVLink, MIG and PCIe
+    throughput: the device still passes with every other figure, and the detail names what was
+    not reported and why."""
+    fs = machines.rtx4090_rx7800xt_arc_a750(tmp_path)
     data = load("nvml_rtx4090")
-    dev = read_nvml(FakeNVML(data))["devices"][0]
-    assert dev["nvlink_up"] is None and dev["mig"] is None
-    assert dev["pcie"]["tx_kbps"] is None and dev["pcie"]["cur_gen"] == 4  # the rest of pcie still read
-    assert dev["unsupported"] == {"nvlink": "NotSupported", "mig_mode": "NotSupported", "pcie.tx": "NotSupported",
-                                  "pcie.rx": "NotSupported"}
-    assert dev["memory"]["total"] == data["devices"][0]["memory"]["total"]
+    record(fs, nvml="nvml_rtx4090")
+    collectors, rules = catalog()
+    result = run_checks(fs.host(), collectors, rules, only={"gpu"})
+    [f] = [f for f in result.findings if f.id.startswith("nvidia.device[")]
+    assert f.status == Status.PASS and "RTX 4090" in f.title
+    assert f.detail == ("not reported: mig_mode (NotSupported), nvlink (NotSupported), pcie.rx (NotSupported), "
+                        "pcie.tx (NotSupported)")
+    assert f.data["nvlink_up"] is None and f.data["mig"] is None
+    assert f.data["pcie"]["tx_kbps"] is None and f.data["pcie"]["cur_gen"] == 4  # the rest of pcie still read
+    assert f.data["memory"]["total"] == data["devices"][0]["memory"]["total"]
+    assert not [g for g in result.findings if g.id.startswith("nvidia.mig[")], "no MIG answer is no MIG warning"
 
 
 def test_gpu_lost_mid_read_fails_that_device_only():
