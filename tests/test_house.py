@@ -18,18 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "core", "engine", "probes", "widgets")
 MAX_COMPLEXITY = 30
 
-# Owned by the replication/push refactor, removed at merge: each entry is "path::qualified name".
-# The lead empties this after merging that work; the test then holds every function to the limit.
-KNOWN_OFFENDERS: frozenset[str] = frozenset({
-    "app/commands/push.py::push",
-    "app/commands/push.py::_finish_doc",
-    "app/commands/replicate.py::Printer.__call__",
-    "engine/replication/launcher.py::_replicate",
-    "engine/replication/launcher.py::_watch",
-    "engine/replication/worker.py::Worker._choose_paths",
-})
-
-
 def _blocks(path: Path) -> list[tuple[str, int]]:
     """(qualified name, complexity) of every function and method in ``path``: closures and the methods
     of nested classes too (radon scores a closure apart from the function around it)."""
@@ -66,12 +54,7 @@ def _over_limit() -> dict[str, int]:
 
 
 def test_no_product_function_above_the_complexity_limit() -> None:
-    over = {k: v for k, v in _over_limit().items() if k not in KNOWN_OFFENDERS}
+    over = _over_limit()
     listing = "\n".join(f"  {name}: {score}" for name, score in sorted(over.items(), key=lambda kv: -kv[1]))
     assert not over, f"functions above cyclomatic {MAX_COMPLEXITY} (radon); split them or make the rules a table:\n{listing}"
 
-
-def test_known_offenders_are_still_offenders() -> None:
-    """An entry that no longer offends (fixed, renamed, moved) leaves the allow-list with its fix."""
-    stale = sorted(KNOWN_OFFENDERS - set(_over_limit()))
-    assert not stale, f"no longer above {MAX_COMPLEXITY}, remove from KNOWN_OFFENDERS: {stale}"
