@@ -2,7 +2,7 @@
 
 One run, rounds interleaved so background load hits every method alike, medians reported:
 
-- file -> GPU memory: hwtui's source path (``_SourceReader.stage``: the weight file memory-mapped,
+- file -> GPU memory: hwtui's source path (``SourceReader.stage``: the weight file memory-mapped,
   one host-to-device copy per planned bucket into pooled device buffers) against the plain way of
   moving the same bytes, ``torch.empty(n, pin_memory=True)`` + ``readinto`` + ``cuda_tensor.copy_``.
   Both end with every byte in GPU memory and are checked bit-exact against the file. The page
@@ -54,14 +54,14 @@ def hwtui_to_device(plan_path: str, device: str) -> tuple[float, list]:
     """hwtui's source path: every planned bucket staged into a pooled device buffer."""
     from hwtui.engine.replication.plan import load_plan
     from hwtui.engine.replication.pool import BufferPool
-    from hwtui.engine.replication.worker import _SourceReader
+    from hwtui.engine.replication.source_reader import SourceReader
 
     plan = load_plan(plan_path)
     largest = max(b["size"] for b in plan.buckets)
     pool = BufferPool(len(plan.buckets), largest, device)  # all buckets kept: the bytes end in device memory
     sync(device)
     t0 = time.perf_counter()
-    reader = _SourceReader(plan)
+    reader = SourceReader(plan)
     bufs = []
     for b in range(len(plan.buckets)):
         buf, _pooled = reader.stage(plan, b, pool)

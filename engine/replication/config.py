@@ -42,7 +42,7 @@ class WorkerConfig:
     target_bucket_s: float = 0.05
     chunk_bytes: int = 64 << 20
     verify: bool = True
-    same_host: bool = True  # receivers on the source's host copy from its page cache (see worker._copy_local)
+    same_host: bool = True  # receivers on the source's host copy from its page cache (see host_copy._copy_local)
     commit: bool = False
     out: str | None = None
     serve_group: str | None = None  # --serve-group: served files 0640 and group-owned (resolved on the rank's host)

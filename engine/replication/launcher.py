@@ -24,36 +24,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_USAGE, HwtuiError
-from hwtui.core.events import ErrorEvent, Event, LogEvent, from_dict
+from hwtui.core.events import ErrorEvent, Event, LogEvent
 from hwtui.core.net import free_loopback_port
 from hwtui.core.private_file import create_private
-from hwtui.core.supervisor import Child, Group, exit_text, python_module
+from hwtui.core.supervisor import Child, Group, python_module
 from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
+from hwtui.engine.replication.coordinator import Coordinator, RankResult, failure_text
 from hwtui.engine.replication.events import (
-    RANK_PHASES,
-    ReplBucket,
     ReplCommit,
     ReplDone,
-    ReplRanks,
     ReplStart,
-    ReplThroughput,
 )
+from hwtui.engine.replication.monitor import Monitor, RunOutcome, Stop
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.report import build_report
 from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
-from hwtui.engine.replication.transport import choose_transport, detect_facts, validate_device
+from hwtui.engine.replication.transport import TransportChoice, choose_transport, detect_facts, validate_device
 from hwtui.probes.distributed.replication_defaults import DEFAULT_CHUNK_MB, DEFAULT_INFLIGHT
 
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
 # hand-off, and many small concurrent broadcasts cost more in contention than they win in overlap
 # (measured: 8 MiB chunks x 4 buckets ran ~25% slower than 32 MiB ones). Buckets that are contiguous
-# on both sides go out in pairs (see worker.collective_groups), so with the default 32 MiB buckets
+# on both sides go out in pairs (see source_reader.collective_groups), so with the default 32 MiB buckets
 # and window 4 one collective carries 64 MiB while the pair before it is being verified. NCCL
 # pipelines inside a collective anyway. HOTWEIGHTS_BCAST_CHUNK_MB / --chunk-mb change it.
-_FORWARDED = {"repl.bucket", "repl.window", "log", "error"}
 
 
 @dataclass
@@ -212,151 +209,6 @@ def _serving(out: str, ranks: list[int]) -> dict[int, str | None]:
     return out_map
 
 
-class Coordinator:
-    """Turns per-rank messages into world events and the final result."""
-
-    def __init__(self, plan: Plan, ranks: list[int], sink: Callable[[Event], None], world_size: int | None = None):
-        self.plan, self.ranks, self.sink = plan, ranks, sink
-        self.world_size = world_size if world_size is not None else len(ranks)
-        self.rank_phase: dict[int, int] = {}  # rank -> index in RANK_PHASES of the furthest phase it reported
-        self.done_ranks: dict[int, set[int]] = {}
-        self.first_seen: dict[int, float] = {}
-        self.bytes_done = 0
-        self.transfer_t0: float | None = None
-        self.last_sample = (0.0, 0)
-        self.results: dict[int, dict[str, Any]] = {}
-        self.errors: list[ErrorEvent] = []
-        self.progress: dict[int, tuple[float, str]] = {r: (time.monotonic(), "starting") for r in ranks}
-        self.decided: dict[str, Any] | None = None
-        self.prepared: dict[int, dict[str, Any]] = {}
-        self.reached: dict[int, int] = {}  # highest bucket id each rank has reported
-        self.tally: dict[str, Any] | None = None  # joined rank 0: what every receiver serves (worker._tally)
-
-    def feed(self, raw: dict[str, Any]) -> None:
-        now = time.monotonic()
-        kind = raw.get("kind")
-        rank = raw.get("rank")
-        if isinstance(rank, int) and rank in self.progress:
-            self.progress[rank] = (now, self._describe(raw))
-            if kind == "repl.bucket":
-                self.reached[rank] = max(self.reached.get(rank, -1), int(raw.get("bucket_id", -1)))
-        if kind == "_rank":
-            self._internal(raw, now)
-            return
-        if kind not in _FORWARDED:
-            return
-        ev = from_dict(raw)
-        if isinstance(ev, ErrorEvent):
-            self.errors.append(ev)
-        self.sink(ev)
-        if isinstance(ev, ReplBucket):
-            self._bucket(ev, now)
-
-    @staticmethod
-    def _describe(raw: dict[str, Any]) -> str:
-        if raw.get("kind") == "repl.bucket":
-            return f"bucket {raw.get('bucket_id')} {raw.get('state')}"
-        if raw.get("kind") == "_rank":
-            return str(raw.get("what"))
-        return str(raw.get("kind"))
-
-    def _bucket(self, ev: ReplBucket, now: float) -> None:
-        self.first_seen.setdefault(ev.bucket_id, now)
-        if ev.state != "done":
-            return
-        done = self.done_ranks.setdefault(ev.bucket_id, set())
-        done.add(ev.rank if ev.rank is not None else -1)
-        if len(done) < len(self.ranks):
-            return
-        self.sink(ReplBucket(bucket_id=ev.bucket_id, state="done", nbytes=ev.nbytes,
-                             seconds=round(now - self.first_seen[ev.bucket_id], 6), rank=None))
-        self.bytes_done += ev.nbytes
-        t0 = self.transfer_t0 if self.transfer_t0 is not None else now
-        last_t, last_b = self.last_sample
-        last_t = last_t or t0
-        finished = self.bytes_done >= self.plan["total_bytes"]
-        if now - last_t >= 0.2 or finished:
-            dt = max(now - last_t, 1e-9)
-            self.sink(ReplThroughput(gbps=round((self.bytes_done - last_b) / dt / 1e9, 4), bytes_done=self.bytes_done,
-                                     total_bytes=self.plan["total_bytes"], elapsed_s=round(now - t0, 6)))
-            self.last_sample = (now, self.bytes_done)
-
-    def _internal(self, raw: dict[str, Any], now: float) -> None:
-        what, rank = raw.get("what"), raw.get("rank")
-        if not isinstance(rank, int):
-            return
-        if what == "phase":
-            self._rank_phase(rank, raw.get("phase"))
-        elif what == "transfer_start" and self.transfer_t0 is None:
-            self.transfer_t0 = now
-            self.last_sample = (now, 0)
-        elif what == "prepared":
-            self.prepared[rank] = raw
-        elif what == "decided" and self.decided is None:
-            # Only the vote is reported here; what each rank serves afterwards is read from disk
-            # by the launcher (a rank may still fail between the decision and its switch).
-            self.decided = raw
-            ok = bool(raw.get("unanimous"))
-            detail = "every rank verified every bucket" if ok else self._first_failure()
-            self.sink(ReplCommit(version=self.plan["version"], phase="prepare", ok=ok, detail=detail))
-            if not ok:
-                self.sink(ReplCommit(version=self.plan["version"], phase="abort", ok=True,
-                                     detail=f"every rank keeps serving {self.plan['prev_version'] or 'what it had'}"))
-        elif what == "result":
-            self.results[rank] = raw
-        elif what == "tally":
-            self.tally = raw
-
-    def _rank_phase(self, rank: int, phase: Any) -> None:
-        """A rank reached a start-up phase: send the world's counts (only what ranks said, never a guess)."""
-        if phase not in RANK_PHASES or rank not in self.progress:
-            return
-        idx = RANK_PHASES.index(phase)
-        if idx <= self.rank_phase.get(rank, -1):
-            return
-        self.rank_phase[rank] = idx
-        counts = {p: sum(1 for v in self.rank_phase.values() if v >= i) for i, p in enumerate(RANK_PHASES)}
-        # The furthest phase every rank of the world has reached ("started" until all have).
-        common = [p for p in RANK_PHASES if counts[p] >= self.world_size]
-        self.sink(ReplRanks(world_size=self.world_size, ready=counts["ready"], phase=common[-1] if common else RANK_PHASES[0],
-                            counts=counts))
-
-    def _first_failure(self) -> str:
-        for r in sorted(self.prepared):
-            if not self.prepared[r].get("ok"):
-                return self.prepared[r].get("detail") or f"rank {r} voted no"
-        return "a rank voted no"
-
-
-class _Stop:
-    """SIGTERM/SIGINT (main thread only) or an external threading.Event end the run as an abort."""
-
-    def __init__(self, external: threading.Event | None):
-        self.external = external
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Stop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        self.signum = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None or bool(self.external and self.external.is_set())
-
-    def describe(self) -> str:
-        return f"stopped by {signal.Signals(self.signum).name}" if self.signum else "stopped on request"
-
-
 def run_replication(opts: ReplicationOptions, on_event: Callable[[Event], None] | None = None,
                     stop: threading.Event | None = None) -> ReplicationResult:
     """Run a replication; raises HwtuiError for bad input (nothing started, nothing written)."""
@@ -398,7 +250,30 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
                    n_buckets=len(plan.buckets), bucket_bytes=plan["bucket_bytes"], world_size=world, device=opts.device,
                    transport=choice.name, window=settings["window"], chunk_bytes=settings["chunk_bytes"]))
     coord = Coordinator(plan, ranks, sink, world_size=world)
-    cfg_base = WorkerConfig(
+    cfg_base = _worker_config(opts, plan, choice, world, settings)
+    launcher_phases: dict[str, float] = {}
+    outcome, decided = _run_ranks(opts, plan, ranks, joined, cfg_base, coord, stop, launcher_phases)
+    results = [coord.result_of(r) for r in ranks]
+    serving = _serving_now(opts, ranks, joined, coord)
+    ok, outcome = _settle(opts, plan, coord, results, outcome, decided, serving)
+    transfer = max((r.transfer_s for r in results), default=0.0)
+    seconds = transfer if transfer > 0 else time.perf_counter() - t_wall
+    committed = bool(ok and opts.commit and (decided or joined))
+    report = build_report(ok=ok, error=outcome.error, plan=plan.raw, settings=settings, ranks=[dict(r.row) for r in results],
+                          seconds=seconds, wall_seconds=time.perf_counter() - t_wall, committed=committed,
+                          launcher_phases=launcher_phases, serving=serving,
+                          decision="commit" if decided else ("abort" if opts.commit else None))
+    if outcome.error is not None:
+        sink(ErrorEvent(message=outcome.error, rank=None, where="replication"))
+    sink(ReplDone(ok=ok, bytes=plan["total_bytes"] if ok else coord.bytes_done, seconds=round(seconds, 6),
+                  gbps=report["gbps"], report=report))
+    return ReplicationResult(ok=ok, exit_code=0 if ok else outcome.exit_code, error=outcome.error, report=report)
+
+
+def _worker_config(opts: ReplicationOptions, plan: Plan, choice: TransportChoice, world: int,
+                   settings: dict[str, Any]) -> WorkerConfig:
+    """Rank 0's config; every rank's is this one with its own rank and rendezvous (for_rank)."""
+    return WorkerConfig(
         plan=os.path.abspath(opts.plan), plan_digest=plan.digest, device=opts.device, transport=choice, world_size=world, rank=0,
         inflight=settings["window"], max_inflight_bytes=settings["max_inflight_bytes"], adaptive=opts.adaptive,
         target_bucket_s=settings["target_bucket_s"], chunk_bytes=settings["chunk_bytes"], verify=opts.verify,
@@ -406,67 +281,73 @@ def _replicate(opts: ReplicationOptions, plan: Plan, ranks: list[int], world: in
         serve_group=opts.serve_group,
         timeouts=Timeouts(init=opts.init_timeout, bucket=opts.timeout, commit=opts.commit_timeout or opts.timeout),
         fault=opts.env.get("HWTUI_TEST_FAULT"))
-    launcher_phases: dict[str, float] = {}
+
+
+def _run_ranks(opts: ReplicationOptions, plan: Plan, ranks: list[int], joined: dict[str, Any] | None,
+               cfg_base: WorkerConfig, coord: Coordinator, stop: threading.Event | None,
+               launcher_phases: dict[str, float]) -> tuple[RunOutcome, bool]:
+    """Run the ranks (local processes, or this process's rank of a joined world) to their end:
+    (how they ended, whether the commit was decided)."""
     decided = False
-    with _Stop(stop) as stopper:
+    with Stop(stop) as stopper:
         if joined:
-            error, exit_code = _run_joined(cfg_base, joined, coord, stopper)
+            outcome = _run_joined(cfg_base, joined, coord, stopper)
         else:
-            error, exit_code = _run_local(cfg_base, world, coord, stopper, opts, launcher_phases)
+            outcome = _run_local(cfg_base, cfg_base.world_size, coord, stopper, opts, launcher_phases)
         if opts.out and opts.commit:
             decided = read_decision(opts.out, plan["version"]) is not None
-            if error is not None and not decided and not joined:
+            if not outcome.ok and not decided and not joined:
                 # Every local worker is gone now; a rank that was killed could not remove its own
                 # staging copy. Only staging/<version> goes: CURRENT and versions/ are never touched.
                 # With a decision recorded the prepared copies are what a re-run finishes from.
                 for r in ranks[1:]:
                     ServedDir(opts.out, r).abort(plan["version"])
+    return outcome, decided
 
-    results = [coord.results.get(r, {"rank": r}) for r in ranks]
-    ok = error is None and all(r.get("ok") for r in results) and len(coord.results) == len(ranks)
+
+def _serving_now(opts: ReplicationOptions, ranks: list[int], joined: dict[str, Any] | None,
+                 coord: Coordinator) -> dict[int, str | None]:
+    """What every receiver serves after the run: read from --out, or (joined rank 0) from their reports."""
     serving = _serving(opts.out, ranks) if opts.out and opts.commit else {}
     if joined and coord.tally is not None:
         # Rank 0 of a joined world: the receivers are other processes, often on other nodes, so
         # what each serves comes from its own report, not from this node's disk.
         serving = {int(r): v for r, v in coord.tally.get("serving", {}).items()}
         serving.update({int(r): UNREPORTED for r in coord.tally.get("unknown", [])})
+    return serving
+
+
+def _settle(opts: ReplicationOptions, plan: Plan, coord: Coordinator, results: list[RankResult], outcome: RunOutcome,
+            decided: bool, serving: dict[int, str | None]) -> tuple[bool, RunOutcome]:
+    """The run's verdict (ok, and the outcome it reports) and the commit events that say it."""
+    sink, version = coord.sink, plan["version"]
+    ok = outcome.ok and all(r.ok for r in results) and len(coord.results) == len(results)
     if decided:
         # The decision is the commit point: the outcome is what every rank serves now.
-        lagging = {r: v for r, v in serving.items() if v != plan["version"]}
+        lagging = {r: v for r, v in serving.items() if v != version}
         ok = not lagging
         if ok:
-            error, exit_code = None, 0
+            outcome = RunOutcome()
             n = len(serving)
-            sink(ReplCommit(version=plan["version"], phase="commit", ok=True,
-                            detail=f"all {n} receiver{'s' if n != 1 else ''} switched to {plan['version']}"
+            sink(ReplCommit(version=version, phase="commit", ok=True,
+                            detail=f"all {n} receiver{'s' if n != 1 else ''} switched to {version}"
                                    + (f" ({serving_text(serving)})" if n else "")))
         else:
-            why = _failure_text(coord)
-            error = (f"version {plan['version']} is committed (decision recorded) but {serving_text(lagging)}"
-                     + (f" ({why})" if why else "") + ": re-run the same command to finish the switch")
-            exit_code = EXIT_FAILED
-            sink(ReplCommit(version=plan["version"], phase="commit", ok=False, detail=serving_text(serving)))
+            why = failure_text(coord)
+            outcome = RunOutcome(f"version {version} is committed (decision recorded) but {serving_text(lagging)}"
+                                 + (f" ({why})" if why else "") + ": re-run the same command to finish the switch",
+                                 EXIT_FAILED)
+            sink(ReplCommit(version=version, phase="commit", ok=False, detail=serving_text(serving)))
     elif opts.commit and ok:
         # Joined rank 0 on another host, or a world without receivers here: no record on this disk.
-        sink(ReplCommit(version=plan["version"], phase="commit", ok=True, detail=f"switched to {plan['version']}"))
-    if error is None and not ok:
-        error = _failure_text(coord) or "the run did not complete on every rank"
-        exit_code = EXIT_USAGE if any(r.get("bad_input") for r in results) else EXIT_FAILED
-    if error is not None and not decided and (coord.decided is None or coord.decided.get("unanimous")):
-        sink(ReplCommit(version=plan["version"], phase="abort", ok=True,
+        sink(ReplCommit(version=version, phase="commit", ok=True, detail=f"switched to {version}"))
+    if outcome.ok and not ok:
+        outcome = RunOutcome(failure_text(coord) or "the run did not complete on every rank",
+                             EXIT_USAGE if any(r.bad_input for r in results) else EXIT_FAILED)
+    if not outcome.ok and not decided and (coord.decided is None or coord.decided.get("unanimous")):
+        sink(ReplCommit(version=version, phase="abort", ok=True,
                         detail=f"nothing committed; every rank keeps serving {plan['prev_version'] or 'what it had'}"))
-    transfer = max((float((r.get("phases") or {}).get("transfer", 0.0)) for r in results), default=0.0)
-    seconds = transfer if transfer > 0 else time.perf_counter() - t_wall
-    committed = bool(ok and opts.commit and (decided or joined))
-    rank_rows = [{k: v for k, v in r.items() if k not in ("kind", "what", "t")} for r in results]
-    report = build_report(ok=ok, error=error, plan=plan.raw, settings=settings, ranks=rank_rows, seconds=seconds,
-                          wall_seconds=time.perf_counter() - t_wall, committed=committed, launcher_phases=launcher_phases,
-                          serving=serving, decision="commit" if decided else ("abort" if opts.commit else None))
-    if error is not None:
-        sink(ErrorEvent(message=error, rank=None, where="replication"))
-    sink(ReplDone(ok=ok, bytes=plan["total_bytes"] if ok else coord.bytes_done, seconds=round(seconds, 6),
-                  gbps=report["gbps"], report=report))
-    return ReplicationResult(ok=ok, exit_code=0 if ok else exit_code, error=error, report=report)
+    return ok, outcome
 
 
 def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], settings: dict[str, Any], world: int,
@@ -506,15 +387,6 @@ def _finish_decided(opts: ReplicationOptions, plan: Plan, ranks: list[int], sett
     return ReplicationResult(ok=ok, exit_code=0 if ok else EXIT_FAILED, error=error, report=report)
 
 
-def _failure_text(coord: Coordinator, rank: int | None = None) -> str | None:
-    """The most useful error (of one rank, or of any): bad input, then a verification failure, then anything else."""
-    for where in ("input", "source", "verify", "commit", "transport", "signal", "internal"):
-        for ev in coord.errors:
-            if ev.where == where and (rank is None or ev.rank == rank):
-                return ev.message
-    return None
-
-
 def _worker_env(opts: ReplicationOptions, rank: int, world: int, port: int) -> dict[str, str]:
     env = dict(opts.env)
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
@@ -524,8 +396,8 @@ def _worker_env(opts: ReplicationOptions, rank: int, world: int, port: int) -> d
     return env  # the supervisor puts this tree's hwtui first on PYTHONPATH
 
 
-def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: _Stop, opts: ReplicationOptions,
-               phases: dict[str, float]) -> tuple[str | None, int]:
+def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: Stop, opts: ReplicationOptions,
+               phases: dict[str, float]) -> RunOutcome:
     port = free_loopback_port()
     t_launch = time.perf_counter()
     # Shared-memory staging left by a run that was killed outright (this launcher's predecessor
@@ -543,7 +415,7 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                     python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
                     name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
                     stdout="null", stderr="inherit"))
-            return _watch(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch)
+            return Monitor(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch).watch()
     finally:
         # Every rank has exited or was terminated with its group, so its staging directory's lock
         # is free: no shared-memory staging copy outlives the run, whichever way it ended (a
@@ -551,119 +423,7 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
         sweep_dead_run_dirs(base)
 
 
-def _watch(group: Group, children: dict[int, Child], coord: Coordinator, stopper: _Stop, timeouts: Timeouts,
-           phases: dict[str, float], t_launch: float) -> tuple[str | None, int]:
-    failure: tuple[str, int] | None = None
-    fail_at: float | None = None
-    all_exited_at: float | None = None
-    transport_err_at: float | None = None
-    ready: set[int] = set()
-    rank_of = {c: r for r, c in children.items()}
-    # The watchdog: peers normally name a hung rank through their own timeouts; this catches the rest.
-    init_stall = timeouts.init + 60.0  # includes interpreter start and `import torch` on a loaded host
-    run_stall = max(timeouts.bucket, timeouts.commit) + 5.0
-    while True:
-        for m in group.poll(0.05):
-            raw = m.msg
-            if raw is None:
-                continue
-            if raw.get("kind") == "_rank" and raw.get("what") == "ready":
-                ready.add(rank_of[m.child])
-                if len(ready) == len(children):
-                    phases["launch_to_ready"] = time.perf_counter() - t_launch
-            coord.feed(raw)
-        now = time.monotonic()
-        exited = {r: c.poll() for r, c in children.items()}
-        if failure is None:
-            if stopper.requested:
-                failure = (stopper.describe(), 128 + (stopper.signum or signal.SIGTERM))
-                _stop_ranks(children, coord)
-            for r, code in exited.items():
-                timed_out_on_peer = any(e.rank == r and e.where == "transport" for e in coord.errors)
-                if (failure is None and code is not None and code != 0 and not (coord.results.get(r) or {}).get("clean")
-                        and not (timed_out_on_peer and code > 0)):
-                    # A rank that fell over ends the run at once, whatever phase it was in: before
-                    # the world forms its peers would otherwise only notice at the init timeout.
-                    # (A rank that gave up waiting for a peer is a witness, not the culprit: the
-                    # transport branch below names the peer.)
-                    if (coord.results.get(r) or {}).get("bad_input"):
-                        failure = (_failure_text(coord, r) or f"rank {r}: bad input", EXIT_USAGE)
-                    else:
-                        said = _failure_text(coord, r)
-                        failure = (f"rank {r} {exit_text(code)} (last reported: {coord.progress[r][1]}"
-                                   + (f"; it said: {said}" if said else "") + ")", EXIT_FAILED)
-            if transport_err_at is None and any(ev.where == "transport" for ev in coord.errors):
-                transport_err_at = now
-            # A peer sees a dead rank's socket close a moment before the dead rank can be reaped:
-            # wait briefly so a death is reported as a death, not as a hang.
-            if failure is None and transport_err_at is not None and now - transport_err_at > 0.5:
-                suspects = [r for r, c in exited.items() if c is None and r not in {e.rank for e in coord.errors}]
-                if suspects or all(c is not None for c in exited.values()):
-                    failure = (_hung_text(coord, suspects) if suspects else _failure_text(coord) or "transport failure",
-                               EXIT_FAILED)
-            for r, code in exited.items():
-                last, what = coord.progress[r]
-                limit = run_stall if r in ready else init_stall
-                if failure is None and code is None and now - last > limit:
-                    failure = (_hung_text(coord, [r]), EXIT_FAILED)
-            if failure is not None:
-                fail_at = now
-        if all(code is not None for code in exited.values()):
-            all_exited_at = all_exited_at or now
-            # Drain what the ranks wrote before exiting (bounded: a grandchild may hold a pipe open).
-            if not group.open_pipes or now - all_exited_at > 1.0:
-                break
-        if failure is not None and fail_at is not None and now - fail_at > 1.0:
-            break  # a short grace for the others to report what they saw; then tear down
-    if failure is None:
-        return None, 0
-    return failure
-
-
-def _stop_ranks(children: dict[int, Child], coord: Coordinator) -> None:
-    """The user's stop, acted on at once (the TUI's `q` and `s` wait on it).
-
-    A rank still starting (before its world joined: importing torch, loading the plan, blocked in
-    the rendezvous, where a C++ wait does not even run Python's signal handler) has nothing to
-    undo: it is killed. A rank past that gets SIGTERM now, so its abort runs while the launcher
-    waits, not after the launcher's grace and the group's (1 s + 2 s: `q` during start-up took
-    5.7 s, ended by the TUI's SIGKILL fallback). What a killed rank leaves in /dev/shm the launcher
-    sweeps as it always does.
-    """
-    joined = RANK_PHASES.index("world joined")
-    killed, told = [], []
-    for rank, child in children.items():
-        if child.poll() is not None:
-            continue
-        if coord.rank_phase.get(rank, -1) < joined:
-            child.signal_group(signal.SIGKILL)
-            killed.append(rank)
-        else:
-            child.signal_group(signal.SIGTERM)
-            told.append(rank)
-    parts = ([f"rank(s) {', '.join(map(str, killed))} killed while starting"] if killed else []) + (
-        [f"rank(s) {', '.join(map(str, told))} told to abort (SIGTERM)"] if told else [])
-    if parts:
-        coord.sink(LogEvent(message="stop: " + "; ".join(parts), level="warn", source="replication"))
-
-
-def _hung_text(coord: Coordinator, suspects: list[int]) -> str:
-    """Name the rank(s) that fell behind: among the silent ones, those that reached the fewest buckets
-    (a peer waiting for the hung rank is silent too, but further along)."""
-    now = time.monotonic()
-    if len(suspects) > 1:
-        least = min(coord.reached.get(r, -1) for r in suspects)
-        suspects = [r for r in suspects if coord.reached.get(r, -1) == least]
-    parts = []
-    for r in suspects:
-        last, what = coord.progress[r]
-        parts.append(f"rank {r} hung (no progress for {now - last:.1f} s, last: {what})")
-    others = sorted({e.rank for e in coord.errors if e.where == "transport" and e.rank is not None})
-    tail = f"; rank(s) {', '.join(map(str, others))} timed out waiting for it" if others else ""
-    return "; ".join(parts) + tail + "; nothing was committed"
-
-
-def _run_joined(cfg_base: WorkerConfig, joined: dict[str, Any], coord: Coordinator, stopper: _Stop) -> tuple[str | None, int]:
+def _run_joined(cfg_base: WorkerConfig, joined: dict[str, Any], coord: Coordinator, stopper: Stop) -> RunOutcome:
     from hwtui.engine.replication import worker
 
     cfg = cfg_base.for_rank(joined["rank"], joined["local_rank"], master_addr=joined["master_addr"],
@@ -688,8 +448,8 @@ def _run_joined(cfg_base: WorkerConfig, joined: dict[str, Any], coord: Coordinat
         for s, h in old.items():
             signal.signal(s, h)
     if code == worker.EXIT_OK:
-        return None, 0
+        return RunOutcome()
     if code == worker.EXIT_INTERRUPTED:
-        return stopper.describe(), 128 + (stopper.signum or signal.SIGTERM)
-    text = _failure_text(coord) or f"rank {joined['rank']} failed"
-    return text, EXIT_USAGE if code == worker.EXIT_BAD_INPUT else EXIT_FAILED
+        return RunOutcome(stopper.describe(), 128 + (stopper.signum or signal.SIGTERM))
+    text = failure_text(coord) or f"rank {joined['rank']} failed"
+    return RunOutcome(text, EXIT_USAGE if code == worker.EXIT_BAD_INPUT else EXIT_FAILED)

@@ -503,7 +503,7 @@ class ResidentRank:
         Its digest must be the one the pusher announced: a plan edited or cut short on the way, or
         another plan, is refused before anything else happens. Only the agent of rank 0 (the
         coordinator of the push) checks the plan's invariants; every other rank trusts the digest,
-        which every rank compares with rank 0's again before any byte moves (worker._agree).
+        which every rank compares with rank 0's again before any byte moves (world._agree).
         """
         _need(isinstance(encoded, str) and 0 < len(encoded), "plan must be the plan file's bytes, base64-encoded")
         try:

@@ -2,7 +2,7 @@
 
 It reads push commands (JSON lines) on stdin and answers on its answer pipe. The first push of a
 world forms the process group (``init_process_group``); every later push into the same world reuses
-it -- only the settings and the plan digest are agreed again (worker._agree) -- which is what
+it -- only the settings and the plan digest are agreed again (world.RankWorld._agree) -- which is what
 makes a second push cost little more than its transfer. The plan is a file the agent wrote and
 checked; this rank loads it with the digest the agent put in its ``WorkerConfig``. Each push runs the replication worker's own phases (``engine.replication.worker``:
 load, setup, barrier, transfer, prepare with verification, the unanimous vote and the two-phase
@@ -26,18 +26,18 @@ from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
 from hwtui.core.supervisor import AnswerPipe, LineReader, decode_message
 from hwtui.engine.replication.config import WorkerConfig
-from hwtui.engine.replication.worker import (
+from hwtui.engine.replication.rank_base import SRC
+from hwtui.engine.replication.rank_signals import (
     EXIT_ABORTED,
     EXIT_BAD_INPUT,
     EXIT_BROKEN,
     EXIT_OK,
-    SRC,
     Interrupted,
     TransportFailure,
-    Worker,
-    _die_with_parent,
+    die_with_parent,
     install_signal_gate,
 )
+from hwtui.engine.replication.worker import Worker
 
 # Largest command line (a plan path and settings, never the plan itself): anything longer is garbage.
 MAX_COMMAND = 1 << 20
@@ -235,7 +235,7 @@ def _quiet_when_unheard(send: Callable[[Any], None]) -> Callable[[Any], None]:
 
 def main(argv: list[str]) -> int:
     fd = int(argv[0])
-    _die_with_parent()
+    die_with_parent()
 
     emit = _quiet_when_unheard(AnswerPipe(fd).send)
 

@@ -12,5 +12,5 @@ DEFAULT_BUCKET_MB = 32.0
 def largest_collective_mb(chunk_mb: float, bucket_mb: float, inflight: int) -> float:
     """The most MiB one broadcast carries on the CPU path: file-contiguous buckets travel together up
     to the chunk size, but at most half the window's buckets at once (so one group arrives while the
-    previous one is verified); see worker.collective_groups."""
+    previous one is verified); see source_reader.collective_groups."""
     return min(chunk_mb, max(bucket_mb, (inflight // 2) * bucket_mb))

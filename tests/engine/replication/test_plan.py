@@ -365,7 +365,7 @@ def test_torch_build_is_parsed_not_imported(tmp_path):
 
 def test_collective_groups_merge_only_contiguous_buckets(tmp_path):
     from hwtui.engine.replication.plan import load_plan
-    from hwtui.engine.replication.worker import collective_groups
+    from hwtui.engine.replication.source_reader import collective_groups
     from tests.engine.replication.helpers import make_model, write_plan
 
     make_model(tmp_path, seed=3)

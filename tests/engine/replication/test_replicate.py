@@ -149,7 +149,7 @@ def _still_v2_everywhere(world, v2):
 
 def test_corrupted_bucket_is_named_and_nobody_commits(world, v2, v3_plan):
     from hwtui.engine.replication.plan import load_plan
-    from hwtui.engine.replication.worker import collective_groups
+    from hwtui.engine.replication.source_reader import collective_groups
 
     # With the default window (4) bucket 3 travels in one collective with bucket 2: the corruption
     # must still be caught per bucket, inside the group.

@@ -1,0 +1,146 @@
+"""The paths on which a receiver copies instead of receiving a broadcast (engine.replication.paths).
+
+- same-host: the receiver maps the source's own file and copies each bucket from its page cache;
+  the source sends nothing and only checks its files (``_serve_local``).
+- host-copy and shm: a leader (or, on the shm path, the source) announces each bucket once it is
+  in its staging copy; its followers copy that bucket from the leader's file and verify their copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwtui.engine.replication.plan import Plan
+from hwtui.engine.replication.rank_base import now
+from hwtui.engine.replication.verify import RankVerify
+from hwtui.engine.replication.weights import MappedFile
+
+
+class RankHostCopy(RankVerify):
+    def _serve_local(self, plan: Plan) -> None:
+        """The source when every receiver copies from its page cache: nothing to send; it checks its files."""
+        sizes = [bk["size"] for bk in plan.buckets]
+        for b, size in enumerate(sizes):
+            self.faults.at_bucket(b)
+            # No "staged"/"inflight": the source sends nothing here, so its window (what the TUI's
+            # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
+            if self.cfg.verify:
+                self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+            if self.published is not None:
+                self._publish(plan, b)
+            self.bucket(b, "done", size)
+
+    def _copy_local(self, plan: Plan) -> None:
+        """Same host as the source: copy each bucket from the source file's pages, verify it on this copy.
+
+        The bytes never touch a socket: the receiver maps the very file the source holds (the
+        agreement step proved it is the same file: device, inode, size, mtime), copies a bucket
+        into its own staging copy and hashes *that* copy, so what it serves is what it verified.
+        """
+        reader = self._local_reader
+        assert reader is not None, "setup() maps the source files for a same-host rank"
+        try:
+            for b, bk in enumerate(plan.buckets):
+                size = bk["size"]
+                self.faults.at_bucket(b)
+                self.bucket(b, "inflight", size)
+                t0 = now()
+                region = self.direct.get(b)
+                view = reader.contiguous_view(plan, b) if region is not None else None
+                buf: Any
+                digest = None
+                if view is not None:
+                    # Copied from the source's page cache into this rank's copy (pwrite into a
+                    # staging file: no write fault per page) and hashed as it landed, slice by slice.
+                    buf = region
+                    digest = self.staging.write_hashed(self._direct_offset(b), view)
+                else:
+                    buf = region if region is not None else self._pooled().acquire(size)
+                    reader.copy_into(plan, b, buf[:size])
+                data = buf[:size]
+                self.bucket(b, "verifying", size, now() - t0)
+                t1 = now()
+                if self.faults.corrupts(b):
+                    data[size // 2] ^= 0xFF
+                    digest = None  # hash this copy again, as it is now
+                if not self.cfg.verify:
+                    ok = True
+                elif digest is not None:
+                    ok = self._verify_digest(plan, b, digest)
+                else:
+                    ok = self._verify_bucket(plan, b, data)
+                if ok and region is None:
+                    for it in plan.bucket_items[b]:
+                        self.staging.write(it["name"], it["tensor_offset"], data[it["offset"]:it["offset"] + it["nbytes"]])
+                if region is None:
+                    self._pooled().release(buf)
+                self.bucket(b, "done" if ok else "failed", size, now() - t1)
+        finally:
+            reader.close()
+
+    def _publish(self, plan: Plan, b: int) -> None:
+        """Source: bucket b into its /dev/shm staging copy, then tell the "shm" ranks they may copy it."""
+        for it in plan.bucket_items[b]:
+            self.published.write(it["name"], it["tensor_offset"], self._sources.piece(it))
+        self._announce(b)
+
+    def _announce(self, b: int) -> None:
+        """Leader: bucket b is in its staging copy (verified); its followers may copy it now.
+
+        One small broadcast per bucket in the host's group, so followers copy bucket b while the
+        leader is still receiving the next ones (the host's copy pipelines behind the network).
+        """
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([b], dtype=torch.int64)
+        self.announcements.append(dist.broadcast(flag, self.rank, group=self.host_group, async_op=True))
+
+    def _release_followers(self) -> None:
+        """The leader's announcements are delivered (bounded waits) before it moves on."""
+        for work in self.announcements:
+            self._wait(work, "bucket", "host copy hand-off")
+        self.announcements.clear()
+
+    def _copy_from_leader(self, plan: Plan) -> None:
+        """Copy each bucket from the host leader's verified copy (or, on the "shm" path, the source's
+        /dev/shm staging copy) once it is announced, and verify this rank's own copy of it."""
+        import torch
+        import torch.distributed as dist
+
+        leader = self.leader_of[self.rank]
+        src = MappedFile(self.leader_files[leader])
+        try:
+            hlen = len(self.staging.header)
+            theirs = src.tensor[hlen:hlen + self.staging.data_bytes]
+            for _ in range(len(plan.buckets)):
+                flag = torch.zeros(1, dtype=torch.int64)
+                # The leader's first bucket waits on its own world start-up and the network.
+                self._wait(dist.broadcast(flag, leader, group=self.host_group, async_op=True), "bucket",
+                           f"host leader rank {leader}")
+                b = int(flag.item())
+                size = plan.buckets[b]["size"]
+                self.faults.at_bucket(b)
+                self.bucket(b, "inflight", size)
+                t0 = now()
+                region = self.direct.get(b)
+                if region is not None:
+                    off = self._direct_offset(b)
+                    self.staging.write_at(off, theirs[off:off + size])
+                else:
+                    for it in plan.bucket_items[b]:
+                        off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
+                        self.staging.write_at(off, theirs[off:off + it["nbytes"]])
+                self.bucket(b, "verifying", size, now() - t0)
+                t1 = now()
+                if self.faults.corrupts(b) and region is not None:
+                    region[size // 2] ^= 0xFF
+                ok = not self.cfg.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
+                self.bucket(b, "done" if ok else "failed", size, now() - t1)
+        finally:
+            src.close()
+
+    def _direct_offset(self, b: int) -> int:
+        """Where a bucket received in place starts in this rank's staging data."""
+        return int(self.direct[b].data_ptr() - self.staging.data.data_ptr())
+
