@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hwtui.engine.replication.device_checksum import device_digest
-from hwtui.engine.replication.ipc_provider import ExportProvider, OpenError, Opener
+from hwtui.engine.replication.ipc_provider import ExportProvider, Opener, OpenError
 from hwtui.engine.replication.ipc_wire import Ack, Export, WireError, decode_ack, decode_export
 
 POLL_S = 0.2  # how often a wait looks at the abort key (a wait is woken by state, this only bounds it)
@@ -45,11 +45,11 @@ class IpcFailure(Exception):
 class Store(Protocol):
     """The part of a c10d Store the protocol uses."""
 
-    def set(self, key: str, value: bytes | str) -> None: ...
+    def set(self, key: str, value: Any) -> None: ...  # c10d takes bytes (its stubs say str)
 
     def get(self, key: str) -> bytes: ...
 
-    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta, /) -> None: ...
 
     def check(self, keys: list[str]) -> bool: ...
 
@@ -217,6 +217,7 @@ class Received:
     digest: str
     want: str
     error: str = ""
+    copy_s: float = 0.0  # open + device-to-device copy + sync + close (the transfer, for the record)
 
 
 class IpcReceiver:
@@ -236,6 +237,7 @@ class IpcReceiver:
         """
         nbytes = int(dst.numel())
         raw = self.ch.take(f"x/{bucket}", f"the export of bucket {bucket}")
+        t0 = time.perf_counter()
         try:
             msg = decode_export(raw, bucket=bucket, nbytes=nbytes, window=self.window, kind=self.opener.kind)
             opened = self.opener.open(msg.handle, nbytes)
@@ -251,6 +253,7 @@ class IpcReceiver:
             self._hook("copied", bucket, dst)
         finally:
             opened.close()
+        copy_s = time.perf_counter() - t0
         got = device_digest(dst)
         ok = got == msg.digest
         error = "" if ok else (f"rank {self.rank}: bucket {bucket} failed its device checksum after the IPC copy "
@@ -258,7 +261,7 @@ class IpcReceiver:
         # Released before anything else: the source may reuse the slot while we go on.
         self._ack(Ack(bucket, self.rank, released=True, ok=ok, digest=got, error=error))
         self._hook("acked", bucket, dst)
-        return Received(bucket, ok, got, msg.digest, error)
+        return Received(bucket, ok, got, msg.digest, error, copy_s)
 
     def _ack(self, ack: Ack) -> None:
         self.ch.put(f"a/{ack.bucket}/{self.rank}", ack.encode())

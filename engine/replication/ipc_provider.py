@@ -212,7 +212,7 @@ class _CudaOpened:
 
         self._owner = owner
         self._storage: Any = storage
-        self.tensor: Any = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,))
+        self.tensor: Any = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
         owner.opened += 1
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ class Counting(HostStandIn):
         return super().alloc(nbytes)
 
 
-def test_commit_switches_the_served_buffer_and_the_old_one_takes_the_next_push():
+def test_commit_switches_the_served_buffer_and_the_old_one_takes_the_next_push() -> None:
     mem = Counting()
     slots = DeviceSlots(mem)
     assert slots.served() == (None, None)
@@ -45,7 +45,7 @@ def test_commit_switches_the_served_buffer_and_the_old_one_takes_the_next_push()
     assert mem._buffers == {} and slots.served() == (None, None)
 
 
-def test_a_failed_push_rolls_back_and_what_was_served_still_is():
+def test_a_failed_push_rolls_back_and_what_was_served_still_is() -> None:
     mem = Counting()
     slots = DeviceSlots(mem)
     slots.stage("v1", 32).fill_(7)
@@ -61,7 +61,7 @@ def test_a_failed_push_rolls_back_and_what_was_served_still_is():
     assert slots.commit("v2") == "B"
 
 
-def test_out_of_order_requests_are_refused():
+def test_out_of_order_requests_are_refused() -> None:
     slots = DeviceSlots(Counting())
     slots.stage("v1", 8)
     with pytest.raises(SlotError, match="already receiving"):
@@ -74,7 +74,7 @@ def test_out_of_order_requests_are_refused():
     slots.close()
 
 
-def test_a_bigger_version_reallocates_its_slot():
+def test_a_bigger_version_reallocates_its_slot() -> None:
     mem = Counting()
     slots = DeviceSlots(mem)
     slots.stage("v1", 8)
@@ -86,7 +86,7 @@ def test_a_bigger_version_reallocates_its_slot():
     slots.close()
 
 
-def test_slot_memory_is_gone_when_its_holder_dies():
+def test_slot_memory_is_gone_when_its_holder_dies() -> None:
     # The holder is killed with a slot staged: no file, no name anywhere holds its memory after.
     code = ("import os, secrets, signal, sys; from hwtui.engine.replication.ipc_provider import HostStandIn; "
             "from hwtui.engine.resident.device_slots import DeviceSlots; s = DeviceSlots(HostStandIn(secrets.token_hex(8))); "

@@ -73,12 +73,14 @@ def main(spec: dict[str, Any]) -> int:
             for b, n in enumerate(sizes):
                 dst = torch.empty(n, dtype=torch.uint8, device=device)
                 got = rx.receive(b, dst)
+                result.setdefault("copy_s", []).append(got.copy_s)
                 if not got.ok:
                     result["errors"].append(got.error)
                     vote = False
-                elif torch.equal(dst.cpu(), bucket_bytes(b, n)):
+                elif spec.get("check_bytes", True) and torch.equal(dst.cpu(), bucket_bytes(b, n)):
                     good += 1
             result["good"] = good
+            result["device_bytes_after"] = _device_bytes(device)
     except IpcFailure as exc:
         result["errors"].append(str(exc))
         vote = False
@@ -100,6 +102,13 @@ def main(spec: dict[str, Any]) -> int:
     with open(os.path.join(spec["out"], f"rank{rank}.json"), "x") as f:
         json.dump(result, f)
     return 0 if vote else 1
+
+
+def _device_bytes(device: str) -> int:
+    if device != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    return int(torch.cuda.memory_allocated())
 
 
 def _publish_hostile(ch: Channel, src: IpcSource, b: int, n: int, what: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -29,13 +28,15 @@ SIZES = [5000, 4096, 777, 6000, 3]
 
 
 def _world(tmp_path: Path, *, world: int = 3, window: int = 2, fault: dict[str, Any] | None = None,
-           timeout_s: float = 120.0) -> dict[str, Any]:
+           timeout_s: float = 120.0, device: str = "cpu", sizes: list[int] | None = None,
+           check_bytes: bool = True) -> dict[str, Any]:
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
     run = secrets.token_hex(8)
     procs = []
     for r in range(world):
-        spec = {"rank": r, "world": world, "port": store.port, "run": run, "window": window, "sizes": SIZES,
-                "out": str(tmp_path), "fault": fault, "timeout_s": timeout_s}
+        spec = {"rank": r, "world": world, "port": store.port, "run": run, "window": window, "sizes": sizes or SIZES,
+                "out": str(tmp_path), "fault": fault, "timeout_s": timeout_s, "device": device,
+                "check_bytes": check_bytes}
         procs.append(subprocess.Popen([sys.executable, RANK, json.dumps(spec)], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     ch = Channel(store, run, 1.0)
@@ -61,10 +62,11 @@ def _world(tmp_path: Path, *, world: int = 3, window: int = 2, fault: dict[str, 
         results[r] = json.loads(f.read_text()) if f.exists() else None
         err = p.stderr.read() if p.stderr else ""
         assert "Traceback" not in err, err[-3000:]
-    return {"codes": codes, "results": results, "committed": (tmp_path / "committed").exists()}
+    return {"codes": codes, "results": results, "committed": (tmp_path / "committed").exists(),
+            "pids": [p.pid for p in procs]}
 
 
-def test_three_ranks_receive_every_bucket_byte_exact_within_the_window(tmp_path):
+def test_three_ranks_receive_every_bucket_byte_exact_within_the_window(tmp_path: Path) -> None:
     out = _world(tmp_path, world=3, window=2)
     assert out["codes"] == {0: 0, 1: 0, 2: 0}
     assert out["committed"]
@@ -73,7 +75,7 @@ def test_three_ranks_receive_every_bucket_byte_exact_within_the_window(tmp_path)
         assert out["results"][r]["good"] == len(SIZES) and out["results"][r]["opened_after"] == 0
 
 
-def test_a_corrupted_bucket_is_named_on_its_rank_and_nothing_commits(tmp_path):
+def test_a_corrupted_bucket_is_named_on_its_rank_and_nothing_commits(tmp_path: Path) -> None:
     out = _world(tmp_path, world=3, fault={"action": "corrupt", "rank": 2, "bucket": 3})
     assert not out["committed"]
     assert any("rank 2: bucket 3 failed its device checksum" in e for e in out["results"][2]["errors"])
@@ -83,7 +85,7 @@ def test_a_corrupted_bucket_is_named_on_its_rank_and_nothing_commits(tmp_path):
 
 @pytest.mark.parametrize("rank, phase", [(0, "exported"), (0, "published"), (1, "opened"), (1, "copied"),
                                          (2, "acked")])
-def test_a_rank_killed_at_each_phase_leaves_nothing_committed_and_nothing_held(tmp_path, rank, phase):
+def test_a_rank_killed_at_each_phase_leaves_nothing_committed_and_nothing_held(tmp_path: Path, rank: Any, phase: Any) -> None:
     out = _world(tmp_path, world=3, fault={"action": "kill", "rank": rank, "bucket": 1, "phase": phase})
     assert out["codes"][rank] == -9
     assert not out["committed"]
@@ -98,7 +100,7 @@ def test_a_rank_killed_at_each_phase_leaves_nothing_committed_and_nothing_held(t
 
 @pytest.mark.parametrize("what, why", [("foreign-file", "not this run's shared buffer"), ("not-json", "not JSON"),
                                        ("extra-field", "unexpected fields"), ("wrong-size", "the plan says")])
-def test_a_hostile_source_handle_is_refused_and_named(tmp_path, what, why):
+def test_a_hostile_source_handle_is_refused_and_named(tmp_path: Path, what: Any, why: Any) -> None:
     out = _world(tmp_path, world=2, fault={"action": "hostile", "bucket": 1, "what": what})
     assert not out["committed"]
     errors = out["results"][1]["errors"]

@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,7 +84,7 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
     return out
 
 
-def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported():
+def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> None:
     sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
     out = _run(sizes, receivers=3, window=2)
     assert out["errors"] == []
@@ -95,12 +96,12 @@ def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported():
     assert out["stats"].peak_exported <= 2 and out["live_max"] <= 2
 
 
-def test_window_one_exports_one_bucket_at_a_time():
+def test_window_one_exports_one_bucket_at_a_time() -> None:
     out = _run([100] * 6, receivers=2, window=1)
     assert out["errors"] == [] and out["stats"].peak_exported == 1
 
 
-def test_a_corrupted_copy_is_named_on_its_rank_and_reported_to_the_source():
+def test_a_corrupted_copy_is_named_on_its_rank_and_reported_to_the_source() -> None:
     out = _run([64, 64, 64], receivers=2, window=2, corrupt=(2, 1))
     got1, _ = out["rx"][1]
     got2, _ = out["rx"][2]
@@ -110,7 +111,7 @@ def test_a_corrupted_copy_is_named_on_its_rank_and_reported_to_the_source():
     assert list(out["stats"].failed) == [1] and "rank 2" in out["stats"].failed[1][0]
 
 
-def test_a_missing_receiver_times_out_named_and_the_source_frees_its_slots():
+def test_a_missing_receiver_times_out_named_and_the_source_frees_its_slots() -> None:
     store = dist.HashStore()
     run = secrets.token_hex(8)
     prov = HostStandIn(run)
@@ -123,7 +124,7 @@ def test_a_missing_receiver_times_out_named_and_the_source_frees_its_slots():
     assert all(s is None for s in src.slots) and prov._buffers == {}
 
 
-def test_an_abort_ends_every_wait_with_its_reason():
+def test_an_abort_ends_every_wait_with_its_reason() -> None:
     store = dist.HashStore()
     run = secrets.token_hex(8)
     ch = Channel(store, run, 60)
@@ -151,7 +152,7 @@ def _mutate(**changes: Any) -> bytes:
     return json.dumps(obj).encode()
 
 
-def test_a_good_message_round_trips():
+def test_a_good_message_round_trips() -> None:
     msg = decode_export(_good().encode(), bucket=3, nbytes=16, window=2, kind="host")
     assert msg == _good()
     cuda = CudaHandle(0, bytes(range(64)), 1 << 30, 512, b"/torch_123", 8, b"\x01" * 64, True)
@@ -183,21 +184,21 @@ def test_a_good_message_round_trips():
     (_mutate(h_size=8), "smaller than bucket 3"),
     (_mutate(h_extra=1), "unexpected fields"),
 ])
-def test_malformed_or_lying_export_messages_are_refused(raw, why):
+def test_malformed_or_lying_export_messages_are_refused(raw: Any, why: Any) -> None:
     with pytest.raises(WireError, match=why):
         decode_export(raw, bucket=3, nbytes=16, window=2, kind="host")
 
 
 @pytest.mark.parametrize("field, value", [("handle", "!!!"), ("handle", ""), ("handle", "A" * 5000),
                                           ("event_sync", 1), ("device", 256), ("ref_handle", 7)])
-def test_malformed_cuda_handles_are_refused(field, value):
+def test_malformed_cuda_handles_are_refused(field: Any, value: Any) -> None:
     obj = json.loads(Export(3, 1, 16, "b" * 32, "cuda", CudaHandle(0, b"h" * 64, 64, 0, b"", 0, b"", False)).encode())
     obj["handle"][field] = value
     with pytest.raises(WireError):
         decode_export(json.dumps(obj).encode(), bucket=3, nbytes=16, window=2, kind="cuda")
 
 
-def test_a_handle_naming_another_file_is_refused_after_opening_it(tmp_path):
+def test_a_handle_naming_another_file_is_refused_after_opening_it(tmp_path: Path) -> None:
     run = secrets.token_hex(8)
     prov = HostStandIn(run)
     path = tmp_path / "secret"
