@@ -4,14 +4,11 @@ The lines are the vendor guide's, so scripts that grep for them keep working:
 
 - NVIDIA, one rank per GPU: NCCL broadcast, "Using GPU broadcast transport (NCCL)." (inside a
   node NCCL itself may go GPU to GPU over P2P/NVLink; that is NCCL's doing, not hwtui's IPC).
-- NVIDIA, more local ranks than GPUs (two ranks on one GPU): NCCL refuses that ("Duplicate GPU
-  detected"), so gloo carries the control and the network buckets: "Using CPU broadcast transport
-  (gloo)." -- chosen without a flag.
-- "Using SOTA CUDA-IPC Transport Layer." is printed only when hwtui's own CUDA IPC path
-  (ipc_protocol.py: handles exported by the source, copied device to device, verified on the
-  device) carries the bytes. That protocol is built and tested (host stand-in on CPU, live in
-  tests/gpu), but the replicate ranks do not route buckets through it yet (``IPC_CARRIES_REPLICATE``):
-  until they do, ``--transport cuda-ipc`` is refused rather than printing a line that is not true.
+- NVIDIA, more local ranks than GPUs (two ranks on one GPU), chosen without a flag, or
+  ``--transport cuda-ipc`` in one node: "Using SOTA CUDA-IPC Transport Layer." -- hwtui's own
+  CUDA IPC path (ipc_protocol.py via ipc_path.py: the source exports each bucket by handle, the
+  receivers copy it device to device and verify it on the device). The world under it is gloo
+  (control, votes), which, unlike NCCL, accepts several ranks on one GPU.
 - NVIDIA across nodes: NCCL broadcast (IPC cannot cross a node).
 - AMD ROCm: RCCL broadcast, "Using GPU broadcast transport (no IPC)."
 - Intel XPU: oneCCL, "Using GPU broadcast transport (Intel oneCCL)." (backend ``xccl`` in
@@ -45,9 +42,9 @@ BACKENDS = {"cuda-ipc": "gloo", "nccl": "nccl", "rccl": "nccl", "xccl": "xccl", 
 DEVICES = {"cuda-ipc": {"cuda"}, "nccl": {"cuda"}, "rccl": {"cuda"}, "xccl": {"xpu"}, "ccl": {"xpu"}, "hccl": {"hpu"},
            "gloo": {"cpu", "cuda", "xpu", "hpu"}}
 TRANSPORTS = tuple(LINES)
-# True once the replicate ranks move buckets through ipc_protocol (then "cuda-ipc" is chosen for
-# ranks sharing a node and its line is true); until then no run may claim it.
-IPC_CARRIES_REPLICATE = False
+# The replicate ranks move buckets through ipc_protocol (ipc_path.py): "cuda-ipc" may be chosen and
+# its line is true. Without that path no run may claim it (the choice falls back to gloo).
+IPC_CARRIES_REPLICATE = True
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from hwtui.core.events import ErrorEvent
 from hwtui.core.supervisor import AnswerPipe
 from hwtui.engine.replication.commit import ServedDir
 from hwtui.engine.replication.config import WorkerConfig
+from hwtui.engine.replication.ipc_path import RankIpc
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.rank_base import SRC, Emit, now, rss
@@ -58,7 +59,7 @@ __all__ = ["EXIT_ABORTED", "EXIT_BAD_INPUT", "EXIT_BROKEN", "EXIT_INTERRUPTED", 
            "Interrupted", "TransportFailure", "Worker", "install_signal_gate", "main", "run_worker"]
 
 
-class Worker(RankWorld, RankTransfer, RankCommit):
+class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
     """One rank: the phases in order (see run_worker); the work of each is in its own module."""
 
     def load(self) -> Plan:
@@ -159,12 +160,17 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         self.internal("transfer_start")
         path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
+            ipc = self._ipc_ranks()
             if len(self.net_ranks) > 1:
                 self._send(plan)
-            else:
+            elif not ipc:
                 self._serve_local(plan)
+            if ipc:
+                self._send_ipc(plan)
             if self.published is not None:
                 self._release_followers()
+        elif path == "ipc":
+            self._receive_ipc(plan)
         elif path == "same-host":
             self._copy_local(plan)
         elif path in ("host-copy", "shm"):

@@ -69,3 +69,31 @@ def test_a_rank_killed_at_each_phase_commits_nothing_and_frees_its_device_memory
     # nvidia-smi agrees: no process of this world holds GPU memory any more.
     assert not (_smi_pids() & set(out["pids"])), "a rank of the world still holds device memory"
 
+
+
+def test_replicate_two_ranks_on_one_gpu_by_ipc_with_no_flag(tmp_path: Path) -> None:
+    """`hwtui replicate --device cuda --nproc 2` on one GPU: no --transport, the IPC line, the ipc
+    path for rank 1, byte-exact commit. Prints the transfer and the CLI's wall for the record."""
+    import json
+    import time
+
+    from tests.gpu.test_gpu_live import hwtui, make_model
+
+    model, plan, out, report = tmp_path / "m.safetensors", tmp_path / "plan.json", tmp_path / "out", tmp_path / "r.json"
+    make_model(model, GIB)
+    assert hwtui("plan", "--weights", str(model), "-o", str(plan)).returncode == 0
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    t0 = time.perf_counter()
+    proc = hwtui("replicate", "--plan", str(plan), "--device", "cuda", "--nproc", "2", "--commit", "--out", str(out),
+                 "--report", str(report), timeout=900, env=env)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    assert "Using SOTA CUDA-IPC Transport Layer." in proc.stdout + proc.stderr
+    rep = json.loads(report.read_text())
+    assert rep["ok"] and rep["committed"] and rep["transport"] == "cuda-ipc"
+    assert {r["rank"]: r["path"] for r in rep["ranks"]} == {0: "source", 1: "ipc"}
+    served = (out / "rank1" / "versions")
+    files = list(served.rglob("model.safetensors"))
+    assert files and files[0].read_bytes() == model.read_bytes()
+    print(f"\nreplicate 1 GiB, 2 ranks on one GPU by IPC: report {json.dumps(rep.get('phases', {}))[:300]}; "
+          f"CLI wall {wall:.2f} s")

@@ -249,7 +249,7 @@ def test_plan_cli_writes_plan_and_manifest(model: Any, tmp_path: Path, capsys: p
 @pytest.mark.parametrize("device, facts, name, line", [
     ("cpu", {}, "gloo", LINES["gloo"]),
     ("cuda", {}, "nccl", LINES["nccl"]),
-    ("cuda", {"shared_gpu": True}, "gloo", LINES["gloo"]),
+    ("cuda", {"shared_gpu": True}, "cuda-ipc", "Using SOTA CUDA-IPC Transport Layer."),
     ("cuda", {"multi_node": True}, "nccl", LINES["nccl"]),
     ("cuda", {"rocm": True}, "rccl", "Using GPU broadcast transport (no IPC)."),
     ("xpu", {"xccl_available": True}, "xccl", "Using GPU broadcast transport (Intel oneCCL)."),
@@ -268,8 +268,8 @@ def test_transport_override_and_bad_overrides() -> None:
     for device, name in (("cpu", "nccl"), ("xpu", "hccl"), ("cuda", "carrier-pigeon")):
         with pytest.raises(HwtuiError):
             choose_transport(device, name)
-    with pytest.raises(HwtuiError, match="does not carry replicate buckets yet"):
-        choose_transport("cuda", "cuda-ipc")
+    with pytest.raises(HwtuiError, match="inside one node"):
+        choose_transport("cuda", "cuda-ipc", multi_node=True)
 
 
 def test_window_limits_and_byte_cap() -> None:

@@ -23,28 +23,42 @@ def _gpus(tmp_path: Path, n: int) -> str:
     return str(d)
 
 
-def test_no_run_claims_cuda_ipc_while_ipc_does_not_carry_replicate() -> None:
-    assert transport.IPC_CARRIES_REPLICATE is False
+def test_two_ranks_on_one_gpu_choose_cuda_ipc_without_a_flag_over_a_gloo_world() -> None:
+    c = choose_transport("cuda", None, shared_gpu=True)
+    assert (c.name, c.line, c.backend, c.comm_device) == ("cuda-ipc", "Using SOTA CUDA-IPC Transport Layer.", "gloo",
+                                                          "cpu")
+    assert "ranks share a GPU" in c.reason
+
+
+def test_one_rank_per_gpu_is_nccl_and_says_so_not_ipc() -> None:
+    c = choose_transport("cuda")
+    assert (c.name, c.backend) == ("nccl", "nccl") and c.line == LINES["nccl"] != LINES["cuda-ipc"]
+    assert "IPC" not in c.reason
+    assert choose_transport("cuda", "cuda-ipc").backend == "gloo"  # forced: IPC in one node, on a gloo world
+    with pytest.raises(HwtuiError, match="inside one node"):
+        choose_transport("cuda", "cuda-ipc", multi_node=True)
+    with pytest.raises(HwtuiError, match="ROCm"):
+        choose_transport("cuda", "cuda-ipc", rocm=True)
+
+
+def test_the_ipc_line_is_never_claimed_without_the_ipc_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "IPC_CARRIES_REPLICATE", False)
     facts: list[dict[str, bool]] = [{}, {"shared_gpu": True}, {"multi_node": True}, {"rocm": True}]
     for f in facts:
         assert choose_transport("cuda", None, **f).line != LINES["cuda-ipc"]
+    assert choose_transport("cuda", None, shared_gpu=True).name == "gloo"
     with pytest.raises(HwtuiError, match="cuda-ipc"):
         choose_transport("cuda", "cuda-ipc")
 
 
-def test_two_ranks_on_one_gpu_choose_gloo_without_a_flag() -> None:
-    c = choose_transport("cuda", shared_gpu=True)
-    assert (c.name, c.backend, c.comm_device) == ("gloo", "gloo", "cpu")
-    assert "NCCL refuses two ranks on one GPU" in c.reason
+def test_the_ipc_path_is_what_cuda_ipc_selects() -> None:
+    from hwtui.engine.replication.ipc_path import ipc_wanted
 
-
-def test_once_ipc_carries_the_bytes_its_line_is_chosen_for_a_shared_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport, "IPC_CARRIES_REPLICATE", True)
-    c = choose_transport("cuda", shared_gpu=True)
-    assert (c.name, c.line, c.backend) == ("cuda-ipc", "Using SOTA CUDA-IPC Transport Layer.", "gloo")
-    assert choose_transport("cuda").name == "nccl"  # one rank per GPU: NCCL
-    with pytest.raises(HwtuiError, match="inside one node"):
-        choose_transport("cuda", "cuda-ipc", multi_node=True)
+    assert ipc_wanted("cuda-ipc", "cuda", {}) is True
+    assert ipc_wanted("nccl", "cuda", {}) is False
+    assert ipc_wanted("gloo", "cpu", {}) is False
+    assert ipc_wanted("gloo", "cpu", {"HWTUI_TEST_IPC": "host"}) is True  # the CPU test seam
+    assert ipc_wanted("nccl", "cuda", {"HWTUI_TEST_IPC": "host"}) is False
 
 
 def test_visible_gpus_from_proc_and_cuda_visible_devices(tmp_path: Path) -> None:
@@ -62,4 +76,4 @@ def test_detect_facts_marks_a_shared_gpu(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setattr(transport, "visible_nvidia_gpus", lambda env: visible_nvidia_gpus(env, proc))
     assert detect_facts("cuda", {"WORLD_SIZE": "2"}, CUDA_BUILD)["shared_gpu"] is True
     assert detect_facts("cuda", {"WORLD_SIZE": "1"}, CUDA_BUILD)["shared_gpu"] is False
-    assert choose_transport("cuda", None, **detect_facts("cuda", {"WORLD_SIZE": "2"}, CUDA_BUILD)).name == "gloo"
+    assert choose_transport("cuda", None, **detect_facts("cuda", {"WORLD_SIZE": "2"}, CUDA_BUILD)).name == "cuda-ipc"
