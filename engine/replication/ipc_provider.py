@@ -118,7 +118,10 @@ class HostStandIn:
         if not isinstance(handle, HostHandle):
             raise WireError("a host opener got a non-host handle")
         try:
-            fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK|O_NOCTTY: a hostile pid/fd naming a FIFO or a terminal must not block
+            # the open or become our controlling tty before the checks below refuse it.
+            fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}",
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError as exc:
             raise OpenError(f"cannot open the source's shared buffer (pid {handle.pid} fd {handle.fd}): "
                             f"{exc.strerror}") from exc

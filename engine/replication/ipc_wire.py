@@ -161,6 +161,8 @@ def _load(raw: bytes, what: str) -> object:
         raise WireError(f"{what} is larger than {MAX_MESSAGE} bytes")
     try:
         return json.loads(bytes(raw).decode("utf-8"))
+    except RecursionError as exc:  # "[[[[..." within the size cap: nesting, not a message
+        raise WireError(f"{what} is nested too deeply") from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise WireError(f"{what} is not JSON") from exc
 

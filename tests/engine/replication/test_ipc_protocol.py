@@ -165,6 +165,7 @@ def test_a_good_message_round_trips() -> None:
 @pytest.mark.parametrize("raw, why", [
     (b"\x80\x04\x95pickle", "not JSON"),
     (b"[]", "not a JSON object"),
+    (b"[" * 15000, "nested too deeply"),  # found by hand: a RecursionError escaped before
     (b"{" + b" " * 20000 + b"}", "larger than"),
     (_mutate(bucket=4), "names bucket 4, expected 3"),
     (_mutate(bucket=True), "must be an integer"),
@@ -219,6 +220,14 @@ def test_a_handle_naming_another_file_is_refused_after_opening_it(tmp_path: Path
         prov.open(HostHandle(h.pid, h.fd, 1000), 16)  # type: ignore[union-attr]
     with pytest.raises(OpenError, match="cannot open"):
         prov.open(HostHandle(h.pid, 999_999, 64), 16)  # type: ignore[union-attr]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer: a blocking open would hang
+    try:
+        with pytest.raises(OpenError, match="not this run's"):
+            prov.open(HostHandle(os.getpid(), rfd, 16), 16)
+    finally:
+        os.close(rfd)
     assert prov.opened == 0
     opened = prov.open(h, 16)
     assert prov.opened == 1 and device_digest(opened.tensor) == device_digest(mine[:16])
