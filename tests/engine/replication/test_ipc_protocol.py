@@ -235,3 +235,16 @@ def test_a_handle_naming_another_file_is_refused_after_opening_it(tmp_path: Path
     assert prov.opened == 0
     other.free(buf)
     prov.free(mine)
+
+
+def test_the_cuda_opener_refuses_before_touching_the_driver() -> None:
+    from hwtui.engine.replication.ipc_provider import CudaIpc
+
+    cuda = CudaIpc(0)
+    with pytest.raises(WireError, match="non-CUDA handle"):
+        cuda.open(HostHandle(os.getpid(), 0, 16), 16)
+    handle = CudaHandle(device=torch.cuda.device_count(), handle=b"h" * 64, size=64, offset=0, ref_handle=b"",
+                        ref_offset=0, event_handle=b"", event_sync=False)
+    with pytest.raises(OpenError, match="GPUs"):
+        cuda.open(handle, 16)  # a device this process does not have
+    assert cuda.opened == 0
