@@ -137,7 +137,9 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
-            if device == comm:
+            # The ipc path copies device to device whatever the world's backend (gloo): its buckets
+            # land in place too, so prepare does not hash them again on the host.
+            if device == comm or self.paths.get(self.rank, ("", ""))[0] == "ipc":
                 for b in range(n):
                     region = self.staging.direct_region(plan.bucket_items[b], plan.buckets[b]["size"])
                     if region is not None:
