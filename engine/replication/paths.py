@@ -12,6 +12,9 @@ tell another which path it took.
   group of rank 0 and the leaders, so network bytes per host are model bytes.
 - host-copy: the other ranks of a leader's host copy from the leader's verified staging copy (a
   file: its ``--out`` staging file, else one in /dev/shm) and verify their own copy.
+- ipc: on the source's node when the transport is CUDA IPC (engine.replication.ipc_protocol): the
+  source exports each bucket by handle, the receiver copies it device to device and verifies it on
+  the device. It takes precedence over same-host: the copy is already in device memory.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ _SHM_WHY = "same host, but a source file is not safetensors (cannot be mapped): 
 _WHAT = {"same-host": "copy each bucket from the source's page cache (memory map of the same file) and verify it",
          "shm": "copy each bucket from the source's staging copy in /dev/shm and verify it",
          "network": "receive each bucket by {backend} broadcast",
-         "host-copy": "copy from their host leader's verified copy and verify it"}
+         "host-copy": "copy from their host leader's verified copy and verify it",
+         "ipc": "open each bucket the source exports by IPC handle, copy it device to device and verify it on the device"}
+_IPC_WHY = "same node as the source (boot id, network namespace and user)"
 
 
 @dataclass(frozen=True)
@@ -74,13 +79,21 @@ def _receiver_path(r: int, records: list[dict[str, Any]], why_not: str | None, m
     return "host-copy", f"copies rank {leader}'s verified copy on the same host", leader
 
 
-def choose_paths(records: list[dict[str, Any]], *, why_not: str | None, mappable: bool) -> PathChoice:
+def choose_paths(records: list[dict[str, Any]], *, why_not: str | None, mappable: bool,
+                 ipc: bool = False) -> PathChoice:
     """Every rank's path from the gathered records. ``why_not``: why no receiver may copy on its
-    host (then all take the network); ``mappable``: every source file is safetensors."""
+    host (then all take the network); ``mappable``: every source file is safetensors; ``ipc``: the
+    transport is IPC, so receivers on the source's node take the ipc path."""
     paths: dict[int, tuple[str, str]] = {SRC: ("source", "holds the files")}
     leader_of: dict[int, int] = {}
     leaders: dict[HostKey, int] = {}
     for r in range(1, len(records)):
+        key = host_key(records[r])
+        if ipc and key[0] and key == host_key(records[SRC]):
+            # Only the node matters (CUDA IPC handles and /proc/<pid>/fd do not cross it), and the
+            # user: what the source exports is for its own user's processes.
+            paths[r] = ("ipc", _IPC_WHY)
+            continue
         path, why, leader = _receiver_path(r, records, why_not, mappable, leaders)
         paths[r] = (path, why)
         if leader is not None:
@@ -93,7 +106,7 @@ def choose_paths(records: list[dict[str, Any]], *, why_not: str | None, mappable
 def describe_paths(paths: dict[int, tuple[str, str]], backend: str) -> str:
     """The one log line rank 0 writes: which ranks take which path, and why."""
     parts = []
-    for kind in ("same-host", "shm", "network", "host-copy"):
+    for kind in ("ipc", "same-host", "shm", "network", "host-copy"):
         rs = [r for r, (path, _) in sorted(paths.items()) if path == kind]
         if rs:
             whys = sorted({paths[r][1] for r in rs})

@@ -2,9 +2,13 @@
 
 The lines are the vendor guide's, so scripts that grep for them keep working:
 
-- NVIDIA, one node: "Using SOTA CUDA-IPC Transport Layer." -- NCCL broadcast between the GPUs;
-  inside one node NCCL moves it GPU to GPU through CUDA IPC handles (P2P over NVLink/PCIe), no
-  host copy. (We do not open IPC handles ourselves: torch's handle exchange pickles storages.)
+- NVIDIA, one rank per GPU: NCCL broadcast, "Using GPU broadcast transport (NCCL)." (inside a
+  node NCCL itself may go GPU to GPU over P2P/NVLink; that is NCCL's doing, not hwtui's IPC).
+- NVIDIA, more local ranks than GPUs (two ranks on one GPU), chosen without a flag, or
+  ``--transport cuda-ipc`` in one node: "Using SOTA CUDA-IPC Transport Layer." -- hwtui's own
+  CUDA IPC path (ipc_protocol.py via ipc_path.py: the source exports each bucket by handle, the
+  receivers copy it device to device and verify it on the device). The world under it is gloo
+  (control, votes), which, unlike NCCL, accepts several ranks on one GPU.
 - NVIDIA across nodes: NCCL broadcast (IPC cannot cross a node).
 - AMD ROCm: RCCL broadcast, "Using GPU broadcast transport (no IPC)."
 - Intel XPU: oneCCL, "Using GPU broadcast transport (Intel oneCCL)." (backend ``xccl`` in
@@ -17,6 +21,7 @@ The lines are the vendor guide's, so scripts that grep for them keep working:
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,10 +36,15 @@ LINES = {
     "hccl": "Using GPU broadcast transport (Habana HCCL).",
     "gloo": "Using CPU broadcast transport (gloo).",
 }
-BACKENDS = {"cuda-ipc": "nccl", "nccl": "nccl", "rccl": "nccl", "xccl": "xccl", "ccl": "ccl", "hccl": "hccl", "gloo": "gloo"}
+# cuda-ipc: the bytes go by IPC handle; the world (control, votes) runs on gloo, which, unlike
+# NCCL, accepts several ranks on one GPU.
+BACKENDS = {"cuda-ipc": "gloo", "nccl": "nccl", "rccl": "nccl", "xccl": "xccl", "ccl": "ccl", "hccl": "hccl", "gloo": "gloo"}
 DEVICES = {"cuda-ipc": {"cuda"}, "nccl": {"cuda"}, "rccl": {"cuda"}, "xccl": {"xpu"}, "ccl": {"xpu"}, "hccl": {"hpu"},
            "gloo": {"cpu", "cuda", "xpu", "hpu"}}
 TRANSPORTS = tuple(LINES)
+# The replicate ranks move buckets through ipc_protocol (ipc_path.py): "cuda-ipc" may be chosen and
+# its line is true. Without that path no run may claim it (the choice falls back to gloo).
+IPC_CARRIES_REPLICATE = True
 
 
 @dataclass(frozen=True)
@@ -53,8 +63,14 @@ class TransportChoice:
 
 
 def choose_transport(device: str, override: str | None = None, *, rocm: bool = False, multi_node: bool = False,
-                     xccl_available: bool = False) -> TransportChoice:
-    """Pure decision (facts passed in), so every vendor branch is testable on any machine."""
+                     xccl_available: bool = False, shared_gpu: bool = False) -> TransportChoice:
+    """Pure decision (facts passed in), so every vendor branch is testable on any machine.
+
+    ``shared_gpu``: more ranks on this node than GPUs visible to them (NCCL refuses that).
+    """
+    if override == "cuda-ipc" and not IPC_CARRIES_REPLICATE:
+        raise HwtuiError("--transport cuda-ipc: hwtui's CUDA IPC path does not carry replicate buckets yet "
+                         "(use nccl, or gloo when ranks share a GPU)")
     if override:
         if override not in LINES:
             raise HwtuiError(f"unknown --transport {override!r} (choose from {', '.join(TRANSPORTS)})")
@@ -71,8 +87,12 @@ def choose_transport(device: str, override: str | None = None, *, rocm: bool = F
         name, reason = "rccl", "AMD ROCm build (torch.version.hip set): RCCL broadcast, CUDA IPC unavailable"
     elif device == "cuda" and multi_node:
         name, reason = "nccl", "NVIDIA GPUs on several nodes: NCCL broadcast (CUDA IPC stops at the node)"
+    elif device == "cuda" and shared_gpu and IPC_CARRIES_REPLICATE:
+        name, reason = "cuda-ipc", "ranks share a GPU in one node: CUDA IPC handles, copied device to device"
+    elif device == "cuda" and shared_gpu:
+        name, reason = "gloo", "more ranks than GPUs on this node: NCCL refuses two ranks on one GPU, gloo does not"
     elif device == "cuda":
-        name, reason = "cuda-ipc", "NVIDIA GPUs in one node: NCCL broadcast, which NCCL carries over CUDA IPC (P2P/NVLink)"
+        name, reason = "nccl", "one rank per NVIDIA GPU: NCCL broadcast"
     elif device == "xpu":
         name = "xccl" if xccl_available else "ccl"
         reason = "Intel XPU: oneCCL via " + ("torch's built-in xccl backend" if xccl_available else "oneccl_bindings_for_pytorch")
@@ -80,7 +100,7 @@ def choose_transport(device: str, override: str | None = None, *, rocm: bool = F
         name, reason = "hccl", "Intel Gaudi: HCCL via habana_frameworks"
     else:
         raise HwtuiError(f"unknown --device {device!r} (cpu, cuda, xpu or hpu)")
-    comm = "cpu" if name == "gloo" else device
+    comm = "cpu" if BACKENDS[name] == "gloo" else device
     return TransportChoice(name, BACKENDS[name], comm, LINES[name], reason)
 
 
@@ -161,7 +181,31 @@ def detect_facts(device: str, env: dict[str, str], build: dict[str, str | None] 
         major_minor = (0, 0)
     # Upstream XPU wheels ship the xccl backend from torch 2.8 on; older setups need oneCCL bindings.
     xccl = bool(build.get("xpu")) and major_minor >= (2, 8)
-    return {"rocm": bool(build.get("hip")), "multi_node": local < world, "xccl_available": xccl}
+    facts = {"rocm": bool(build.get("hip")), "multi_node": local < world, "xccl_available": xccl}
+    if device == "cuda" and not facts["rocm"]:
+        gpus = visible_nvidia_gpus(env)
+        facts["shared_gpu"] = gpus is not None and local > gpus
+    return facts
+
+
+def visible_nvidia_gpus(env: dict[str, str], proc_gpus: str = "/proc/driver/nvidia/gpus") -> int | None:
+    """How many NVIDIA GPUs the ranks will see, without importing torch: the driver's list under
+    /proc, narrowed by CUDA_VISIBLE_DEVICES; None when it cannot tell (no driver here)."""
+    try:
+        present = len(os.listdir(proc_gpus))
+    except OSError:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    # torch stops at the first entry it cannot parse; "" and "-1" hide every GPU.
+    n = 0
+    for item in visible.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        n += 1
+    return min(n, present)
 
 
 def prepare_backend(choice: TransportChoice, local_rank: int) -> None:

@@ -30,6 +30,7 @@ from hwtui.core.events import ErrorEvent
 from hwtui.core.supervisor import AnswerPipe
 from hwtui.engine.replication.commit import ServedDir
 from hwtui.engine.replication.config import WorkerConfig
+from hwtui.engine.replication.ipc_path import RankIpc
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.rank_base import SRC, Emit, now, rss
@@ -58,7 +59,7 @@ __all__ = ["EXIT_ABORTED", "EXIT_BAD_INPUT", "EXIT_BROKEN", "EXIT_INTERRUPTED", 
            "Interrupted", "TransportFailure", "Worker", "install_signal_gate", "main", "run_worker"]
 
 
-class Worker(RankWorld, RankTransfer, RankCommit):
+class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
     """One rank: the phases in order (see run_worker); the work of each is in its own module."""
 
     def load(self) -> Plan:
@@ -148,7 +149,9 @@ class Worker(RankWorld, RankTransfer, RankCommit):
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
-            if device == comm:
+            # The ipc path copies device to device whatever the world's backend (gloo): its buckets
+            # land in place too, so prepare does not hash them again on the host.
+            if device == comm or self.paths.get(self.rank, ("", ""))[0] == "ipc":
                 for b in range(n):
                     region = self.staging.direct_region(plan.bucket_items[b], plan.buckets[b]["size"])
                     if region is not None:
@@ -173,6 +176,7 @@ class Worker(RankWorld, RankTransfer, RankCommit):
         self.internal("transfer_start")
         path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
+            ipc = self._ipc_ranks()
             if len(self.net_ranks) > 1:
                 try:
                     self._send(plan)
@@ -180,10 +184,14 @@ class Worker(RankWorld, RankTransfer, RankCommit):
                     # Reads are over: the pinned ring, reader threads and descriptors go now (a
                     # resident rank lives on after the push); the mapping stays for the digests.
                     self._sources.release_readers()
-            else:
+            elif not ipc:
                 self._serve_local(plan)
+            if ipc:
+                self._send_ipc(plan)
             if self.published is not None:
                 self._release_followers()
+        elif path == "ipc":
+            self._receive_ipc(plan)
         elif path == "same-host":
             self._copy_local(plan)
         elif path in ("host-copy", "shm"):

@@ -16,6 +16,7 @@ from hwtui.engine.replication.agree import (
     hwtui_version,
     settings_record,
 )
+from hwtui.engine.replication.ipc_path import ipc_wanted
 from hwtui.engine.replication.paths import choose_paths, describe_paths
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.rank_base import SRC, RankBase, now
@@ -125,7 +126,8 @@ class RankWorld(RankBase):
         elif self.settings.device != "cpu" or self.comm_device() != "cpu":
             why_not = f"device {self.settings.device}: buckets travel device to device"
         mappable = all(f.get("format") == "safetensors" for f in plan["files"])
-        choice = choose_paths(records, why_not=why_not, mappable=mappable)
+        ipc = ipc_wanted(self.choice.name, self.settings.device)  # the transport line promised it: not turned off by --no-same-host
+        choice = choose_paths(records, why_not=why_not, mappable=mappable, ipc=ipc)
         self.paths, self.leader_of, self.net_ranks = dict(choice.paths), dict(choice.leader_of), list(choice.net_ranks)
         # new_group is collective over the whole world: every rank calls it, in the same order.
         self.net_group = None

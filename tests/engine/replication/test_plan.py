@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,17 +35,17 @@ from tests.engine.replication.helpers import files, make_model, write_plan
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     d = tmp_path_factory.mktemp("model")
     return d, make_model(d)
 
 
-def _bucket_bytes(plan, b):
+def _bucket_bytes(plan: Any, b: int) -> list[tuple[Any, Any, Any, Any]]:
     """Rebuild bucket b from the source tensors the way a receiver unpacks it."""
     return [(it["name"], it["tensor_offset"], it["nbytes"], it["offset"]) for it in plan["items"] if it["bucket"] == b]
 
 
-def test_plan_covers_every_byte_and_splits_big_tensors(model, tmp_path):
+def test_plan_covers_every_byte_and_splits_big_tensors(model: Any, tmp_path: Path) -> None:
     d, expected = model
     plan = write_plan(d, tmp_path / "p.json", version="v1", bucket_kib=64)
     loaded = load_plan(tmp_path / "p.json")  # validates every invariant, including the digest
@@ -66,7 +68,7 @@ def test_plan_covers_every_byte_and_splits_big_tensors(model, tmp_path):
         assert xxh3_hex(bytes(buf)) == b["checksum"]
 
 
-def test_alignment_pads_inside_buckets(model, tmp_path):
+def test_alignment_pads_inside_buckets(model: Any, tmp_path: Path) -> None:
     d, _ = model
     plan = write_plan(d, tmp_path / "p.json", version="v1", bucket_kib=64, align=64)
     for it in plan["items"]:
@@ -75,7 +77,7 @@ def test_alignment_pads_inside_buckets(model, tmp_path):
     load_plan(tmp_path / "p.json")
 
 
-def test_delta_sends_only_changed_tensors_and_records_deletions(model, tmp_path):
+def test_delta_sends_only_changed_tensors_and_records_deletions(model: Any, tmp_path: Path) -> None:
     d, expected = model
     base = write_plan(d, tmp_path / "v1.json", version="v1")
     write_json_atomic(tmp_path / "v1.manifest.json", manifest_of(base))
@@ -118,7 +120,7 @@ def _synthetic(n: int, bucket: int) -> float:
 
 
 @pytest.mark.timeout(60)
-def test_planner_scales_n_log_n():
+def test_planner_scales_n_log_n() -> None:
     # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic); measured
     # ~4.7x. Process CPU time, best of two: the box is shared, and a stall makes one run slow, never fast.
     small = min(_synthetic(10_000, 4096) for _ in range(2))
@@ -130,57 +132,57 @@ def test_planner_scales_n_log_n():
 
 
 @pytest.fixture(scope="module")
-def good_plan(model, tmp_path_factory):
+def good_plan(model: tuple[Path, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
     d, _ = model
     p = tmp_path_factory.mktemp("plans") / "good.json"
-    plan = write_plan(d, p, version="v1", bucket_kib=64)
+    plan: Any = write_plan(d, p, version="v1", bucket_kib=64)
     return json.loads(json.dumps(plan.to_v1()))  # the JSON plan format earlier hwtui wrote
 
 
-def _with_digest(raw):
+def _with_digest(raw: dict[str, Any]) -> Any:
     raw["digest"] = plan_digest(raw)
     return raw
 
 
-def _overlap(raw):
+def _overlap(raw: dict[str, Any]) -> Any:
     b = max(range(len(raw["buckets"])), key=lambda k: sum(i["bucket"] == k for i in raw["items"]))
     its = [i for i in raw["items"] if i["bucket"] == b]
     its[1]["offset"] = its[0]["offset"]
     return _with_digest(raw)
 
 
-def _dtype(raw):
+def _dtype(raw: dict[str, Any]) -> Any:
     raw["tensors"][0]["dtype"] = "F12"
     return _with_digest(raw)
 
 
-def _gap(raw):
+def _gap(raw: dict[str, Any]) -> Any:
     its = [i for i in raw["items"] if i["name"] == "embed.big"]
     its[1]["tensor_offset"] += 1
     return _with_digest(raw)
 
 
-def _outside(raw):
+def _outside(raw: dict[str, Any]) -> Any:
     raw["items"][0]["offset"] = raw["bucket_bytes"]
     return _with_digest(raw)
 
 
-def _edited(raw):
+def _edited(raw: dict[str, Any]) -> Any:
     raw["buckets"][0]["checksum"] = "0" * 16  # digest left stale
     return raw
 
 
-def _schema(raw):
+def _schema(raw: dict[str, Any]) -> Any:
     raw["schema"] = "hotweights/0"
     return raw
 
 
-def _missing_field(raw):
+def _missing_field(raw: dict[str, Any]) -> Any:
     del raw["buckets"]
     return raw
 
 
-def _bad_version(raw):
+def _bad_version(raw: dict[str, Any]) -> Any:
     raw["version"] = "../../etc"
     return _with_digest(raw)
 
@@ -189,19 +191,19 @@ def _bad_version(raw):
     (_overlap, "overlap"), (_dtype, "unknown dtype"), (_gap, "gap"), (_outside, "outside bucket"),
     (_edited, "digest mismatch"), (_schema, "schema"), (_missing_field, "buckets"), (_bad_version, "not a valid version"),
 ])
-def test_bad_plans_are_rejected_with_one_line(good_plan, mutate, words):
+def test_bad_plans_are_rejected_with_one_line(good_plan: Any, mutate: Any, words: Any) -> None:
     raw = mutate(copy.deepcopy(good_plan))
     with pytest.raises(HwtuiError) as exc:
         validate_plan(raw, "p.json")
     assert words in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_good_plan_validates(good_plan):
+def test_good_plan_validates(good_plan: Any) -> None:
     validate_plan(copy.deepcopy(good_plan))
 
 
 @pytest.mark.parametrize("content", ["", '{"schema": "hwtui.plan/1", "model": "x", "ver', "[1, 2]"])
-def test_truncated_plan_via_cli_exits_2_and_writes_nothing(tmp_path, capsys, content):
+def test_truncated_plan_via_cli_exits_2_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: Any) -> None:
     p = tmp_path / "plan.json"
     p.write_text(content)
     out, ev, rep = tmp_path / "out", tmp_path / "ev.jsonl", tmp_path / "rep.json"
@@ -212,7 +214,7 @@ def test_truncated_plan_via_cli_exits_2_and_writes_nothing(tmp_path, capsys, con
     assert not out.exists() and not ev.exists() and not rep.exists()
 
 
-def test_changed_or_missing_weight_file_is_bad_input(model, tmp_path, capsys):
+def test_changed_or_missing_weight_file_is_bad_input(model: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d, expected = model
     src = tmp_path / "src"
     make_model(src)
@@ -228,7 +230,7 @@ def test_changed_or_missing_weight_file_is_bad_input(model, tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
 
 
-def test_plan_cli_writes_plan_and_manifest(model, tmp_path, capsys):
+def test_plan_cli_writes_plan_and_manifest(model: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d, _ = model
     code = main(["plan", "--weights", *files(d), "--bucket-mb", "0.05", "-o", str(tmp_path / "p.json"),
                  "--manifest", str(tmp_path / "m.json"), "--version", "2024-06-01.1", "--model", "tiny"])
@@ -246,20 +248,21 @@ def test_plan_cli_writes_plan_and_manifest(model, tmp_path, capsys):
 
 @pytest.mark.parametrize("device, facts, name, line", [
     ("cpu", {}, "gloo", LINES["gloo"]),
-    ("cuda", {}, "cuda-ipc", "Using SOTA CUDA-IPC Transport Layer."),
+    ("cuda", {}, "nccl", LINES["nccl"]),
+    ("cuda", {"shared_gpu": True}, "cuda-ipc", "Using SOTA CUDA-IPC Transport Layer."),
     ("cuda", {"multi_node": True}, "nccl", LINES["nccl"]),
     ("cuda", {"rocm": True}, "rccl", "Using GPU broadcast transport (no IPC)."),
     ("xpu", {"xccl_available": True}, "xccl", "Using GPU broadcast transport (Intel oneCCL)."),
     ("xpu", {}, "ccl", "Using GPU broadcast transport (Intel oneCCL)."),
     ("hpu", {}, "hccl", LINES["hccl"]),
 ])
-def test_transport_per_vendor(device, facts, name, line):
+def test_transport_per_vendor(device: Any, facts: Any, name: Any, line: Any) -> None:
     c = choose_transport(device, **facts)
     assert c.name == name and c.line == line
     assert c.decision_line().startswith(line) and c.reason in c.decision_line()
 
 
-def test_transport_override_and_bad_overrides():
+def test_transport_override_and_bad_overrides() -> None:
     assert choose_transport("cuda", "gloo").comm_device == "cpu"
     assert choose_transport("cuda", "nccl").reason == "chosen with --transport"
     for device, name in (("cpu", "nccl"), ("xpu", "hccl"), ("cuda", "carrier-pigeon")):
@@ -269,7 +272,7 @@ def test_transport_override_and_bad_overrides():
         choose_transport("cuda", "cuda-ipc", multi_node=True)
 
 
-def test_window_limits_and_byte_cap():
+def test_window_limits_and_byte_cap() -> None:
     w = Window(3, max_bytes=250)
     for _ in range(2):
         assert w.can_admit(100)
@@ -281,7 +284,7 @@ def test_window_limits_and_byte_cap():
     assert big.can_admit(1000)  # one bucket always fits, or nothing would ever move
 
 
-def test_adaptive_window_steers_towards_target():
+def test_adaptive_window_steers_towards_target() -> None:
     w = Window(8, adaptive=True, target_s=0.1)
     start = w.limit
     for _ in range(10):
@@ -294,7 +297,7 @@ def test_adaptive_window_steers_towards_target():
     assert w.limit == 1
 
 
-def test_pool_recycles_and_bounds():
+def test_pool_recycles_and_bounds() -> None:
     pool = BufferPool(2, 1000)
     a, b = pool.acquire(10), pool.acquire(1000)
     with pytest.raises(PoolExhausted):
@@ -308,7 +311,7 @@ def test_pool_recycles_and_bounds():
     del b
 
 
-def test_fault_spec_parsing():
+def test_fault_spec_parsing() -> None:
     fs = faults.parse("corrupt:bucket=3,rank=1; kill:rank=2,phase=prepare")
     assert fs[0] == faults.Fault("corrupt", 1, 3, None) and fs[1] == faults.Fault("kill", 2, None, "prepare")
     with pytest.raises(ValueError):
@@ -317,7 +320,7 @@ def test_fault_spec_parsing():
     assert inj.corrupts(3) and not inj.corrupts(2)
 
 
-def test_knobs_default_from_the_vendor_guide_env():
+def test_knobs_default_from_the_vendor_guide_env() -> None:
     from hwtui.engine.replication.launcher import ReplicationOptions, resolve_settings
 
     base = resolve_settings(ReplicationOptions(plan="p", env={}))
@@ -334,21 +337,21 @@ def test_knobs_default_from_the_vendor_guide_env():
         resolve_settings(ReplicationOptions(plan="p", env={}, commit=True))
 
 
-def test_joined_world_from_torchrun_and_slurm_env():
+def test_joined_world_from_torchrun_and_slurm_env() -> None:
     from hwtui.engine.replication.launcher import joined_world
 
     assert joined_world({}) is None
     tr = joined_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
-    assert (tr["rank"], tr["world_size"], tr["local_rank"], tr["local_world_size"]) == (3, 8, 1, 4)
+    assert tr is not None and (tr["rank"], tr["world_size"], tr["local_rank"], tr["local_world_size"]) == (3, 8, 1, 4)
     sl = joined_world({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "8(x2)",
                        "MASTER_ADDR": "n1", "MASTER_PORT": "29500"})
-    assert (sl["rank"], sl["world_size"], sl["local_world_size"]) == (5, 16, 8)
+    assert sl is not None and (sl["rank"], sl["world_size"], sl["local_world_size"]) == (5, 16, 8)
     with pytest.raises(HwtuiError, match="MASTER_ADDR"):
         joined_world({"RANK": "0", "WORLD_SIZE": "2"})
 
 
-def test_torch_build_is_parsed_not_imported(tmp_path):
+def test_torch_build_is_parsed_not_imported(tmp_path: Path) -> None:
     from hwtui.engine.replication.transport import detect_facts, torch_build
 
     v = tmp_path / "version.py"
@@ -363,7 +366,7 @@ def test_torch_build_is_parsed_not_imported(tmp_path):
     assert here["__version__"] and here["__version__"].split("+")[0] in torch.__version__
 
 
-def test_collective_groups_merge_only_contiguous_buckets(tmp_path):
+def test_collective_groups_merge_only_contiguous_buckets(tmp_path: Path) -> None:
     from hwtui.engine.replication.plan import load_plan
     from hwtui.engine.replication.source_reader import collective_groups
     from tests.engine.replication.helpers import make_model, write_plan
@@ -396,7 +399,7 @@ def test_collective_groups_merge_only_contiguous_buckets(tmp_path):
                if any(b in pad for b in g))
 
 
-def test_planning_safetensors_does_not_import_torch(tmp_path):
+def test_planning_safetensors_does_not_import_torch(tmp_path: Path) -> None:
     # Planning only reads headers and hashes bytes: no 1.5 s torch import for `hwtui plan`.
     code = f"""
 import sys

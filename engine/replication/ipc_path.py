@@ -1,0 +1,126 @@
+"""The ipc path of a replicate rank (engine.replication.paths): receivers on the source's node take
+each bucket by IPC handle (engine.replication.ipc_protocol) instead of a broadcast.
+
+Source: each bucket goes from its files (mapped) into a window slot of device memory, which it
+exports; its xxh3 against the plan is checked on the host beside it, as on the network path
+(``_check_sources``), so the device digest the receivers compare with is a digest of planned bytes.
+Receivers: the copy lands in the staging copy's own region when the bucket is one contiguous range
+of it, else in a scratch buffer that is unpacked into it; a device-checksum mismatch names the
+bucket on this rank and the rank votes no.
+
+The memory is CUDA IPC's on ``--device cuda``. ``HWTUI_TEST_IPC=host`` (tests only, like
+``HWTUI_TEST_FAULT``) runs the same path on host memory with the memfd stand-in, so the whole
+replicate run over this path is tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from hwtui.core.events import ErrorEvent
+from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
+from hwtui.engine.replication.ipc_provider import CudaIpc, HostStandIn
+from hwtui.engine.replication.plan import Plan
+from hwtui.engine.replication.rank_base import now
+from hwtui.engine.replication.rank_signals import TransportFailure
+from hwtui.engine.replication.verify import RankVerify
+
+TEST_ENV = "HWTUI_TEST_IPC"
+
+
+def ipc_wanted(transport: str, device: str, env: dict[str, str] | None = None) -> bool:
+    """Whether receivers on the source's node take the ipc path."""
+    env = env if env is not None else dict(os.environ)
+    return transport == "cuda-ipc" or (device == "cpu" and env.get(TEST_ENV) == "host")
+
+
+class RankIpc(RankVerify):
+    def _ipc_ranks(self) -> list[int]:
+        return [r for r, (path, _) in sorted(self.paths.items()) if path == "ipc"]
+
+    def _ipc_run(self, plan: Plan) -> str:
+        # The same on every rank of this world, different for the next (a new port each run).
+        seed = f"{plan['version']}|{self.cfg.master_addr}|{self.cfg.master_port}|{self.cfg.plan_digest}"
+        return hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+    def _ipc_channel(self, plan: Plan) -> Channel:
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store()
+        return Channel(store, self._ipc_run(plan), float(self.cfg.timeouts.bucket))
+
+    def _ipc_provider(self, plan: Plan) -> Any:
+        if self.settings.device == "cuda":
+            import torch
+
+            dev = self.cfg.local_rank % max(1, torch.cuda.device_count())
+            torch.cuda.set_device(dev)
+            return CudaIpc(dev)
+        return HostStandIn(self._ipc_run(plan))
+
+    def _send_ipc(self, plan: Plan) -> None:
+        sizes = [bk["size"] for bk in plan.buckets]
+        ch = self._ipc_channel(plan)
+        src = IpcSource(ch, self._ipc_provider(plan), self._ipc_ranks(), max(1, self.settings.window))
+        try:
+            for b, size in enumerate(sizes):
+                self.faults.at_bucket(b)
+                t0 = now()
+                slot = src.acquire(b, size)
+                self._sources.copy_into(plan, b, slot)
+                if self.settings.verify:
+                    self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+                self.bucket(b, "staged", size, now() - t0)
+                src.publish(b, size)
+                self.bucket(b, "inflight", size)
+            src.drain()
+            for b, size in enumerate(sizes):
+                self.bucket(b, "done", size)
+        except IpcFailure as exc:
+            ch.abort(f"rank {self.rank}: {exc}")
+            raise TransportFailure(f"rank {self.rank}: {exc}") from None
+        finally:
+            src.close()
+            self.window_stats = {"peak_occupancy": src.stats.peak_exported, "peak_bytes": 0,
+                                 "final_limit": src.window, "changes": 0}
+
+    def _receive_ipc(self, plan: Plan) -> None:
+        import torch
+
+        sizes = [bk["size"] for bk in plan.buckets]
+        corrupt = {b for b in range(len(sizes)) if self.faults.corrupts(b)}
+
+        def hook(phase: str, b: int, dst: Any) -> None:
+            if phase == "copied" and b in corrupt and dst.numel():
+                dst[dst.numel() // 2] ^= 0xFF
+
+        ch = self._ipc_channel(plan)
+        rx = IpcReceiver(ch, self._ipc_provider(plan), self.rank, max(1, self.settings.window), hook=hook)
+        scratch: Any = None
+        try:
+            for b, size in enumerate(sizes):
+                self.faults.at_bucket(b)
+                self.bucket(b, "inflight", size)
+                region = self.direct.get(b)
+                if region is None:
+                    if scratch is None or scratch.numel() < size:
+                        scratch = torch.empty(max(sizes), dtype=torch.uint8, device=self.settings.device)
+                    dst = scratch[:size]
+                else:
+                    dst = region[:size]
+                got = rx.receive(b, dst)
+                self.bucket(b, "verifying", size, got.copy_s)
+                t1 = now()
+                ok = got.ok or not self.settings.verify
+                if not ok:
+                    self.failures.append(got.error)
+                    self.emit(ErrorEvent(message=got.error, rank=self.rank, where="verify"))
+                elif region is None:
+                    for it in plan.bucket_items[b]:
+                        self.staging.write(it["name"], it["tensor_offset"], dst[it["offset"]:it["offset"] + it["nbytes"]])
+                self.bucket(b, "done" if ok else "failed", size, now() - t1)
+        except IpcFailure as exc:
+            ch.abort(f"rank {self.rank}: {exc}")
+            raise TransportFailure(f"rank {self.rank}: {exc}") from None

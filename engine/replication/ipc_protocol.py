@@ -1,0 +1,278 @@
+"""The IPC transport's protocol: export by handle, open, copy, verify on the device, release.
+
+One source (rank 0, or a host leader) and the receivers on its node share a control channel (the
+world's c10d store: small keyed values, no collective, so it works where NCCL refuses two ranks on
+one GPU). Per bucket ``b``:
+
+1. the source waits until the window slot ``b % window`` is free (every receiver released its
+   previous occupant), fills it, computes its device checksum and publishes ``export/b``;
+2. each receiver reads and validates the message (ipc_wire), opens the handle, copies the bytes
+   into its own device buffer, closes the handle and publishes ``ack/b/<rank>`` (released), then
+   computes the device checksum of its copy and compares it with the source's; a mismatch names
+   the bucket on that rank (it finishes the schedule and votes no, as the broadcast path does);
+3. the source, on every receiver's ack, frees the slot for the bucket ``b + window``.
+
+So the source never has more than ``window`` buckets exported (``peak_exported`` proves it in
+the tests). Every wait is bounded and also watches ``abort``: a rank that fails, or the launcher
+when a rank dies, sets it with the reason, and every other rank stops waiting, closes what it has
+open and releases what it exported (``close``), so a death at any phase leaves no handle open in
+the living and nothing committed (a rank that did not vote yes blocks the commit).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hwtui.engine.replication.device_checksum import device_digest
+from hwtui.engine.replication.ipc_provider import ExportProvider, Opener, OpenError
+from hwtui.engine.replication.ipc_wire import Ack, Export, WireError, decode_ack, decode_export
+
+POLL_S = 0.2  # how often a wait looks at the abort key (a wait is woken by state, this only bounds it)
+# phase hooks (tests inject deaths and corruption there): source "exported", "published";
+# receiver "opened", "copied", "acked"
+Hook = Callable[[str, int, Any], None]
+
+
+class IpcFailure(Exception):
+    """The IPC exchange could not go on (a peer aborted, a wait timed out, a hostile message)."""
+
+
+class Store(Protocol):
+    """The part of a c10d Store the protocol uses."""
+
+    def set(self, key: str, value: Any) -> None: ...  # c10d takes bytes (its stubs say str)
+
+    def get(self, key: str) -> bytes: ...
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta, /) -> None: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+    def delete_key(self, key: str) -> bool: ...
+
+
+class Channel:
+    """Keyed messages of one IPC run over a store, with bounded waits that an abort interrupts."""
+
+    def __init__(self, store: Store, run: str, timeout_s: float):
+        self.store = store
+        self.prefix = f"hwtui-ipc/{run}/"
+        self.timeout_s = timeout_s
+
+    def put(self, key: str, value: bytes) -> None:
+        self.store.set(self.prefix + key, value)
+
+    def abort(self, reason: str) -> None:
+        if not self.store.check([self.prefix + "abort"]):
+            self.store.set(self.prefix + "abort", reason[:300].encode())
+
+    def aborted(self) -> str | None:
+        if self.store.check([self.prefix + "abort"]):
+            return self.store.get(self.prefix + "abort").decode("utf-8", "replace")
+        return None
+
+    def take(self, key: str, what: str) -> bytes:
+        """The value at ``key`` once it is set; IpcFailure on abort or after ``timeout_s``."""
+        full = self.prefix + key
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            reason = self.aborted()
+            if reason is not None:
+                raise IpcFailure(f"aborted while waiting for {what}: {reason}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IpcFailure(f"{what} did not arrive within {self.timeout_s:g} s")
+            try:
+                self.store.wait([full], datetime.timedelta(seconds=min(POLL_S, left)))
+            except Exception:  # noqa: BLE001 - c10d raises its own error types for a timeout
+                if not self._reachable():
+                    raise IpcFailure(f"the control channel went away while waiting for {what}") from None
+                continue
+            return self.store.get(full)
+
+    def _reachable(self) -> bool:
+        try:
+            self.store.check([self.prefix + "abort"])
+        except Exception:  # noqa: BLE001 - any store failure means the same
+            return False
+        return True
+
+    def drop(self, key: str) -> None:
+        try:
+            self.store.delete_key(self.prefix + key)
+        except Exception:  # noqa: BLE001 - cleanup only: a store that is gone holds nothing
+            pass
+
+
+@dataclass
+class _Slot:
+    buf: Any
+    capacity: int
+    bucket: int | None = None  # the bucket exported from it, until every receiver released it
+
+
+@dataclass
+class SourceStats:
+    exported: int = 0
+    peak_exported: int = 0
+    failed: dict[int, list[str]] = field(default_factory=dict)  # bucket -> "rank r: why" from acks
+
+
+class IpcSource:
+    def __init__(self, channel: Channel, provider: ExportProvider, receivers: list[int], window: int, *,
+                 hook: Hook | None = None):
+        if window < 1:
+            raise ValueError("the IPC window must be at least 1")
+        self.ch = channel
+        self.provider = provider
+        self.receivers = list(receivers)
+        self.window = window
+        self.hook = hook
+        self.slots: list[_Slot | None] = [None] * window
+        self.pending: deque[int] = deque()  # exported buckets, oldest first
+        self.stats = SourceStats()
+
+    def _live(self) -> int:
+        return sum(1 for s in self.slots if s is not None and s.bucket is not None)
+
+    def acquire(self, bucket: int, nbytes: int) -> Any:
+        """The buffer to fill with bucket ``bucket``: its slot, once every receiver released it."""
+        i = bucket % self.window
+        slot = self.slots[i]
+        if slot is not None and slot.bucket is not None:
+            self._retire_through(slot.bucket)
+        if slot is None or slot.capacity < nbytes:
+            if slot is not None:
+                self.provider.free(slot.buf)
+                self.slots[i] = None
+            slot = _Slot(self.provider.alloc(nbytes), nbytes)
+            self.slots[i] = slot
+        return slot.buf[:nbytes]
+
+    def publish(self, bucket: int, nbytes: int) -> str:
+        """Export the filled slot of ``bucket``; returns its device digest."""
+        slot = self.slots[bucket % self.window]
+        assert slot is not None and slot.bucket is None
+        digest = device_digest(slot.buf[:nbytes])
+        msg = Export(bucket=bucket, slot=bucket % self.window, nbytes=nbytes, digest=digest, kind=self.provider.kind,
+                     handle=self.provider.handle(slot.buf))
+        slot.bucket = bucket
+        self.pending.append(bucket)
+        self.stats.exported += 1
+        self.stats.peak_exported = max(self.stats.peak_exported, self._live())
+        self._hook("exported", bucket)
+        self.ch.put(f"x/{bucket}", msg.encode())
+        self._hook("published", bucket)
+        return digest
+
+    def _retire_through(self, bucket: int) -> None:
+        while self.pending and self.pending[0] <= bucket:
+            self._retire(self.pending.popleft())
+
+    def _retire(self, bucket: int) -> None:
+        for r in self.receivers:
+            raw = self.ch.take(f"a/{bucket}/{r}", f"rank {r}'s release of bucket {bucket}")
+            try:
+                ack = decode_ack(raw, bucket=bucket, rank=r)
+            except WireError as exc:
+                raise IpcFailure(f"rank {r}'s ack of bucket {bucket} is malformed: {exc}") from exc
+            if not ack.released:
+                raise IpcFailure(f"rank {r} did not release bucket {bucket}: {ack.error}")
+            if not ack.ok:
+                self.stats.failed.setdefault(bucket, []).append(f"rank {r}: {ack.error}")
+            self.ch.drop(f"a/{bucket}/{r}")
+        self.ch.drop(f"x/{bucket}")
+        slot = self.slots[bucket % self.window]
+        if slot is not None and slot.bucket == bucket:
+            slot.bucket = None
+
+    def drain(self) -> None:
+        """Wait until every receiver released every exported bucket."""
+        while self.pending:
+            self._retire(self.pending.popleft())
+
+    def close(self) -> None:
+        """Free every slot (after a drain, or on failure: receivers that still hold a mapping keep
+        their own pages until they close it or die; nothing stays exported by this process)."""
+        for i, slot in enumerate(self.slots):
+            if slot is not None:
+                self.provider.free(slot.buf)
+                self.slots[i] = None
+        self.pending.clear()
+
+    def _hook(self, phase: str, bucket: int) -> None:
+        if self.hook is not None:
+            self.hook(phase, bucket, None)
+
+
+@dataclass(frozen=True)
+class Received:
+    bucket: int
+    ok: bool
+    digest: str
+    want: str
+    error: str = ""
+    copy_s: float = 0.0  # open + device-to-device copy + sync + close (the transfer, for the record)
+
+
+class IpcReceiver:
+    def __init__(self, channel: Channel, opener: Opener, rank: int, window: int, *, hook: Hook | None = None):
+        self.ch = channel
+        self.opener = opener
+        self.rank = rank
+        self.window = window
+        self.hook = hook
+
+    def receive(self, bucket: int, dst: Any) -> Received:
+        """Copy bucket ``bucket`` into ``dst`` (1-D uint8 of the bucket's size) and verify it there.
+
+        A checksum mismatch is returned (named), not raised: the rank finishes and votes no. A
+        malformed message or a handle that cannot be opened is raised, after telling the source
+        (the ack says "released", since nothing is held) so it does not wait out its timeout.
+        """
+        nbytes = int(dst.numel())
+        raw = self.ch.take(f"x/{bucket}", f"the export of bucket {bucket}")
+        t0 = time.perf_counter()
+        try:
+            msg = decode_export(raw, bucket=bucket, nbytes=nbytes, window=self.window, kind=self.opener.kind)
+            opened = self.opener.open(msg.handle, nbytes)
+        except (WireError, OpenError) as exc:
+            why = f"rank {self.rank}: bucket {bucket}: rejected the IPC handle: {exc}"
+            self._ack(Ack(bucket, self.rank, released=True, ok=False, digest="", error=why))
+            self.ch.abort(why)
+            raise IpcFailure(why) from exc
+        try:
+            self._hook("opened", bucket, dst)
+            dst.copy_(opened.tensor[:nbytes])
+            _sync(dst)
+            self._hook("copied", bucket, dst)
+        finally:
+            opened.close()
+        copy_s = time.perf_counter() - t0
+        got = device_digest(dst)
+        ok = got == msg.digest
+        error = "" if ok else (f"rank {self.rank}: bucket {bucket} failed its device checksum after the IPC copy "
+                               f"(got {got}, the source's is {msg.digest})")
+        # Released before anything else: the source may reuse the slot while we go on.
+        self._ack(Ack(bucket, self.rank, released=True, ok=ok, digest=got, error=error))
+        self._hook("acked", bucket, dst)
+        return Received(bucket, ok, got, msg.digest, error, copy_s)
+
+    def _ack(self, ack: Ack) -> None:
+        self.ch.put(f"a/{ack.bucket}/{self.rank}", ack.encode())
+
+    def _hook(self, phase: str, bucket: int, dst: Any) -> None:
+        if self.hook is not None:
+            self.hook(phase, bucket, dst)
+
+
+def _sync(t: Any) -> None:
+    if t.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(t.device)

@@ -1,0 +1,115 @@
+"""A resident receiver's two device buffers (A/B): one serves, the other takes the next push.
+
+For ``hwtui agent --device cuda`` (issue 23.3) the served version lives in device memory. A push
+is received into the slot that is not serving; the commit switches which buffer is served (the
+old one becomes the next push's buffer, so steady state allocates nothing); a failed or aborted
+push rolls back (the staged slot is freed, what was served still is); closing (the agent stops,
+or its rank dies and the agent cleans up) frees both. The memory itself comes from an allocator
+seam: ``ipc_provider.CudaIpc`` on a GPU (so a same-node push can also export a slot by IPC
+handle), ``ipc_provider.HostStandIn`` in CPU tests.
+
+This is the slot logic only; the agent's rank does not receive into it yet (see
+docs/replication.md, "Transports").
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Allocator(Protocol):
+    def alloc(self, nbytes: int) -> Any: ...
+
+    def free(self, buf: Any) -> None: ...
+
+
+class SlotError(Exception):
+    """A slot operation out of order (a second push while one is staged, a commit of another version)."""
+
+
+@dataclass
+class _Slot:
+    buf: Any = None
+    capacity: int = 0
+    version: str | None = None
+
+
+class DeviceSlots:
+    NAMES = ("A", "B")
+
+    def __init__(self, allocator: Allocator):
+        self._alloc = allocator
+        self._slots = {name: _Slot() for name in self.NAMES}
+        self._serving: str | None = None
+        self._staging: str | None = None  # the slot a push is being received into
+        self._lock = threading.Lock()
+
+    def _other(self) -> str:
+        return "B" if self._serving == "A" else "A"
+
+    def stage(self, version: str, nbytes: int) -> Any:
+        """The buffer (``nbytes`` long) to receive ``version`` into: the slot not serving."""
+        with self._lock:
+            if self._staging is not None:
+                raise SlotError(f"slot {self._staging} is already receiving {self._slots[self._staging].version!r}")
+            if self._serving is not None and self._slots[self._serving].version == version:
+                raise SlotError(f"{version!r} is already served")
+            name = self._other()
+            slot = self._slots[name]
+            if slot.buf is None or slot.capacity < nbytes:
+                if slot.buf is not None:
+                    self._alloc.free(slot.buf)
+                    slot.buf, slot.capacity = None, 0
+                slot.buf, slot.capacity = self._alloc.alloc(nbytes), nbytes
+            slot.version = version
+            self._staging = name
+            return slot.buf[:nbytes]
+
+    def commit(self, version: str) -> str:
+        """Serve the staged ``version``; returns the slot now serving."""
+        with self._lock:
+            if self._staging is None or self._slots[self._staging].version != version:
+                raise SlotError(f"{version!r} is not the version being received")
+            old = self._serving
+            self._serving, self._staging = self._staging, None
+            if old is not None:
+                self._slots[old].version = None  # kept allocated: the next push lands there
+            return self._serving
+
+    def rollback(self, version: str | None = None) -> None:
+        """Drop the push being received (its buffer is freed); what was served still is."""
+        with self._lock:
+            if self._staging is None:
+                return
+            slot = self._slots[self._staging]
+            if version is not None and slot.version != version:
+                raise SlotError(f"{version!r} is not the version being received")
+            if slot.buf is not None:
+                self._alloc.free(slot.buf)
+            self._slots[self._staging] = _Slot()
+            self._staging = None
+
+    def served(self) -> tuple[str | None, Any]:
+        """(version, buffer) being served, or (None, None)."""
+        with self._lock:
+            if self._serving is None:
+                return None, None
+            slot = self._slots[self._serving]
+            return slot.version, slot.buf
+
+    def close(self) -> None:
+        """Free both buffers (the agent stops, or cleans up after its rank died)."""
+        with self._lock:
+            for name, slot in self._slots.items():
+                if slot.buf is not None:
+                    self._alloc.free(slot.buf)
+                self._slots[name] = _Slot()
+            self._serving = self._staging = None
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {"A": self._slots["A"].version, "B": self._slots["B"].version, "serving": self._serving,
+                    "receiving": self._staging,
+                    "bytes": {n: s.capacity for n, s in self._slots.items() if s.buf is not None}}

@@ -1,0 +1,68 @@
+"""The device checksum (engine/replication/device_checksum.py) on CPU tensors: the torch version
+equals the plain-integer definition, and every single flipped bit of a buffer changes it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from hwtui.engine.replication.device_checksum import device_digest, is_digest, reference_digest
+
+
+def _t(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 1021, 4096, 10_003])
+def test_torch_digest_equals_the_reference_at_every_length_and_slice_size(n: Any) -> None:
+    data = os.urandom(n)
+    want = reference_digest(data)
+    assert is_digest(want)
+    assert device_digest(_t(data)) == want
+    assert device_digest(_t(data), slice_words=3) == want  # slicing must not change the sum
+
+
+def test_every_single_flipped_bit_changes_the_digest() -> None:
+    data = bytearray(os.urandom(301))  # a tail of 1 byte too
+    base = device_digest(_t(bytes(data)))
+    seen = {base}
+    for i in range(len(data)):
+        for bit in range(8):
+            data[i] ^= 1 << bit
+            d = device_digest(_t(bytes(data)), slice_words=16)
+            data[i] ^= 1 << bit
+            assert d != base, (i, bit)
+            seen.add(d)
+    assert len(seen) == 1 + 8 * len(data)  # and no two flips collide either
+
+
+def test_every_changed_byte_value_and_word_swaps_change_it() -> None:
+    data = bytearray(os.urandom(64))
+    base = reference_digest(bytes(data))
+    for i in (0, 13, 63):
+        for v in range(256):
+            if v == data[i]:
+                continue
+            old, data[i] = data[i], v
+            assert device_digest(_t(bytes(data))) != base
+            data[i] = old
+    words = bytearray(data)
+    words[0:4], words[8:12] = data[8:12], data[0:4]
+    if words != data:
+        assert reference_digest(bytes(words)) != base
+
+
+def test_zero_and_trailing_zero_byte_are_distinguished_by_length_only_through_the_plan() -> None:
+    # A zero tail pads like the padding itself: the digest is over words, so the plan's byte
+    # count (checked separately, ipc_wire) is what tells 4 zero bytes from 3.
+    assert reference_digest(b"\0\0\0") == reference_digest(b"\0\0\0\0")
+
+
+def test_refuses_what_it_cannot_hash_in_place() -> None:
+    with pytest.raises(ValueError):
+        device_digest(torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError):
+        device_digest(torch.zeros(8, dtype=torch.uint8)[::2])

@@ -1,0 +1,250 @@
+"""The IPC protocol (ipc_wire, ipc_provider.HostStandIn, ipc_protocol) in one process: a source and
+receivers in threads over a real c10d HashStore, host-memory slots standing in for device memory.
+Deaths and hostile sources across real processes are in test_ipc_processes.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hwtui.engine.replication.device_checksum import device_digest
+from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
+from hwtui.engine.replication.ipc_provider import HostStandIn, OpenError
+from hwtui.engine.replication.ipc_wire import (
+    Ack,
+    CudaHandle,
+    Export,
+    HostHandle,
+    WireError,
+    decode_ack,
+    decode_export,
+)
+
+
+def _data(b: int, n: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(b))
+
+
+def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, int] | None = None,
+         timeout_s: float = 30.0) -> dict[str, Any]:
+    store = dist.HashStore()
+    run = secrets.token_hex(8)
+    out: dict[str, Any] = {"rx": {}, "errors": []}
+    live_max = [0]
+
+    def source() -> None:
+        prov = HostStandIn(run)
+        src = IpcSource(Channel(store, run, timeout_s), prov, list(range(1, receivers + 1)), window)
+        try:
+            for b, n in enumerate(sizes):
+                src.acquire(b, n).copy_(_data(b, n))
+                src.publish(b, n)
+                live_max[0] = max(live_max[0], sum(1 for s in src.slots if s is not None and s.bucket is not None))
+            src.drain()
+        except IpcFailure as exc:
+            out["errors"].append(str(exc))
+        finally:
+            src.close()
+        out["stats"] = src.stats
+
+    def receiver(rank: int) -> None:
+        prov = HostStandIn(run)
+
+        def hook(phase: str, b: int, dst: Any) -> None:
+            if corrupt == (rank, b) and phase == "copied":
+                dst[3] ^= 1
+
+        rx = IpcReceiver(Channel(store, run, timeout_s), prov, rank, window, hook=hook)
+        got = []
+        try:
+            for b, n in enumerate(sizes):
+                dst = torch.empty(n, dtype=torch.uint8)
+                r = rx.receive(b, dst)
+                got.append((r.ok, r.error, torch.equal(dst, _data(b, n))))
+        except IpcFailure as exc:
+            out["errors"].append(str(exc))
+        out["rx"][rank] = (got, prov.opened)
+
+    threads = [threading.Thread(target=source)] + [threading.Thread(target=receiver, args=(r,))
+                                                   for r in range(1, receivers + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive()
+    out["live_max"] = live_max[0]
+    return out
+
+
+def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> None:
+    sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
+    out = _run(sizes, receivers=3, window=2)
+    assert out["errors"] == []
+    for _rank, (got, opened) in out["rx"].items():
+        assert [g[0] for g in got] == [True] * len(sizes)
+        assert all(g[2] for g in got)  # byte-exact, not just checksum-equal
+        assert opened == 0  # every handle closed
+    assert out["stats"].exported == len(sizes)
+    assert out["stats"].peak_exported <= 2 and out["live_max"] <= 2
+
+
+def test_window_one_exports_one_bucket_at_a_time() -> None:
+    out = _run([100] * 6, receivers=2, window=1)
+    assert out["errors"] == [] and out["stats"].peak_exported == 1
+
+
+def test_a_corrupted_copy_is_named_on_its_rank_and_reported_to_the_source() -> None:
+    out = _run([64, 64, 64], receivers=2, window=2, corrupt=(2, 1))
+    got1, _ = out["rx"][1]
+    got2, _ = out["rx"][2]
+    assert all(g[0] for g in got1)
+    assert [g[0] for g in got2] == [True, False, True]
+    assert "rank 2: bucket 1 failed its device checksum" in got2[1][1]
+    assert list(out["stats"].failed) == [1] and "rank 2" in out["stats"].failed[1][0]
+
+
+def test_a_missing_receiver_times_out_named_and_the_source_frees_its_slots() -> None:
+    store = dist.HashStore()
+    run = secrets.token_hex(8)
+    prov = HostStandIn(run)
+    src = IpcSource(Channel(store, run, 0.5), prov, [1], window=1)
+    src.acquire(0, 10).fill_(1)
+    src.publish(0, 10)
+    with pytest.raises(IpcFailure, match="rank 1's release of bucket 0 did not arrive"):
+        src.acquire(1, 10)
+    src.close()
+    assert all(s is None for s in src.slots) and prov._buffers == {}
+
+
+def test_an_abort_ends_every_wait_with_its_reason() -> None:
+    store = dist.HashStore()
+    run = secrets.token_hex(8)
+    ch = Channel(store, run, 60)
+    ch.abort("rank 2 died (SIGKILL)")
+    rx = IpcReceiver(ch, HostStandIn(run), 1, 2)
+    with pytest.raises(IpcFailure, match=r"aborted while waiting for the export of bucket 0: rank 2 died"):
+        rx.receive(0, torch.empty(4, dtype=torch.uint8))
+
+
+# --- hostile and malformed messages --------------------------------------------------------------
+
+def _good(n: int = 16) -> Export:
+    return Export(bucket=3, slot=1, nbytes=n, digest="a" * 32, kind="host", handle=HostHandle(os.getpid(), 5, 4096))
+
+
+def _mutate(**changes: Any) -> bytes:
+    obj = json.loads(_good().encode())
+    for k, v in changes.items():
+        if k.startswith("h_"):
+            obj["handle"][k[2:]] = v
+        elif v is KeyError:
+            del obj[k]
+        else:
+            obj[k] = v
+    return json.dumps(obj).encode()
+
+
+def test_a_good_message_round_trips() -> None:
+    msg = decode_export(_good().encode(), bucket=3, nbytes=16, window=2, kind="host")
+    assert msg == _good()
+    cuda = CudaHandle(0, bytes(range(64)), 1 << 30, 512, b"/torch_123", 8, b"\x01" * 64, True)
+    raw = Export(3, 1, 16, "b" * 32, "cuda", cuda).encode()
+    assert decode_export(raw, bucket=3, nbytes=16, window=2, kind="cuda").handle == cuda
+    ack = Ack(3, 2, True, False, "c" * 32, "rank 2: bad")
+    assert decode_ack(ack.encode(), bucket=3, rank=2) == ack
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"\x80\x04\x95pickle", "not JSON"),
+    (b"[]", "not a JSON object"),
+    (b"[" * 15000, "nested too deeply"),  # found by hand: a RecursionError escaped before
+    (b"{" + b" " * 20000 + b"}", "larger than"),
+    (_mutate(bucket=4), "names bucket 4, expected 3"),
+    (_mutate(bucket=True), "must be an integer"),
+    (_mutate(bucket="3"), "must be an integer"),
+    (_mutate(slot=2), r"slot must be an integer in \[0, 1\]"),
+    (_mutate(slot=-1), "slot must be"),
+    (_mutate(nbytes=17), "has 17 bytes; the plan says 16"),
+    (_mutate(nbytes=2**70), "nbytes must be"),
+    (_mutate(digest="A" * 32), "digest"),
+    (_mutate(digest="a" * 31), "digest"),
+    (_mutate(kind="cuda"), "kind"),
+    (_mutate(type="ack"), "expected an export"),
+    (_mutate(exec="x"), "unexpected fields"),
+    (_mutate(handle=KeyError), "lacks"),
+    (_mutate(h_pid=0), "pid must be"),
+    (_mutate(h_fd=-3), "fd must be"),
+    (_mutate(h_size=8), "smaller than bucket 3"),
+    (_mutate(h_extra=1), "unexpected fields"),
+])
+def test_malformed_or_lying_export_messages_are_refused(raw: Any, why: Any) -> None:
+    with pytest.raises(WireError, match=why):
+        decode_export(raw, bucket=3, nbytes=16, window=2, kind="host")
+
+
+@pytest.mark.parametrize("field, value", [("handle", "!!!"), ("handle", ""), ("handle", "A" * 5000),
+                                          ("event_sync", 1), ("device", 256), ("ref_handle", 7)])
+def test_malformed_cuda_handles_are_refused(field: Any, value: Any) -> None:
+    obj = json.loads(Export(3, 1, 16, "b" * 32, "cuda", CudaHandle(0, b"h" * 64, 64, 0, b"", 0, b"", False)).encode())
+    obj["handle"][field] = value
+    with pytest.raises(WireError):
+        decode_export(json.dumps(obj).encode(), bucket=3, nbytes=16, window=2, kind="cuda")
+
+
+def test_a_handle_naming_another_file_is_refused_after_opening_it(tmp_path: Path) -> None:
+    run = secrets.token_hex(8)
+    prov = HostStandIn(run)
+    path = tmp_path / "secret"
+    path.write_bytes(b"x" * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OpenError, match="not this run's shared buffer"):
+            prov.open(HostHandle(os.getpid(), fd, 64), 16)
+    finally:
+        os.close(fd)
+    other = HostStandIn(secrets.token_hex(8))  # another run's memfd: refused too
+    buf = other.alloc(64)
+    with pytest.raises(OpenError, match="not this run's"):
+        prov.open(other.handle(buf), 16)
+    mine = prov.alloc(64)
+    h = prov.handle(mine)
+    with pytest.raises(OpenError, match="not the 1000 announced"):
+        prov.open(HostHandle(h.pid, h.fd, 1000), 16)  # type: ignore[union-attr]
+    with pytest.raises(OpenError, match="cannot open"):
+        prov.open(HostHandle(h.pid, 999_999, 64), 16)  # type: ignore[union-attr]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer: a blocking open would hang
+    try:
+        with pytest.raises(OpenError, match="not this run's"):
+            prov.open(HostHandle(os.getpid(), rfd, 16), 16)
+    finally:
+        os.close(rfd)
+    assert prov.opened == 0
+    opened = prov.open(h, 16)
+    assert prov.opened == 1 and device_digest(opened.tensor) == device_digest(mine[:16])
+    opened.close()
+    assert prov.opened == 0
+    other.free(buf)
+    prov.free(mine)
+
+
+def test_the_cuda_opener_refuses_before_touching_the_driver() -> None:
+    from hwtui.engine.replication.ipc_provider import CudaIpc
+
+    cuda = CudaIpc(0)
+    with pytest.raises(WireError, match="non-CUDA handle"):
+        cuda.open(HostHandle(os.getpid(), 0, 16), 16)
+    handle = CudaHandle(device=torch.cuda.device_count(), handle=b"h" * 64, size=64, offset=0, ref_handle=b"",
+                        ref_offset=0, event_handle=b"", event_sync=False)
+    with pytest.raises(OpenError, match="GPUs"):
+        cuda.open(handle, 16)  # a device this process does not have
+    assert cuda.opened == 0

@@ -1,0 +1,99 @@
+"""hwtui's CUDA IPC transport on a live NVIDIA GPU (issue 23.2): the same protocol and rank harness
+as tests/engine/replication/test_ipc_processes.py, with ipc_provider.CudaIpc instead of the host
+stand-in. Skipped without a GPU (tests/gpu/conftest.py says why).
+
+Run: ``python3 -m pytest tests/gpu/test_ipc_live.py -m gpu -v -rs -s -p no:cacheprovider -o addopts=""``
+(``-s`` shows the measured IPC copy rate).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+GIB = 1 << 30
+
+
+def _world(*args, **kwargs):  # type: ignore[no-untyped-def]
+    from tests.engine.replication.test_ipc_processes import _world as world
+
+    return world(*args, **kwargs)
+
+
+def _smi_pids() -> set[int]:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=60).stdout
+    return {int(x) for x in out.split() if x.strip().isdigit()}
+
+
+def test_device_digest_on_the_gpu_equals_the_reference_and_sees_a_flipped_bit() -> None:
+    code = ("import os, torch; from hwtui.engine.replication.device_checksum import device_digest, reference_digest; "
+            "d = os.urandom((1 << 20) + 3); t = torch.frombuffer(bytearray(d), dtype=torch.uint8).cuda(); "
+            "a = device_digest(t); assert a == reference_digest(d), 'differs'; t[12345] ^= 4; "
+            "assert device_digest(t) != a; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_two_ranks_on_one_gpu_move_1_gib_by_ipc_verified_on_the_device(tmp_path: Path) -> None:
+    out = _world(tmp_path, world=2, window=2, device="cuda", sizes=[GIB // 4] * 4, check_bytes=True)
+    assert out["codes"] == {0: 0, 1: 0} and out["committed"]
+    rx = out["results"][1]
+    assert rx["good"] == 4 and rx["opened_after"] == 0
+    assert out["results"][0]["peak_exported"] <= 2
+    seconds = sum(rx["copy_s"])
+    print(f"\nIPC: 1 GiB in 4 buckets, open+copy+close {seconds * 1e3:.2f} ms = {GIB / seconds / 1e9:.0f} GB/s "
+          f"(per bucket {[round(s * 1e3, 3) for s in rx['copy_s']]} ms)")
+
+
+def test_a_corrupted_bucket_is_named_on_its_rank_on_the_gpu(tmp_path: Path) -> None:
+    out = _world(tmp_path, world=3, device="cuda", sizes=[1 << 20] * 4,
+                 fault={"action": "corrupt", "rank": 2, "bucket": 2})
+    assert not out["committed"]
+    assert any("rank 2: bucket 2 failed its device checksum" in e for e in out["results"][2]["errors"])
+
+
+@pytest.mark.parametrize("rank, phase", [(0, "exported"), (0, "published"), (1, "opened"), (1, "copied"),
+                                         (1, "acked")])
+def test_a_rank_killed_at_each_phase_commits_nothing_and_frees_its_device_memory(tmp_path: Path, rank: Any, phase: Any) -> None:
+    out = _world(tmp_path, world=2, device="cuda", sizes=[64 << 20] * 4,
+                 fault={"action": "kill", "rank": rank, "bucket": 1, "phase": phase})
+    assert out["codes"][rank] == -9 and not out["committed"]
+    other = out["results"][1 - rank]
+    assert other is not None and other["opened_after"] == 0
+    # nvidia-smi agrees: no process of this world holds GPU memory any more.
+    assert not (_smi_pids() & set(out["pids"])), "a rank of the world still holds device memory"
+
+
+
+def test_replicate_two_ranks_on_one_gpu_by_ipc_with_no_flag(tmp_path: Path) -> None:
+    """`hwtui replicate --device cuda --nproc 2` on one GPU: no --transport, the IPC line, the ipc
+    path for rank 1, byte-exact commit. Prints the transfer and the CLI's wall for the record."""
+    import json
+    import time
+
+    from tests.gpu.test_gpu_live import hwtui, make_model
+
+    model, plan, out, report = tmp_path / "m.safetensors", tmp_path / "plan.json", tmp_path / "out", tmp_path / "r.json"
+    make_model(model, GIB)
+    assert hwtui("plan", "--weights", str(model), "-o", str(plan)).returncode == 0
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    t0 = time.perf_counter()
+    proc = hwtui("replicate", "--plan", str(plan), "--device", "cuda", "--nproc", "2", "--commit", "--out", str(out),
+                 "--report", str(report), timeout=900, env=env)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    assert "Using SOTA CUDA-IPC Transport Layer." in proc.stdout + proc.stderr
+    rep = json.loads(report.read_text())
+    assert rep["ok"] and rep["committed"] and rep["transport"] == "cuda-ipc"
+    assert {r["rank"]: r["path"] for r in rep["ranks"]} == {0: "source", 1: "ipc"}
+    served = (out / "rank1" / "versions")
+    files = list(served.rglob("model.safetensors"))
+    assert files and files[0].read_bytes() == model.read_bytes()
+    print(f"\nreplicate 1 GiB, 2 ranks on one GPU by IPC: report {json.dumps(rep.get('phases', {}))[:300]}; "
+          f"CLI wall {wall:.2f} s")
