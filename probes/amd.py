@@ -10,7 +10,7 @@ where only the kernel driver is installed.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from hwtui.core.finding import Finding, fail, passed
 from hwtui.probes.child import ChildError, run_in_child
@@ -61,7 +61,7 @@ def kfd_targets(host: Host) -> dict[str, str]:
 
 def _amdsmi_live() -> dict[str, Any]:
     try:
-        return run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0)
+        return cast("dict[str, Any]", run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0))
     except ChildError as exc:
         return {"available": False, "reason": f"amdsmi child {exc.kind}: {exc}"}
 

@@ -230,7 +230,7 @@ def driver_version(facts: Facts) -> str | None:
     """Best driver version known: NVML's answer, else the kernel module's."""
     nvml = facts.get("nvml") or {}
     if nvml.get("ok") and nvml.get("driver_version"):
-        return nvml["driver_version"]
+        return str(nvml["driver_version"])
     return (facts.get("nvidia_driver") or {}).get("kernel_version")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable
 from typing import Any
 
 from hwtui.core.bounded_read import HOST_FILE_CAP, decode_text, read_bounded
@@ -88,7 +89,7 @@ def _parse_pci_ids(text: str, wanted: set[tuple[int, int]]) -> dict[str, str]:
     return names
 
 
-def _read_pci_ids_text(reader) -> str | None:
+def _read_pci_ids_text(reader: Callable[[str], str | None]) -> str | None:
     for path in PCI_IDS_PATHS:
         if path.endswith(".gz"):
             continue

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from hwtui.core.errors import HwtuiError
 
+if TYPE_CHECKING:  # probes are imported lazily (CLI start-up time)
+    from hwtui.probes.host import Host
 
-def host_from_args(args: argparse.Namespace):
+
+def host_from_args(args: argparse.Namespace) -> Host:
     from hwtui.probes.host import make_host
 
     sysroot, replay = getattr(args, "sysroot", None), getattr(args, "replay", None)

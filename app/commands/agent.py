@@ -16,6 +16,10 @@ import signal
 import socket
 import sys
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ssl is imported only when TLS is asked for
+    import ssl
 
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
@@ -83,7 +87,7 @@ def _pem_fd(option: str, path: str) -> int:
     return fd
 
 
-def _tls(cert: str | None, key: str | None):
+def _tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not cert and not key:
         return None
     if not (cert and key):

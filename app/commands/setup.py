@@ -16,7 +16,13 @@ import shutil
 import sys
 import threading
 from collections import deque
-from typing import IO
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports probes lazily (startup time); the names are for mypy only
+    from hwtui.probes.framework import Facts
+    from hwtui.probes.host import Host
+    from hwtui.probes.vendor_envs import EnvPlan, Step
 
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 from hwtui.core.redact import redact_text
@@ -44,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest one install step may take (default 1800 s)")
 
 
-def _facts(host):
+def _facts(host: Host) -> Facts:
     from hwtui.probes.catalog import catalog
     from hwtui.probes.framework import collect
 
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _plan_text(plan, torch: str, steps, root: str, config: str, quiet: bool) -> str:
+def _plan_text(plan: EnvPlan, torch: str, steps: list[Step], root: str, config: str, quiet: bool) -> str:
     """What setup will do for ``plan``: the exact commands (printed as they are with --dry-run);
     under -q only a warning."""
     from hwtui.probes import vendor_envs as ve
@@ -129,7 +135,7 @@ def _plan_text(plan, torch: str, steps, root: str, config: str, quiet: bool) -> 
     return "\n".join(lines)
 
 
-def _set_up(plan, torch: str, steps, args: argparse.Namespace, tool: str, root: str, index_url: str,
+def _set_up(plan: EnvPlan, torch: str, steps: list[Step], args: argparse.Namespace, tool: str, root: str, index_url: str,
             printer: SetupPrinter) -> None:
     """Run one environment's steps, then check, link and record it; a failed step leaves nothing behind."""
     from hwtui.probes import vendor_envs as ve
@@ -220,14 +226,14 @@ class SetupPrinter:
                 stream.flush()
 
 
-def _relay(stream, to_err: bool, show) -> None:
+def _relay(stream: IO[str], to_err: bool, show: Callable[[str, bool], None]) -> None:
     """Pass a step's output on line by line with credentials masked: pip and uv print the index URLs
     they use, and ``--index-url https://user:pw@host/`` must not reach a terminal or a log."""
     for line in iter(lambda: stream.readline(1 << 16), ""):
         show(redact_text(line), to_err)
 
 
-def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None, show) -> None:
+def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None, show: Callable[[str, bool], None]) -> None:
     from hwtui.core.supervisor import Child, exit_text
 
     shown = redact_text(" ".join(argv[:4]))
@@ -255,7 +261,7 @@ def _run_step(argv: list[str], timeout: float, env: dict[str, str] | None, show)
                          "for this environment)", EXIT_FAILED)
 
 
-def _check_torch(plan, wanted: str) -> None:
+def _check_torch(plan: EnvPlan, wanted: str) -> None:
     """The environment holds exactly the pinned build (``torch==2.9.1+rocm6.4``), or the step failed."""
     import glob
 
@@ -275,7 +281,7 @@ def _check_torch(plan, wanted: str) -> None:
                          "for this environment", EXIT_FAILED)
 
 
-def _link_hwtui(plan, root: str) -> None:
+def _link_hwtui(plan: EnvPlan, root: str) -> None:
     """A .pth in the environment's site-packages: its interpreter imports this very hwtui tree."""
     import glob
 

@@ -115,7 +115,8 @@ class Tables:
     i_offset: np.ndarray  # i8: offset inside the bucket
 
     def shape(self, k: int) -> list[int]:
-        return self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
+        dims: list[int] = self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
+        return dims
 
 
 _TENSOR_SECTIONS = ("dtype", "shape_end", "nbytes", "checksum", "send", "file", "file_offset")
@@ -197,7 +198,8 @@ class Plan:
 
     @property
     def buckets(self) -> list[dict[str, Any]]:
-        return self["buckets"]
+        buckets: list[dict[str, Any]] = self["buckets"]
+        return buckets
 
     @property
     def bucket_items(self) -> _BucketItems:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hwtui.core.redact import redact, redact_env
+from hwtui.core.redact import redact_doc, redact_env
 
 REPORT_SCHEMA = "hwtui.replication-report/1"
 _ENV_PREFIXES = ("HOTWEIGHTS_", "MASTER_", "NCCL_", "GLOO_", "TORCH_", "CCL_", "HCCL_", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -54,4 +54,4 @@ def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings:
         **{k: settings[k] for k in ("device", "transport", "window", "adaptive", "chunk_bytes", "verify", "mode")},
         "env": redact_env({k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}),
     }
-    return redact(report)
+    return redact_doc(report)

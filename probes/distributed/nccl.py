@@ -138,7 +138,7 @@ def origin_of(facts: Facts, name: str) -> str:
         return "environment"
     for f in (facts.get("nccl") or {}).get("conf_files", []):
         if name in f.get("settings", {}):
-            return f["path"]
+            return str(f["path"])
     return "default"
 
 
