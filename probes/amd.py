@@ -17,7 +17,7 @@ from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
-from hwtui.probes.pci import GPU_CLASSES, PCI_ROOT
+from hwtui.probes.pci import GPU_CLASSES, PCI_ROOT, pci_fact
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -106,7 +106,7 @@ def collect_amd(host: Host) -> dict[str, Any]:
 
 def amd_rules(facts: Facts) -> Iterator[Finding]:
     amd = facts["amd"]
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "AMD"]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "AMD"]
     if not amd.get("devices") or not usable:
         return
     smi = amd.get("amdsmi") or {}

@@ -21,6 +21,7 @@ from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
 from hwtui.probes.nvml_extra import read_extra
 from hwtui.probes.nvml_memory import read_memory
+from hwtui.probes.pci import pci_fact
 
 # NVML return codes (nvml.h); NVMLError(code) builds the matching subclass in nvidia-ml-py.
 ERROR_KINDS = {
@@ -293,7 +294,7 @@ def _error_finding(err: dict[str, Any], facts: Facts, n_gpus: int) -> Finding:
 
 def nvml_rules(facts: Facts) -> Iterator[Finding]:
     nvml = facts["nvml"]
-    pci_nv = [d for d in build_devices(facts.get("pci") or {}) if d.vendor == "NVIDIA"]
+    pci_nv = [d for d in build_devices(pci_fact(facts)) if d.vendor == "NVIDIA"]
     usable = [d for d in pci_nv if d.usable]
     if not nvml.get("ok"):
         err = nvml.get("error") or {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
@@ -23,6 +23,7 @@ from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import pci_fact
 
 INDEX_URL = "https://download.pytorch.org/whl"
 # The ROCm index current torch releases publish (torch 2.8/2.9: rocm6.4).
@@ -130,7 +131,7 @@ def collect_torch_build(host: Host) -> dict[str, Any]:
 
 # -- the runtime child, cached --------------------------------------------------------------
 
-def probe_args_for(pci: dict[str, Any] | None) -> dict[str, Any]:
+def probe_args_for(pci: Mapping[str, Any] | None) -> dict[str, Any]:
     vendors = {d.get("vendor") for d in (pci or {}).get("devices", [])}
     return {"probe_xpu": True, "probe_ccl": "Intel" in vendors, "probe_hpu": "Habana" in vendors}
 
@@ -335,7 +336,7 @@ _WHEEL_FOR = {"cuda": "NVIDIA", "rocm": "AMD", "xpu": "Intel"}
 
 def wheel_rules(facts: Facts) -> Iterator[Finding]:
     build = facts["torch_build"]
-    devices = build_devices(facts.get("pci") or {})
+    devices = build_devices(pci_fact(facts))
     usable = [d for d in devices if d.usable]
     vendors = {d.vendor for d in usable}
     remedy = remedy_for(facts, devices)
@@ -530,7 +531,7 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
     runtime = facts["torch_runtime"]
     if not runtime.get("installed"):
         return
-    devices = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    devices = [d for d in build_devices(pci_fact(facts)) if d.usable]
     vendors = {d.vendor for d in devices}
     err = runtime.get("error")
     if err:
@@ -544,7 +545,7 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
         return
     version = runtime.get("version") or {}
     cuda = runtime.get("cuda") or {}
-    remedy = remedy_for(facts, build_devices(facts.get("pci") or {}))
+    remedy = remedy_for(facts, build_devices(pci_fact(facts)))
     if (version.get("cuda") and "NVIDIA" in vendors) or (version.get("hip") and "AMD" in vendors):
         want = sum(1 for d in devices if d.vendor == ("AMD" if version.get("hip") else "NVIDIA"))
         api = "ROCm" if version.get("hip") else "CUDA"

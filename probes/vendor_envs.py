@@ -29,6 +29,7 @@ from hwtui.core.redact import redact_text
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
+from hwtui.probes.pci import pci_fact
 from hwtui.probes.torchwheel import (
     INDEX_URL,
     ROCM_TAG,
@@ -140,7 +141,7 @@ class EnvPlan:
 
 def plan_environments(facts: Facts, base_dir: str, vendors: set[str] | None = None) -> list[EnvPlan]:
     """One environment per vendor with usable GPUs here, with the wheel tag its driver takes."""
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable]
     plans = []
     for vendor, (backend, _variant) in VENDORS.items():
         devs = [d for d in usable if d.vendor == vendor]
@@ -339,7 +340,7 @@ def interpreter_findings(devices: list[Device], default_build: Mapping[str, Any]
 
 def vendor_env_rules(facts: Facts) -> Iterator[Finding]:
     host = facts.get("host") or {}
-    devices = build_devices(facts.get("pci") or {})
+    devices = build_devices(pci_fact(facts))
     build = facts.get("torch_build")
     if build and build.get("not_recorded"):
         build = None
