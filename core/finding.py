@@ -24,16 +24,18 @@ class Status(str, enum.Enum):
 _RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.ERROR: 3, Status.FAIL: 4}
 
 
-class FindingDict(TypedDict):
-    """A finding as it crosses a boundary (the check's JSON, ``cluster.*`` events, a peer's report)."""
-
-    id: str
-    area: str
-    status: str  # a Status value
-    title: str
-    detail: str
-    remedy: str
-    data: NotRequired[dict[str, Any]]  # only when the finding carries figures
+# A finding as it crosses a boundary (the check's JSON, ``cluster.*`` events, a peer's report). The
+# functional form: with ``from __future__ import annotations`` a class-form NotRequired is a string
+# that Python 3.11 does not see, and the runtime's required keys would then be wrong.
+FindingDict = TypedDict("FindingDict", {  # noqa: UP013 - the runtime must see NotRequired (above)
+    "id": str,
+    "area": str,
+    "status": str,  # a Status value
+    "title": str,
+    "detail": str,
+    "remedy": str,
+    "data": NotRequired[dict[str, Any]],  # only when the finding carries figures
+})
 
 
 @dataclass(frozen=True)

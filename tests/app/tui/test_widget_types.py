@@ -18,6 +18,8 @@ import re
 import pytest
 
 import hwtui.widgets
+from hwtui.core.finding import Status
+from hwtui.widgets.findings_list import verdict_text
 
 ANY = re.compile(r"\bAny\b")
 
@@ -66,3 +68,7 @@ def test_there_are_widgets_to_check() -> None:
 def test_no_public_widget_callable_takes_any(module_name: str) -> None:
     offenders = {q: bad for q, fn in _public_callables(module_name) if (bad := _any_annotations(fn))}
     assert offenders == {}, f"{module_name}: typed by a Protocol or a model below the widgets, not Any"
+
+
+def test_verdict_text_takes_a_status_or_its_value() -> None:
+    assert verdict_text(Status.FAIL).plain == verdict_text("fail").plain == "✗ FAIL"

@@ -1,0 +1,46 @@
+"""The TypedDicts of the hand-overs (issue 27) say what the producers really write.
+
+A TypedDict is only a claim to mypy; these tests hold each claim against the producer's actual
+output on every recorded machine, so a field added, dropped or renamed in the producer fails here
+instead of leaving the type describing a shape nobody writes.
+"""
+
+import pytest
+
+from hwtui.core.finding import Finding, FindingDict, fail, passed
+from hwtui.probes.framework import Facts
+from hwtui.probes.pci import PciDevice, PciLink, collect_pci, pci_fact
+from tests import machines
+
+
+def _keys_fit(value: dict, td: type) -> None:
+    keys = set(value)
+    assert td.__required_keys__ <= keys, f"missing {sorted(td.__required_keys__ - keys)}"
+    assert keys <= td.__required_keys__ | td.__optional_keys__, f"undeclared {sorted(keys - td.__required_keys__ - td.__optional_keys__)}"
+
+
+@pytest.mark.parametrize("name", sorted(machines.MACHINES))
+def test_pci_fact_is_what_collect_pci_writes(tmp_path, name):
+    pci = collect_pci(machines.MACHINES[name](tmp_path).host())
+    assert set(pci) == {"devices"}
+    for dev in pci["devices"]:
+        _keys_fit(dev, PciDevice)
+        _keys_fit(dev["link"], PciLink)
+        # The optional VRAM fields are AMD's (sysfs mem_info_vram_*) and only theirs.
+        assert ("vram_total" in dev) == (dev["vendor"] == "AMD")
+
+
+def test_pci_fact_of_facts_without_pci_has_no_devices():
+    assert pci_fact(Facts()) == {"devices": []}
+    assert pci_fact(Facts(values={"pci": None})) == {"devices": []}
+    recorded = {"devices": [{"address": "0000:01:00.0"}]}
+    assert pci_fact(Facts(values={"pci": recorded})) is recorded
+
+
+@pytest.mark.parametrize("finding", [passed("a.b", "fine"), fail("a.c", "bad", "why", "fix", figure=3)])
+def test_finding_dict_is_what_to_dict_writes_and_reads_back(finding: Finding):
+    raw = finding.to_dict()
+    _keys_fit(dict(raw), FindingDict)
+    assert ("data" in raw) == bool(finding.data)
+    assert Finding.from_dict(raw) == finding and Finding.from_dict(raw).data == finding.data
+
