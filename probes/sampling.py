@@ -254,7 +254,7 @@ class Sampler:
         self.close()
 
 
-def _apply_extra(sample: DeviceSample, extra: dict[str, Any], gen: Any, width: Any, rx: Any, tx: Any) -> None:
+def _apply_extra(sample: DeviceSample, extra: Mapping[str, object], gen: Any, width: Any, rx: Any, tx: Any) -> None:
     """The detail figures of :func:`read_extra` (live) or of a recorded NVML device (replay). A
     snapshot is untrusted input: a figure of the wrong type is unknown, never an exception."""
     clocks, ecc, event = _dict(extra.get("clocks")), _dict(extra.get("ecc")), _dict(extra.get("clocks_event"))

@@ -9,8 +9,12 @@ import pytest
 
 from hwtui.core.finding import Finding, FindingDict, fail, passed
 from hwtui.probes.framework import Facts
+from hwtui.probes.nvidia import read_nvml
+from hwtui.probes.nvml_fact import NvmlDevice, NvmlErrorInfo, NvmlFact
 from hwtui.probes.pci import PciDevice, PciLink, collect_pci, pci_fact
 from tests import machines
+from tests.probes.fakenvml import FakeNVML
+from tests.probes.recorded import load
 
 
 def _keys_fit(value: dict, td: type) -> None:
@@ -44,3 +48,20 @@ def test_finding_dict_is_what_to_dict_writes_and_reads_back(finding: Finding):
     assert ("data" in raw) == bool(finding.data)
     assert Finding.from_dict(raw) == finding and Finding.from_dict(raw).data == finding.data
 
+
+
+@pytest.mark.parametrize("name", ["nvml_h100x8", "nvml_rtx2080ti", "nvml_rtx3090", "nvml_rtx4090", "nvml_rtx5090"])
+def test_nvml_fact_is_what_read_nvml_writes(name):
+    fact = read_nvml(FakeNVML(load(name)))
+    _keys_fit(fact, NvmlFact)
+    assert fact["ok"] is True and fact["devices"]
+    for dev in fact["devices"]:
+        _keys_fit(dev, NvmlDevice)
+        assert isinstance(dev["index"], int)
+
+
+def test_nvml_fact_without_the_library_is_an_error_record():
+    fact = read_nvml(None)
+    _keys_fit(fact, NvmlFact)
+    assert fact["ok"] is False
+    _keys_fit(fact["error"], NvmlErrorInfo)
