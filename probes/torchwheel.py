@@ -14,7 +14,7 @@ import ast
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
 from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
@@ -62,6 +62,33 @@ NVIDIA_TAGS = ("cu128", "cu126", "cu130", "cu118")
 
 # -- reading the build ----------------------------------------------------------------------
 
+class TorchBuild(TypedDict, total=False):
+    """The ``torch_build`` fact: the installed wheel as its version.py says (fact_schema's _TORCH_BUILD)."""
+
+    installed: bool  # always present
+    not_recorded: bool  # a recording made without it
+    error: str  # version.py could not be read
+    version: str  # "2.9.1+cu128"
+    local: str | None  # "cu128"
+    cuda: str | None  # torch.version.cuda
+    hip: str | float | None  # torch.version.hip (a number in some builds)
+    xpu: str | float | None
+    debug: bool | None
+    git_version: str | None
+    variant: str  # cuda, rocm, xpu or cpu
+    tag: str  # the wheel index tag: cu128, rocm6.4, xpu, cpu
+    path: str  # the torch package directory
+    dist_info: str | None
+
+
+class ProbeArgs(TypedDict):
+    """What the runtime child is asked to probe beyond torch itself (it is also the cache key's input)."""
+
+    probe_xpu: bool
+    probe_ccl: bool  # oneCCL: only with an Intel GPU on the bus
+    probe_hpu: bool  # habana: only with a Gaudi on the bus
+
+
 def parse_version_py(text: str) -> dict[str, Any]:
     """``torch/version.py`` -> its constants. Literal assignments only; nothing is executed."""
     out: dict[str, Any] = {}
@@ -89,7 +116,7 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-def describe_build(consts: dict[str, Any]) -> dict[str, Any]:
+def describe_build(consts: dict[str, Any]) -> TorchBuild:
     """Variant and index tag of a build: ('cuda', 'cu128'), ('rocm', 'rocm6.3'), ('xpu', 'xpu'), ('cpu', 'cpu')."""
     version = str(consts.get("__version__") or "")
     local = version.split("+", 1)[1] if "+" in version else ""
@@ -107,7 +134,7 @@ def describe_build(consts: dict[str, Any]) -> dict[str, Any]:
             "debug": consts.get("debug"), "git_version": consts.get("git_version"), "variant": variant, "tag": tag}
 
 
-def _live_build() -> dict[str, Any]:
+def _live_build() -> TorchBuild:
     location = torch_cache.locate_torch()
     if location is None:
         return {"installed": False}
@@ -119,24 +146,24 @@ def _live_build() -> dict[str, Any]:
     return {**describe_build(consts), "path": location["package"], "dist_info": location["dist_info"]}
 
 
-NOT_RECORDED = {"installed": False, "not_recorded": True}
+NOT_RECORDED: TorchBuild = {"installed": False, "not_recorded": True}
 
 
-def collect_torch_build(host: Host) -> dict[str, Any]:
+def collect_torch_build(host: Host) -> TorchBuild:
     try:
         return host.fact("torch_build", _live_build)
     except FactUnavailable:
-        return dict(NOT_RECORDED)
+        return NOT_RECORDED.copy()
 
 
 # -- the runtime child, cached --------------------------------------------------------------
 
-def probe_args_for(pci: Mapping[str, Any] | None) -> dict[str, Any]:
+def probe_args_for(pci: Mapping[str, Any] | None) -> ProbeArgs:
     vendors = {d.get("vendor") for d in (pci or {}).get("devices", [])}
     return {"probe_xpu": True, "probe_ccl": "Intel" in vendors, "probe_hpu": "Habana" in vendors}
 
 
-def live_runtime(probe_args: dict[str, Any], timeout: float = 90.0) -> dict[str, Any]:
+def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> dict[str, Any]:
     """Torch facts from the cache, or from one child process (then cached)."""
     location = torch_cache.locate_torch()
     if location is None:

@@ -35,6 +35,7 @@ from hwtui.probes.torchwheel import (
     ROCM_TAG,
     TORCH_RELEASE,
     TORCH_RELEASE_FOR_TAG,
+    TorchBuild,
     describe_build,
     nvidia_capabilities,
     nvidia_driver_version,
@@ -276,7 +277,7 @@ def record_entry(plan: EnvPlan, tool: str, torch: str | None = None, index_url: 
 
 # -- the check: can some configured interpreter drive each device? --------------------------------
 
-def _torch_build_under(host: Host, python: str) -> dict[str, Any] | None:
+def _torch_build_under(host: Host, python: str) -> TorchBuild | None:
     """The torch build installed in the environment that ``python`` belongs to (its version.py)."""
     prefix = posixpath.dirname(posixpath.dirname(python))
     for libdir in ("lib", "lib64"):

@@ -12,6 +12,16 @@ from hwtui.probes.framework import Facts
 from hwtui.probes.nvidia import read_nvml
 from hwtui.probes.nvml_fact import NvmlDevice, NvmlErrorInfo, NvmlFact
 from hwtui.probes.pci import PciDevice, PciLink, collect_pci, pci_fact
+from hwtui.probes.torchwheel import (
+    NOT_RECORDED,
+    ProbeArgs,
+    TorchBuild,
+    _live_build,
+    collect_torch_build,
+    describe_build,
+    parse_version_py,
+    probe_args_for,
+)
 from tests import machines
 from tests.probes.fakenvml import FakeNVML
 from tests.probes.recorded import load
@@ -65,3 +75,30 @@ def test_nvml_fact_without_the_library_is_an_error_record():
     _keys_fit(fact, NvmlFact)
     assert fact["ok"] is False
     _keys_fit(fact["error"], NvmlErrorInfo)
+
+
+@pytest.mark.parametrize("version_py", [
+    "__version__ = '2.9.1+cu128'\ncuda = '12.8'\nhip = None\ndebug = False\ngit_version = 'abc'\n",
+    "__version__ = '2.9.1+rocm6.4'\ncuda = None\nhip = '6.4.43482'\n",
+    "__version__ = '2.9.1+xpu'\nxpu = '20250101'\n",
+    "__version__ = '2.9.1'\n",
+])
+def test_torch_build_is_what_describe_build_writes(version_py):
+    build = describe_build(parse_version_py(version_py))
+    _keys_fit(dict(build), TorchBuild)
+    assert build["installed"] is True and build["variant"] in ("cuda", "rocm", "xpu", "cpu")
+
+
+def test_torch_build_of_this_interpreter_and_of_a_recording_without_it(tmp_path):
+    _keys_fit(dict(_live_build()), TorchBuild)
+    fs = machines.MACHINES["laptop_no_gpu"](tmp_path)
+    got = collect_torch_build(fs.host())
+    _keys_fit(dict(got), TorchBuild)
+    assert got == NOT_RECORDED and got is not NOT_RECORDED  # a copy: a consumer may change its own
+
+
+def test_probe_args_are_the_three_switches():
+    args = probe_args_for({"devices": [{"vendor": "Intel"}, {"vendor": "NVIDIA"}]})
+    _keys_fit(dict(args), ProbeArgs)
+    assert args == {"probe_xpu": True, "probe_ccl": True, "probe_hpu": False}
+    assert probe_args_for(None) == {"probe_xpu": True, "probe_ccl": False, "probe_hpu": False}
