@@ -130,7 +130,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"hwtui {version()}")
         return 0
     if getattr(args, "_module", None):
-        return importlib.import_module(args._module).run(args)
+        code: int = importlib.import_module(args._module).run(args)
+        return code
     if args.check and args.agents:
         from hwtui.app.commands.agents import run_check as run_agents_check
 

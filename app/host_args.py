@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from hwtui.core.errors import HwtuiError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # probes are imported lazily (CLI start-up time)
     from hwtui.probes.host import Host
 
 

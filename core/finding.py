@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 
 class Status(str, enum.Enum):
@@ -21,6 +22,20 @@ class Status(str, enum.Enum):
 
 
 _RANK = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.ERROR: 3, Status.FAIL: 4}
+
+
+# A finding as it crosses a boundary (the check's JSON, ``cluster.*`` events, a peer's report). The
+# functional form: with ``from __future__ import annotations`` a class-form NotRequired is a string
+# that Python 3.11 does not see, and the runtime's required keys would then be wrong.
+FindingDict = TypedDict("FindingDict", {  # noqa: UP013 - the runtime must see NotRequired (above)
+    "id": str,
+    "area": str,
+    "status": str,  # a Status value
+    "title": str,
+    "detail": str,
+    "remedy": str,
+    "data": NotRequired[dict[str, Any]],  # only when the finding carries figures
+})
 
 
 @dataclass(frozen=True)
@@ -46,8 +61,8 @@ class Finding:
         if not isinstance(self.status, Status):
             object.__setattr__(self, "status", Status(self.status))
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> FindingDict:
+        out: FindingDict = {
             "id": self.id,
             "area": self.area,
             "status": self.status.value,
@@ -60,7 +75,8 @@ class Finding:
         return out
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Finding:
+    def from_dict(cls, raw: Mapping[str, Any]) -> Finding:
+        """From a decoded document: read, not trusted to be a FindingDict (callers check or catch KeyError)."""
         return cls(
             id=raw["id"],
             status=Status(raw["status"]),

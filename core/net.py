@@ -15,7 +15,8 @@ def free_loopback_port() -> int:
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def probe_port(host: str, port: int, timeout: float) -> tuple[bool, str]:

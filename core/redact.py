@@ -280,3 +280,9 @@ def redact(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value
+
+
+def redact_doc(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``redact`` for a JSON object (a report, a document): the same object type comes back."""
+    out: dict[str, Any] = redact(doc)  # a Mapping comes back as a dict of the same keys
+    return out

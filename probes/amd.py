@@ -10,14 +10,14 @@ where only the kernel driver is installed.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from hwtui.core.finding import Finding, fail, passed
 from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
-from hwtui.probes.pci import GPU_CLASSES, PCI_ROOT
+from hwtui.probes.pci import GPU_CLASSES, PCI_ROOT, pci_fact
 from hwtui.probes.sysfs_gpu import hwmon_dir, read_sysfs_gpu
 
 KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
@@ -61,8 +61,7 @@ def kfd_targets(host: Host) -> dict[str, str]:
 
 def _amdsmi_live() -> dict[str, Any]:
     try:
-        facts: dict[str, Any] = run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0)
-        return facts
+        return cast("dict[str, Any]", run_in_child("hwtui.probes.runtime_child:amdsmi_facts", {}, timeout=20.0))
     except ChildError as exc:
         return {"available": False, "reason": f"amdsmi child {exc.kind}: {exc}"}
 
@@ -107,7 +106,7 @@ def collect_amd(host: Host) -> dict[str, Any]:
 
 def amd_rules(facts: Facts) -> Iterator[Finding]:
     amd = facts["amd"]
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "AMD"]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "AMD"]
     if not amd.get("devices") or not usable:
         return
     smi = amd.get("amdsmi") or {}

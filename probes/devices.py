@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hwtui.probes.pci import BACKEND_OF_VENDOR, COMPUTE_DRIVERS
+from hwtui.probes.pci import BACKEND_OF_VENDOR, COMPUTE_DRIVERS, PciFact
 
 # Global id order: the order of the mixed-vendor design's detect_all_gpus (CUDA, XPU, HIP), then
 # the single-vendor accelerators.
@@ -51,7 +51,7 @@ def unusable_reason(vendor: str, driver: str | None) -> str:
     return ""
 
 
-def build_devices(pci: Mapping[str, Any], enrich: Mapping[str, Mapping[str, Any]] | None = None) -> list[Device]:
+def build_devices(pci: PciFact, enrich: Mapping[str, Mapping[str, Any]] | None = None) -> list[Device]:
     """Devices from the PCI facts, merged with what vendor probes learnt (keyed by PCI address).
 
     ``enrich[address]`` may carry ``name``, ``vram_total``, ``vram_used`` and anything else, which

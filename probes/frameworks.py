@@ -21,6 +21,7 @@ from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import pci_fact
 from hwtui.probes.torchwheel import nvidia_capabilities, parse_version_py
 from hwtui.probes.yaml_subset import YamlSubsetError, loads
 
@@ -137,7 +138,7 @@ def _cuda_home(host: Host) -> str | None:
 
 def hardware(facts: Facts) -> dict[str, list[Device]]:
     """Usable accelerators by the name frameworks use for them."""
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable]
     return {"cuda": [d for d in usable if d.vendor in ("NVIDIA", "AMD")],  # ROCm torch drives AMD as "cuda"
             "nvidia": [d for d in usable if d.vendor == "NVIDIA"],
             "xpu": [d for d in usable if d.vendor == "Intel"],

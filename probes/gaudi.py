@@ -15,6 +15,7 @@ from hwtui.core.supervisor import run_capture
 from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import pci_fact
 
 HCCL_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -47,7 +48,7 @@ def collect_gaudi(host: Host) -> dict[str, Any]:
 
 def gaudi_rules(facts: Facts) -> Iterator[Finding]:
     gaudi = facts["gaudi"]
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "Habana"]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "Habana"]
     if not usable:
         return
     hpu = (facts.get("torch_runtime") or {}).get("hpu")

@@ -23,12 +23,16 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from hwtui.core.bounded_read import HOST_FILE_CAP, RECORD_CAP, decode_text, read_bounded, read_capped
 from hwtui.core.redact import redact, redact_env
 from hwtui.probes.envnames import probe_reads
 from hwtui.probes.fact_schema import BadFact, check_facts
+
+# A fact is whatever its producer returns; a recorded one was checked against the producer's shape
+# (probes.fact_schema) when the recording was loaded, so replay hands back the same type.
+T = TypeVar("T")
 
 SNAPSHOT_SCHEMA = "hwtui.snapshot/1"
 FACTS_FILE = ".hwtui-facts.json"
@@ -118,7 +122,7 @@ class Host:
         raise NotImplementedError
 
     # -- runtime facts ----------------------------------------------------------------------
-    def fact(self, key: str, producer: Callable[[], Any]) -> Any:
+    def fact(self, key: str, producer: Callable[[], T]) -> T:
         """A JSON-able fact that only a live machine can produce (child process, psutil...)."""
         raise NotImplementedError
 
@@ -253,13 +257,13 @@ class FsHost(Host):
                 self._facts = raw if isinstance(raw, dict) else {}
             return self._facts
 
-    def fact(self, key: str, producer: Callable[[], Any]) -> Any:
+    def fact(self, key: str, producer: Callable[[], T]) -> T:
         if self.is_live:
             return producer()
         facts = self._recorded_facts()
         if key not in facts:
             raise FactUnavailable(f"{key} is not recorded in {self.root / FACTS_FILE}")
-        return facts[key]
+        return cast(T, facts[key])
 
     def check_recorded_facts(self) -> None:
         """ValueError naming the first recorded fact whose shape is wrong (make_host calls it once)."""
@@ -309,7 +313,7 @@ class RecordingHost(Host):
     def is_live(self) -> bool:
         return self.inner.is_live
 
-    def _keep(self, table: str, key: str, value: Any) -> Any:
+    def _keep(self, table: str, key: str, value: T) -> T:
         with self._lock:
             self.record[table][key] = value
         return value
@@ -331,7 +335,7 @@ class RecordingHost(Host):
         self._keep("stat", path, None if st is None else [st.mode, st.uid, st.gid])
         return st
 
-    def fact(self, key: str, producer: Callable[[], Any]) -> Any:
+    def fact(self, key: str, producer: Callable[[], T]) -> T:
         value = self.inner.fact(key, producer)
         return self._keep("facts", key, value)
 
@@ -456,7 +460,7 @@ class ReplayHost(Host):
         return cls(raw, origin=str(path))
 
     def read_text(self, path: str) -> str | None:
-        return self.snap.get("files", {}).get(path)
+        return cast("str | None", self.snap.get("files", {}).get(path))
 
     def listdir(self, path: str) -> list[str]:
         return list(self.snap.get("dirs", {}).get(path, []))
@@ -474,17 +478,17 @@ class ReplayHost(Host):
         )
 
     def readlink(self, path: str) -> str | None:
-        return self.snap.get("links", {}).get(path)
+        return cast("str | None", self.snap.get("links", {}).get(path))
 
     def stat(self, path: str) -> StatInfo | None:
         raw = self.snap.get("stat", {}).get(path)
         return None if raw is None else StatInfo(*raw)
 
-    def fact(self, key: str, producer: Callable[[], Any]) -> Any:
+    def fact(self, key: str, producer: Callable[[], T]) -> T:
         facts = self.snap.get("facts", {})
         if key not in facts:
             raise FactUnavailable(f"{key} was not recorded in the snapshot")
-        return facts[key]
+        return cast(T, facts[key])
 
 
 def make_host(sysroot: str | None = None, replay: str | None = None, env: Mapping[str, str] | None = None) -> Host:

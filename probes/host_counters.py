@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hwtui.probes.host import FactUnavailable, Host
 
@@ -80,7 +81,7 @@ def host_memory(host: Host) -> tuple[int | None, int | None]:
     if used is not None:
         return used, total
     try:
-        rt = host.fact("host_runtime", lambda: {}) or {}
+        rt: dict[str, Any] = host.fact("host_runtime", lambda: {}) or {}
     except FactUnavailable:
         rt = {}
     rt_total, rt_available = rt.get("mem_total"), rt.get("mem_available")

@@ -18,6 +18,7 @@ from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
+from hwtui.probes.pci import pci_fact
 
 XPU_INDEX = "https://download.pytorch.org/whl/xpu"
 IPEX_LAST = (2, 8)
@@ -62,7 +63,7 @@ def _major_minor(version: str | None) -> tuple[int, int] | None:
 
 def intel_rules(facts: Facts) -> Iterator[Finding]:
     intel = facts["intel"]
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "Intel"]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "Intel"]
     python = (facts.get("host") or {}).get("python_executable") or "python3"
     for dev in usable:
         note = "xe (kernel 6.8+; the driver for Lunar Lake / Battlemage and newer)" if dev.driver == "xe" else "i915"
@@ -108,7 +109,7 @@ def intel_enricher(facts: Facts) -> dict[str, dict[str, Any]]:
     """XPU names and memory from torch, matched to PCI order when the counts agree."""
     runtime = facts.get("torch_runtime") or {}
     xpu_devs = (runtime.get("xpu") or {}).get("devices") or []
-    intel = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "Intel"]
+    intel = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "Intel"]
     if not xpu_devs or len(xpu_devs) != len(intel) or (runtime.get("env") or {}).get("ZE_AFFINITY_MASK"):
         return {}
     return {dev.pci: {"name": x.get("name"), "vram_total": x.get("total_memory"),

@@ -20,7 +20,9 @@ from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
 from hwtui.probes.libpaths import find_library
 from hwtui.probes.nvml_extra import read_extra
+from hwtui.probes.nvml_fact import NvmlDevice, NvmlErrorInfo, NvmlFact
 from hwtui.probes.nvml_memory import read_memory
+from hwtui.probes.pci import pci_fact
 
 # NVML return codes (nvml.h); NVMLError(code) builds the matching subclass in nvidia-ml-py.
 ERROR_KINDS = {
@@ -40,7 +42,7 @@ def _kind(exc: BaseException) -> str:
     return type(exc).__name__.removeprefix("NVMLError_") or "Unknown"
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
+def _error(exc: BaseException) -> NvmlErrorInfo:
     return {"kind": _kind(exc), "code": getattr(exc, "value", None), "message": str(exc)}
 
 
@@ -93,10 +95,10 @@ def _read_nvlink(nvml: Any, handle: Any, unsupported: dict[str, str]) -> int | N
     return up
 
 
-def read_device(nvml: Any, index: int) -> dict[str, Any]:
+def read_device(nvml: Any, index: int) -> NvmlDevice:
     """Every field of one GPU, each on its own; ``unsupported`` says why a field is None."""
     unsupported: dict[str, str] = {}
-    dev: dict[str, Any] = {"index": index, "unsupported": unsupported, "lost": False}
+    dev: NvmlDevice = {"index": index, "unsupported": unsupported, "lost": False}
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
     except nvml.NVMLError as exc:
@@ -146,7 +148,7 @@ def read_device(nvml: Any, index: int) -> dict[str, Any]:
     return dev
 
 
-def read_nvml(nvml: Any) -> dict[str, Any]:
+def read_nvml(nvml: Any) -> NvmlFact:
     """The whole NVML picture as a JSON-able fact (what a snapshot records)."""
     if nvml is None:
         return {"ok": False, "error": {"kind": "ModuleMissing", "code": None, "message": "nvidia-ml-py is not installed"}}
@@ -155,8 +157,9 @@ def read_nvml(nvml: Any) -> dict[str, Any]:
     except nvml.NVMLError as exc:
         return {"ok": False, "error": _error(exc)}
     try:
-        out: dict[str, Any] = {"ok": True, "error": None, "unsupported": {}}
-        read = _reader(nvml, out["unsupported"])
+        unsupported: dict[str, str] = {}
+        out: NvmlFact = {"ok": True, "error": None, "unsupported": unsupported}
+        read = _reader(nvml, unsupported)
         driver = read("driver_version", "nvmlSystemGetDriverVersion")
         out["driver_version"] = None if driver is None else _text(driver)
         cuda = read("cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
@@ -191,7 +194,7 @@ class NvmlCollector:
         self._nvml = nvml
         self._factory = factory
 
-    def __call__(self, host: Host) -> dict[str, Any]:
+    def __call__(self, host: Host) -> NvmlFact:
         try:
             return host.fact("nvml", lambda: read_nvml(self._nvml if self._nvml is not None else self._factory()))
         except FactUnavailable:
@@ -230,7 +233,7 @@ def driver_version(facts: Facts) -> str | None:
     """Best driver version known: NVML's answer, else the kernel module's."""
     nvml = facts.get("nvml") or {}
     if nvml.get("ok") and nvml.get("driver_version"):
-        return nvml["driver_version"]
+        return str(nvml["driver_version"])
     return (facts.get("nvidia_driver") or {}).get("kernel_version")
 
 
@@ -293,7 +296,7 @@ def _error_finding(err: dict[str, Any], facts: Facts, n_gpus: int) -> Finding:
 
 def nvml_rules(facts: Facts) -> Iterator[Finding]:
     nvml = facts["nvml"]
-    pci_nv = [d for d in build_devices(facts.get("pci") or {}) if d.vendor == "NVIDIA"]
+    pci_nv = [d for d in build_devices(pci_fact(facts)) if d.vendor == "NVIDIA"]
     usable = [d for d in pci_nv if d.usable]
     if not nvml.get("ok"):
         err = nvml.get("error") or {}
@@ -326,18 +329,18 @@ def _fmt_bytes(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def _device_findings(dev: dict[str, Any]) -> Iterator[Finding]:
+def _device_findings(dev: NvmlDevice) -> Iterator[Finding]:
     subject = dev.get("pci") or f"nvml{dev['index']}"
     fid = f"nvidia.device[{subject}]"
     if dev.get("lost") or dev.get("error"):
-        err = dev.get("error") or {}
+        err: dict[str, Any] = dict(dev.get("error") or {})
         yield fail(fid, f"NVIDIA GPU {dev['index']} ({subject}) cannot be read: {err.get('kind')}", err.get("message", ""),
                    f"sudo dmesg | grep -i xid; sudo nvidia-smi -r -i {dev['index']} (reset) or reboot", **err)
         return
     mem = dev.get("memory") or {}
     parts = [f"{_fmt_bytes(mem.get('used'))} / {_fmt_bytes(mem.get('total'))}"]
-    if dev.get("compute_capability"):
-        parts.append("sm_{}{}".format(*dev["compute_capability"]))
+    if cc := dev.get("compute_capability"):
+        parts.append("sm_{}{}".format(*cc))
     if dev.get("temperature_c") is not None:
         parts.append(f"{dev['temperature_c']} C")
     if dev.get("power_w") is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hwtui.probes.nvml_fact import NvmlExtra
+
 _CLOCK_SM, _CLOCK_MEM = 1, 2  # NVML_CLOCK_SM, NVML_CLOCK_MEM
 _ECC_CORRECTED, _ECC_UNCORRECTED, _VOLATILE = 0, 1, 0  # since the last driver load, as nvidia-smi -q shows first
 _NVLINK_TX, _NVLINK_RX = 138, 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX: KiB, all links, cumulative
@@ -22,7 +24,7 @@ def reason_names(mask: int) -> list[str]:
     return [name for bit, name in REASONS if mask & bit]
 
 
-def read_extra(nvml: Any, handle: Any, unsupported: dict[str, str] | None = None) -> dict[str, Any]:
+def read_extra(nvml: Any, handle: Any, unsupported: dict[str, str] | None = None) -> NvmlExtra:
     """``clocks``, ``fan_pct``, ``ecc``, ``clocks_event`` and ``nvlink_kib`` of one GPU; None where
     the device or the driver has no answer (why, in ``unsupported``)."""
     missing = unsupported if unsupported is not None else {}

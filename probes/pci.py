@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from hwtui.core.bounded_read import HOST_FILE_CAP, decode_text, read_bounded
 from hwtui.probes.host import FactUnavailable, Host
+
+if TYPE_CHECKING:  # framework imports the collectors' modules; the name is for mypy only
+    from hwtui.probes.framework import Facts
 
 PCI_ROOT = "/sys/bus/pci/devices"
 
@@ -47,6 +51,51 @@ _KNOWN_NAMES = {
     (0x1AE0, 0x0027): "TPU v2/v3", (0x1AE0, 0x005E): "TPU v4", (0x1AE0, 0x0062): "TPU v5p",
     (0x1AE0, 0x0063): "TPU v5e", (0x1AE0, 0x006F): "TPU v6e",
 }
+
+
+class PciLink(TypedDict):
+    """A function's PCIe link now and at best, and its slot's best (None: the kernel does not say)."""
+
+    cur_speed: str | None  # "16.0 GT/s PCIe"
+    max_speed: str | None
+    cur_gen: int | None
+    max_gen: int | None
+    cur_width: int | None
+    max_width: int | None
+    slot_max_gen: int | None
+    slot_max_width: int | None
+
+
+# One accelerator function on the bus, as the ``pci`` fact records it. The functional form: one
+# field is called "class", a keyword.
+PciDevice = TypedDict("PciDevice", {
+    "address": str,  # "0000:01:00.0"
+    "vendor_id": str,  # "0x10de"
+    "device_id": str,
+    "class": str,  # "0x030200"
+    "vendor": str,  # a VENDORS name
+    "name": str,
+    "driver": str | None,
+    "numa_node": int | None,
+    "iommu_group": str | None,
+    "link": PciLink,
+    "drm_nodes": list[str],
+    "boot_vga": bool,
+    "vram_total": NotRequired[int | None],  # AMD only (sysfs mem_info_vram_*)
+    "vram_used": NotRequired[int | None],
+})
+
+
+class PciFact(TypedDict):
+    """The ``pci`` fact (``collect_pci``): what the inventory and the hardware rules read."""
+
+    devices: list[PciDevice]
+
+
+def pci_fact(facts: Facts) -> PciFact:
+    """The collected ``pci`` fact; no devices when the collector failed or did not run. Only
+    ``collect_pci`` makes it (a recorded tree or a replay records the sysfs files, not the fact)."""
+    return cast(PciFact, facts.get("pci") or {"devices": []})
 
 
 def link_gen(speed: str | None) -> int | None:
@@ -88,7 +137,7 @@ def _parse_pci_ids(text: str, wanted: set[tuple[int, int]]) -> dict[str, str]:
     return names
 
 
-def _read_pci_ids_text(reader) -> str | None:
+def _read_pci_ids_text(reader: Callable[[str], str | None]) -> str | None:
     for path in PCI_IDS_PATHS:
         if path.endswith(".gz"):
             continue
@@ -133,10 +182,10 @@ def _resolve(base: str, target: str) -> str:
     return posixpath.normpath(posixpath.join(posixpath.dirname(base), target))
 
 
-def _link_info(host: Host, sysdir: str) -> dict[str, Any]:
+def _link_info(host: Host, sysdir: str) -> PciLink:
     cur_speed = (host.read_text(f"{sysdir}/current_link_speed") or "").strip() or None
     max_speed = (host.read_text(f"{sysdir}/max_link_speed") or "").strip() or None
-    info: dict[str, Any] = {
+    info: PciLink = {
         "cur_speed": cur_speed,
         "max_speed": max_speed,
         "cur_gen": link_gen(cur_speed),
@@ -161,7 +210,7 @@ def _drm_nodes(host: Host, sysdir: str) -> list[str]:
     return [f"/dev/dri/{n}" for n in host.listdir(f"{sysdir}/drm") if n.startswith(("renderD", "card"))]
 
 
-def collect_pci(host: Host) -> dict[str, Any]:
+def collect_pci(host: Host) -> PciFact:
     """All accelerator functions on the PCI bus, with driver, NUMA node and link state."""
     raw: list[tuple[str, int, int, int]] = []
     for addr in host.listdir(PCI_ROOT):
@@ -174,13 +223,13 @@ def collect_pci(host: Host) -> dict[str, Any]:
         raw.append((addr, vendor, device, cls))
 
     names = pci_names(host, {(v, d) for _, v, d, _ in raw})
-    devices = []
+    devices: list[PciDevice] = []
     for addr, vendor_id, device_id, cls in raw:
         sysdir = f"{PCI_ROOT}/{addr}"
         vendor_name = VENDORS[vendor_id]
         driver = host.link_name(f"{sysdir}/driver")
         numa = _int_or_none(host.read_text(f"{sysdir}/numa_node"))
-        dev: dict[str, Any] = {
+        dev: PciDevice = {
             "address": addr,
             "vendor_id": f"0x{vendor_id:04x}",
             "device_id": f"0x{device_id:04x}",

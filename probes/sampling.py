@@ -12,8 +12,9 @@ can show a colleague's machine exactly as it was captured.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hwtui.probes.devices import Device
 from hwtui.probes.host import FactUnavailable, Host
@@ -51,6 +52,21 @@ class DeviceSample:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+
+class DeviceHistoryView(Protocol):
+    """What a display reads of the recent samples (the TUI's ``DeviceHistory`` keeps them): the widgets
+    below the app are typed by this, and mypy checks that the app's history still provides it."""
+
+    @property
+    def latest(self) -> Mapping[str, DeviceSample]:
+        """device key -> its newest sample."""
+
+    @property
+    def series(self) -> Mapping[str, Mapping[str, Sequence[float | None]]]:
+        """device key -> metric ("util", "temp_c", "power_w") -> its recent readings, oldest first."""
+
+    def keys(self) -> list[str]: ...
 
 class Sampler:
     """Keep what is expensive to open (NVML handles, hwmon paths); read the cheap figures per tick."""
@@ -103,9 +119,10 @@ class Sampler:
 
     def _load_recorded_nvml(self) -> None:
         try:
-            nvml = self.host.fact("nvml", lambda: None) or {}
+            recorded: dict[str, Any] | None = self.host.fact("nvml", lambda: None)
         except FactUnavailable:
             return
+        nvml = recorded or {}
         self._recorded_nvml = {d["pci"]: d for d in nvml.get("devices") or [] if d.get("pci")}
 
     def _prime_cpu(self) -> None:
@@ -237,7 +254,7 @@ class Sampler:
         self.close()
 
 
-def _apply_extra(sample: DeviceSample, extra: dict[str, Any], gen: Any, width: Any, rx: Any, tx: Any) -> None:
+def _apply_extra(sample: DeviceSample, extra: Mapping[str, object], gen: Any, width: Any, rx: Any, tx: Any) -> None:
     """The detail figures of :func:`read_extra` (live) or of a recorded NVML device (replay). A
     snapshot is untrusted input: a figure of the wrong type is unknown, never an exception."""
     clocks, ecc, event = _dict(extra.get("clocks")), _dict(extra.get("ecc")), _dict(extra.get("clocks_event"))

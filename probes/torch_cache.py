@@ -83,7 +83,7 @@ def _driver_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def runtime_key(location: dict[str, Any], probe_args: dict[str, Any],
+def runtime_key(location: dict[str, Any], probe_args: Mapping[str, Any],
                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
     source: Mapping[str, str] = os.environ if env is None else env
     dist_info = location.get("dist_info")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterator
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any, TypedDict, cast
 
 from hwtui.core.bounded_read import SMALL_FILE_CAP, decode_text, read_capped
 from hwtui.core.finding import Finding, Status, error, fail, passed, skip, warn
@@ -23,6 +23,7 @@ from hwtui.probes.child import ChildError, run_in_child
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import pci_fact
 
 INDEX_URL = "https://download.pytorch.org/whl"
 # The ROCm index current torch releases publish (torch 2.8/2.9: rocm6.4).
@@ -61,6 +62,33 @@ NVIDIA_TAGS = ("cu128", "cu126", "cu130", "cu118")
 
 # -- reading the build ----------------------------------------------------------------------
 
+class TorchBuild(TypedDict, total=False):
+    """The ``torch_build`` fact: the installed wheel as its version.py says (fact_schema's _TORCH_BUILD)."""
+
+    installed: bool  # always present
+    not_recorded: bool  # a recording made without it
+    error: str  # version.py could not be read
+    version: str  # "2.9.1+cu128"
+    local: str | None  # "cu128"
+    cuda: str | None  # torch.version.cuda
+    hip: str | float | None  # torch.version.hip (a number in some builds)
+    xpu: str | float | None
+    debug: bool | None
+    git_version: str | None
+    variant: str  # cuda, rocm, xpu or cpu
+    tag: str  # the wheel index tag: cu128, rocm6.4, xpu, cpu
+    path: str  # the torch package directory
+    dist_info: str | None
+
+
+class ProbeArgs(TypedDict):
+    """What the runtime child is asked to probe beyond torch itself (it is also the cache key's input)."""
+
+    probe_xpu: bool
+    probe_ccl: bool  # oneCCL: only with an Intel GPU on the bus
+    probe_hpu: bool  # habana: only with a Gaudi on the bus
+
+
 def parse_version_py(text: str) -> dict[str, Any]:
     """``torch/version.py`` -> its constants. Literal assignments only; nothing is executed."""
     out: dict[str, Any] = {}
@@ -88,7 +116,7 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-def describe_build(consts: dict[str, Any]) -> dict[str, Any]:
+def describe_build(consts: dict[str, Any]) -> TorchBuild:
     """Variant and index tag of a build: ('cuda', 'cu128'), ('rocm', 'rocm6.3'), ('xpu', 'xpu'), ('cpu', 'cpu')."""
     version = str(consts.get("__version__") or "")
     local = version.split("+", 1)[1] if "+" in version else ""
@@ -106,7 +134,7 @@ def describe_build(consts: dict[str, Any]) -> dict[str, Any]:
             "debug": consts.get("debug"), "git_version": consts.get("git_version"), "variant": variant, "tag": tag}
 
 
-def _live_build() -> dict[str, Any]:
+def _live_build() -> TorchBuild:
     location = torch_cache.locate_torch()
     if location is None:
         return {"installed": False}
@@ -118,25 +146,24 @@ def _live_build() -> dict[str, Any]:
     return {**describe_build(consts), "path": location["package"], "dist_info": location["dist_info"]}
 
 
-NOT_RECORDED = {"installed": False, "not_recorded": True}
+NOT_RECORDED: TorchBuild = {"installed": False, "not_recorded": True}
 
 
-def collect_torch_build(host: Host) -> dict[str, Any]:
+def collect_torch_build(host: Host) -> TorchBuild:
     try:
-        build: dict[str, Any] = host.fact("torch_build", _live_build)
-        return build
+        return host.fact("torch_build", _live_build)
     except FactUnavailable:
-        return dict(NOT_RECORDED)
+        return NOT_RECORDED.copy()
 
 
 # -- the runtime child, cached --------------------------------------------------------------
 
-def probe_args_for(pci: dict[str, Any] | None) -> dict[str, Any]:
+def probe_args_for(pci: Mapping[str, Any] | None) -> ProbeArgs:
     vendors = {d.get("vendor") for d in (pci or {}).get("devices", [])}
     return {"probe_xpu": True, "probe_ccl": "Intel" in vendors, "probe_hpu": "Habana" in vendors}
 
 
-def live_runtime(probe_args: dict[str, Any], timeout: float = 90.0) -> dict[str, Any]:
+def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> dict[str, Any]:
     """Torch facts from the cache, or from one child process (then cached)."""
     location = torch_cache.locate_torch()
     if location is None:
@@ -337,7 +364,7 @@ _WHEEL_FOR = {"cuda": "NVIDIA", "rocm": "AMD", "xpu": "Intel"}
 
 def wheel_rules(facts: Facts) -> Iterator[Finding]:
     build = facts["torch_build"]
-    devices = build_devices(facts.get("pci") or {})
+    devices = build_devices(pci_fact(facts))
     usable = [d for d in devices if d.usable]
     vendors = {d.vendor for d in usable}
     remedy = remedy_for(facts, devices)
@@ -535,14 +562,14 @@ def runtime_rules(facts: Facts) -> Iterator[Finding]:
     runtime = facts["torch_runtime"]
     if not runtime.get("installed"):
         return
-    devices = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    devices = [d for d in build_devices(pci_fact(facts)) if d.usable]
     vendors = {d.vendor for d in devices}
     err = runtime.get("error")
     if err:
         yield _probe_error(err)
         return
     version = runtime.get("version") or {}
-    remedy = remedy_for(facts, build_devices(facts.get("pci") or {}))
+    remedy = remedy_for(facts, build_devices(pci_fact(facts)))
     if (version.get("cuda") and "NVIDIA" in vendors) or (version.get("hip") and "AMD" in vendors):
         yield _cuda_finding(runtime, devices, remedy)
     if version.get("xpu") and "Intel" in vendors:

@@ -15,6 +15,7 @@ from hwtui.core.finding import Finding, fail, passed, warn
 from hwtui.probes.devices import build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import FactUnavailable, Host
+from hwtui.probes.pci import pci_fact
 
 GENERATIONS = {0x0027: "v2/v3", 0x005E: "v4", 0x0062: "v5p", 0x0063: "v5e", 0x006F: "v6e"}
 LOCKFILE = "/tmp/libtpu_lockfile"
@@ -59,7 +60,7 @@ def collect_tpu(host: Host) -> dict[str, Any]:
 def tpu_rules(facts: Facts) -> Iterator[Finding]:
     tpu = facts["tpu"]
     chips = tpu.get("chips") or []
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable and d.vendor == "Google"]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable and d.vendor == "Google"]
     if not chips:
         return
     gens = sorted({c["generation"] for c in chips})

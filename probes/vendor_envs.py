@@ -29,11 +29,13 @@ from hwtui.core.redact import redact_text
 from hwtui.probes.devices import Device, build_devices
 from hwtui.probes.framework import Collector, Facts, Rule
 from hwtui.probes.host import Host
+from hwtui.probes.pci import pci_fact
 from hwtui.probes.torchwheel import (
     INDEX_URL,
     ROCM_TAG,
     TORCH_RELEASE,
     TORCH_RELEASE_FOR_TAG,
+    TorchBuild,
     describe_build,
     nvidia_capabilities,
     nvidia_driver_version,
@@ -139,7 +141,7 @@ class EnvPlan:
 
 def plan_environments(facts: Facts, base_dir: str, vendors: set[str] | None = None) -> list[EnvPlan]:
     """One environment per vendor with usable GPUs here, with the wheel tag its driver takes."""
-    usable = [d for d in build_devices(facts.get("pci") or {}) if d.usable]
+    usable = [d for d in build_devices(pci_fact(facts)) if d.usable]
     plans = []
     for vendor, (backend, _variant) in VENDORS.items():
         devs = [d for d in usable if d.vendor == vendor]
@@ -274,7 +276,7 @@ def record_entry(plan: EnvPlan, tool: str, torch: str | None = None, index_url: 
 
 # -- the check: can some configured interpreter drive each device? --------------------------------
 
-def _torch_build_under(host: Host, python: str) -> dict[str, Any] | None:
+def _torch_build_under(host: Host, python: str) -> TorchBuild | None:
     """The torch build installed in the environment that ``python`` belongs to (its version.py)."""
     prefix = posixpath.dirname(posixpath.dirname(python))
     for libdir in ("lib", "lib64"):
@@ -338,7 +340,7 @@ def interpreter_findings(devices: list[Device], default_build: Mapping[str, Any]
 
 def vendor_env_rules(facts: Facts) -> Iterator[Finding]:
     host = facts.get("host") or {}
-    devices = build_devices(facts.get("pci") or {})
+    devices = build_devices(pci_fact(facts))
     build = facts.get("torch_build")
     if build and build.get("not_recorded"):
         build = None

@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.widget import Widget
+
+from hwtui.engine.replication.views import ReplicationView
 
 # Keyed by the state names (engine.replication.events.BucketState values).
 GLYPH = {"pending": ("·", "dim"), "staged": ("░", "blue"), "inflight": ("▒", "yellow"),
@@ -29,19 +32,20 @@ class BucketLanes(Widget):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.repl: Any = None  # hwtui.app.tui.run_state.Replication (widgets may not import the app)
+        self.repl: ReplicationView | None = None
 
-    def show(self, repl: Any) -> None:
+    def show(self, repl: ReplicationView) -> None:
         self.repl = repl
         self.refresh(layout=True)
 
-    def _grid_rows(self, width: int) -> int:
-        return -(-max(self.repl.n_buckets, 1) // max(width - GRID_INDENT, 1))
+    def _grid_rows(self, repl: ReplicationView, width: int) -> int:
+        return -(-max(repl.n_buckets, 1) // max(width - GRID_INDENT, 1))
 
-    def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
-        if self.repl is None:
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        r = self.repl
+        if r is None:
             return 1
-        return 2 + max(len(self.repl.lanes), 1) + self._grid_rows(width) + (1 if self.repl.starting_up else 0)
+        return 2 + max(len(r.lanes), 1) + self._grid_rows(r, width) + (1 if r.starting_up else 0)
 
     def render(self) -> Text:
         r = self.repl
@@ -63,7 +67,7 @@ class BucketLanes(Widget):
             text.append_text(legend)
         if r.starting_up:
             # Before the first byte: how far each start-up phase got, as the launcher counts it.
-            world = r.ranks.world_size
+            world = r.ranks.world_size if r.ranks is not None else 0  # starting_up: ranks were reported
             text.append("\nranks  ", style="bold")
             for phase, n in r.phase_counts():
                 text.append(f"{phase} ", style="dim")

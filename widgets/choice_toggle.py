@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -52,7 +53,7 @@ class ChoiceToggle(Widget, can_focus=True):
             text.append(label, style="bold underline" if chosen else "dim")
         return text
 
-    def get_content_width(self, container: Any, viewport: Any) -> int:
+    def get_content_width(self, container: Size, viewport: Size) -> int:
         return sum(len(label) + 4 for _, label in self.options) + 2 * (len(self.options) - 1)
 
     def option_at(self, x: int) -> str | None:

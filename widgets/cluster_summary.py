@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from hwtui.engine.cluster.events import BandwidthEvent
+from hwtui.engine.cluster.views import ClusterView
 
 OPS = ("broadcast", "all_reduce")
 
@@ -31,12 +32,12 @@ class ClusterSummary(Widget):
 
     def __init__(self, max_nodes: int = 4, max_sizes: int = 9, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.cluster: Any = None
+        self.cluster: ClusterView | None = None
         self.max_nodes = max_nodes
         self.max_sizes = max_sizes  # the largest sizes are kept: they say most about the link
         self.compact = False  # a short terminal: fewer sizes, no table title, so the log still shows
 
-    def show(self, cluster: Any) -> None:
+    def show(self, cluster: ClusterView) -> None:
         self.cluster = cluster
         self.refresh(layout=True)
 

@@ -8,10 +8,15 @@ without colour (NO_COLOR once drew three identical grey dots).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from textual_plotext.plot import Plot
 
 from hwtui.widgets.plot_chart import PlotChart
 from hwtui.widgets.sparkline_panel import metric_value
+
+if TYPE_CHECKING:  # the probes' types only; a widget module imports no probe code
+    from hwtui.probes.sampling import DeviceHistoryView
 
 WINDOW = 60  # points the time axis spans at least
 
@@ -32,10 +37,10 @@ class DeviceChart(PlotChart):
         self.interval = 1.0
         self.power_limit: float | None = None
 
-    def show(self, history: Any, key: str | None, interval: float) -> None:
+    def show(self, history: DeviceHistoryView, key: str | None, interval: float) -> None:
         """Plot ``key``'s series from ``history`` (a DeviceHistory), one point per ``interval`` seconds."""
         self.key, self.interval = key, interval
-        self.series = {attr: list(history.series[key][attr]) for _, attr, *_ in SERIES} if key in history.series else {}
+        self.series = {attr: list(history.series[key][attr]) for _, attr, *_ in SERIES} if key is not None and key in history.series else {}
         sample = history.latest.get(key) if key else None
         self.power_limit = getattr(sample, "power_limit_w", None)
         self.data_changed()
@@ -59,7 +64,7 @@ class DeviceChart(PlotChart):
         key = "  ".join(f"{marker} {name}" for name, *_, marker in self._plotted())
         return f"{self.X_LABEL}   {key}" if key else self.X_LABEL
 
-    def draw(self, plt: Any) -> None:
+    def draw(self, plt: Plot) -> None:
         plotted_right = False
         for _name, attr, _unit, colour, side, marker in self._plotted():
             values = self.series.get(attr) or []

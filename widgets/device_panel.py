@@ -18,8 +18,9 @@ chart (:class:`DevicePanel.Selected`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -33,6 +34,12 @@ from textual.strip import Strip
 from hwtui.core.terminal_text import clean
 from hwtui.widgets.memory_bar import memory_label, memory_segments
 from hwtui.widgets.sparkline_panel import METRICS, metric_fixed_width, metric_segments, metric_value
+
+if TYPE_CHECKING:  # the probes' types only; a widget module imports no probe code
+    from hwtui.probes.sampling import DeviceHistoryView, DeviceSample
+
+    # One device: its key, newest sample and recent readings per metric.
+    _Row = tuple[str, DeviceSample, Mapping[str, Sequence[float | None]]]
 
 KEY_MAX = 12  # a longer device key is cut: the full name is in the row's tooltip
 MIN_BAR, MIN_SPARK = 4, 4  # below these the one-line layout stops being readable: go to two lines
@@ -72,7 +79,7 @@ class DevicePanel(ScrollView, can_focus=True):
         self.marks_selection = False  # True where a chart follows the selection: its key is drawn reversed
         self.dots = False  # True: the part of a sparkline history has not reached yet is a dim dotted baseline
         self.keys: tuple[str, ...] = ()  # the devices shown, in order
-        self._history: Any = None
+        self._history: DeviceHistoryView | None = None
         self._two_lines = False
         self._strips: list[Strip] | None = None  # this tick's lines; None: draw on the next render
         self._drawn_width = -1
@@ -80,7 +87,7 @@ class DevicePanel(ScrollView, can_focus=True):
         self._tooltip_row = -1
 
     # -- data ---------------------------------------------------------------------------------
-    def update_from(self, history: Any) -> None:
+    def update_from(self, history: DeviceHistoryView) -> None:
         """Show ``history`` (a DeviceHistory): O(1) here, the drawing happens at the next repaint."""
         self._history = history
         self.keys = tuple(history.keys())
@@ -97,7 +104,7 @@ class DevicePanel(ScrollView, can_focus=True):
         return [strip.text for strip in self._draw(width, Style())]
 
     # -- layout -------------------------------------------------------------------------------
-    def _rows(self) -> list[tuple[str, Any, dict[str, Any]]]:
+    def _rows(self) -> list[_Row]:
         history = self._history
         return [(key, history.latest[key], history.series[key]) for key in self.keys] if history else []
 
@@ -111,7 +118,7 @@ class DevicePanel(ScrollView, can_focus=True):
     def _column_width(self, width: int) -> int:
         return width if self.columns == 1 else max((width - COLUMN_GAP) // 2, 1)
 
-    def _layout(self, width: int, rows: list[tuple[str, Any, dict[str, Any]]], two_lines: bool | None = None) -> _Layout:
+    def _layout(self, width: int, rows: list[_Row], two_lines: bool | None = None) -> _Layout:
         key = min(max((len(k) for k, _, _ in rows), default=3), KEY_MAX) + 1
         label = max((len(memory_label(s.mem_used, s.mem_total)) for _, s, _ in rows), default=5)
         values = tuple(max((len(metric_value(getattr(s, m.attr, None), m.unit)) for _, s, _ in rows), default=2)
@@ -158,7 +165,7 @@ class DevicePanel(ScrollView, can_focus=True):
                     for i, lhs in enumerate(left)]
         return self._draw_rows(rows, rows, width, base)
 
-    def _draw_rows(self, rows: list[tuple[str, Any, dict[str, Any]]], every: list[tuple[str, Any, dict[str, Any]]],
+    def _draw_rows(self, rows: list[_Row], every: list[_Row],
                    width: int, base: Style) -> list[Strip]:
         lay = self._layout(width, every, self._two_lines)  # laid out over every row: columns line up
         selected_style = base + Style(reverse=True)
@@ -244,7 +251,7 @@ def rate_kb(kb_per_s: float) -> str:
     return f"{kb_per_s:.0f} KB/s"
 
 
-def detail_line(sample: Any) -> str:
+def detail_line(sample: DeviceSample) -> str:
     """The selected device's other figures, those it has: clocks, fan, PCIe link and traffic, NVLink,
     ECC errors and why its clocks are held down (NVML's clocks-event reasons)."""
     parts = [str(sample.key)]

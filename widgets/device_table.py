@@ -6,10 +6,13 @@ Unusable devices (passthrough, wrong driver) are listed too, last, with the reas
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.widgets import DataTable
+
+if TYPE_CHECKING:  # the probes' types only; a widget module imports no probe code
+    from hwtui.probes.devices import Device
 
 COLUMNS = ("ID", "Vendor", "Model", "VRAM", "Backend", "Device", "PCI", "Driver", "Status")
 
@@ -27,7 +30,7 @@ class DeviceTable(DataTable):
     def on_mount(self) -> None:
         self.add_columns(*COLUMNS)
 
-    def show(self, devices: list[Any]) -> None:
+    def show(self, devices: list[Device]) -> None:
         self.clear()
         for d in devices:
             status = Text("ok") if d.usable else Text(f"unusable: {d.reason}", style="bold")

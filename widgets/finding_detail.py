@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static, TextArea
 
+from hwtui.core.finding import Finding
 from hwtui.widgets.findings_list import verdict_text
 
 
@@ -32,7 +33,7 @@ class FindingDetail(Vertical):
         yield Static(id="detail")
         yield TextArea("", id="remedy", read_only=True, show_line_numbers=False, soft_wrap=True, classes="-empty")
 
-    def show(self, finding: Any | None) -> None:
+    def show(self, finding: Finding | None) -> None:
         detail = self.query_one("#detail", Static)
         area = self.query_one("#remedy", TextArea)
         if finding is None:

@@ -7,6 +7,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from hwtui.core.finding import Finding, Status
+
 # A word per verdict, not just a colour: readable with NO_COLOR and in a screen reader.
 VERDICT = {
     "pass": ("✓ pass", "green"),
@@ -17,7 +19,7 @@ VERDICT = {
 }
 
 
-def verdict_text(status: Any) -> Text:
+def verdict_text(status: Status | str) -> Text:
     value = getattr(status, "value", status)
     word, style = VERDICT.get(str(value), (str(value), ""))
     return Text(word, style=style)
@@ -28,12 +30,12 @@ class FindingsList(DataTable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", **kwargs)
-        self.findings: list[Any] = []
+        self.findings: list[Finding] = []
 
     def on_mount(self) -> None:
         self.add_columns("VERDICT", "ID", "TITLE")
 
-    def show(self, findings: list[Any]) -> None:
+    def show(self, findings: list[Finding]) -> None:
         self.findings = sorted(findings, key=lambda f: (-f.status.rank, f.id))
         self.clear()
         for i, f in enumerate(self.findings):
@@ -41,7 +43,7 @@ class FindingsList(DataTable):
         if self.findings:
             self.move_cursor(row=0)
 
-    def current(self) -> Any | None:
+    def current(self) -> Finding | None:
         if not self.findings or self.cursor_row is None or not 0 <= self.cursor_row < len(self.findings):
             return None
         return self.findings[self.cursor_row]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.widget import Widget
 
 from hwtui.widgets._draw import bar, sparkline
+
+if TYPE_CHECKING:  # the probes' types only; a widget module imports no probe code
+    from hwtui.probes.host_counters import HostSample
 
 HISTORY = 120
 
@@ -22,7 +25,7 @@ def rate_text(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s:.0f} B/s"
 
 
-def host_summary(s: Any) -> str:
+def host_summary(s: HostSample) -> str:
     """The host in a few words, for a panel's title where there is no line to spare."""
     cpu = "-" if s.cpu_percent is None else f"{s.cpu_percent:.0f}%"
     used = "?" if s.mem_used is None else f"{s.mem_used / 2**30:.1f}"
@@ -35,11 +38,11 @@ class HostStrip(Widget):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.sample: Any = None  # hwtui.probes.host_counters.HostSample
+        self.sample: HostSample | None = None
         self.error: str | None = None  # why the last sample failed, shown until one arrives
         self.cpu_history: deque[float | None] = deque(maxlen=HISTORY)
 
-    def show(self, sample: Any) -> None:
+    def show(self, sample: HostSample) -> None:
         self.sample = sample
         self.error = None
         self.cpu_history.append(sample.cpu_percent)

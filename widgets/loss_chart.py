@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from textual_plotext.plot import Plot
+
+from hwtui.engine.training.views import TrainingView
 from hwtui.widgets.plot_chart import PlotChart
 
 
@@ -15,7 +18,7 @@ class LossChart(PlotChart):
         super().__init__(**kwargs)
         self.points: list[tuple[int, float]] = []
 
-    def show(self, train: Any) -> None:
+    def show(self, train: TrainingView) -> None:
         self.points = list(train.loss)
         self.data_changed()
 
@@ -25,7 +28,7 @@ class LossChart(PlotChart):
         losses = [v for _, v in self.points]
         return f"loss step {self.points[-1][0]}  now {losses[-1]:.4f}  first {losses[0]:.4f}  min {min(losses):.4f}"
 
-    def draw(self, plt: Any) -> None:
+    def draw(self, plt: Plot) -> None:
         if self.points:
             steps, losses = [s for s, _ in self.points], [v for _, v in self.points]
             plt.plot(steps, losses, marker="braille", color="magenta")

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.widget import Widget
 
 from hwtui.engine.training.events import TrainMerge
+from hwtui.engine.training.views import TrainingView
 
 
 class MergeRounds(Widget):
@@ -18,12 +20,12 @@ class MergeRounds(Widget):
         self.merges: list[TrainMerge] = []
         self.checkpoints = 0
 
-    def show(self, train: Any) -> None:
+    def show(self, train: TrainingView) -> None:
         self.merges = list(train.merges)
         self.checkpoints = len(train.checkpoints)
         self.refresh(layout=True)
 
-    def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return 1 + min(len(self.merges), 5)
 
     def render(self) -> Text:

@@ -32,6 +32,7 @@ from textual import work
 from textual.app import RenderResult
 from textual.strip import Strip
 from textual_plotext import PlotextPlot
+from textual_plotext.plot import Plot
 
 from hwtui.widgets._draw import nice_ticks, tick_label
 
@@ -67,14 +68,14 @@ class PlotChart(PlotextPlot):
         """The chart's title: its figures as text."""
         return ""
 
-    def draw(self, plt: Any) -> None:
+    def draw(self, plt: Plot) -> None:
         """Plot the series (``plt`` is cleared, titled and labelled already)."""
 
     def x_label(self) -> str:
         """The x axis' label; subclasses add a key to their series' markers."""
         return self.X_LABEL
 
-    def set_ticks(self, plt: Any, axis: str, lo: float, hi: float, *, integer: bool = False,
+    def set_ticks(self, plt: Plot, axis: str, lo: float, hi: float, *, integer: bool = False,
                   mirrored: bool = False, yside: str | None = None, top: float | None = None) -> list[float]:
         """Round ticks over ``[lo, hi]`` on ``axis`` ("x" or "y"), as many as the chart's size reads
         well, and the axis' limits set to the outer ticks. ``mirrored``: the data runs over
@@ -98,8 +99,9 @@ class PlotChart(PlotextPlot):
             plt.xticks(positions, labels)
             plt.xlim(low - (pad if mirrored else 0), high + (0 if mirrored else pad))
         else:
-            plt.yticks(positions, labels, yside=yside)
-            plt.ylim(low, high + pad, yside=yside)
+            # plotext annotates yside as a number; it takes "left" / "right" (its own docs and code).
+            plt.yticks(positions, labels, yside=yside)  # type: ignore[arg-type]
+            plt.ylim(low, high + pad, yside=yside)  # type: ignore[arg-type]
         return ticks
 
     def data_changed(self) -> None:

@@ -15,7 +15,7 @@ dirty; the visible lines are drawn once, lazily, as plain segments (the device p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -26,6 +26,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from hwtui.core.units import duration_text
+
+if TYPE_CHECKING:  # the probes' types only; a widget module imports no probe code
+    from hwtui.probes.processes import DeviceProcess
 
 COLUMNS = (("DEVICE", "device"), ("PID", "pid"), ("USER", "user"), ("GPU%", "gpu"), ("MEM", "mem"),
            ("CPU%", "cpu"), ("RSS", "rss"), ("TIME", "time"), ("COMMAND", "command"))
@@ -55,7 +58,7 @@ def _elapsed(s: float | None) -> str:
     return duration_text(s, unknown="-")
 
 
-def cells(p: Any, prefix: str = "") -> dict[str, str]:
+def cells(p: DeviceProcess, prefix: str = "") -> dict[str, str]:
     """One process as the text of each column (``prefix``: its branch in the tree view)."""
     return {"device": str(p.device), "pid": str(p.pid), "user": str(p.user),
             "gpu": _pct(getattr(p, "gpu_util", None)), "mem": _mem(p.mem_bytes),
@@ -63,19 +66,19 @@ def cells(p: Any, prefix: str = "") -> dict[str, str]:
             "time": _elapsed(getattr(p, "elapsed_s", None)), "command": prefix + str(p.command)}
 
 
-def matches(p: Any, text: str) -> bool:
+def matches(p: DeviceProcess, text: str) -> bool:
     """The filter: ``text`` (case-insensitive) in the command or the user, or equal to the start of the pid."""
     text = text.strip().lower()
     return not text or text in str(p.command).lower() or text in str(p.user).lower() or str(p.pid).startswith(text)
 
 
-def tree_order(rows: list[Any]) -> list[tuple[Any, str]]:
+def tree_order(rows: list[DeviceProcess]) -> list[tuple[DeviceProcess, str]]:
     """``rows`` (already sorted) with each process after its parent when the parent is shown; the
     branch prefix of each. A process on two devices is one node (its first row) with the others beside."""
-    first: dict[int, Any] = {}
+    first: dict[int, DeviceProcess] = {}
     for p in rows:
         first.setdefault(p.pid, p)
-    children: dict[int, list[Any]] = {}
+    children: dict[int, list[DeviceProcess]] = {}
     roots = []
     for p in rows:
         parent = getattr(p, "ppid", None)
@@ -83,12 +86,12 @@ def tree_order(rows: list[Any]) -> list[tuple[Any, str]]:
             children.setdefault(parent, []).append(p)
         else:
             roots.append(p)
-    out: list[tuple[Any, str]] = []
+    out: list[tuple[DeviceProcess, str]] = []
     seen: set[int] = set()
 
-    def walk(root: Any) -> None:
+    def walk(root: DeviceProcess) -> None:
         # Iterative: a chain of a thousand nested processes must not hit the recursion limit.
-        stack: list[tuple[Any, str, str]] = [(root, "", "")]
+        stack: list[tuple[DeviceProcess, str, str]] = [(root, "", "")]
         while stack:
             p, lead, branch = stack.pop()
             if id(p) in seen:  # a ppid cycle (pid reuse mid-read): never loop, never twice
@@ -137,8 +140,8 @@ class ProcessTable(ScrollView, can_focus=True):
         self.sort_key = "mem"
         self.filter_text = ""
         self.as_tree = False
-        self.rows_shown: list[Any] = []  # after the filter, in the order drawn
-        self._all: list[Any] | None = []  # the last rows given to show() (None: a replay)
+        self.rows_shown: list[DeviceProcess] = []  # after the filter, in the order drawn
+        self._all: list[DeviceProcess] | None = []  # the last rows given to show() (None: a replay)
         self.note = ""
         self.cursor_row = 0
         self._cells: list[dict[str, str]] = []
@@ -153,14 +156,14 @@ class ProcessTable(ScrollView, can_focus=True):
     def row_count(self) -> int:
         return len(self.rows_shown)
 
-    def _sorted(self, rows: list[Any]) -> list[Any]:
+    def _sorted(self, rows: list[DeviceProcess]) -> list[DeviceProcess]:
         attr = NUMERIC.get(self.sort_key)
         if attr is not None:
             return sorted(rows, key=lambda p: (getattr(p, attr, None) is None, -(getattr(p, attr, None) or 0),
                                                p.device, p.pid))
         return sorted(rows, key=lambda p: (getattr(p, self.sort_key), p.pid))
 
-    def show(self, processes: list[Any] | None) -> None:
+    def show(self, processes: list[DeviceProcess] | None) -> None:
         """``None``: this host has no processes to show (a replay)."""
         self._all = None if processes is None else list(processes)
         note = REPLAY_NOTE if processes is None else ("none" if not processes else "")
@@ -200,7 +203,7 @@ class ProcessTable(ScrollView, can_focus=True):
         self.show(self._all)
 
     @property
-    def selected_process(self) -> Any:
+    def selected_process(self) -> DeviceProcess | None:
         """The process under the cursor, or None."""
         return self.rows_shown[self.cursor_row] if 0 <= self.cursor_row < len(self.rows_shown) else None
 

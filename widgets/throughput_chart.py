@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from textual_plotext.plot import Plot
+
+from hwtui.engine.replication.views import ReplicationView
 from hwtui.widgets.plot_chart import PlotChart
 
 
@@ -24,7 +27,7 @@ class ThroughputChart(PlotChart):
         self.current: float | None = None  # None until the engine's first throughput sample
         self.average: float | None = None
 
-    def show(self, repl: Any) -> None:
+    def show(self, repl: ReplicationView) -> None:
         self.times = [t for t, _ in repl.throughput]
         self.points = [g for _, g in repl.throughput]
         self.current, self.peak, self.average = repl.current_gbps, repl.peak_gbps, repl.average_gbps
@@ -33,7 +36,7 @@ class ThroughputChart(PlotChart):
     def summary(self) -> str:
         return f"GB/s now {_gbps(self.current)}  peak {self.peak:.2f}  avg {_gbps(self.average)}"
 
-    def draw(self, plt: Any) -> None:
+    def draw(self, plt: Plot) -> None:
         if self.points:
             plt.plot(self.times, self.points, marker="braille", color="cyan")
             self.set_ticks(plt, "x", 0, max(max(self.times), 1e-3))

@@ -11,6 +11,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from hwtui.engine.training.views import TrainingView
 from hwtui.widgets._draw import bar, gib
 
 
@@ -26,7 +27,7 @@ class WorkerTable(DataTable):
                            ("SHARE", "share"), ("LOSS", "loss"), ("MEM", "mem")):
             self.add_column(label, key=key)
 
-    def show(self, train: Any) -> None:  # run_state.Training: WorkerRow per rank
+    def show(self, train: TrainingView) -> None:
         shares = train.shares()
         for rank in sorted(train.workers):
             w = train.workers[rank]

@@ -18,6 +18,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # ssl is imported only when TLS is asked for
+    import ssl
+
 from hwtui.core.errors import EXIT_OK, HwtuiError
 
 HELP = "run the node agent: an HTTP API (JSON + /metrics) and a resident receiver for `hwtui push`"

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hwtui.app.host_args import host_from_args, timeout_scale
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # probes are imported lazily (CLI start-up time)
     from hwtui.probes.devices import Device
     from hwtui.probes.framework import CheckResult
     from hwtui.probes.host import Host
@@ -28,9 +29,9 @@ def _host_summary(result: CheckResult) -> dict[str, Any]:
     return info
 
 
-def build_document(host: Host, result: CheckResult, devices: list[Device]) -> dict[str, Any]:
+def build_document(host: Host, result: CheckResult, devices: Sequence[Device]) -> dict[str, Any]:
     from hwtui.core.finding import summarize
-    from hwtui.core.redact import redact
+    from hwtui.core.redact import redact_doc
 
     doc = {
         "schema": SCHEMA,
@@ -40,7 +41,7 @@ def build_document(host: Host, result: CheckResult, devices: list[Device]) -> di
         "summary": summarize(result.findings),
         "duration_s": round(result.duration_s, 3),
     }
-    return dict(redact(doc))
+    return redact_doc(doc)
 
 
 def is_failure(result: CheckResult, strict: bool) -> bool:
@@ -52,7 +53,7 @@ def is_failure(result: CheckResult, strict: bool) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from hwtui.core.finding import Finding, summarize
-    from hwtui.core.redact import redact
+    from hwtui.core.redact import redact_doc
     from hwtui.probes.catalog import areas, catalog
     from hwtui.probes.framework import run_checks
     from hwtui.probes.inventory import devices_from_facts
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     collectors, rules = catalog()
     result = run_checks(host, collectors, rules, only=only, timeout_scale=timeout_scale(args))
     # Findings are redacted at the boundary, so text, JSON and JUnit all get the same masked view.
-    result.findings = [Finding.from_dict(redact(f.to_dict())) for f in result.findings]
+    result.findings = [Finding.from_dict(redact_doc(f.to_dict())) for f in result.findings]
     devices = devices_from_facts(result.facts)
 
     if args.junit:

@@ -15,6 +15,11 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the engine is imported lazily (CLI start-up time)
+    from hwtui.engine.cluster.smoke import SmokeOptions
+    from hwtui.engine.cluster.spec import ClusterSpec
 
 HELP = "set up a multi-node cluster (init), check a node (preflight), smoke-test it under torchrun/srun/mpirun (test)"
 
@@ -120,7 +125,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def build_spec(args: argparse.Namespace):
+def build_spec(args: argparse.Namespace) -> ClusterSpec:
     from hwtui.core.errors import HwtuiError
     from hwtui.engine.cluster.spec import ClusterSpec, SpecError, parse_nodes
 
@@ -211,7 +216,7 @@ def _preflight(args: argparse.Namespace) -> int:
 
 # -- test ------------------------------------------------------------------------------------------
 
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> SmokeOptions:
     from hwtui.core.errors import HwtuiError
     from hwtui.engine.cluster import spec as specmod
     from hwtui.engine.cluster.bandwidth import OPS, parse_size, size_series
@@ -234,7 +239,7 @@ def _options(args: argparse.Namespace):
     if args.iters < 1 or args.warmup < 0:
         raise HwtuiError("--iters must be at least 1 and --warmup at least 0")
 
-    def pick(cli, spec_value, default):
+    def pick(cli: Any, spec_value: Any, default: Any) -> Any:
         return cli if cli is not None else (spec_value if spec is not None and spec_value is not None else default)
 
     join_timeout = pick(args.join_timeout, spec and spec.join_timeout, 60.0)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hwtui.app.output.style import printable
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # probes are imported lazily (CLI start-up time)
     from hwtui.probes.devices import Device
 
 HELP = "list accelerators of every vendor with one global id"
@@ -29,7 +29,7 @@ def _vram(n: int | None) -> str:
     return "-" if not n else f"{n / 1024**3:.0f} GB"
 
 
-def format_table(devices: Iterable[Device]) -> str:
+def format_table(devices: Sequence[Device]) -> str:
     rows = [("ID", "Vendor", "Model", "VRAM", "Backend", "Device", "PCI", "Driver")]
     for d in devices:
         rows.append((

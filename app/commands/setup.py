@@ -19,6 +19,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
+if TYPE_CHECKING:  # the CLI imports probes lazily (startup time); the names are for mypy only
+    from hwtui.probes.framework import Facts
+    from hwtui.probes.host import Host
+    from hwtui.probes.vendor_envs import EnvPlan, Step
+
 from hwtui.core.errors import EXIT_FAILED, EXIT_OK, HwtuiError
 from hwtui.core.redact import redact_text
 

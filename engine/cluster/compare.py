@@ -11,7 +11,7 @@ Finding ids: ``cluster.<check>``, with ``[node]`` or ``[VARIABLE]`` when a check
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hwtui.core.finding import Finding, Status, fail, passed, warn
@@ -49,7 +49,7 @@ def _key(v: Any) -> str:
     return repr(v)
 
 
-def _listing(values: Mapping[str, Any], fmt=lambda v: "(unset)" if v is None else str(v)) -> str:
+def _listing(values: Mapping[str, Any], fmt: Callable[[Any], str] = lambda v: "(unset)" if v is None else str(v)) -> str:
     return "; ".join(f"{node}: {fmt(v)}" for node, v in values.items())
 
 

@@ -5,9 +5,8 @@ Only rank 0 emits them: it is the rank that holds every node's report after the 
 
 from __future__ import annotations
 
-from typing import Any
-
 from hwtui.core.events import Event, event
+from hwtui.core.finding import FindingDict
 
 
 @event("cluster.node")
@@ -24,7 +23,7 @@ class NodeEvent(Event):
 class MismatchEvent(Event):
     """A cross-node comparison that did not pass; ``finding`` is ``Finding.to_dict()``."""
 
-    finding: dict[str, Any]
+    finding: FindingDict
 
 
 @event("cluster.correctness")
@@ -50,4 +49,4 @@ class DoneEvent(Event):
     ok: bool
     world_size: int
     nodes: list[str]
-    findings: list[dict[str, Any]]
+    findings: list[FindingDict]

@@ -15,7 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from hwtui.core.redact import redact
+from hwtui.core.redact import redact_doc
 from hwtui.probes.host import Host
 
 SCHEMA = "hwtui.cluster.rank/1"
@@ -196,4 +196,4 @@ def rank_report(*, rank: int, local_rank: int, world_size: int, node: str, maste
         "plugin": plugin_facts(env),
         "check": check,
     }
-    return redact(mask_values(cap(report), secrets.values()))
+    return redact_doc(mask_values(cap(report), secrets.values()))

@@ -10,7 +10,7 @@ rank, instead of an exception deep inside a comparison rule.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from hwtui.core.redact import MASK
 
@@ -114,4 +114,4 @@ def checked_report(raw: Any, slot: int, schema: str) -> dict[str, Any]:
     _need(isinstance(findings, list) and all(isinstance(f, dict) and all(isinstance(f.get(k), str)
                                                                           for k in ("id", "status", "title"))
                                              for f in findings), slot, "check.findings", "a list of findings")
-    return raw
+    return cast("dict[str, Any]", raw)  # every field a reader indexes was checked above

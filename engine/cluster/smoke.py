@@ -33,16 +33,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hwtui.core.events import Event
 from hwtui.core.finding import Finding, Status, fail, passed, skip
 from hwtui.core.net import free_loopback_port, probe_port
-from hwtui.core.redact import redact
+from hwtui.core.redact import redact_doc
 from hwtui.engine.cluster import compare as cmp
 from hwtui.engine.cluster.bandwidth import OPS, BandwidthResult, Correctness, correctness, floor_failures, measure
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.cluster.spec import ClusterSpec
+
+if TYPE_CHECKING:  # torch is imported inside the rank (start-up time of the CLI that imports this)
+    from torch.distributed import PrefixStore, Store
 
 REPORT_SCHEMA = "hwtui.cluster.report/1"
 POLL_S = 0.2
@@ -166,7 +169,7 @@ def identify_node(env: Mapping[str, str], explicit: str | None, spec: ClusterSpe
 
 # -- reaching the store ------------------------------------------------------------------------
 
-def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None) -> Any:
+def connect_store(ctx: LaunchContext, node: str, timeout: float, master_node: str | None) -> PrefixStore:
     from torch.distributed import PrefixStore, TCPStore
 
     where = f"{ctx.master_addr}:{ctx.master_port}"
@@ -202,7 +205,7 @@ def _missing_label(rank: int, ctx: LaunchContext, spec: ClusterSpec | None) -> d
     return {"rank": rank, "node": node.name if node else None, "address": node.addr if node else None}
 
 
-def roll_call(store: Any, ctx: LaunchContext, me: dict[str, Any], join_timeout: float, spec: ClusterSpec | None,
+def roll_call(store: Store, ctx: LaunchContext, me: dict[str, Any], join_timeout: float, spec: ClusterSpec | None,
               backend: str) -> dict[str, Any]:
     """Register, then (rank 0) wait for everyone or (others) wait for rank 0's verdict."""
     store.set(f"join/{ctx.rank}", json.dumps(me))
@@ -212,8 +215,7 @@ def roll_call(store: Any, ctx: LaunchContext, me: dict[str, Any], join_timeout: 
         except Exception:  # noqa: BLE001 - DistStoreError: a timeout
             raise ClusterFailure(f"rank 0 did not publish the roll call within {join_timeout + 15:g} s "
                                  f"(rank {ctx.rank} on {me['node']} gave up)") from None
-        verdict: dict[str, Any] = json.loads(store.get("verdict"))
-        return verdict
+        return cast("dict[str, Any]", json.loads(store.get("verdict")))  # rank 0 wrote it (below)
 
     keys = [f"join/{r}" for r in range(ctx.world_size)]
     started = time.monotonic()
@@ -318,7 +320,7 @@ def _summary(rep: Mapping[str, Any]) -> str:
             f"{route.get('interface') or '?'} {route.get('local_addr') or '?'}, local check: {rep.get('check', {}).get('worst')}")
 
 
-def _wait_done(store: Any, ctx: LaunchContext, timeout: float, ranks: list[int] | None = None) -> None:
+def _wait_done(store: Store, ctx: LaunchContext, timeout: float, ranks: list[int] | None = None) -> None:
     """Rank 0 hosts the store in fixed layouts: it must outlive the other ranks' last store call."""
     store.set(f"done/{ctx.rank}", "1")
     if ctx.rank == 0 and not ctx.agent_store:
@@ -621,8 +623,7 @@ def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> dict[str, Any
     """The report as it may leave rank 0: --env values masked wherever they appear, then redacted."""
     from hwtui.engine.cluster.peer import mask_values
 
-    public: dict[str, Any] = redact(mask_values(report, secrets.values()))
-    return public
+    return redact_doc(mask_values(report, secrets.values()))
 
 
 def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:

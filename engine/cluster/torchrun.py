@@ -10,6 +10,7 @@ Same arguments as torchrun (``torch.distributed.run``), which does all the work.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _late(args) -> str | None:
+def _late(args: argparse.Namespace) -> str | None:
     """A node arriving after the rendezvous closed joins torchrun's next round, which restarts the
     running nodes: refuse it here, in one line, when rank 0 has marked the test as begun."""
     import os

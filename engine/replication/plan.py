@@ -115,8 +115,8 @@ class Tables:
     i_offset: np.ndarray  # i8: offset inside the bucket
 
     def shape(self, k: int) -> list[int]:
-        shape: list[int] = self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
-        return shape
+        dims: list[int] = self.dims[(self.shape_end[k - 1] if k else 0):self.shape_end[k]].tolist()
+        return dims
 
 
 _TENSOR_SECTIONS = ("dtype", "shape_end", "nbytes", "checksum", "send", "file", "file_offset")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hwtui.core.redact import redact, redact_env
+from hwtui.core.redact import redact_doc, redact_env
 from hwtui.engine.replication.settings import ReplicationSettings
 
 REPORT_SCHEMA = "hwtui.replication-report/1"
@@ -62,5 +62,4 @@ def build_report(*, ok: bool, error: str | None, plan: dict[str, Any], settings:
         "mode": mode,
         "env": redact_env({k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}),
     }
-    redacted: dict[str, Any] = redact(report)  # the same shape, secrets replaced
-    return redacted
+    return redact_doc(report)

@@ -235,7 +235,8 @@ def _dtype_codes(body: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
     pos = np.minimum(np.searchsorted(_DT_KEYS, key), len(_DT_KEYS) - 1)
     if not (_DT_KEYS[pos] == key).all():
         raise _Irregular
-    return _DT_CODES[pos]
+    codes: np.ndarray = _DT_CODES[pos]
+    return codes
 
 
 def _numbers(body: np.ndarray, dims_lo: np.ndarray, dims_hi: np.ndarray, off_lo: np.ndarray,

@@ -44,7 +44,8 @@ def _xxh64_avalanche(h: np.ndarray) -> np.ndarray:
     h = h * _PRIME64_2
     h = h ^ (h >> _sh(29))
     h = h * _PRIME64_3
-    return h ^ (h >> _sh(32))
+    out: np.ndarray = h ^ (h >> _sh(32))
+    return out
 
 
 def _xxh3_avalanche(h: np.ndarray) -> np.ndarray:
@@ -82,7 +83,8 @@ def _mul128_fold64(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _read(buf: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:
     """Little-endian integers of ``size`` bytes (4 or 8) at every offset in ``at``."""
     win = sliding_window_view(buf, size)[at]  # fancy indexing: already a fresh contiguous copy
-    return win.view("<u4" if size == 4 else "<u8").ravel().astype(np.uint64, copy=False)
+    out: np.ndarray = win.view("<u4" if size == 4 else "<u8").ravel().astype(np.uint64, copy=False)
+    return out
 
 
 def xxh3_64_short(buf: np.ndarray, offset: np.ndarray, length: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hwtui.core.redact import redact
+from hwtui.core.redact import redact_doc
 
 _DRIVER_MODULES = ("nvidia", "amdgpu", "xe", "i915", "habanalabs")
 
@@ -46,7 +46,7 @@ def check_source(host: Any, timeout_scale: float = 1.0) -> Callable[[], dict[str
         result = run_checks(host, collectors, rules, timeout_scale=timeout_scale)
         modules = (result.facts.get("modules") or {}).get("modules", {})
         info = result.facts.get("host") or {}
-        return redact({
+        return redact_doc({
             "worst": result.worst.value,
             "findings": [f.to_dict() for f in result.findings],
             "summary": summarize(result.findings),
@@ -74,7 +74,7 @@ def facts_source(env: Mapping[str, str] | None = None,
             torch = (torch_facts or local.torch_facts)()
         except ImportError:
             torch = {"version": None, "cuda": None, "hip": None, "nccl": None, "device_count": 0}
-        return redact({
+        return redact_doc({
             "schema": local.SCHEMA,
             "hwtui": local._hwtui_version(),
             "python": platform.python_version(),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hwtui.core.redact import redact, redact_text
+from hwtui.core.redact import redact_doc, redact_text
 
 # /proc scans look at this many processes at most: a node with 100k tasks must not stall the agent.
 MAX_PROCS_SCANNED = 20000
@@ -145,4 +145,4 @@ class NodeState:
             r.kick()
 
     def replication(self) -> dict[str, Any]:
-        return redact(self._replication())
+        return redact_doc(self._replication())

@@ -21,7 +21,10 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where it is used (start-up time; CPU-only tools)
+    import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -173,7 +176,7 @@ class TrainDevice:
         return f"{self.spec.name}:{self.index}"
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         import torch
 
         return torch.device("cpu") if self.spec.torch_type == "cpu" else torch.device(self.spec.torch_type, self.index)
@@ -212,7 +215,7 @@ class TrainDevice:
             return "bf16" if self.bf16_supported() else "fp32"
         return requested
 
-    def autocast(self, precision: str) -> Any:
+    def autocast(self, precision: str) -> contextlib.AbstractContextManager[Any]:
         """The autocast context for this backend; fp32 gets a no-op context."""
         import torch
 
@@ -221,7 +224,7 @@ class TrainDevice:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.spec.torch_type, dtype=dtype)
 
-    def grad_scaler(self, precision: str) -> Any:
+    def grad_scaler(self, precision: str) -> torch.amp.GradScaler | None:
         """A GradScaler only where one is needed: fp16 on backends whose fp16 underflows (not bf16)."""
         if precision != "fp16" or not self.spec.fp16_needs_scaler:
             return None

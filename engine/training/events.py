@@ -5,14 +5,23 @@ Errors use the shared :class:`hwtui.core.events.ErrorEvent`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from hwtui.core.events import Event, event
 
 
+class TrainWorkerInfo(TypedDict):
+    """One worker as ``train.start`` announces it."""
+
+    rank: int
+    device: str  # "cuda:0"
+    vendor: str
+    name: str  # the device's model name
+
+
 @event("train.start")
 class TrainStart(Event):
-    workers: list[dict[str, Any]]  # {rank, device, vendor, name}
+    workers: list[TrainWorkerInfo]
     steps: int
     batch_size: int
     balance: str

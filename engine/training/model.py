@@ -32,7 +32,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
+        out: torch.Tensor = x + self.down(F.gelu(self.up(self.ln2(x))))
+        return out
 
 
 class CharTransformer(nn.Module):
@@ -56,7 +57,8 @@ class CharTransformer(nn.Module):
                 x = _checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.head(self.ln_f(x))
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self(x)

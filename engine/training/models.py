@@ -94,7 +94,8 @@ class Trainable:
 
     def logits(self, idx: torch.Tensor) -> torch.Tensor:
         if self.kind == "hf":
-            return self.module(input_ids=idx, use_cache=False).logits
+            hf_logits: torch.Tensor = self.module(input_ids=idx, use_cache=False).logits
+            return hf_logits
         out = self.module(idx)
         logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
@@ -103,9 +104,11 @@ class Trainable:
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.kind == "char":
-            return self.module.loss(x, y)  # type: ignore[operator]
+            char_loss: torch.Tensor = self.module.loss(x, y)  # type: ignore[operator]
+            return char_loss
         if self._custom_loss is not None:
-            return self._custom_loss(x, y)
+            custom: torch.Tensor = self._custom_loss(x, y)
+            return custom
         logits = self.logits(x)
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 

@@ -9,7 +9,7 @@ quick start's troubleshooting section), so it is checked against the port's GID 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.distributed.parsers import NcclList, parse_int, parse_nccl_list
@@ -176,7 +176,7 @@ def best_gid(port: Mapping[str, Any]) -> dict[str, Any] | None:
     v2 = [g for g in gids if "v2" in (g.get("type") or "").lower()]
     for pool in ([g for g in v2 if g.get("ipv4")], v2):
         if pool:
-            return pool[0]
+            return cast("dict[str, Any]", pool[0])
     return None
 
 

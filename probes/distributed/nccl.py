@@ -139,8 +139,7 @@ def origin_of(facts: Facts, name: str) -> str:
         return "environment"
     for f in (facts.get("nccl") or {}).get("conf_files", []):
         if name in f.get("settings", {}):
-            path: str = f["path"]
-            return path
+            return str(f["path"])
     return "default"
 
 

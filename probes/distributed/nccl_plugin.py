@@ -13,7 +13,7 @@ says "Mesh"). The answer is a host fact, so snapshots and --replay carry it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from hwtui.core.finding import Finding, fail, passed, skip, warn
 from hwtui.probes.child import ChildError, run_in_child
@@ -65,7 +65,8 @@ def dlopen_plugin(path: str) -> dict[str, Any]:
 
 def load_in_child(path: str, timeout: float = 20.0) -> dict[str, Any]:
     try:
-        return run_in_child("hwtui.probes.distributed.nccl_plugin:dlopen_plugin", {"path": path}, timeout=timeout)
+        return cast("dict[str, Any]", run_in_child("hwtui.probes.distributed.nccl_plugin:dlopen_plugin", {"path": path},
+                                                   timeout=timeout))
     except ChildError as exc:
         return {"loaded": False, "error": str(exc), "child": exc.kind, "stderr": exc.stderr_tail[-400:]}
 
