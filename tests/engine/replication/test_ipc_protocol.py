@@ -136,8 +136,13 @@ def test_an_abort_ends_every_wait_with_its_reason() -> None:
 
 # --- hostile and malformed messages --------------------------------------------------------------
 
+# A fixed pid, not this process's: the cases below are test parameters, and pytest-xdist requires
+# every worker to collect the same ids (a pid in them made each worker's list differ).
+_PID = 4242
+
+
 def _good(n: int = 16) -> Export:
-    return Export(bucket=3, slot=1, nbytes=n, digest="a" * 32, kind="host", handle=HostHandle(os.getpid(), 5, 4096))
+    return Export(bucket=3, slot=1, nbytes=n, digest="a" * 32, kind="host", handle=HostHandle(_PID, 5, 4096))
 
 
 def _mutate(**changes: Any) -> bytes:
@@ -162,7 +167,7 @@ def test_a_good_message_round_trips() -> None:
     assert decode_ack(ack.encode(), bucket=3, rank=2) == ack
 
 
-@pytest.mark.parametrize("raw, why", [
+_HOSTILE = [
     (b"\x80\x04\x95pickle", "not JSON"),
     (b"[]", "not a JSON object"),
     (b"[" * 15000, "nested too deeply"),  # found by hand: a RecursionError escaped before
@@ -184,7 +189,10 @@ def test_a_good_message_round_trips() -> None:
     (_mutate(h_fd=-3), "fd must be"),
     (_mutate(h_size=8), "smaller than bucket 3"),
     (_mutate(h_extra=1), "unexpected fields"),
-])
+]
+
+
+@pytest.mark.parametrize("raw, why", _HOSTILE, ids=[f"case{i}" for i in range(len(_HOSTILE))])
 def test_malformed_or_lying_export_messages_are_refused(raw: Any, why: Any) -> None:
     with pytest.raises(WireError, match=why):
         decode_export(raw, bucket=3, nbytes=16, window=2, kind="host")
