@@ -39,7 +39,10 @@ test: $(TEST_STAMP)
 	# Two workers: most tests wait on child interpreters and sockets, so two at once halve the wall time.
 	# loadscope: a module's tests stay on one worker, so a module-scoped fixture (a training run, a
 	# netns world) runs once, not once per worker (345 s -> 295 s for the suite here).
-	$(BIN)/python -m pytest -n 2 --dist loadscope
+	# --no-loadscope-reorder: modules go out in the order collected, the slowest first
+	# (tests/conftest.py, tests/module_seconds.txt), not sorted by test count, which left a slow
+	# few-test module to run alone at the end.
+	$(BIN)/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

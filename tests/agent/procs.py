@@ -24,7 +24,12 @@ START_S = 120.0
 
 def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_", "MASTER_", "RANK", "WORLD_SIZE"))}
-    out.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "HWTUI_AGENT_TOKEN": TOKEN, **extra})
+    # HWTUI_TALLY_WAIT_S: a rank killed or failed after the decision never reports what it serves,
+    # and the source's rank waited the whole commit timeout for it (15 s, three times in
+    # test_push_recovery); a resident rank's tally feeds no report (the pusher reads every node
+    # back itself), so these tests lose nothing by a short one.
+    out.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "HWTUI_AGENT_TOKEN": TOKEN,
+                "HWTUI_TALLY_WAIT_S": "2", **extra})
     return out
 
 
@@ -112,3 +117,23 @@ def push_bg(plan: Path, agents: str, *extra: str) -> subprocess.Popen[str]:
                              "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                             start_new_session=True)
+
+
+def push_and_stop(world: Agents, plan: Path, victim: int, phase: str, *extra: str, sig: int = signal.SIGKILL,
+                  also: tuple[int, ...] = ()) -> tuple[int, str, str, str]:
+    """Push ``plan`` in the background; once agent ``victim`` (and each of ``also``) reports the push
+    at ``phase``, signal ``victim`` with ``sig``; wait for the push to end (bounded).
+
+    Returns the push's exit code, stdout and stderr, and the victim's log. The push is SIGKILLed
+    (its whole session) if it is still running when this returns, whatever failed."""
+    bg = push_bg(plan, world.agents(), *extra)
+    try:
+        for i in (victim, *also):
+            world.wait_phase(i, phase, watch=bg)
+        log = world.kill(victim, sig)
+        out, err = bg.communicate(timeout=120)
+    finally:
+        if bg.poll() is None:
+            os.killpg(bg.pid, signal.SIGKILL)
+            bg.wait(10)
+    return bg.returncode, out, err, log

@@ -37,7 +37,10 @@ PORT = 9477
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_", "MASTER_", "RANK", "WORLD_SIZE"))}
     # Each node's gloo binds to the cluster interface (as `hwtui cluster init` env files set it).
-    env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", **extra})
+    # HWTUI_TALLY_WAIT_S: a rank stopped after the decision never reports what it serves, and the
+    # source's rank waited the whole commit timeout (30 s here) for it; a resident rank's tally
+    # feeds no report (the pusher reads every node back), so no test here needs that wait.
+    env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0", "HWTUI_TALLY_WAIT_S": "2", **extra})
     return env
 
 

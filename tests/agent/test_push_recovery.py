@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.agent.procs import Agents, env, push, push_bg  # noqa: E402
+from tests.agent.procs import Agents, env, push, push_and_stop  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, write_plan  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
@@ -94,16 +94,8 @@ def test_a_receiver_killed_at_committing_is_a_split_its_restart_finishes(world, 
     for i in range(3):
         restart(world, i, **({"HWTUI_TEST_FAULT": "hang:rank=1,phase=commit"} if i == 1 else {}))
     plan, expected = models["v1"]
-    bg = push_bg(plan, world.agents(), "--json")
-    try:
-        world.wait_phase(1, "committing", watch=bg)
-        world.kill(1)
-        out, err = bg.communicate(timeout=120)
-    finally:
-        if bg.poll() is None:
-            os.killpg(bg.pid, signal.SIGKILL)
-            bg.wait(10)
-    assert bg.returncode == 1, out + err
+    rc, out, err, _ = push_and_stop(world, plan, 1, "committing", "--json")
+    assert rc == 1, out + err
     doc = json.loads(out)
     by = {n["node"]: n for n in doc["nodes"]}
     assert by["node1"]["outcome"] == "died" and by["node2"]["outcome"] == "committed", doc
@@ -187,16 +179,8 @@ def test_the_source_killed_at_committing_the_report_reads_back_what_each_node_se
     restart(world, 0, HWTUI_TEST_FAULT="hang:rank=0,phase=commit")
     restart(world, 1)
     plan, _ = models["v4"]
-    bg = push_bg(plan, world.agents())
-    try:
-        world.wait_phase(0, "committing", watch=bg)
-        world.kill(0)
-        out, err = bg.communicate(timeout=120)
-    finally:
-        if bg.poll() is None:
-            os.killpg(bg.pid, signal.SIGKILL)
-            bg.wait(10)
-    assert bg.returncode == 1, out + err
+    rc, out, err, _ = push_and_stop(world, plan, 0, "committing")
+    assert rc == 1, out + err
     line = out.strip().splitlines()[-1]
     assert "nothing committed" not in line, line
     assert "node1 serves v4" in line and "node2 serves v4" in line and "node0 unknown" in line, line
@@ -211,15 +195,7 @@ def test_a_dead_push_leaves_nothing_and_a_stopped_rank_no_traceback(world, model
     restart(world, 2, HWTUI_TEST_FAULT="hang:rank=2,bucket=3")
     plan, _ = models["v5"]
     for how in (signal.SIGTERM, signal.SIGKILL):
-        bg = push_bg(plan, world.agents())
-        try:
-            world.wait_phase(2, "transfer", watch=bg)
-            log = world.kill(2, how)
-            bg.communicate(timeout=120)
-        finally:
-            if bg.poll() is None:
-                os.killpg(bg.pid, signal.SIGKILL)
-                bg.wait(10)
+        _, _, _, log = push_and_stop(world, plan, 2, "transfer", sig=how)
         assert "Traceback" not in log and "BrokenPipeError" not in log, log
         if how == signal.SIGKILL:
             assert (world.served(2) / "staging" / "v5").exists()  # what the dead agent left
@@ -244,17 +220,8 @@ def test_a_push_aborted_at_the_vote_leaves_no_prepared_copy_behind(world, models
     with the next `--resume` (nothing to resume)."""
     restart(world, 2, HWTUI_TEST_FAULT="hang:rank=2,phase=prepare")
     plan, _ = models["v7"]
-    bg = push_bg(plan, world.agents(), "--json")
-    try:
-        world.wait_phase(2, "voting", watch=bg)
-        world.wait_phase(1, "voting", watch=bg)
-        world.kill(2)
-        out, err = bg.communicate(timeout=120)
-    finally:
-        if bg.poll() is None:
-            os.killpg(bg.pid, signal.SIGKILL)
-            bg.wait(10)
-    assert bg.returncode == 1, out + err
+    rc, out, err, _ = push_and_stop(world, plan, 2, "voting", "--json", also=(1,))
+    assert rc == 1, out + err
     doc = json.loads(out)
     assert doc["state"] == "not committed" or doc["state"] == "unknown", doc
     assert leftovers(world, 1) == {"staging": [], "plans": [], "versions": ["v4", "v6"]}

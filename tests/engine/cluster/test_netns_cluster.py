@@ -280,6 +280,11 @@ WAIT_FOR_MARK = textwrap.dedent("""
 """)
 
 
+# a and b wait out this join timeout for c on purpose (c comes only once the test began): short,
+# yet room for a's and b's torchrun, started together, to both join on a loaded box (20 s before).
+JOIN_S = "12"
+
+
 def test_a_node_started_after_the_join_timeout_is_refused_and_no_node_shows_a_traceback(cluster, tmp_path, world):
     """a and b start; once the test has begun (rank 0's mark is in the store) c's launch script
     runs: its torchrun refuses it by name with the fix in one line before the rendezvous,
@@ -288,7 +293,7 @@ def test_a_node_started_after_the_join_timeout_is_refused_and_no_node_shows_a_tr
     out = tmp_path / "cl"
     nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
     assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
-                     "--join-timeout", "20", "--master-port", "29900", "-o", str(out)]) == 0
+                     "--join-timeout", JOIN_S, "--master-port", "29900", "-o", str(out)]) == 0
     first = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "32M", "--iters", "20"], env=_env())
              for i, n in enumerate(NODES[:2])]
     try:
@@ -302,13 +307,13 @@ def test_a_node_started_after_the_join_timeout_is_refused_and_no_node_shows_a_tr
     assert rc_c == 1 and out_c == "", err_c
     [line] = err_c.splitlines()
     assert line.startswith("hwtui: node c is too late: the cluster test began at "), line
-    assert line.endswith(" without it (with a, b, after the 20 s join timeout); fix: let that run finish, then start "
-                         "every node's launch script again, all within 20 s (the join timeout) of the first"), line
+    assert line.endswith(f" without it (with a, b, after the {JOIN_S} s join timeout); fix: let that run finish, then start "
+                         f"every node's launch script again, all within {JOIN_S} s (the join timeout) of the first"), line
     # a and b ran the test without c, which cluster.json lists: it fails naming c, and ends in lines,
     # not tracebacks (torchrun's ChildFailedError included: the launch script's torchrun says one line).
     for node, (rc, o, e) in zip(NODES, results, strict=False):
         assert rc == 1, f"node {node} exited {rc}\n{o[-2000:]}\n{e[-3000:]}"
         assert "Traceback" not in o + e and "DistStoreError" not in o + e, o[-2000:] + e[-3000:]
         assert e.rstrip().endswith("hwtui: torchrun: a rank on this node failed; its output above says why"), e[-2000:]
-    assert sum("[FAIL] node c (10.77.0.3) never joined within 20 s" in o for _, o, _ in results) == 1
+    assert sum(f"[FAIL] node c (10.77.0.3) never joined within {JOIN_S} s" in o for _, o, _ in results) == 1
     print(f"\nlate node c said: {line}")
