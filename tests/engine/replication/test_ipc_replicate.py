@@ -28,7 +28,7 @@ def _run(plan: Path, out: Path, fault: str | None = None, **kw: Any) -> tuple[An
         env["HWTUI_TEST_FAULT"] = fault
     events: list[Any] = []
     result = run_replication(ReplicationOptions(plan=str(plan), nproc=3, env=env, commit=True, out=str(out),
-                                                inflight=2, **kw), on_event=events.append)
+                                                window=2, **kw), on_event=events.append)
     return result, events
 
 
