@@ -174,14 +174,15 @@ class Printer:
 
     def _done(self, ev: ReplDone) -> None:
         self.progress.close()
+        r = ev.report
         if ev.ok:
-            r = ev.report or {}
-            mem = (r.get("peak_memory") or {}).get("max_pool_peak_bytes", 0)
-            checked = "verified" if r.get("verify") else "NOT verified (--no-verify)"
+            # .get, not [...]: a report read back from an older run's events may lack a field.
+            mem = r.get("peak_memory", {}).get("max_pool_peak_bytes", 0) if r else 0
+            checked = "verified" if r and r.get("verify") else "NOT verified (--no-verify)"
             self._p(f"done: {ev.bytes / 1e6:.1f} MB in {ev.seconds:.3f} s = {ev.gbps:.2f} GB/s, {checked} on "
-                    f"{r.get('world_size', '?')} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
-                    + ("; committed" if r.get("committed") else ""))
-        serving = (ev.report or {}).get("serving") or {}
+                    f"{r.get('world_size', '?') if r else '?'} ranks; peak bucket memory {mem / 2**20:.1f} MiB"
+                    + ("; committed" if r and r.get("committed") else ""))
+        serving = (r.get("serving") if r else None) or {}
         if serving:
             # The per-rank truth read from disk after the run, success or not: the final line
             # and the report always agree on what every rank serves.

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hwtui.app.push.options import PushOptions
     from hwtui.app.push.training import TrainPusher
     from hwtui.engine.training.config import TrainConfig
+    from hwtui.engine.training.report import TrainReport
 
 HELP = "train a small model on every selected device (mixed vendors), merged by samples"
 
@@ -443,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
     return _exit_code(report, pushes)
 
 
-def _exit_code(report: dict[str, Any], pushes: list[dict[str, Any]] | None) -> int:
+def _exit_code(report: TrainReport, pushes: list[dict[str, Any]] | None) -> int:
     """0 delivered; 1 the training failed; 4 (EXIT_PUSH_FAILED) delivered, but a push failed."""
     from hwtui.core.errors import EXIT_FAILED
 

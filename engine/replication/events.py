@@ -9,9 +9,12 @@ The transport decision line is a shared :class:`~hwtui.core.events.LogEvent` and
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hwtui.core.events import ErrorEvent, Event, LogEvent, event
+
+if TYPE_CHECKING:  # the report's shape, for the type checker; events stay importable without it
+    from hwtui.engine.replication.report import ReplicationReport
 
 
 class BucketState(str, enum.Enum):
@@ -126,7 +129,7 @@ class ReplDone(Event):
     bytes: int
     seconds: float
     gbps: float
-    report: dict[str, Any] | None = None
+    report: ReplicationReport | None = None
 
 
 __all__ = ["PlanProgress", "PLAN_PHASES", "ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",

@@ -39,7 +39,7 @@ from hwtui.engine.replication.events import (
 from hwtui.engine.replication.monitor import Monitor, RunOutcome, Stop
 from hwtui.engine.replication.plan import Plan, load_plan, preflight_sources
 from hwtui.engine.replication.reader import check_direct, check_readers
-from hwtui.engine.replication.report import build_report
+from hwtui.engine.replication.report import ReplicationReport, build_report
 from hwtui.engine.replication.served_files import serve_modes
 from hwtui.engine.replication.settings import ReplicationSettings
 from hwtui.engine.replication.shm import shm_dir, sweep_dead_run_dirs
@@ -89,7 +89,7 @@ class ReplicationResult:
     ok: bool
     exit_code: int
     error: str | None
-    report: dict[str, Any]
+    report: ReplicationReport
 
 
 def resolve_settings(opts: ReplicationOptions) -> ReplicationSettings:

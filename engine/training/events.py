@@ -5,9 +5,12 @@ Errors use the shared :class:`hwtui.core.events.ErrorEvent`.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from hwtui.core.events import Event, event
+
+if TYPE_CHECKING:  # the report's shape, for the type checker only
+    from hwtui.engine.training.report import TrainReport
 
 
 class TrainWorkerInfo(TypedDict):
@@ -85,4 +88,4 @@ class TrainDone(Event):
     seconds: float
     samples: int
     final_loss: float | None
-    report: dict[str, Any] | None
+    report: TrainReport | None

@@ -47,9 +47,12 @@ import enum
 import signal
 import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwtui.core.events import ErrorEvent, EventSink, LogEvent
+
+if TYPE_CHECKING:
+    from hwtui.engine.training.report import TrainReport
 from hwtui.core.supervisor import Group, exit_text
 from hwtui.engine.training import knobs, resume
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
@@ -131,7 +134,7 @@ class Coordinator:
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainReport:
         self._prepare_resume()
         self._start_store()
         ok = False

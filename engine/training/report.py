@@ -6,7 +6,7 @@ Written atomically, redacted (device names and paths can carry user names), JSON
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from hwtui.core.atomic import atomic_write_text
 from hwtui.core.redact import redact
@@ -14,14 +14,63 @@ from hwtui.core.redact import redact
 SCHEMA = "hwtui.train-report/1"
 
 
-def build_report(coord: Any) -> dict[str, Any]:
+class TrainWorkerRow(TypedDict):
+    """One worker of the run as the report tells it (samples it trained, its losses, why it left)."""
+
+    rank: int
+    device: str
+    vendor: str
+    name: str
+    samples: int
+    samples_discarded: int
+    samples_per_s: float | None
+    busy_samples_per_s: float | None
+    chunks_claimed: int
+    chunks_done: int
+    chunks_requeued: int
+    loss_first: float | None
+    loss_last: float | None
+    loss_curve: list[float]
+    calibration_samples_per_s: float | None
+    precision: str | None
+    alive: bool
+    lost_reason: str | None
+
+
+class _TrainReportBody(TypedDict):
+    schema: str
+    config: dict[str, Any]  # the run's hyper-parameters, model and data as given
+    resumed_from: dict[str, Any] | None  # the checkpoint a --resume started from
+    corpus_fingerprint: str | None
+    step: int
+    samples: int
+    samples_discarded: int
+    train_seconds: float
+    samples_per_s: float | None
+    final_loss: float | None
+    failure: str | None  # why the run ended as failed (a worker diverged ...)
+    workers: list[TrainWorkerRow]
+    rounds: list[dict[str, Any]]
+    checkpoints: list[dict[str, Any]]
+    save_hf: dict[str, Any] | None  # --save-hf: path, ok, error as the last round's writer reported
+
+
+class TrainReport(_TrainReportBody, total=False):
+    """``--report FILE`` and ``train.done.report``. ``ok`` is set by the launcher when the run ends;
+    ``pushes`` by ``train --push-to`` once its last push has ended (app/push/training.py)."""
+
+    ok: bool
+    pushes: list[dict[str, Any]]
+
+
+def build_report(coord: Any) -> TrainReport:
     cfg = coord.cfg
     t_train = coord.t_train
     end = coord.t_done if coord.t_done else None
     import time
 
     wall = ((end or time.monotonic()) - t_train) if t_train else 0.0
-    workers = []
+    workers: list[TrainWorkerRow] = []
     for w in coord.workers:
         losses = w.losses
         workers.append({
@@ -59,5 +108,5 @@ def build_report(coord: Any) -> dict[str, Any]:
     }
 
 
-def write_report(path: str, report: dict[str, Any]) -> None:
+def write_report(path: str, report: TrainReport) -> None:
     atomic_write_text(path, json.dumps(redact(report), indent=1, default=str, allow_nan=False) + "\n")

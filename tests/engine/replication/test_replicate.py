@@ -21,7 +21,9 @@ from hwtui.core.events import ErrorEvent, LogEvent
 from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, ReplStart, ReplThroughput, ReplWindow
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import manifest_of, write_json_atomic
+from hwtui.engine.replication.report import PeakMemory, ReplicationReport
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
+from tests.typed_shape import assert_shape
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -95,6 +97,8 @@ def test_full_push_events_follow_the_contract(v1):
     assert rep["committed"] and rep["world_size"] == 3 and rep["transport"]["name"] == "gloo"
     assert {"init", "transfer", "prepare", "commit"} <= set(rep["phases_s"])
     json.dumps(rep)  # the report is plain JSON
+    assert_shape(rep, ReplicationReport)
+    assert_shape(rep["peak_memory"], PeakMemory)
 
 
 @pytest.fixture(scope="module")

@@ -137,6 +137,13 @@ def test_sigterm_stops_cleanly_and_resume_continues_from_the_last_good_checkpoin
     b = stop_resume["b_report"]
     assert stop_resume["b_rc"] == 0, stop_resume["b_err"]
     assert b["resumed_from"]["step"] == a_last["step"] and b["resumed_from"]["path"] == a_last["path"]
+    # The --report file has the shape its type declares, every worker row too.
+    from hwtui.engine.training.report import TrainReport, TrainWorkerRow
+    from tests.typed_shape import assert_shape
+
+    assert_shape(b, TrainReport)
+    for row in b["workers"]:
+        assert_shape(row, TrainWorkerRow)
     manifest = stop_resume["a_latest"]  # what A left behind, read before B ran
     assert manifest["step"] == a_last["step"] and manifest["round"] == a_last["round"]
     first_b = b["rounds"][0]
