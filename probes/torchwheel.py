@@ -81,6 +81,39 @@ class TorchBuild(TypedDict, total=False):
     dist_info: str | None
 
 
+class TorchVersion(TypedDict, total=False):
+    torch: str | None
+    cuda: str | None
+    hip: str | float | None
+    xpu: str | float | None
+    git: str | None
+
+
+class ProbeError(TypedDict):
+    kind: str | None  # timeout, crash, exit ... (core.supervisor's ChildError kinds)
+    message: str | None
+    stderr: str | None
+
+
+class TorchRuntime(TypedDict, total=False):
+    """The ``torch_runtime`` fact: what the runtime child saw when it imported torch (fact_schema's
+    _TORCH_RUNTIME checks a recorded one). Per accelerator (cuda, xpu, hpu) the child's own record."""
+
+    installed: bool  # always present
+    not_recorded: bool  # a recording made without it
+    cached: bool  # read from the runtime cache, not a fresh child
+    arch_list: list[str] | None
+    xpu_arch_list: list[str] | None
+    backends: dict[str, bool | None]  # gloo, nccl, ... -> available
+    env: dict[str, str | None]
+    version: TorchVersion
+    cuda: dict[str, Any]
+    xpu: dict[str, Any]
+    hpu: dict[str, Any]
+    ipex: Any
+    error: ProbeError  # the child failed: no other field
+
+
 class ProbeArgs(TypedDict):
     """What the runtime child is asked to probe beyond torch itself (it is also the cache key's input)."""
 
@@ -163,7 +196,7 @@ def probe_args_for(pci: Mapping[str, Any] | None) -> ProbeArgs:
     return {"probe_xpu": True, "probe_ccl": "Intel" in vendors, "probe_hpu": "Habana" in vendors}
 
 
-def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> dict[str, Any]:
+def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> TorchRuntime:
     """Torch facts from the cache, or from one child process (then cached)."""
     location = torch_cache.locate_torch()
     if location is None:
@@ -171,7 +204,7 @@ def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> dict[str, Any]
     key = torch_cache.runtime_key(location, probe_args)
     cached = torch_cache.load(key)
     if cached is not None:
-        return {**cached, "cached": True}
+        return cast("TorchRuntime", {**cached, "cached": True})
     env = dict(os.environ)
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices in PCI order, like NVML and hwtui's ids
     try:
@@ -181,21 +214,21 @@ def live_runtime(probe_args: ProbeArgs, timeout: float = 90.0) -> dict[str, Any]
         return {"installed": True, "error": {"kind": exc.kind, "message": str(exc), "stderr": exc.stderr_tail[-1500:]}}
     facts = {"installed": True, **facts}
     torch_cache.store(key, facts)
-    return {**facts, "cached": False}
+    # The child's JSON, as torch_facts writes it (tests/probes/test_typed_facts.py holds the two together).
+    return cast("TorchRuntime", {**facts, "cached": False})
 
 
-def collect_torch_runtime(host: Host) -> dict[str, Any]:
-    def produce() -> dict[str, Any]:
+def collect_torch_runtime(host: Host) -> TorchRuntime:
+    def produce() -> TorchRuntime:
         from hwtui.probes.pci import collect_pci
 
         # Only the optional imports depend on the hardware (oneCCL with Intel, habana with Gaudi).
         return live_runtime(probe_args_for(collect_pci(host)))
 
     try:
-        runtime: dict[str, Any] = host.fact("torch_runtime", produce)
-        return runtime
+        return host.fact("torch_runtime", produce)
     except FactUnavailable:
-        return dict(NOT_RECORDED)
+        return {"installed": False, "not_recorded": True}
 
 
 # -- what the machine needs -------------------------------------------------------------------

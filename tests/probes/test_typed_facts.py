@@ -15,9 +15,13 @@ from hwtui.probes.pci import PciDevice, PciLink, collect_pci, pci_fact
 from hwtui.probes.torchwheel import (
     NOT_RECORDED,
     ProbeArgs,
+    ProbeError,
     TorchBuild,
+    TorchRuntime,
+    TorchVersion,
     _live_build,
     collect_torch_build,
+    collect_torch_runtime,
     describe_build,
     parse_version_py,
     probe_args_for,
@@ -95,6 +99,29 @@ def test_torch_build_of_this_interpreter_and_of_a_recording_without_it(tmp_path)
     got = collect_torch_build(fs.host())
     _keys_fit(dict(got), TorchBuild)
     assert got == NOT_RECORDED and got is not NOT_RECORDED  # a copy: a consumer may change its own
+
+
+def test_torch_runtime_is_what_the_recorded_h200_and_this_interpreters_child_write(tmp_path):
+    """The real H200's recorded runtime fact, and a fresh child on this machine (torch is installed
+    for the tests), both fit TorchRuntime; a recording without it is the not-recorded record."""
+    import json
+    from pathlib import Path
+
+    from hwtui.probes.host import ReplayHost
+    from hwtui.probes.runtime_child import torch_facts
+
+    snap = json.loads((Path(__file__).resolve().parents[1] / "data/recordings/h200.snapshot.json").read_text())
+    recorded = snap["facts"]["torch_runtime"]
+    _keys_fit(recorded, TorchRuntime)
+    _keys_fit(recorded["version"], TorchVersion)
+    assert collect_torch_runtime(ReplayHost(snap)) == recorded
+    fresh = {"installed": True, **torch_facts(probe_xpu=False)}
+    _keys_fit(fresh, TorchRuntime)
+    _keys_fit(fresh["version"], TorchVersion)
+    got = collect_torch_runtime(machines.MACHINES["laptop_no_gpu"](tmp_path).host())
+    _keys_fit(dict(got), TorchRuntime)
+    assert got == {"installed": False, "not_recorded": True}
+    _keys_fit({"kind": "timeout", "message": "m", "stderr": ""}, ProbeError)
 
 
 def test_probe_args_are_the_three_switches():
