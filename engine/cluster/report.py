@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,5 +57,5 @@ class LivePrinter:
             self._out(f"error: {ev.message}")
 
 
-def write_report(path: str | Path, report: dict[str, Any]) -> None:
+def write_report(path: str | Path, report: Mapping[str, Any]) -> None:
     atomic_write_text(path, json.dumps(redact(report), indent=2, default=str) + "\n")

@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from hwtui.core.events import Event
-from hwtui.core.finding import Finding, Status, fail, passed, skip
+from hwtui.core.finding import Finding, FindingDict, Status, fail, passed, skip
 from hwtui.core.net import free_loopback_port, probe_port
 from hwtui.core.redact import redact_doc
 from hwtui.engine.cluster import compare as cmp
@@ -87,12 +87,48 @@ class LaunchContext:
         return self.launcher in ("slurm", "mpirun", "env")
 
 
+class ClusterNodeRow(TypedDict):
+    node: str
+    ranks: list[int]
+    summary: str  # torch build, python, route and local check worst, in one line
+
+
+class _ClusterReportBody(TypedDict):
+    schema: str
+    launcher: str
+    world_size: int
+    backend: str
+    master: str  # host:port of the rendezvous
+    join_timeout: float
+    timeout: float
+    ok: bool
+    # A test that ran: one row per node. A test stopped before the process group (a node missing
+    # or unreachable): the names of the nodes that joined.
+    nodes: list[ClusterNodeRow] | list[str]
+    findings: list[FindingDict]
+    duration_s: float
+
+
+class ClusterReport(_ClusterReportBody, total=False):
+    """``cluster test --report``: rank 0's report. The test's own figures exist when it ran; ``missing``
+    when it stopped because nodes never joined."""
+
+    missing: list[dict[str, Any]]
+    correctness: dict[str, Any]
+    bandwidth: list[dict[str, Any]]
+    min_busbw: float | None
+    sizes: list[int]
+    iters: int
+    warmup: int
+    ranks: list[dict[str, Any]]  # every rank's own report, as gathered (peer.py checks it)
+
+
 @dataclass
 class SmokeResult:
     rank: int
     exit_code: int
     message: str
-    report: dict[str, Any] | None = None  # rank 0 only
+    report: ClusterReport | None = None  # rank 0 only
 
 
 def _int_env(env: Mapping[str, str], *names: str) -> int | None:
@@ -619,11 +655,12 @@ def _behind(store: Any, ctx: LaunchContext, nodes: Mapping[int, str], stage: str
     return "; ".join(out[:8])
 
 
-def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> dict[str, Any]:
-    """The report as it may leave rank 0: --env values masked wherever they appear, then redacted."""
+def _public(report: dict[str, Any], secrets: Mapping[str, str]) -> ClusterReport:
+    """The report as it may leave rank 0: --env values masked wherever they appear, then redacted
+    (both keep its keys and shape)."""
     from hwtui.engine.cluster.peer import mask_values
 
-    return redact_doc(mask_values(report, secrets.values()))
+    return cast("ClusterReport", redact_doc(mask_values(report, secrets.values())))
 
 
 def _correctness_finding(check: Correctness, reports: list[dict[str, Any]]) -> Finding:

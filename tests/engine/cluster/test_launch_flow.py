@@ -17,7 +17,9 @@ from hwtui.app.cli import main as cli_main
 from hwtui.core.net import free_loopback_port
 from hwtui.core.redact import MASK
 from hwtui.engine.cluster import launchfiles
+from hwtui.engine.cluster.smoke import ClusterNodeRow, ClusterReport
 from tests.engine.cluster.netns import finish
+from tests.typed_shape import assert_shape
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -65,6 +67,9 @@ def test_srun_and_mpirun_pass_quietly_and_keep_env_values_hidden(tmp_path, capsy
     mpi = json.loads(results[2][1])
     for report, launcher in ((slurm, "slurm"), (mpi, "mpirun")):
         assert report["ok"] is True and report["launcher"] == launcher
+        assert_shape(report, ClusterReport)  # the declared shape of a test that ran, every node row too
+        for row in report["nodes"]:
+            assert_shape(row, ClusterNodeRow)
         status = {f["id"]: f["status"] for f in report["findings"]}
         assert all(status[f"cluster.node_check[{n['node']}]"] == "pass" for n in report["nodes"])
         for rank in report["ranks"]:
@@ -92,6 +97,8 @@ def test_a_rank_whose_local_check_fails_stops_every_rank_at_once(tmp_path):
     assert (rc0, rc1) == (1, 1), (out0, err0, err1)
     assert time.monotonic() - started < 600  # the join timeout was never waited out
     report = json.loads((tmp_path / "r.json").read_text())
+    assert_shape(report, ClusterReport)  # stopped before the group: node names, no test figures
+    assert all(isinstance(n, str) for n in report["nodes"]) and "bandwidth" not in report
     [blocked] = [f for f in report["findings"] if f["status"] == "fail"]
     assert blocked["id"] == "cluster.preflight[n1]"
     assert blocked["title"] == "node n1 stopped before joining: NCCL_SOCKET_IFNAME=ens5 matches no interface that is up"
