@@ -88,7 +88,9 @@ class Channel:
             if left <= 0:
                 raise IpcFailure(f"{what} did not arrive within {self.timeout_s:g} s")
             try:
-                self.store.wait([full], datetime.timedelta(seconds=min(POLL_S, left)))
+                # Never a zero timeout: c10d reads 0 as "the store's default" (minutes, or none for a
+                # HashStore), which made a wait whose deadline was a microsecond away hang.
+                self.store.wait([full], datetime.timedelta(seconds=max(0.001, min(POLL_S, left))))
             except Exception:  # noqa: BLE001 - c10d raises its own error types for a timeout
                 if not self._reachable():
                     raise IpcFailure(f"the control channel went away while waiting for {what}") from None

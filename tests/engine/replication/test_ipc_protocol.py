@@ -256,3 +256,27 @@ def test_the_cuda_opener_refuses_before_touching_the_driver() -> None:
     with pytest.raises(OpenError, match="GPUs"):
         cuda.open(handle, 16)  # a device this process does not have
     assert cuda.opened == 0
+
+
+def test_a_wait_whose_deadline_is_a_hair_away_never_hands_the_store_a_zero_timeout(monkeypatch) -> None:
+    """c10d's store.wait reads a zero timeout as "no timeout" (a HashStore then blocks for ever): a
+    wait entered a microsecond before its deadline hung a whole suite run. The store records what it
+    was given; the clock puts the first look 1e-9 s before the deadline."""
+    from hwtui.engine.replication import ipc_protocol
+
+    given: list[float] = []
+
+    class RecordingStore:  # at the library boundary: what c10d's wait receives
+        def check(self, keys: list[str]) -> bool:
+            return False
+
+        def wait(self, keys: list[str], timeout: Any) -> None:
+            given.append(timeout.total_seconds())
+            raise RuntimeError("wait timed out")
+
+    ticks = iter([0.0, 0.5 - 1e-9])
+    monkeypatch.setattr(ipc_protocol.time, "monotonic", lambda: next(ticks, 10.0))
+    chan = Channel(RecordingStore(), "run", 0.5)  # type: ignore[arg-type]
+    with pytest.raises(IpcFailure, match="did not arrive within 0.5 s"):
+        chan.take("k", "bucket 0")
+    assert given and all(t > 0 for t in given), given
