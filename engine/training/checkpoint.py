@@ -49,7 +49,8 @@ class CheckpointError(RuntimeError):
     pass
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by path (a checkpoint's and an export's files, then their parent)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -101,13 +102,13 @@ def save(root: str | os.PathLike[str], step: int, model: dict[str, Any], optimiz
             json.dump(doc, fh, indent=1, default=str, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_path(tmp)
+        fsync_path(tmp)
         final = root / name
         if final.exists():  # a resumed run reached the same step again: replace it
             old = Path(tempfile.mkdtemp(prefix=f".old-{name}-", dir=root))
             os.replace(final, old / name)
         os.replace(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

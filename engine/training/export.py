@@ -15,13 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from hwtui.engine.training.checkpoint import fsync_path
 
 
 def save_hf(model: Any, tokenizer: Any, out: str | os.PathLike[str]) -> Path:
@@ -40,10 +34,10 @@ def save_hf(model: Any, tokenizer: Any, out: str | os.PathLike[str]) -> Path:
             raise RuntimeError("transformers wrote no safetensors weights")
         for f in tmp.iterdir():
             if f.is_file():
-                _fsync(f)
-        _fsync(tmp)
+                fsync_path(f)
+        fsync_path(tmp)
         os.rename(tmp, out)
-        _fsync(out.parent)
+        fsync_path(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -495,21 +495,21 @@ def parse_mounts(text: str) -> list[Mount]:
     return mounts
 
 
-def parse_key_values(text: str) -> dict[str, str]:
-    """``Key=Value`` lines (``timedatectl show``)."""
+def _pairs(text: str, separator: str) -> dict[str, str]:
+    """Lines of ``key <separator> value``, both sides stripped; lines without it are skipped."""
     out = {}
     for line in text.splitlines():
-        key, sep, value = line.partition("=")
+        key, sep, value = line.partition(separator)
         if sep:
             out[key.strip()] = value.strip()
     return out
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """``Key=Value`` lines (``timedatectl show``)."""
+    return _pairs(text, "=")
 
 
 def parse_chrony_tracking(text: str) -> dict[str, str]:
     """``Name : value`` lines of ``chronyc tracking``."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
+    return _pairs(text, ":")
