@@ -12,6 +12,7 @@ import argparse
 import math
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -417,23 +418,32 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, export_dir=str(pusher.work_dir), export_every=args.push_every or 0)
     coord = Coordinator(cfg, Fanout(human, writer, *([pusher] if pusher else [])))
     received: list[int] = []
+    # A signal once training is over (the command waits for the last push) stops that wait; the
+    # handlers stay until then, so a second Ctrl-C is never a KeyboardInterrupt that loses the report.
+    give_up = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
         received.append(signum)
         coord.request_stop(signal.Signals(signum).name)
+        if trained.is_set():
+            give_up.set()
 
+    trained = threading.Event()
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         report = coord.run()
     except TrainingError as exc:
         raise HwtuiError(str(exc)) from None
     finally:
+        trained.set()
         human.progress.clear()  # no half-drawn bar before an error line
-        for s, handler in old.items():
-            signal.signal(s, handler)
         if writer:
             writer.close()
-        pushes = pusher.close() if pusher is not None else None
+        try:
+            pushes = _wait_for_pushes(pusher, give_up) if pusher is not None else None
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
     if pushes is not None:
         report["pushes"] = pushes
         _say_pushes(pushes, human.stream)
@@ -442,6 +452,16 @@ def run(args: argparse.Namespace) -> int:
     if received:
         return 128 + received[0]
     return _exit_code(report, pushes)
+
+
+def _wait_for_pushes(pusher: TrainPusher, give_up: threading.Event) -> list[dict[str, Any]]:
+    """The push records, once the last push is over or the user stopped waiting (a signal)."""
+    version = pusher.in_flight()
+    if version is not None and not give_up.is_set():
+        print(f"hwtui train: waiting for the push of {version} to finish (bounded by the push's "
+              "--timeout; Ctrl-C stops waiting, the agents then finish or abort it on their own)",
+              file=sys.stderr, flush=True)
+    return pusher.close(give_up=give_up)
 
 
 def _exit_code(report: TrainReport, pushes: list[dict[str, Any]] | None) -> int:

@@ -64,6 +64,7 @@ class TrainPusher:
         self._prefix = version_prefix()
         self._lock = threading.RLock()  # _superseded records under it
         self._pending: Export | None = None
+        self._current: Export | None = None  # the export being pushed now
         self._thread: threading.Thread | None = None
         self.records: list[dict[str, Any]] = []
 
@@ -85,23 +86,65 @@ class TrainPusher:
                 self._thread = threading.Thread(target=self._drain, name="train-push", daemon=True)
                 self._thread.start()
 
-    def close(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Wait for the pushes still to run (the last round's included); the records, in order."""
+    def in_flight(self) -> str | None:
+        """The version being pushed now (None when idle): what the command says it waits for."""
+        with self._lock:
+            current = self._current
+        return None if current is None else f"{self._prefix}-step{current.step}"
+
+    def close(self, timeout: float | None = None, give_up: threading.Event | None = None) -> list[dict[str, Any]]:
+        """Wait for the pushes still to run (the last round's included); the records, in order.
+
+        ``give_up`` set (the user pressed Ctrl-C again while the command waited) stops the wait:
+        the push in flight is recorded as interrupted and the one waiting as never pushed. Why that
+        is safe: a push is all-or-nothing on the agents' side (each aborts before the vote when its
+        pusher goes silent, and finishes a decided commit), so nothing half-switched is left, and
+        the training run's report still gets written."""
         thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while thread is not None and thread.is_alive():
+            if give_up is not None and give_up.is_set():
+                self._abandon()
+                break
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                break
+            thread.join(left)
         shutil.rmtree(self._work, ignore_errors=True)
-        return sorted(self.records, key=lambda r: r["round"])
+        with self._lock:
+            return sorted(self.records, key=lambda r: r["round"])
+
+    def _abandon(self) -> None:
+        with self._lock:
+            current, pending, self._pending = self._current, self._pending, None
+            self._current = None  # the pushing thread's late record, if it ever comes, is dropped
+            if current is not None:
+                self.records.append({
+                    "round": current.round, "step": current.step, "version": f"{self._prefix}-step{current.step}",
+                    "final": current.final, "outcome": "interrupted", "ok": False, "seconds": 0.0, "nodes": [],
+                    "error": "interrupted while it ran: every agent finishes or aborts it on its own, all or "
+                             "nothing (`hwtui agents` shows what each serves)"})
+            if pending is not None:
+                self.records.append({
+                    "round": pending.round, "step": pending.step, "version": None, "final": pending.final,
+                    "outcome": "not pushed", "ok": False, "seconds": 0.0, "nodes": [],
+                    "error": "interrupted before this export was pushed"})
 
     # -- the pushing thread ----------------------------------------------------------------------
     def _drain(self) -> None:
         while True:
             with self._lock:
                 export, self._pending = self._pending, None
+                self._current = export
                 if export is None:
                     self._thread = None
                     return
-            self._record(self._push(export))
+            rec = self._push(export)
+            with self._lock:
+                if self._current is not export:  # given up on (close): recorded as interrupted there
+                    return
+                self._current = None
+                self.records.append(rec)
             if not export.keep:
                 shutil.rmtree(export.path, ignore_errors=True)
 
