@@ -62,6 +62,7 @@ from hwtui.probes.distributed.replication_defaults import (
 if TYPE_CHECKING:
     from hwtui.engine.replication.config import Timeouts, WorkerConfig
     from hwtui.engine.replication.settings import ReplicationSettings
+    from hwtui.engine.resident.device_served import DeviceServed
 
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -132,7 +133,7 @@ def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeou
 
 class ResidentRank:
     def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None,
-                 readers: int | None = None, direct_io: str = "auto"):
+                 readers: int | None = None, direct_io: str = "auto", device_slots: str | None = None):
         from hwtui.engine.replication.served_files import serve_modes
 
         self.node = node
@@ -170,6 +171,15 @@ class ResidentRank:
         if (self.served / ".trash").exists():  # evictions an agent stopped before they were deleted
             _remove_in_background(self.served / ".trash")
         self.recovered = self._recover()
+        # --device cuda: the served version also lives in device memory, in two slots this agent
+        # holds (engine.resident.device_served); "host" is the memfd stand-in of CPU tests.
+        self.device: DeviceServed | None = None
+        self._layouts: dict[str, dict[str, Any]] = {}
+        if device_slots is not None:
+            from hwtui.engine.resident.device_served import DeviceServed
+
+            self.device = DeviceServed(device_slots)
+            self._device_follow_disk()
 
     # ------------------------------------------------------------------ state
 
@@ -196,7 +206,8 @@ class ResidentRank:
                     "pushes": dict(self.pushes), "spare": dict(self.spare),
                     "staged": recovery.staged(self.served, self.ranks_out), "recovered": list(self.recovered),
                     "resident": {"warm": warm, "starts": self.child_starts,
-                                                               "pid": self.child.pid if warm and self.child else None}}
+                                                               "pid": self.child.pid if warm and self.child else None},
+                    **({"device": self.device.state()} if self.device is not None else {})}
 
     # ------------------------------------------------------------------ requests
 
@@ -261,6 +272,8 @@ class ResidentRank:
             done, how = recovery.finish(self.served, self.ranks_out, version, digest, self.modes)
             if done and how != "already serves it":
                 self._rotate_slots(version)
+            if done:
+                self._device_follow_disk()
             return {"node": self.node, "done": done, "what": how, **self._holds(version)}
         finally:
             with self._lock:
@@ -378,19 +391,24 @@ class ResidentRank:
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
             t_accepted = time.time()
+            slot = self._stage_device(plan) if rank != 0 else None
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
             cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
-                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted}}
+                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted},
+                                  "device_slot": slot is not None}
                 self._done_bytes = 0
                 self._result = None
                 self._changed.notify_all()
             assert self.child is not None
             self._flight_child = self.child
-            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json()})
+            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json(),
+                             **({"slot": slot} if slot is not None else {})})
         except BaseException:
+            if self.device is not None:
+                self.device.rollback()
             with self._lock:
                 self.busy = False
                 self.in_flight = None
@@ -708,6 +726,11 @@ class ResidentRank:
             committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
+        if self.device is not None and flight.get("device_slot"):
+            # The rank filled the staged slot and waited for every copy before its yes vote, so a
+            # committed push serves it; anything else frees it (what was served still is).
+            if not (committed and self.device.commit(str(flight["version"]))):
+                self.device.rollback()
         outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")
         self.pushes[outcome] += 1
         self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
@@ -781,3 +804,69 @@ class ResidentRank:
     def close(self) -> None:
         self._stop_child()
         self._spawner.shutdown(wait=False)
+        if self.device is not None:
+            self.device.close()  # both slots: the agent stops
+
+    # ------------------------------------------------------------------ the served version on the device
+
+    def _stage_device(self, plan: Any) -> dict[str, Any] | None:
+        """The slot descriptor a receiver's rank fills (None without --device cuda)."""
+        if self.device is None:
+            return None
+        from hwtui.engine.resident.device_served import data_bytes
+        from hwtui.engine.resident.device_slots import SlotError
+
+        try:
+            return self.device.stage(str(plan["version"]), data_bytes(plan))
+        except SlotError as exc:
+            raise PushRefused(507, f"node {self.node}: {exc}") from None
+
+    def _device_follow_disk(self) -> None:
+        """Load what the disk serves into a device slot when no push put it there (the agent's
+        start, a switch finished from a staged copy). A failure is reported in the state, not fatal:
+        the disk still serves the version."""
+        assert self.device is not None
+        try:
+            cur = recovery.served_dir(self.served, self.modes).current() or {}
+        except HwtuiError:
+            cur = {}
+        version, file = cur.get("version"), cur.get("file")
+        if not isinstance(version, str) or not isinstance(file, str) or self.device.served()[0] == version:
+            return
+        try:
+            self.device.load(version, self.served / file)
+            self.device.error = None
+        except (OSError, HwtuiError, RuntimeError) as exc:
+            self.device.error = redact_text(f"{version} could not be loaded onto {self.device.device}: {exc}")[:300]
+
+    def export(self) -> dict[str, Any]:
+        """What a local serving process needs to consume the served version without a copy: the
+        served slot's IPC handle and each tensor's place in it (from the served file's header).
+        The caller checks who asks (app/node_api: the token, then the asking process's user)."""
+        if self.device is None:
+            raise PushRefused(404, f"node {self.node} keeps no version in device memory (start it with --device cuda)")
+        with self._lock:
+            version, buf = self.device.served()
+            slot_state = self.device.state()
+            if version is None or buf is None:
+                raise PushRefused(404, f"node {self.node} serves no version on {self.device.device} yet")
+            handle = self.device.handle(buf)
+        try:
+            cur = recovery.served_dir(self.served, self.modes).current() or {}
+        except HwtuiError:
+            cur = {}
+        if cur.get("version") != version or not isinstance(cur.get("file"), str):
+            raise PushRefused(409, f"node {self.node}: the device serves {version}, the disk {cur.get('version')}; "
+                                   "retry once the push in flight is over")
+        layout = self._layouts.get(version)
+        if layout is None:
+            from hwtui.engine.resident.served_export import layout_of
+
+            try:
+                layout = layout_of(self.served / str(cur["file"]))
+            except (OSError, HwtuiError) as exc:
+                raise PushRefused(500, f"node {self.node}: the served file's header: {exc}") from None
+            self._layouts = {version: layout}
+        return {"node": self.node, "version": version, "device": self.device.device, "kind": self.device.kind,
+                "slot": slot_state["slot"], "bytes": slot_state["bytes"], "run": self.device.run,
+                "handle": handle, "layout": layout}
