@@ -175,7 +175,8 @@ def _pin_resident_interface(address: str) -> None:
               file=sys.stderr)
 
 
-def device_slots(device: str, out: str | None, env: dict[str, str] | None = None) -> str | None:
+def device_slots(device: str, out: str | None, env: dict[str, str] | None = None,
+                 build: dict[str, str | None] | None = None) -> str | None:
     """What holds the served version's device copy: None (``--device cpu``), "cuda", or the memfd
     stand-in "host" under the test-only ``HWTUI_TEST_IPC=host`` (as the IPC path's tests do).
 
@@ -191,7 +192,7 @@ def device_slots(device: str, out: str | None, env: dict[str, str] | None = None
     env = env if env is not None else dict(os.environ)
     if env.get(TEST_ENV) == "host":
         return "host"
-    build = torch_build()
+    build = build if build is not None else torch_build()
     validate_device("cuda", build)
     if not build.get("hip") and not visible_nvidia_gpus(env):
         raise HwtuiError("--device cuda: no NVIDIA GPU is visible here (no driver under /proc/driver/nvidia/gpus, "

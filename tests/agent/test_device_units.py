@@ -1,0 +1,195 @@
+"""The pieces of a GPU-resident receiver that need no agent process: the ``--device cuda`` refusal,
+who may have the served slot's export (the asking socket's user), the agent's slots (alloc, reuse,
+free, load from disk) and the consumer's and the rank's checks of what they are handed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hwtui.app.commands.agent import device_slots
+from hwtui.app.node_api.peer import export_refusal, may_consume, peer_uid
+from hwtui.core.errors import HwtuiError
+
+CUDA_BUILD = {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None, "xpu": None}
+
+
+def test_agent_device_cuda_without_a_cuda_torch_is_one_line_exit_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWTUI_")}
+    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--out",
+                           str(tmp_path / "out"), "--device", "cuda", "--token-file", str(tmp_path / "tok")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    from hwtui.engine.replication.transport import torch_build
+
+    build = torch_build()
+    if build.get("cuda") or build.get("hip"):
+        pytest.skip("this torch has a GPU build: the refusal is the no-GPU-visible one (tested below)")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda needs a CUDA (or ROCm) build of torch" in lines[0]
+    assert "pip install torch --index-url" in lines[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_device_cuda_where_no_gpu_is_visible_names_the_fix(tmp_path):
+    with pytest.raises(HwtuiError, match="no NVIDIA GPU is visible here .* or run the agent with --device cpu"):
+        device_slots("cuda", str(tmp_path), {"CUDA_VISIBLE_DEVICES": "-1"}, CUDA_BUILD)
+    with pytest.raises(HwtuiError, match="--device cuda goes with --out"):
+        device_slots("cuda", None, {}, CUDA_BUILD)
+    assert device_slots("cpu", None) is None
+    assert device_slots("cuda", str(tmp_path), {"HWTUI_TEST_IPC": "host"}) == "host"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_asking_sockets_user_is_found_from_the_kernels_table(host):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        srv = socket.socket(family)
+        srv.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {host} here")
+    srv.listen(1)
+    cli = socket.socket(family)
+    cli.connect(srv.getsockname()[:2])
+    conn, peer = srv.accept()
+    try:
+        assert peer_uid(peer, conn.getsockname()) == os.geteuid()
+        assert export_refusal(peer, conn.getsockname(), None) is None
+        # a connection that is not in the table (already gone, or made up): nobody is trusted
+        assert peer_uid((host, 1), conn.getsockname()) is None
+        assert "could not be found" in (export_refusal((host, 1), conn.getsockname(), None) or "")
+    finally:
+        for s in (cli, conn, srv):
+            s.close()
+
+
+def test_only_the_agents_user_or_its_serve_group_may_consume():
+    assert may_consume(os.geteuid(), os.geteuid(), None)
+    assert not may_consume(65534, 0, None)
+    import pwd
+
+    try:
+        nobody = pwd.getpwuid(65534)
+    except KeyError:
+        pytest.skip("no uid 65534 here")
+    assert may_consume(65534, 0, nobody.pw_gid)  # its primary group is the serve group
+    assert not may_consume(65534, 0, 0 if nobody.pw_gid != 0 else 1)
+    assert "over loopback" in (export_refusal(("10.0.0.5", 4000), ("10.0.0.1", 9477), None) or "")
+
+
+# ---------------------------------------------------------------------------- the agent's slots
+
+torch = pytest.importorskip("torch")
+
+
+def _memfds() -> int:
+    files = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:hwtui-ipc-"):
+                files.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return len(files)
+
+
+def test_slots_reuse_in_steady_state_free_a_failed_push_and_close_frees_both():
+    from hwtui.engine.resident.device_served import DeviceServed
+
+    before = _memfds()
+    d = DeviceServed("host")
+    for v in ("v1", "v2", "v3", "v4"):
+        d.stage(v, 4096)
+        assert d.commit(v) is not None
+    st = d.state()
+    assert (st["serving"], st["slot"], st["allocs"], st["frees"]) == ("v4", "B", 2, 0)
+    assert _memfds() == before + 2
+    d.stage("v5", 4096)
+    d.rollback()  # a push that did not commit: its slot goes, the served one stays
+    assert d.state()["serving"] == "v4" and _memfds() == before + 1
+    assert d.commit("v5") is None  # nothing staged: nothing switches
+    d.close()
+    assert _memfds() == before and d.served() == (None, None)
+
+
+def test_a_version_on_disk_is_loaded_into_a_slot_byte_for_byte(tmp_path):
+    from safetensors.torch import save_file
+
+    from hwtui.engine.resident.device_served import DeviceServed
+    from hwtui.engine.resident.served_export import layout_of, open_served
+
+    tensors = {"a": torch.arange(1000, dtype=torch.float32), "b": torch.arange(77, dtype=torch.int8),
+               "c": torch.ones(3, 5, dtype=torch.bfloat16)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    d = DeviceServed("host")
+    d.load("v1", tmp_path / "m.safetensors")
+    version, buf = d.served()
+    doc = {"version": version, "kind": "host", "bytes": d.state()["bytes"], "run": d.run, "handle": d.handle(buf),
+           "layout": layout_of(tmp_path / "m.safetensors")}
+    served = open_served(doc)
+    try:
+        for name, t in tensors.items():
+            assert torch.equal(served.tensors[name], t), name
+    finally:
+        served.close()
+        d.close()
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda doc: doc["layout"]["a"].update(offset=doc["bytes"]), "outside the slot"),
+    (lambda doc: doc["layout"]["a"].update(shape=[999]), "dtype times its shape"),
+    (lambda doc: doc["layout"]["a"].update(dtype="F128"), "unknown dtype"),
+    (lambda doc: doc["layout"]["a"].update(extra=1), "exactly dtype, shape, offset, nbytes"),
+    (lambda doc: doc["handle"].update(fd=True), "export is refused"),
+    (lambda doc: doc.update(run="0" * 32), "not this run's shared buffer"),
+])
+def test_a_consumer_refuses_an_export_that_is_not_what_it_says(change, why):
+    from hwtui.engine.resident.device_served import DeviceServed
+    from hwtui.engine.resident.served_export import open_served
+
+    d = DeviceServed("host")
+    d.stage("v1", 4000)
+    d.commit("v1")
+    _, buf = d.served()
+    doc = {"version": "v1", "kind": "host", "bytes": 4000, "run": d.run, "handle": d.handle(buf),
+           "layout": {"a": {"dtype": "F32", "shape": [1000], "offset": 0, "nbytes": 4000}}}
+    change(doc)
+    try:
+        with pytest.raises(HwtuiError, match=why):
+            open_served(doc)
+    finally:
+        d.close()
+
+
+def test_the_rank_fills_the_agents_slot_and_refuses_a_descriptor_of_another_file():
+    from hwtui.engine.replication.ipc_provider import HostStandIn, OpenError
+    from hwtui.engine.replication.ipc_wire import WireError
+    from hwtui.engine.resident.device_served import DeviceServed
+    from hwtui.engine.resident.slot_fill import SlotFill, SlotFillError
+
+    d = DeviceServed("host")
+    desc = d.stage("v1", 1000)
+    fill = SlotFill(desc)
+    data = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    fill.copy(data, [(100, 200), (500, 50)])
+    fill.fill_rest(data, 1000)  # the gaps: 0-100, 300-500, 550-1000
+    assert fill.copied == 1000
+    with pytest.raises(SlotFillError):
+        fill.check_size(1001)
+    fill.close()
+    d.commit("v1")
+    assert torch.equal(d.served()[1][:1000], data)  # what the rank wrote is what the agent serves
+    for bad in ({**desc, "extra": 1}, {**desc, "nbytes": True}, {**desc, "kind": "xpu"}):
+        with pytest.raises(WireError):
+            SlotFill(bad)
+    other = HostStandIn(secrets.token_hex(8))  # another run's memfd: refused after opening it
+    buf = other.alloc(1000)
+    with pytest.raises(OpenError, match="not this agent's slot"):
+        SlotFill({**desc, "handle": other.handle(buf).to_wire()})
+    other.free(buf)
+    d.close()
