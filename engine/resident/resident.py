@@ -106,7 +106,7 @@ def _remove_in_background(path: Path) -> None:
                      daemon=True).start()
 
 
-def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeouts]:
+def push_settings(settings: dict[str, Any], device_kind: str | None = None) -> tuple[ReplicationSettings, Timeouts]:
     """A push's settings, as the pusher sent them (untrusted JSON), into the rank's typed settings.
 
     The wire keeps the command line's name for the window (``inflight``); every default and maximum
@@ -122,13 +122,47 @@ def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeou
         return float(v)
 
     device = settings.get("device", "cpu")
-    _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
+    _need(device in ("cpu", "cuda"), "settings.device must be cpu or cuda")
+    # cuda: the push moves device buffers (CUDA IPC inside one node, NCCL between nodes) into
+    # agents that keep the served version on the GPU; the pusher asks it only of such agents.
+    _need(device == "cpu" or device_kind == "cuda",
+          "settings.device cuda: this node keeps no version on a GPU (start its agent with --device cuda)")
+    number("nodes", 1, 1, 4096)
     repl = ReplicationSettings(window=int(number("inflight", DEFAULT_WINDOW, 1, MAX_WINDOW)), max_inflight_bytes=None,
                                adaptive=False, chunk_bytes=int(number("chunk_mb", DEFAULT_CHUNK_MB, 1, MAX_CHUNK_MB) * MB),
-                               verify=bool(settings.get("verify", True)), device="cpu")
+                               verify=bool(settings.get("verify", True)), device=device)
     init = number("init_timeout", DEFAULT_INIT_TIMEOUT_S, 1, MAX_TIMEOUT_S)
     timeout = number("timeout", DEFAULT_TIMEOUT_S, 0.5, MAX_TIMEOUT_S)
     return repl, Timeouts(init=init, bucket=timeout, commit=timeout)
+
+
+def push_transport(device: str, nodes: int) -> Any:
+    """What carries a push's bytes. Host memory: gloo, as between hosts (receivers on the source's
+    host copy its pages). A push into GPU-resident agents (every agent ``--device cuda``): inside one
+    node CUDA IPC (the world is gloo, for control and votes: NCCL refuses two ranks on one GPU),
+    across nodes NCCL (CUDA IPC stops at the node)."""
+    from hwtui.engine.replication.transport import choose_transport
+
+    if device == "cuda":
+        return choose_transport("cuda", None, multi_node=nodes > 1, shared_gpu=nodes == 1)
+    return choose_transport("cpu", None, multi_node=True)
+
+
+def host_identity() -> str:
+    """This node and user, as the ipc path tells them apart (boot id, network namespace, uid),
+    hashed: the pusher counts the nodes of a push from its agents' answers."""
+    import hashlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read(64).strip()
+    except OSError:
+        boot = ""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return hashlib.sha256(f"{boot}|{netns}|{os.geteuid()}".encode()).hexdigest()[:16]
 
 
 class ResidentRank:
@@ -222,7 +256,9 @@ class ResidentRank:
             warm = (self.child is not None and self.child.running and self.world_key == key and not self.busy)
             busy = self.busy
         answer = {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
-                  "port": free_port(self.advertise), **self._holds(version)}
+                  "port": free_port(self.advertise), "host": host_identity(),
+                  "device": "cuda" if self.device is not None and self.device.kind == "cuda" else "cpu",
+                  **self._holds(version)}
         return answer
 
     def _holds(self, version: str | None) -> dict[str, Any]:
@@ -588,10 +624,9 @@ class ResidentRank:
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
                     world: int, master: str, port: int) -> WorkerConfig:
         from hwtui.engine.replication.config import WorkerConfig
-        from hwtui.engine.replication.transport import choose_transport
 
-        repl, timeouts = push_settings(settings)
-        choice = choose_transport("cpu", None, multi_node=True)
+        repl, timeouts = push_settings(settings, self.device.kind if self.device is not None else None)
+        choice = push_transport(repl.device, int(settings.get("nodes", 1)))
         return WorkerConfig(plan=str(plan_path), plan_digest=digest, transport=choice, world_size=world,
                             rank=rank, local_rank=0, master_addr=master, master_port=port, settings=repl, commit=True,
                             out=str(self.out / "ranks"), timeouts=timeouts, serve_group=self.serve_group,

@@ -193,3 +193,28 @@ def test_the_rank_fills_the_agents_slot_and_refuses_a_descriptor_of_another_file
         SlotFill({**desc, "handle": other.handle(buf).to_wire()})
     other.free(buf)
     d.close()
+
+
+# ---------------------------------------------------------------------------- what carries a push
+
+
+def test_a_push_into_gpu_resident_agents_moves_device_buffers_ipc_in_a_node_nccl_across():
+    from hwtui.app.push.orchestrate import device_settings
+    from hwtui.engine.resident.resident import PushRefused, push_settings, push_transport
+
+    one_node = [{"device": "cuda", "host": "h1"}, {"device": "cuda", "host": "h1"}, {"device": "cuda", "host": "h1"}]
+    assert device_settings(one_node) == {"device": "cuda", "nodes": 1}
+    assert device_settings([*one_node, {"device": "cuda", "host": "h2"}]) == {"device": "cuda", "nodes": 2}
+    assert device_settings([*one_node, {"device": "cpu", "host": "h1"}]) == {}  # one host-memory agent: all host
+    assert device_settings([{"device": "cuda"}, {"device": "cuda"}]) == {"device": "cuda", "nodes": 2}  # unknown: apart
+    ipc, nccl, host = push_transport("cuda", 1), push_transport("cuda", 3), push_transport("cpu", 1)
+    assert (ipc.name, ipc.backend) == ("cuda-ipc", "gloo") and ipc.line == "Using SOTA CUDA-IPC Transport Layer."
+    assert (nccl.name, nccl.backend) == ("nccl", "nccl") and (host.name, host.backend) == ("gloo", "gloo")
+    assert push_settings({"device": "cuda", "nodes": 2}, "cuda")[0].device == "cuda"
+    for kind in (None, "host"):  # an agent without a GPU copy (or the test stand-in) is never asked
+        with pytest.raises(PushRefused, match="start its agent with --device cuda"):
+            push_settings({"device": "cuda"}, kind)
+    with pytest.raises(PushRefused, match="settings.device must be cpu or cuda"):
+        push_settings({"device": "xpu"}, "cuda")
+    with pytest.raises(PushRefused, match="settings.nodes"):
+        push_settings({"device": "cuda", "nodes": 0}, "cuda")
