@@ -19,27 +19,41 @@ from typing import Any
 MAX_TABLE_LINES = 1_000_000  # a node with a million sockets is answered "unknown", never scanned forever
 
 
-def _hex_addr(host: str, port: int) -> tuple[str, str]:
-    """(the /proc/net file, the ``ADDR:PORT`` form the kernel prints for this address)."""
+def _forms(host: str, port: int) -> list[tuple[str, str]]:
+    """(the /proc/net file, the ``ADDR:PORT`` form the kernel prints) for each table the client's
+    socket may be listed in: an IPv4-mapped address (a dual-stack listener) is an IPv4 client's
+    socket in ``tcp``, or an IPv6 socket's in ``tcp6``."""
     ip = ipaddress.ip_address(host.split("%")[0])
-    if isinstance(ip, ipaddress.IPv4Address):
-        return "tcp", f"{int.from_bytes(ip.packed, 'little'):08X}:{port:04X}"
-    packed = ip.packed  # the kernel prints four 32-bit words, each in host (little-endian) order
-    words = "".join(f"{int.from_bytes(packed[i:i + 4], 'little'):08X}" for i in range(0, 16, 4))
-    return "tcp6", f"{words}:{port:04X}"
+    out = []
+    v4 = ip if isinstance(ip, ipaddress.IPv4Address) else ip.ipv4_mapped
+    if v4 is not None:
+        out.append(("tcp", f"{int.from_bytes(v4.packed, 'little'):08X}:{port:04X}"))
+    if isinstance(ip, ipaddress.IPv6Address):
+        packed = ip.packed  # the kernel prints four 32-bit words, each in host (little-endian) order
+        words = "".join(f"{int.from_bytes(packed[i:i + 4], 'little'):08X}" for i in range(0, 16, 4))
+        out.append(("tcp6", f"{words}:{port:04X}"))
+    return out
 
 
 def peer_uid(peer: tuple[Any, ...], local: tuple[Any, ...], proc_net: str = "/proc/net") -> int | None:
     """The uid owning the client socket of the connection ``peer`` -> ``local``, or None."""
     try:
-        table, want_local = _hex_addr(str(peer[0]), int(peer[1]))
-        table2, want_remote = _hex_addr(str(local[0]), int(local[1]))
+        clients, servers = _forms(str(peer[0]), int(peer[1])), dict(_forms(str(local[0]), int(local[1])))
     except (ValueError, IndexError, TypeError):
         return None
-    if table != table2:
-        return None
+    for table, want_local in clients:
+        want_remote = servers.get(table)
+        if want_remote is None:
+            continue
+        uid = _lookup(f"{proc_net}/{table}", want_local, want_remote)
+        if uid is not None:
+            return uid
+    return None
+
+
+def _lookup(path: str, want_local: str, want_remote: str) -> int | None:
     try:
-        with open(f"{proc_net}/{table}", encoding="ascii", errors="replace") as fh:
+        with open(path, encoding="ascii", errors="replace") as fh:
             next(fh, None)  # the column titles
             for n, line in enumerate(fh):
                 if n >= MAX_TABLE_LINES:

@@ -68,6 +68,26 @@ def test_the_asking_sockets_user_is_found_from_the_kernels_table(host):
             s.close()
 
 
+def test_an_ipv4_client_of_a_dual_stack_listener_is_found_too():
+    try:
+        srv = socket.socket(socket.AF_INET6)
+        srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        srv.bind(("::", 0))
+    except OSError:
+        pytest.skip("no dual-stack IPv6 here")
+    srv.listen(1)
+    cli = socket.socket(socket.AF_INET)
+    cli.connect(("127.0.0.1", srv.getsockname()[1]))
+    conn, peer = srv.accept()
+    try:
+        assert peer[0] == "::ffff:127.0.0.1"
+        assert peer_uid(peer, conn.getsockname()) == os.geteuid()
+        assert export_refusal(peer, conn.getsockname(), None) is None
+    finally:
+        for s in (cli, conn, srv):
+            s.close()
+
+
 def test_only_the_agents_user_or_its_serve_group_may_consume():
     assert may_consume(os.geteuid(), os.geteuid(), None)
     assert not may_consume(65534, 0, None)
