@@ -308,7 +308,7 @@ class ResidentRank:
             done, how = recovery.finish(self.served, self.ranks_out, version, digest, self.modes)
             if done and how != "already serves it":
                 self._rotate_slots(version)
-            if done:
+            if done and self.device is not None:
                 self._device_follow_disk()
             return {"node": self.node, "done": done, "what": how, **self._holds(version)}
         finally:

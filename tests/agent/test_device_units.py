@@ -160,6 +160,22 @@ def test_a_version_on_disk_is_loaded_into_a_slot_byte_for_byte(tmp_path):
         d.close()
 
 
+def test_a_version_cut_short_on_disk_is_not_served_and_its_slot_is_freed(tmp_path):
+    from safetensors.torch import save_file
+
+    from hwtui.engine.resident.device_served import DeviceServed
+
+    save_file({"a": torch.arange(10_000, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
+    with open(tmp_path / "m.safetensors", "r+b") as fh:
+        fh.truncate(os.path.getsize(tmp_path / "m.safetensors") - 100)
+    before = _memfds()
+    d = DeviceServed("host")
+    with pytest.raises((OSError, HwtuiError)):
+        d.load("v1", tmp_path / "m.safetensors")
+    assert d.served() == (None, None) and d.state()["receiving"] is None and _memfds() == before
+    d.close()
+
+
 @pytest.mark.parametrize("change, why", [
     (lambda doc: doc["layout"]["a"].update(offset=doc["bytes"]), "outside the slot"),
     (lambda doc: doc["layout"]["a"].update(shape=[999]), "dtype times its shape"),

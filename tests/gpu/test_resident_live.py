@@ -1,5 +1,6 @@
 """A GPU-resident receiver on a live NVIDIA GPU (issue 23.3): ``hwtui agent --device cuda`` keeps
-the served version in two CUDA slots; ``hwtui push`` into it commits, switches the slot, and a
+the served version in two CUDA slots; ``hwtui push`` into it (both agents on one node: by CUDA IPC)
+commits, switches the slot, and a
 serving process on the node opens the served slot by CUDA IPC (the agent's export) and reads the
 pushed bytes exactly. A push whose rank is killed frees its slot (nvidia-smi agrees) and leaves the
 served one; stopping the agent frees both. Skipped without a GPU (tests/gpu/conftest.py says why).
@@ -98,7 +99,8 @@ def test_a_push_into_a_resident_cuda_receiver(tmp_path: Path) -> None:
 
     models = _versions(tmp_path / "models", 5, 1024)
     world = Agents(tmp_path / "agents", 2)
-    world.start(0)
+    # Both agents GPU-resident, on one node: the push moves device buffers by hwtui's CUDA IPC path.
+    world.start(0, "--device", "cuda")
     world.start(1, "--device", "cuda")
     rows = []
     try:
