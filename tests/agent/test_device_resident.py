@@ -9,7 +9,11 @@ own tests do), pushed into by ``hwtui push`` as real processes on loopback.
 - a corrupted bucket is named, and the served slot is untouched, the staged one freed;
 - a resident rank killed mid-push: the agent keeps serving its slot and frees the staged one
   (its memfds, counted in /proc, agree);
+- a switch that failed after the decision (a split): the device keeps serving what the disk
+  serves, and ``hwtui push --resume`` finishing it from the staged copy loads it onto the device;
 - the export is authenticated (the token) and refused to a process of another user.
+
+One world, shared by the cases in order (each case leaves what the next one starts from).
 """
 
 from __future__ import annotations
@@ -176,6 +180,22 @@ def test_a_rank_killed_mid_push_leaves_the_served_slot_and_frees_the_staged_one(
     assert done.returncode == 0, done.stdout + done.stderr
     assert device(world, 1)["serving"] == "v4"
     assert_bytes_equal(served_tensors(world, 1)[1], models["v4"][1])
+
+
+def test_a_split_finished_by_resume_is_loaded_onto_the_device(world, models):
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="fail:rank=1,phase=commit")
+    done = push(models["v5"][0], world.agents())
+    assert done.returncode == 1 and "SPLIT" in done.stdout, done.stdout + done.stderr
+    dev = device(world, 1)
+    assert (dev["serving"], dev["receiving"]) == ("v4", None), dev  # as its disk: the switch failed there
+    assert slot_memfds(world, 1) == 1
+    resumed = push(models["v5"][0], world.agents(), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    dev = device(world, 1)
+    assert dev["serving"] == "v5" and "v5 loaded from disk" in dev.get("loaded", ""), dev
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v5"][1])
+    assert slot_memfds(world, 1) == 2  # v5 in the other slot; v4's stays allocated for the next push
 
 
 def test_the_export_needs_the_token_and_the_agents_user(world):
