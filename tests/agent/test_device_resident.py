@@ -21,7 +21,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -207,23 +206,16 @@ def test_the_export_needs_the_token_and_the_agents_user(world):
     assert status == 404 and "--device cuda" in doc["error"]
     if os.geteuid() != 0:
         pytest.skip("asking as another user needs root to start a process as one")
-    # A socket belongs to the user that made it (the kernel's table lists its uid): made as
-    # nobody, then used to ask with the right token.
-    os.setegid(65534)
-    os.seteuid(65534)
-    try:
-        sock = socket.socket()
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
-    conn = http.client.HTTPConnection("127.0.0.1", world.ports[1], timeout=30)
-    sock.settimeout(30)
-    sock.connect(("127.0.0.1", world.ports[1]))
-    conn.sock = sock
-    conn.request("POST", "/v1/served/export", body=b"{}", headers={"Authorization": f"Bearer {TOKEN}",
-                                                                  "Content-Type": "application/json"})
-    answer = conn.getresponse()
-    doc = json.loads(answer.read())
-    conn.close()
-    assert answer.status == 403 and doc["error"].startswith("node node1: uid 65534 is not the agent's user"), doc
-    assert "handle" not in doc
+    from tests.local_user import as_user
+
+    def ask_as_nobody() -> None:
+        # A process of another local user, with the right token: the asking socket is nobody's.
+        conn = http.client.HTTPConnection("127.0.0.1", world.ports[1], timeout=30)
+        conn.request("POST", "/v1/served/export", body=b"{}", headers={"Authorization": f"Bearer {TOKEN}",
+                                                                      "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        doc = json.loads(answer.read())
+        assert answer.status == 403 and doc["error"].startswith("node node1: uid 65534 is not the agent's user"), doc
+        assert "handle" not in doc
+
+    as_user(65534, "/", ask_as_nobody)
