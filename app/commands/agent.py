@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve-group", metavar="GROUP",
                    help="with --out: the versions this node serves are 0640 (directories 0750) and owned by GROUP, "
                         "so a server running as another user of that group can read them (default: 0600, owner only)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="with --out: cuda keeps the served version in GPU memory too (two slots, switched at each "
+                        "commit), exported to local serving processes by CUDA IPC (POST /v1/served/export); default cpu")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
@@ -172,6 +175,32 @@ def _pin_resident_interface(address: str) -> None:
               file=sys.stderr)
 
 
+def device_slots(device: str, out: str | None, env: dict[str, str] | None = None,
+                 build: dict[str, str | None] | None = None) -> str | None:
+    """What holds the served version's device copy: None (``--device cpu``), "cuda", or the memfd
+    stand-in "host" under the test-only ``HWTUI_TEST_IPC=host`` (as the IPC path's tests do).
+
+    ``--device cuda`` where this torch cannot drive a GPU, or none is visible, is one line (exit 2)
+    naming the fix: the same torch-build check as ``hwtui replicate --device cuda``, torch not imported."""
+    from hwtui.engine.replication.ipc_path import TEST_ENV
+    from hwtui.engine.replication.transport import torch_build, validate_device, visible_nvidia_gpus
+
+    if device == "cpu":
+        return None
+    if not out:
+        raise HwtuiError("--device cuda goes with --out (the served version is kept on disk and in GPU memory)")
+    env = env if env is not None else dict(os.environ)
+    if env.get(TEST_ENV) == "host":
+        return "host"
+    build = build if build is not None else torch_build()
+    validate_device("cuda", build)
+    if not build.get("hip") and not visible_nvidia_gpus(env):
+        raise HwtuiError("--device cuda: no NVIDIA GPU is visible here (no driver under /proc/driver/nvidia/gpus, "
+                         "or CUDA_VISIBLE_DEVICES hides every GPU): install the NVIDIA driver or make a GPU visible, "
+                         "or run the agent with --device cpu")
+    return "cuda"
+
+
 def run(args: argparse.Namespace) -> int:
     from hwtui.app.host_args import host_from_args
     from hwtui.app.node_api.server import AgentServer, serve_in_thread
@@ -195,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.out:
             raise HwtuiError("--serve-group goes with --out (it sets who may read the versions this node serves)")
         serve_modes(args.serve_group)  # an unknown group is one line, exit 2, before anything starts
+    if args.install_unit and args.device != "cpu":
+        raise HwtuiError("--device cuda does not go with --install-unit (the unit does not carry it yet); "
+                         "run the agent with --device cuda directly")
+    slots = device_slots(args.device, args.out)
     if args.install_unit:
         return _install_unit(args)
     if args.out:
@@ -217,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
         from hwtui.engine.resident.resident import ResidentRank
 
         resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
-                                serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io)
+                                serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io,
+                                device_slots=slots)
         post_routes = make_routes(resident)
         replication = resident.state
 

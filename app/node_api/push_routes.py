@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hwtui.app.node_api.server import StreamRoute
+from hwtui.app.node_api.peer import export_refusal
+from hwtui.app.node_api.server import PeerRoute, StreamRoute
 from hwtui.engine.resident.resident import MAX_PLAN_BYTES, PushRefused, ResidentRank
 
 
@@ -24,6 +25,17 @@ def make_routes(resident: ResidentRank) -> dict[str, Any]:
         except PushRefused as exc:
             return exc.status, {"error": str(exc), "node": resident.node}
 
-    return {"/v1/push/plan": StreamRoute(upload, MAX_PLAN_BYTES), "/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
+    def export(body: dict[str, Any], peer: tuple[Any, ...], local: tuple[Any, ...]) -> tuple[int, dict[str, Any]]:
+        # The token got the request this far; the served slot's handle goes only to a process of
+        # this agent's user or its --serve-group, on this node (app/node_api/peer.py).
+        why = export_refusal(peer, local, resident.modes.gid)
+        if why is not None:
+            return 403, {"error": f"node {resident.node}: {why}", "node": resident.node}
+        try:
+            return 200, resident.export()
+        except PushRefused as exc:
+            return exc.status, {"error": str(exc), "node": resident.node}
+
+    return {"/v1/served/export": PeerRoute(export), "/v1/push/plan": StreamRoute(upload, MAX_PLAN_BYTES), "/v1/push/prepare": guarded(resident.prepare), "/v1/push/start": guarded(resident.start),
             "/v1/push/abort": guarded(resident.abort), "/v1/push/wait": guarded(resident.wait),
             "/v1/push/resolve": guarded(resident.resolve)}

@@ -71,6 +71,14 @@ class StreamRoute:
         self.max_bytes = max_bytes
 
 
+class PeerRoute:
+    """A JSON POST route that also needs to know who connected: ``fn(body, peer, local)``, the two
+    socket addresses (``app/node_api/peer.py`` finds the asking process's user from them)."""
+
+    def __init__(self, fn: Callable[[dict[str, Any], tuple[Any, ...], tuple[Any, ...]], tuple[int, dict[str, Any]]]):
+        self.fn = fn
+
+
 @dataclass(frozen=True)
 class Limits:
     """The time and connection bounds of one server (tests shorten them)."""
@@ -111,7 +119,7 @@ class AgentServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], state: NodeState, token: str, *,
-                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler | StreamRoute] | None = None,
+                 tls: ssl.SSLContext | None = None, post_routes: dict[str, PostHandler | StreamRoute | PeerRoute] | None = None,
                  limits: Limits | None = None):
         # Set before the base class binds: a failed bind calls server_close(), which uses them.
         self.limits = limits or Limits()
@@ -433,6 +441,8 @@ class AgentHandler(BaseHTTPRequestHandler):
         try:
             if isinstance(handler, StreamRoute):
                 status, doc = self._stream(handler)
+            elif isinstance(handler, PeerRoute):
+                status, doc = handler.fn(self._body(), tuple(self.client_address), tuple(self.connection.getsockname()))
             else:
                 status, doc = handler(self._body())
         except BadRequest as exc:

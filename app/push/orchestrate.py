@@ -67,6 +67,18 @@ async def push(opts: PushOptions, plan_bytes: bytes, plan: PlanFacts, targets: l
         await client.aclose()
 
 
+def device_settings(prepared: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Into agents that all keep the served version on a GPU (``hwtui agent --device cuda``) a push
+    moves device buffers: CUDA IPC inside one node, NCCL across nodes (the agents' ``host`` answers
+    count the nodes). Anything else moves through host memory and each GPU-resident receiver copies
+    its verified bytes onto its GPU."""
+    if not prepared or any(d.get("device") != "cuda" for d in prepared):
+        return {}
+    hosts = {d.get("host") for d in prepared}
+    nodes = len(prepared) if None in hosts else len(hosts)
+    return {"device": "cuda", "nodes": nodes}
+
+
 def _refusal(t: Any, status: int, doc: dict[str, Any]) -> HwtuiError:
     """One line for an agent's refusal, the same whichever of the first requests meets it."""
     if status == 401:
@@ -217,7 +229,7 @@ class _Push:
     async def start_one(self, i: int, t: Any, master: str, port: int) -> None:
         body = {"push_id": self.run_.push_id, "rank": i, "world_size": len(self.group), "world_key": self.world_key,
                 "master_addr": master, "master_port": port, "fresh": not self.run_.warm,
-                "plan_digest": self.plan["digest"], "settings": self.opts.rank_settings()}
+                "plan_digest": self.plan["digest"], "settings": {**self.opts.rank_settings(), **device_settings(self.prepared)}}
         try:
             status, doc = await self.client.post(self.url(t, "start"), body, timeout=180)
         except Exception as exc:  # noqa: BLE001

@@ -8,8 +8,9 @@ or its rank dies and the agent cleans up) frees both. The memory itself comes fr
 seam: ``ipc_provider.CudaIpc`` on a GPU (so a same-node push can also export a slot by IPC
 handle), ``ipc_provider.HostStandIn`` in CPU tests.
 
-This is the slot logic only; the agent's rank does not receive into it yet (see
-docs/replication.md, "Transports").
+The agent holds the slots (engine.resident.device_served), so a resident rank that dies or is
+stopped mid-push takes none of them with it; the rank writes the staged slot through its IPC
+handle (engine.resident.slot_fill).
 """
 
 from __future__ import annotations
@@ -90,6 +91,18 @@ class DeviceSlots:
                 self._alloc.free(slot.buf)
             self._slots[self._staging] = _Slot()
             self._staging = None
+
+    def receiving(self) -> tuple[str | None, Any]:
+        """(version, whole buffer) of the slot a push is being received into, or (None, None)."""
+        with self._lock:
+            if self._staging is None:
+                return None, None
+            slot = self._slots[self._staging]
+            return slot.version, slot.buf
+
+    def serving_slot(self) -> str | None:
+        with self._lock:
+            return self._serving
 
     def served(self) -> tuple[str | None, Any]:
         """(version, buffer) being served, or (None, None)."""

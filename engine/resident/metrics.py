@@ -93,4 +93,15 @@ def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], repl
            [({"node": node, "version": flight.get("version")}, flight.get("progress"))] if flight else [])
     family("hwtui_replication_pushes_total", "Pushes this agent took part in, by outcome", "counter",
            (({"node": node, "outcome": k}, v) for k, v in sorted((replication.get("pushes") or {}).items())))
+    dev = replication.get("device") or {}
+    if dev:
+        # --device cuda: what the served version's device copy is, and what each slot holds.
+        family("hwtui_resident_device_serving_info", "The version served from device memory and its slot (1 when serving)",
+               "gauge", [({"node": node, "device": dev.get("device"), "slot": dev.get("slot"),
+                           "version": dev.get("serving")}, 1)] if dev.get("serving") else [])
+        family("hwtui_resident_device_slot_bytes", "Device memory held by each served-version slot", "gauge",
+               (({"node": node, "device": dev.get("device"), "slot": name}, (info or {}).get("bytes"))
+                for name, info in sorted((dev.get("slots") or {}).items())))
+        family("hwtui_resident_device_allocations_total", "Device slot allocations since the agent started", "counter",
+               [({"node": node, "device": dev.get("device")}, dev.get("allocs"))])
     return "\n".join(lines) + "\n"

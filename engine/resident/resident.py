@@ -62,6 +62,7 @@ from hwtui.probes.distributed.replication_defaults import (
 if TYPE_CHECKING:
     from hwtui.engine.replication.config import Timeouts, WorkerConfig
     from hwtui.engine.replication.settings import ReplicationSettings
+    from hwtui.engine.resident.device_served import DeviceServed
 
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -105,7 +106,7 @@ def _remove_in_background(path: Path) -> None:
                      daemon=True).start()
 
 
-def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeouts]:
+def push_settings(settings: dict[str, Any], device_kind: str | None = None) -> tuple[ReplicationSettings, Timeouts]:
     """A push's settings, as the pusher sent them (untrusted JSON), into the rank's typed settings.
 
     The wire keeps the command line's name for the window (``inflight``); every default and maximum
@@ -121,18 +122,52 @@ def push_settings(settings: dict[str, Any]) -> tuple[ReplicationSettings, Timeou
         return float(v)
 
     device = settings.get("device", "cpu")
-    _need(device == "cpu", "settings.device: hot push moves weights through host memory (cpu) for now")
+    _need(device in ("cpu", "cuda"), "settings.device must be cpu or cuda")
+    # cuda: the push moves device buffers (CUDA IPC inside one node, NCCL between nodes) into
+    # agents that keep the served version on the GPU; the pusher asks it only of such agents.
+    _need(device == "cpu" or device_kind == "cuda",
+          "settings.device cuda: this node keeps no version on a GPU (start its agent with --device cuda)")
+    number("nodes", 1, 1, 4096)
     repl = ReplicationSettings(window=int(number("inflight", DEFAULT_WINDOW, 1, MAX_WINDOW)), max_inflight_bytes=None,
                                adaptive=False, chunk_bytes=int(number("chunk_mb", DEFAULT_CHUNK_MB, 1, MAX_CHUNK_MB) * MB),
-                               verify=bool(settings.get("verify", True)), device="cpu")
+                               verify=bool(settings.get("verify", True)), device=device)
     init = number("init_timeout", DEFAULT_INIT_TIMEOUT_S, 1, MAX_TIMEOUT_S)
     timeout = number("timeout", DEFAULT_TIMEOUT_S, 0.5, MAX_TIMEOUT_S)
     return repl, Timeouts(init=init, bucket=timeout, commit=timeout)
 
 
+def push_transport(device: str, nodes: int) -> Any:
+    """What carries a push's bytes. Host memory: gloo, as between hosts (receivers on the source's
+    host copy its pages). A push into GPU-resident agents (every agent ``--device cuda``): inside one
+    node CUDA IPC (the world is gloo, for control and votes: NCCL refuses two ranks on one GPU),
+    across nodes NCCL (CUDA IPC stops at the node)."""
+    from hwtui.engine.replication.transport import choose_transport
+
+    if device == "cuda":
+        return choose_transport("cuda", None, multi_node=nodes > 1, shared_gpu=nodes == 1)
+    return choose_transport("cpu", None, multi_node=True)
+
+
+def host_identity() -> str:
+    """This node and user, as the ipc path tells them apart (boot id, network namespace, uid),
+    hashed: the pusher counts the nodes of a push from its agents' answers."""
+    import hashlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read(64).strip()
+    except OSError:
+        boot = ""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return hashlib.sha256(f"{boot}|{netns}|{os.geteuid()}".encode()).hexdigest()[:16]
+
+
 class ResidentRank:
     def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None,
-                 readers: int | None = None, direct_io: str = "auto"):
+                 readers: int | None = None, direct_io: str = "auto", device_slots: str | None = None):
         from hwtui.engine.replication.served_files import serve_modes
 
         self.node = node
@@ -170,6 +205,15 @@ class ResidentRank:
         if (self.served / ".trash").exists():  # evictions an agent stopped before they were deleted
             _remove_in_background(self.served / ".trash")
         self.recovered = self._recover()
+        # --device cuda: the served version also lives in device memory, in two slots this agent
+        # holds (engine.resident.device_served); "host" is the memfd stand-in of CPU tests.
+        self.device: DeviceServed | None = None
+        self._layouts: dict[str, dict[str, Any]] = {}
+        if device_slots is not None:
+            from hwtui.engine.resident.device_served import DeviceServed
+
+            self.device = DeviceServed(device_slots)
+            self._device_follow_disk()
 
     # ------------------------------------------------------------------ state
 
@@ -196,7 +240,8 @@ class ResidentRank:
                     "pushes": dict(self.pushes), "spare": dict(self.spare),
                     "staged": recovery.staged(self.served, self.ranks_out), "recovered": list(self.recovered),
                     "resident": {"warm": warm, "starts": self.child_starts,
-                                                               "pid": self.child.pid if warm and self.child else None}}
+                                                               "pid": self.child.pid if warm and self.child else None},
+                    **({"device": self.device.state()} if self.device is not None else {})}
 
     # ------------------------------------------------------------------ requests
 
@@ -211,7 +256,9 @@ class ResidentRank:
             warm = (self.child is not None and self.child.running and self.world_key == key and not self.busy)
             busy = self.busy
         answer = {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
-                  "port": free_port(self.advertise), **self._holds(version)}
+                  "port": free_port(self.advertise), "host": host_identity(),
+                  "device": "cuda" if self.device is not None and self.device.kind == "cuda" else "cpu",
+                  **self._holds(version)}
         return answer
 
     def _holds(self, version: str | None) -> dict[str, Any]:
@@ -261,6 +308,8 @@ class ResidentRank:
             done, how = recovery.finish(self.served, self.ranks_out, version, digest, self.modes)
             if done and how != "already serves it":
                 self._rotate_slots(version)
+            if done and self.device is not None:
+                self._device_follow_disk()
             return {"node": self.node, "done": done, "what": how, **self._holds(version)}
         finally:
             with self._lock:
@@ -378,19 +427,24 @@ class ResidentRank:
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
             t_accepted = time.time()
+            slot = self._stage_device(plan) if rank != 0 else None
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
             cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
-                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted}}
+                                  "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted},
+                                  "device_slot": slot is not None}
                 self._done_bytes = 0
                 self._result = None
                 self._changed.notify_all()
             assert self.child is not None
             self._flight_child = self.child
-            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json()})
+            self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json(),
+                             **({"slot": slot} if slot is not None else {})})
         except BaseException:
+            if self.device is not None:
+                self.device.rollback()
             with self._lock:
                 self.busy = False
                 self.in_flight = None
@@ -570,10 +624,9 @@ class ResidentRank:
     def _worker_cfg(self, body: dict[str, Any], settings: dict[str, Any], plan_path: Path, digest: str, rank: int,
                     world: int, master: str, port: int) -> WorkerConfig:
         from hwtui.engine.replication.config import WorkerConfig
-        from hwtui.engine.replication.transport import choose_transport
 
-        repl, timeouts = push_settings(settings)
-        choice = choose_transport("cpu", None, multi_node=True)
+        repl, timeouts = push_settings(settings, self.device.kind if self.device is not None else None)
+        choice = push_transport(repl.device, int(settings.get("nodes", 1)))
         return WorkerConfig(plan=str(plan_path), plan_digest=digest, transport=choice, world_size=world,
                             rank=rank, local_rank=0, master_addr=master, master_port=port, settings=repl, commit=True,
                             out=str(self.out / "ranks"), timeouts=timeouts, serve_group=self.serve_group,
@@ -708,6 +761,11 @@ class ResidentRank:
             committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
         if committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
+        if self.device is not None and flight.get("device_slot"):
+            # The rank filled the staged slot and waited for every copy before its yes vote, so a
+            # committed push serves it; anything else frees it (what was served still is).
+            if not (committed and self.device.commit(str(flight["version"]))):
+                self.device.rollback()
         outcome = "committed" if committed else ("aborted" if msg.get("usable") or flight.get("stopped") else "failed")
         self.pushes[outcome] += 1
         self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
@@ -781,3 +839,69 @@ class ResidentRank:
     def close(self) -> None:
         self._stop_child()
         self._spawner.shutdown(wait=False)
+        if self.device is not None:
+            self.device.close()  # both slots: the agent stops
+
+    # ------------------------------------------------------------------ the served version on the device
+
+    def _stage_device(self, plan: Any) -> dict[str, Any] | None:
+        """The slot descriptor a receiver's rank fills (None without --device cuda)."""
+        if self.device is None:
+            return None
+        from hwtui.engine.resident.device_served import data_bytes
+        from hwtui.engine.resident.device_slots import SlotError
+
+        try:
+            return self.device.stage(str(plan["version"]), data_bytes(plan))
+        except SlotError as exc:
+            raise PushRefused(507, f"node {self.node}: {exc}") from None
+
+    def _device_follow_disk(self) -> None:
+        """Load what the disk serves into a device slot when no push put it there (the agent's
+        start, a switch finished from a staged copy). A failure is reported in the state, not fatal:
+        the disk still serves the version."""
+        assert self.device is not None
+        try:
+            cur = recovery.served_dir(self.served, self.modes).current() or {}
+        except HwtuiError:
+            cur = {}
+        version, file = cur.get("version"), cur.get("file")
+        if not isinstance(version, str) or not isinstance(file, str) or self.device.served()[0] == version:
+            return
+        try:
+            self.device.load(version, self.served / file)
+            self.device.error = None
+        except (OSError, HwtuiError, RuntimeError) as exc:
+            self.device.error = redact_text(f"{version} could not be loaded onto {self.device.device}: {exc}")[:300]
+
+    def export(self) -> dict[str, Any]:
+        """What a local serving process needs to consume the served version without a copy: the
+        served slot's IPC handle and each tensor's place in it (from the served file's header).
+        The caller checks who asks (app/node_api: the token, then the asking process's user)."""
+        if self.device is None:
+            raise PushRefused(404, f"node {self.node} keeps no version in device memory (start it with --device cuda)")
+        with self._lock:
+            version, buf = self.device.served()
+            slot_state = self.device.state()
+            if version is None or buf is None:
+                raise PushRefused(404, f"node {self.node} serves no version on {self.device.device} yet")
+            handle = self.device.handle(buf)
+        try:
+            cur = recovery.served_dir(self.served, self.modes).current() or {}
+        except HwtuiError:
+            cur = {}
+        if cur.get("version") != version or not isinstance(cur.get("file"), str):
+            raise PushRefused(409, f"node {self.node}: the device serves {version}, the disk {cur.get('version')}; "
+                                   "retry once the push in flight is over")
+        layout = self._layouts.get(version)
+        if layout is None:
+            from hwtui.engine.resident.served_export import layout_of
+
+            try:
+                layout = layout_of(self.served / str(cur["file"]))
+            except (OSError, HwtuiError) as exc:
+                raise PushRefused(500, f"node {self.node}: the served file's header: {exc}") from None
+            self._layouts = {version: layout}
+        return {"node": self.node, "version": version, "device": self.device.device, "kind": self.device.kind,
+                "slot": slot_state["slot"], "bytes": slot_state["bytes"], "run": self.device.run,
+                "handle": handle, "layout": layout}

@@ -52,7 +52,7 @@ class ResidentWorker(Worker):
     final, verified bytes, so its byte ranges start going to disk at once (SpareStaging.written).
     """
 
-    def __init__(self, cfg: WorkerConfig, emit: Any):
+    def __init__(self, cfg: WorkerConfig, emit: Any, slot: Any = None):
         import torch.distributed as dist
 
         from hwtui.engine.resident.spare import SpareStaging
@@ -61,6 +61,8 @@ class ResidentWorker(Worker):
         self.reuse_world = dist.is_initialized()
         self.staging_factory = SpareStaging
         self._bucket_ranges: list[list[tuple[int, int]]] = []
+        self._slot_desc = slot  # the agent's staged device slot (engine.resident.device_served), or None
+        self.slot_fill: Any = None
 
     def setup(self, plan: Any) -> None:
         super().setup(plan)
@@ -68,11 +70,49 @@ class ResidentWorker(Worker):
             layout = self.staging.layout
             self._bucket_ranges = [_merged([(layout[it["name"]][0] + it["tensor_offset"], it["nbytes"]) for it in items])
                                    for items in plan.bucket_items]
+            if self._slot_desc is not None:
+                self._open_slot()
+
+    def _open_slot(self) -> None:
+        """Open the agent's staged slot; a slot that cannot be opened or is too small fails the push
+        here, before any byte moves (the agent frees the slot when the push ends)."""
+        from hwtui.engine.replication.ipc_provider import OpenError
+        from hwtui.engine.replication.ipc_wire import WireError
+        from hwtui.engine.resident.slot_fill import SlotFill, SlotFillError
+
+        try:
+            self.slot_fill = SlotFill(self._slot_desc, self.cfg.local_rank)
+            self.slot_fill.check_size(int(self.staging.data_bytes))
+        except (OpenError, WireError, SlotFillError, OSError) as exc:
+            self.close_slot()
+            raise TransportFailure(f"rank {self.rank}: the agent's device slot: {exc}") from None
 
     def bucket(self, b: int, state: str, nbytes: int, seconds: float = 0.0) -> None:
         super().bucket(b, state, nbytes, seconds)
-        if state == "done" and b < len(self._bucket_ranges) and hasattr(self.staging, "written"):
-            self.staging.written(self._bucket_ranges[b])
+        if state == "done" and b < len(self._bucket_ranges):
+            if hasattr(self.staging, "written"):
+                self.staging.written(self._bucket_ranges[b])
+            if self.slot_fill is not None:
+                # Verified in the staging copy: into the device slot now, while the next bucket arrives.
+                self.slot_fill.copy(self.staging.data, self._bucket_ranges[b])
+
+    def prepare(self, plan: Any) -> bool:
+        ok = bool(super().prepare(plan))
+        if ok and self.slot_fill is not None:
+            try:
+                # The staging copy is whole and verified: what no bucket carried goes in too, and
+                # every copy is waited for, before this rank may vote yes.
+                self.slot_fill.fill_rest(self.staging.data, int(self.staging.data_bytes))
+            except (RuntimeError, OSError) as exc:
+                self.failures.append(f"rank {self.rank}: filling the device slot failed: {str(exc)[:200]}")
+                self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="device"))
+                ok = False
+        return ok
+
+    def close_slot(self) -> None:
+        if self.slot_fill is not None:
+            fill, self.slot_fill = self.slot_fill, None
+            fill.close()
 
     def _decide(self, plan: Any) -> bool:
         """The vote's outcome, recorded on this receiver's node too before it switches.
@@ -110,7 +150,8 @@ class ResidentWorker(Worker):
                 dist.distributed_c10d._set_pg_timeout(span, group)
 
     def tidy(self) -> None:
-        """After a push is reported: unmap the staging copy, drop the push's sub-groups."""
+        """After a push is reported: unmap the staging copy and the device slot, drop the push's sub-groups."""
+        self.close_slot()
         if self.staging is not None:
             self.staging.close()
         self.release_groups()
@@ -140,14 +181,14 @@ def _nothing() -> None:
     pass
 
 
-def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool, Callable[[], None]]:
+def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None) -> tuple[int, bool, Callable[[], None]]:
     """One push on this rank: (exit code as the worker's EXIT_*, whether the group is still usable,
     what is left to do once the push is reported).
 
     Unmapping the staging copy and dropping the push's sub-groups (30-130 ms for 1 GB on a busy
     node) come after the report: the pusher waits for every node's "done", not for this tidying.
     The next push's command waits in the channel until it is over."""
-    w = ResidentWorker(cfg, emit)
+    w = ResidentWorker(cfg, emit, slot)
     try:
         if not w.reuse_world:
             w.start_world()  # torch is imported already; the rendezvous overlaps the plan load
@@ -163,11 +204,14 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool, Callable[[], None
         ok = w.prepare(plan)
         unanimous = w.vote_and_commit(plan, ok)
         w.remove_shm()
+        if not unanimous:
+            w.close_slot()  # before the report: the agent frees the slot once it hears the push failed
         w.result(ok=unanimous, clean=True)
         return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True, w.tidy
     except HwtuiError as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
         w.bad_input = True
+        w.close_slot()
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         # Bad input seen before the group was touched leaves it usable only if every rank saw it
@@ -175,16 +219,19 @@ def run_push(cfg: WorkerConfig, emit: Any) -> tuple[int, bool, Callable[[], None
         return EXIT_BAD_INPUT, False, _nothing
     except Interrupted as exc:  # SIGTERM from the agent (an abort, or the agent shutting down)
         w.emit(ErrorEvent(message=f"rank {w.rank}: {exc}", rank=w.rank, where="signal"))
+        w.close_slot()
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         return EXIT_BROKEN, False, _nothing
     except TransportFailure as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="transport"))
+        w.close_slot()
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         return EXIT_BROKEN, False, _nothing
     except Exception as exc:  # noqa: BLE001 - report, never a bare traceback
         w.emit(ErrorEvent(message=f"rank {w.rank}: {type(exc).__name__}: {exc}", rank=w.rank, where="internal"))
+        w.close_slot()
         w.cleanup_staging()
         w.result(ok=False, clean=False)
         return EXIT_BROKEN, False, _nothing
@@ -277,7 +324,7 @@ def _serve(emit: Any, stopping: list[int]) -> None:
                 emit(ErrorEvent(message=f"resident rank: {exc}", where="input").to_dict())
                 code, usable, tidy = EXIT_BAD_INPUT, False, _nothing
             else:
-                code, usable, tidy = run_push(cfg, emit)
+                code, usable, tidy = run_push(cfg, emit, cmd.get("slot"))
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
             tidy()
             if usable and code == EXIT_OK and cfg.rank != SRC:

@@ -1,0 +1,80 @@
+"""A warm push into a GPU-resident receiver (``hwtui agent --device cuda``) against the same push into
+a plain one, interleaved, medians (issue 23.3). Without a GPU the device slots are the memfd
+stand-in (``HWTUI_TEST_IPC=host``, which also puts both worlds on the IPC path), so this measures
+what filling the slot during the transfer adds to a push's end to end.
+
+Run from the repository root: ``python benchmarks/bench_resident_slots.py [MIB=256] [ROUNDS=5] [DIR]``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.getcwd())
+
+MIB = 1 << 20
+
+
+def versions(root: Path, mib: int, n: int) -> list[Path]:
+    import torch
+    from safetensors.torch import save_file
+
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+    plans = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        tensors = {f"w{k}": torch.empty(mib * MIB // 8 // 4).uniform_(generator=g) for k in range(8)}
+        (root / f"v{i}").mkdir()
+        save_file(tensors, str(root / f"v{i}" / "model.safetensors"))
+        plan = build_plan_from_files([str(root / f"v{i}" / "model.safetensors")], model="bench", version=f"v{i}",
+                                     bucket_bytes=64 * MIB, align=1)
+        write_json_atomic(root / f"v{i}.plan", plan)
+        plans.append(root / f"v{i}.plan")
+    return plans
+
+
+def main() -> None:
+    from tests.agent.procs import Agents, push
+
+    mib = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    root = Path(sys.argv[3]) if len(sys.argv) > 3 else Path("/tmp/hwtui-bench-resident-slots")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    plans = versions(root, mib, rounds + 1)
+    env = {"HWTUI_TEST_IPC": "host"}
+    worlds = {}
+    for name, extra in (("slots", ("--device", "cuda")), ("plain", ())):
+        (root / f"agents-{name}").mkdir()
+        world = Agents(root / f"agents-{name}", 2)
+        world.start(0, **env)
+        world.start(1, *extra, **env)
+        worlds[name] = world
+    rows: dict[str, list[tuple[float, float]]] = {k: [] for k in worlds}
+    try:
+        for i, plan in enumerate(plans):
+            for name, world in worlds.items():  # interleaved: both see the same load
+                done = push(plan, world.agents(), "--json")
+                assert done.returncode == 0, done.stdout + done.stderr
+                doc = json.loads(done.stdout)
+                if i:  # warm pushes only
+                    rows[name].append((doc["seconds"], doc["transfer_s"]))
+    finally:
+        for world in worlds.values():
+            world.close()
+    for name, r in rows.items():
+        ratios = [e / t for e, t in r]
+        print(f"{name:6} {mib} MiB x{len(r)} warm: e2e median {statistics.median(e for e, _ in r):.3f} s, "
+              f"transfer median {statistics.median(t for _, t in r):.3f} s, e2e/transfer median "
+              f"{statistics.median(ratios):.2f} (rounds {' '.join(f'{x:.2f}' for x in ratios)})")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

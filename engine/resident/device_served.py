@@ -1,0 +1,215 @@
+"""The served version in device memory (``hwtui agent --device cuda``): the agent's A/B slots.
+
+The slots live in the *agent's* process, not in its resident rank: a rank stopped or killed
+mid-push (an abort, a dead peer, SIGKILL) takes nothing served with it, and the agent frees the
+slot that push was filling. The rank writes into the staged slot through its IPC handle
+(engine.resident.slot_fill): the slot descriptor travels in the push command, field by field
+(ipc_wire), never pickled. The commit switches which slot is served; a push that does not commit
+frees its slot; ``close`` (the agent stops) frees both, and the driver frees everything with the
+agent's process whatever way it ends.
+
+The memory is CUDA memory (``ipc_provider.CudaIpc``) on a GPU, and the memfd stand-in
+(``ipc_provider.HostStandIn``) under ``HWTUI_TEST_IPC=host``, so every path here runs in CPU tests.
+A slot's bytes are the served safetensors file's data section, byte for byte: tensor ``t`` lies at
+``data_offsets[0]`` of the file's header, which is what the export gives a consumer
+(engine.resident.served_export).
+
+torch is imported on first use only (the agent imports it for its first push, or to load the
+version it serves at start), never at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hwtui.engine.resident.device_slots import DeviceSlots, SlotError
+
+SLOT_KINDS = ("cuda", "host")
+LOAD_CHUNK = 64 << 20  # bytes read from the served file per copy when a version is loaded from disk
+
+
+class _Counting:
+    """The allocator seam with counts: steady state allocates nothing (slot reuse), and says so."""
+
+    def __init__(self, inner: Any, after_free: Any = None):
+        self.inner = inner
+        self.allocs = 0
+        self.frees = 0
+        self._after_free = after_free
+
+    def alloc(self, nbytes: int) -> Any:
+        buf = self.inner.alloc(nbytes)
+        self.allocs += 1
+        return buf
+
+    def free(self, buf: Any) -> None:
+        self.inner.free(buf)
+        self.frees += 1
+        if self._after_free is not None:
+            self._after_free()
+
+
+def _cuda_release() -> None:
+    """Give freed blocks back to the driver at once (nvidia-smi agrees), not to torch's cache."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.ipc_collect()
+    torch.cuda.empty_cache()
+
+
+class DeviceServed:
+    def __init__(self, kind: str, device_index: int = 0):
+        if kind not in SLOT_KINDS:
+            raise ValueError(f"slot kind {kind!r}")
+        self.kind = kind
+        self.device_index = device_index
+        self.run = secrets.token_hex(16)  # names this agent's memfds (host); a consumer checks it
+        self._lock = threading.Lock()
+        self._mem: _Counting | None = None
+        self._slots: DeviceSlots | None = None
+        self.error: str | None = None
+        self.loaded: str | None = None  # the last version loaded from disk (not pushed), in words
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.device_index}" if self.kind == "cuda" else "host"
+
+    def _ensure(self) -> DeviceSlots:
+        with self._lock:
+            if self._slots is None:
+                if self.kind == "cuda":
+                    import torch
+
+                    from hwtui.engine.replication.ipc_provider import CudaIpc
+
+                    torch.cuda.set_device(self.device_index)
+                    self._mem = _Counting(CudaIpc(self.device_index), _cuda_release)
+                else:
+                    from hwtui.engine.replication.ipc_provider import HostStandIn
+
+                    self._mem = _Counting(HostStandIn(self.run))
+                self._slots = DeviceSlots(self._mem)
+            return self._slots
+
+    # ------------------------------------------------------------------ a push
+
+    def stage(self, version: str, nbytes: int) -> dict[str, Any]:
+        """The slot ``version`` (``nbytes`` of tensor data) is received into, as the descriptor the
+        resident rank opens it with (engine.resident.slot_fill.parse_descriptor)."""
+        slots = self._ensure()
+        slots.rollback()  # a push the agent never heard the end of: its slot goes first
+        try:
+            slots.stage(version, nbytes)
+        except SlotError:
+            raise
+        except (RuntimeError, OSError, MemoryError) as exc:  # out of device memory: the push is refused
+            raise SlotError(f"cannot allocate {nbytes} bytes on {self.device}: {str(exc).splitlines()[0][:200]}") from None
+        _, buf = slots.receiving()
+        assert self._mem is not None
+        handle = self._mem.inner.handle(buf)
+        return {"kind": self.kind, "run": self.run, "nbytes": nbytes, "handle": handle.to_wire()}
+
+    def commit(self, version: str) -> str | None:
+        """Serve the staged ``version``; None when it is not the one staged (nothing changes)."""
+        if self._slots is None:
+            return None
+        try:
+            return self._slots.commit(version)
+        except SlotError:
+            return None
+
+    def rollback(self) -> None:
+        if self._slots is not None:
+            self._slots.rollback()
+
+    def close(self) -> None:
+        with self._lock:
+            slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.close()
+
+    # ------------------------------------------------------------------ the version on disk
+
+    def load(self, version: str, path: Path) -> None:
+        """Serve ``version`` from its safetensors file (``path``): the agent's start, or a switch
+        finished from a staged copy, put on disk a version no push filled a slot with."""
+        from hwtui.engine.replication.weights import read_safetensors_header
+
+        _, _, start = read_safetensors_header(path)
+        nbytes = os.path.getsize(path) - start
+        t = time.perf_counter()
+        slots = self._ensure()
+        slots.rollback()
+        dst = slots.stage(version, nbytes)
+        try:
+            self._copy_file(path, start, nbytes, dst)
+        except BaseException:
+            slots.rollback(version)
+            raise
+        slots.commit(version)
+        self.loaded = f"{version} loaded from disk in {time.perf_counter() - t:.3f} s"
+
+    def _copy_file(self, path: Path, start: int, nbytes: int, dst: Any) -> None:
+        import torch
+
+        from hwtui.core.bounded_read import open_regular
+
+        fd, _ = open_regular(str(path))
+        try:
+            host = torch.empty(min(LOAD_CHUNK, max(1, nbytes)), dtype=torch.uint8,
+                               pin_memory=self.kind == "cuda")
+            view: Any = host.numpy()  # a numpy view of the pinned chunk: preadv reads straight into it
+            done = 0
+            while done < nbytes:
+                n = min(LOAD_CHUNK, nbytes - done)
+                got = os.preadv(fd, [view[:n]], start + done)
+                if got != n:
+                    raise OSError(f"{path}: short read at {start + done}")
+                dst[done:done + n].copy_(host[:n])
+                if self.kind == "cuda":
+                    torch.cuda.synchronize()  # the pinned chunk is reused for the next read
+                done += n
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ what it serves
+
+    def served(self) -> tuple[str | None, Any]:
+        return self._slots.served() if self._slots is not None else (None, None)
+
+    def handle(self, buf: Any) -> dict[str, Any]:
+        assert self._mem is not None
+        return dict(self._mem.inner.handle(buf).to_wire())
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"device": self.device, "kind": self.kind, "serving": None, "slot": None, "bytes": 0,
+                               "receiving": None, "slots": {}, "allocs": 0, "frees": 0}
+        if self.error:
+            out["error"] = self.error
+        if self.loaded:
+            out["loaded"] = self.loaded
+        slots = self._slots
+        if slots is None:
+            return out
+        st = slots.state()
+        name = st["serving"]
+        out.update(serving=st.get(name) if name else None, slot=name, receiving=st["receiving"],
+                   bytes=int(st["bytes"].get(name, 0)) if name else 0,
+                   slots={n: {"version": st[n], "bytes": st["bytes"].get(n, 0)} for n in ("A", "B")})
+        if self._mem is not None:
+            out.update(allocs=self._mem.allocs, frees=self._mem.frees)
+        return out
+
+
+def data_bytes(plan: Any) -> int:
+    """The tensor bytes of a version (its safetensors file's data section): the slot's size."""
+    with contextlib.suppress(KeyError, TypeError):
+        return int(sum(int(t["nbytes"]) for t in plan["tensors"]))
+    return 0

@@ -1,0 +1,221 @@
+"""GPU-resident receivers (issue 23.3) on CPU: ``hwtui agent --device cuda`` with its device slots in
+host memory (``HWTUI_TEST_IPC=host``: the memfd stand-in where CUDA memory goes, as the IPC path's
+own tests do), pushed into by ``hwtui push`` as real processes on loopback.
+
+- a push commits, switches the served slot (A, B, A...) and serves the pushed bytes byte for
+  byte, read by a consumer through the agent's export (the slot mapped, no copy); a delta push's
+  unchanged tensors are in the slot too; repeated pushes allocate nothing new (slot reuse);
+- a restarted agent loads the version its disk serves into a slot;
+- a corrupted bucket is named, and the served slot is untouched, the staged one freed;
+- a resident rank killed mid-push: the agent keeps serving its slot and frees the staged one
+  (its memfds, counted in /proc, agree);
+- a switch that failed after the decision (a split): the device keeps serving what the disk
+  serves, and ``hwtui push --resume`` finishing it from the staged copy loads it onto the device;
+- the export is authenticated (the token) and refused to a process of another user.
+
+One world, shared by the cases in order (each case leaves what the next one starts from).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.agent.helpers import TOKEN  # noqa: E402
+from tests.agent.procs import Agents, push  # noqa: E402
+from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
+
+DEVICE = {"HWTUI_TEST_IPC": "host"}
+
+
+def _model(d: Path, tensors: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(d / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+    d = tmp_path_factory.mktemp("models")
+    g = torch.Generator().manual_seed(7)
+    base = {f"layers.{i}.weight": torch.randn(5 * i + 3, 17, generator=g) for i in range(8)}
+    base["embed.big"] = torch.randn(150_000, generator=g)  # split across many 64 KiB buckets
+    base["norm.bf16"] = torch.randn(257, generator=g).to(torch.bfloat16)
+    base["ids.int8"] = torch.randint(-128, 127, (77,), dtype=torch.int8, generator=g)
+    out: dict[str, tuple[Path, dict[str, Any]]] = {}
+    prev = None
+    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5", "v6"), start=1):
+        t = {k: x.clone() for k, x in base.items()}
+        t["layers.0.weight"] += i  # the rest unchanged: v2 on is a delta of the version before
+        t["embed.big"][: 1000 * i] -= i
+        _model(d / v, t)
+        plan = build_plan_from_files([str(d / v / "model.safetensors")], model="tiny", version=v, bucket_bytes=64 << 10,
+                                     align=1, prev_path=str(prev) if prev else None)
+        write_json_atomic(d / f"{v}.plan", plan)
+        out[v] = (d / f"{v}.plan", t)
+        prev = d / f"{v}.plan"
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = Agents(tmp_path_factory.mktemp("agents"), 2)
+    w.start(0, **DEVICE)  # the ipc path: every rank of the world takes it under the stand-in
+    w.start(1, "--device", "cuda", **DEVICE)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def export(world: Agents, i: int, token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{world.ports[i]}/v1/served/export", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def served_tensors(world: Agents, i: int) -> tuple[str, dict[str, Any]]:
+    """What node ``i`` serves from its device slot, read through its export (copied out, then closed)."""
+    from hwtui.engine.resident.served_export import open_served
+
+    status, doc = export(world, i)
+    assert status == 200, doc
+    served = open_served(doc)
+    try:
+        return served.version, {k: t.clone() for k, t in served.tensors.items()}
+    finally:
+        served.close()
+
+
+def slot_memfds(world: Agents, i: int) -> int:
+    """Device-slot stand-ins the agent process holds: distinct memfds named for its slots (Python's
+    mmap keeps a duplicate descriptor of each, so descriptors are counted by file)."""
+    pid = world.procs[i].pid
+    files = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:hwtui-ipc-"):
+                files.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return len(files)
+
+
+def device(world: Agents, i: int) -> dict[str, Any]:
+    return world.replication(i)["device"]
+
+
+def test_pushes_switch_the_served_slot_and_serve_the_pushed_bytes(world, models):
+    for v, slot in (("v1", "A"), ("v2", "B"), ("v3", "A")):
+        done = push(models[v][0], world.agents())
+        assert done.returncode == 0, done.stdout + done.stderr
+        dev = device(world, 1)
+        assert (dev["serving"], dev["slot"], dev["receiving"]) == (v, slot, None), dev
+        assert dev["bytes"] > 0 and dev["device"] == "host"
+        version, got = served_tensors(world, 1)
+        assert version == v
+        assert_bytes_equal(got, models[v][1])  # v2, v3: a delta; its unchanged tensors are in the slot too
+    dev = device(world, 1)
+    assert dev["allocs"] == 2 and dev["frees"] == 0, dev  # v3 reused v1's slot: nothing new in steady state
+    assert slot_memfds(world, 1) == 2
+    with urllib.request.urlopen(f"http://127.0.0.1:{world.ports[1]}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'hwtui_resident_device_serving_info{node="node1",device="host",slot="A",version="v3"} 1' in text
+    assert 'hwtui_resident_device_slot_bytes{node="node1",device="host",slot="B"}' in text
+
+
+def test_a_restarted_agent_loads_what_its_disk_serves(world, models):
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE)
+    dev = device(world, 1)
+    assert dev["serving"] == "v3" and "loaded from disk" in dev.get("loaded", ""), dev
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
+
+
+def test_a_corrupted_bucket_is_named_and_the_served_slot_stays(world, models):
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="corrupt:bucket=1,rank=1")
+    done = push(models["v4"][0], world.agents())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "bucket 1" in done.stdout + done.stderr
+    dev = device(world, 1)
+    assert (dev["serving"], dev["receiving"]) == ("v3", None), dev
+    assert dev["slots"]["B"]["bytes"] == 0 and slot_memfds(world, 1) == 1  # the staged slot is freed
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
+
+
+def test_a_rank_killed_mid_push_leaves_the_served_slot_and_frees_the_staged_one(world, models):
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="kill:rank=1,bucket=3")
+    done = push(models["v4"][0], world.agents())
+    assert done.returncode == 1, done.stdout + done.stderr
+    dev = device(world, 1)
+    assert (dev["serving"], dev["slot"], dev["receiving"]) == ("v3", "A", None), dev
+    assert slot_memfds(world, 1) == 1 and dev["frees"] == 1, dev
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
+    # and the next push (a fresh rank) lands in the other slot and serves
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE)
+    done = push(models["v4"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert device(world, 1)["serving"] == "v4"
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v4"][1])
+
+
+def test_a_split_finished_by_resume_is_loaded_onto_the_device(world, models):
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="fail:rank=1,phase=commit")
+    done = push(models["v5"][0], world.agents())
+    assert done.returncode == 1 and "SPLIT" in done.stdout, done.stdout + done.stderr
+    dev = device(world, 1)
+    assert (dev["serving"], dev["receiving"]) == ("v4", None), dev  # as its disk: the switch failed there
+    assert slot_memfds(world, 1) == 1
+    resumed = push(models["v5"][0], world.agents(), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    dev = device(world, 1)
+    assert dev["serving"] == "v5" and "v5 loaded from disk" in dev.get("loaded", ""), dev
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v5"][1])
+    assert slot_memfds(world, 1) == 2  # v5 in the other slot; v4's stays allocated for the next push
+
+
+def test_the_export_needs_the_token_and_the_agents_user(world):
+    status, doc = export(world, 1, token=None)
+    assert status == 401
+    status, doc = export(world, 1, token="wrong")
+    assert status == 401
+    status, doc = export(world, 0)  # the source keeps no device copy
+    assert status == 404 and "--device cuda" in doc["error"]
+    if os.geteuid() != 0:
+        pytest.skip("asking as another user needs root to start a process as one")
+    from tests.local_user import as_user
+
+    def ask_as_nobody() -> None:
+        # A process of another local user, with the right token: the asking socket is nobody's.
+        conn = http.client.HTTPConnection("127.0.0.1", world.ports[1], timeout=30)
+        conn.request("POST", "/v1/served/export", body=b"{}", headers={"Authorization": f"Bearer {TOKEN}",
+                                                                      "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        doc = json.loads(answer.read())
+        assert answer.status == 403 and doc["error"].startswith("node node1: uid 65534 is not the agent's user"), doc
+        assert "handle" not in doc
+
+    as_user(65534, "/", ask_as_nobody)
