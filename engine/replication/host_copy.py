@@ -8,15 +8,67 @@
 
 from __future__ import annotations
 
+import mmap
+import time
 from typing import Any
 
+from hwtui.engine.replication.events import ReplSpan
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.rank_base import now
+from hwtui.engine.replication.staging import MADV_POPULATE_WRITE
 from hwtui.engine.replication.verify import RankVerify
 from hwtui.engine.replication.weights import MappedFile
 
 
+def populate_range(data: Any) -> bool:
+    """Fault every page of a host tensor's mapping in, writable, in one call with the GIL released
+    (``MADV_POPULATE_WRITE``, Linux >= 5.14); False where the kernel cannot (pages then fault in
+    when first written, as before)."""
+    import ctypes
+
+    n = int(data.numel())
+    if n == 0:
+        return False
+    page = mmap.PAGESIZE
+    start = int(data.data_ptr())
+    base = start - start % page  # madvise wants a page-aligned start; the page is the same mapping's
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise(ctypes.c_void_p(base), n + start - base, MADV_POPULATE_WRITE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class RankHostCopy(RankVerify):
+    def _span(self, b: int, phase: str, seconds: float, end: float | None = None) -> None:
+        """A timed step the bucket states do not show (events.SPAN_PHASES), ending now or at ``end`` (wall clock)."""
+        self.emit(ReplSpan(rank=self.rank, bucket_id=b, phase=phase, seconds=round(seconds, 6),
+                           t=time.time() if end is None else end))
+
+    def _fault_in_leader_copy(self) -> float:
+        """A host leader's /dev/shm staging copy gets its page-table entries before the start barrier.
+
+        The network receives straight into that shared mapping. Left to fault in page by page
+        inside ``recv`` -- each 4 KiB page a shared-memory write fault, competing with the
+        network's own copies for the host's cores -- the leader received 1 GB in 3-4 s instead of
+        0.6 s (docs/replication.md, "Benchmarks"). One ``MADV_POPULATE_WRITE`` here (the pages
+        are already allocated: the file was preallocated) maps them all at once, outside the
+        transfer; seconds spent, for the rank's phases. Nothing is written: the transfer still
+        writes, and verifies, every byte.
+        """
+        if self.shm_file is None or self.staging is None or self.staging.file is None:
+            return 0.0
+        t = now()
+        populate_range(self.staging.data)
+        return now() - t
+
+    def _may_lead(self) -> bool:
+        """Likely to lead its host (the lowest rank of a node leads it, engine.replication.paths), so
+        worth staging in shared memory: a receiver of local rank 0 that may copy on its host."""
+        return (self.rank != 0 and self.cfg.local_rank == 0 and self.cfg.same_host and self.settings.device == "cpu"
+                and self.comm_device() == "cpu")
+
     def _serve_local(self, plan: Plan) -> None:
         """The source when every receiver copies from its page cache: nothing to send; it checks its files."""
         sizes = [bk["size"] for bk in plan.buckets]
@@ -95,6 +147,7 @@ class RankHostCopy(RankVerify):
 
         flag = torch.tensor([b], dtype=torch.int64)
         self.announcements.append(dist.broadcast(flag, self.rank, group=self.host_group, async_op=True))
+        self._span(b, "announce", 0.0)
 
     def _release_followers(self) -> None:
         """The leader's announcements are delivered (bounded waits) before it moves on."""
@@ -109,24 +162,32 @@ class RankHostCopy(RankVerify):
         import torch.distributed as dist
 
         leader = self.leader_of[self.rank]
-        src = MappedFile(self.leader_files[leader])
+        t = now()
+        src = MappedFile(self.leader_files[leader], populate=False)
+        self._span(-1, "map", now() - t)
         try:
-            hlen = len(self.staging.header)
-            theirs = src.tensor[hlen:hlen + self.staging.data_bytes]
+            at = self.leader_data_at.get(leader)
+            base = len(self.staging.header) if at is None else at  # shared staging memory has no header
+            theirs = src.tensor[base:base + self.staging.data_bytes]
             for _ in range(len(plan.buckets)):
                 flag = torch.zeros(1, dtype=torch.int64)
+                t = now()
                 # The leader's first bucket waits on its own world start-up and the network.
                 self._wait(dist.broadcast(flag, leader, group=self.host_group, async_op=True), "bucket",
                            f"host leader rank {leader}")
                 b = int(flag.item())
+                self._span(b, "wait", now() - t)
                 size = plan.buckets[b]["size"]
                 self.faults.at_bucket(b)
                 self.bucket(b, "inflight", size)
                 t0 = now()
                 region = self.direct.get(b)
+                digest = None
                 if region is not None:
+                    # Copied and hashed in one pass, slice by slice as this rank's copy holds it
+                    # (staging.Staging.write_hashed), as the same-host path does: not a second pass.
                     off = self._direct_offset(b)
-                    self.staging.write_at(off, theirs[off:off + size])
+                    digest = self.staging.write_hashed(off, theirs[off:off + size])
                 else:
                     for it in plan.bucket_items[b]:
                         off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
@@ -135,7 +196,10 @@ class RankHostCopy(RankVerify):
                 t1 = now()
                 if self.faults.corrupts(b) and region is not None:
                     region[size // 2] ^= 0xFF
-                ok = not self.settings.verify or self._verify_digest(plan, b, self._staged_digest(plan, b))
+                    digest = None  # hash this copy again, as it is now
+                if digest is None and self.settings.verify:
+                    digest = self._staged_digest(plan, b)
+                ok = not self.settings.verify or self._verify_digest(plan, b, str(digest))
                 self.bucket(b, "done" if ok else "failed", size, now() - t1)
         finally:
             src.close()

@@ -24,6 +24,7 @@ from hwtui.engine.replication.events import ReplBucket
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.rank_signals import TransportFailure
+from hwtui.engine.replication.shared_prefault import SharedPrefaulted
 from hwtui.engine.replication.shm import RunDir
 from hwtui.engine.replication.source_reader import SourceReader
 from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile
@@ -94,6 +95,8 @@ class RankBase:
         self.reuse_world = False
         self.staging_factory: Callable[..., Any] | None = None
         self._prefault: Prefaulted | None = None
+        self._shared: SharedPrefaulted | None = None  # the same, in shared memory, for a rank likely to lead its host
+        self.leader_data_at: dict[int, int | None] = {}  # host leader -> where data starts in its file (None: after the header)
         self._prefault_file: PrefaultedFile | None = None  # a receiver's --out staging file, made while the world forms
 
     # ------------------------------------------------------------------ plumbing

@@ -47,6 +47,7 @@ from hwtui.engine.replication.rank_signals import (
     install_signal_gate,
 )
 from hwtui.engine.replication.served_files import serve_modes
+from hwtui.engine.replication.shared_prefault import SharedPrefaulted
 from hwtui.engine.replication.shm import sweep_dead_run_dirs
 from hwtui.engine.replication.source_reader import SourceReader, stream_order
 from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile, Staging, faithful_eligible
@@ -97,7 +98,11 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             # After the phase report: starting a thread waits for the GIL, which `import torch` in
             # the world's thread may hold for a while (dlopen).
             bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
-            self._prefault = Prefaulted(int(bound))
+            # A rank likely to lead its host (engine.replication.shared_prefault) faults in memory
+            # its host-mates can map; the others, and it where shared memory is short, private memory.
+            self._shared = SharedPrefaulted.make(int(bound)) if self._may_lead() else None
+            if self._shared is None:
+                self._prefault = Prefaulted(int(bound))
         elif self.served is not None and self.settings.device == "cpu" and self.staging_factory is None:
             # The --out staging file: made, reserved and brought into the page cache by a thread
             # while the world forms (staging.PrefaultedFile). Its size: the source file's when the
@@ -127,7 +132,11 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                 self.faults.at_phase("setup")
         else:
             file: Any = self.served.staging_file(plan["version"]) if self.served else None
-            if file is None and self.rank in self.leader_files:
+            shared, self._shared = self._shared, None
+            shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
+            if shared_buf is not None and self.rank in self.leader_files:
+                self.shm_file = shared.path if shared is not None else None  # its followers map it (data at 0)
+            elif file is None and self.rank in self.leader_files:
                 file = self.shm_file = self.leader_files[self.rank]  # its followers map it
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
@@ -138,7 +147,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                                                     first=stream_order(plan), header=self.source_header)
             else:
                 buffer = prefault.take(float(self.cfg.timeouts.init)) \
-                    if prefault is not None and file is None else None
+                    if prefault is not None and file is None else shared_buf
                 made, self._prefault_file = self._prefault_file, None
                 reuse = made is not None and made.take(float(self.cfg.timeouts.init))
                 self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
@@ -146,6 +155,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                                        reuse_file=reuse)
                 if reuse and made is not None and not self.staging.preallocated:
                     self.staging.preallocated = made.preallocated  # reserved by the thread, same size
+            self.phases["populate"] = self._fault_in_leader_copy()
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
@@ -221,6 +231,9 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
     def remove_shm(self) -> None:
+        if self._shared is not None:  # made while the world formed, never taken (a run that failed early)
+            self._shared.discard()
+            self._shared = None
         if self.published is not None:
             self.published.close()
             self.published = None
