@@ -89,8 +89,8 @@ class ReplBucket(Event):
 # Timed steps a bucket's states do not show (ReplSpan.phase), for the per-phase timeline
 # (engine.replication.timeline): the source hashing a bucket beside its send, a host leader
 # announcing a verified bucket, a follower waiting for that announcement, and a follower mapping
-# its leader's staging copy (bucket_id -1: not one bucket).
-SPAN_PHASES = ("hash", "announce", "wait", "map")
+# its leader's staging copy, and each rank's whole transfer phase (bucket_id -1: not one bucket).
+SPAN_PHASES = ("hash", "announce", "wait", "map", "transfer")
 
 
 @event("repl.span")

@@ -8,16 +8,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
+import threading
 import time
 from typing import Any
 
 from hwtui.engine.replication.events import ReplSpan
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.rank_base import now
+from hwtui.engine.replication.rank_signals import TransportFailure
 from hwtui.engine.replication.staging import MADV_POPULATE_WRITE
 from hwtui.engine.replication.verify import RankVerify
-from hwtui.engine.replication.weights import MappedFile
+from hwtui.engine.replication.weights import MappedFile, open_regular
+
+YIELD_NICE = 10  # a same-host copy's nice value while a network path runs (see RankHostCopy._yielding)
+
+
+def read_hashed(fd: int, offset: int, dest: Any, step: int = 1 << 20) -> str:
+    """Read ``dest.size`` bytes of ``fd`` from ``offset`` into ``dest`` (a uint8 numpy array) and
+    return the xxh3 of what landed, each slice hashed right after it is read, while it is still in
+    the CPU cache. A file that ends early is an error (the leader's copy is its full size)."""
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    n = int(dest.size)
+    pos = 0
+    while pos < n:
+        want = min(step, n - pos)
+        got = os.preadv(fd, [memoryview(dest[pos:pos + want])], offset + pos)
+        if got <= 0:
+            raise OSError(f"the host leader's staging copy ended {n - pos} bytes early")
+        h.update(dest[pos:pos + got])
+        pos += got
+    return f"{h.intdigest():016x}"
 
 
 def populate_range(data: Any) -> bool:
@@ -63,6 +88,53 @@ class RankHostCopy(RankVerify):
         populate_range(self.staging.data)
         return now() - t
 
+    def _timed_digest(self, plan: Plan, b: int) -> str:
+        """The source's digest of bucket b (in its hasher thread), timed for the timeline: the span
+        is kept here and sent from the rank's own thread (:meth:`_send_hash_spans`)."""
+        t = now()
+        digest = self._sources.bucket_digest(plan, b)
+        self.hash_spans[b] = (time.time(), now() - t)  # one dict store: atomic under the GIL
+        return digest
+
+    def _send_hash_spans(self) -> None:
+        """The source's hashing, one "hash" span per bucket, once the digests are all in."""
+        spans, self.hash_spans = self.hash_spans, {}
+        for b, (end, seconds) in sorted(spans.items()):
+            self._span(b, "hash", seconds, end)
+
+    def _yielding(self, work: Any, plan: Plan) -> None:
+        """Run a same-host copy at a lower CPU priority while the world also has a network path.
+
+        The bytes crossing the network are the transfer's critical path; a rank that copies from
+        the source's page cache on the source's host has slack (1 GB: done in 0.14 s of a 0.55 s
+        transfer) and, copying at full speed, took the cores the source's send and its kernel's
+        network work wanted (the timeline: the network ran at half speed until this rank was done).
+        The copy runs on its own thread, niced (a thread's nice value is its own on Linux), so the
+        rank's main thread keeps its priority; the copy still runs, and is verified, inside this
+        rank's transfer. Where the cores are free (a real host), nice changes nothing.
+        """
+        if len(self.net_ranks) < 2 or not hasattr(os, "setpriority"):
+            work(plan)
+            return
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), YIELD_NICE)
+            try:
+                work(plan)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the rank's own thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name="same-host-copy", daemon=True)
+        thread.start()
+        # Bounded like every wait: the copy's own steps are bounded; this is a backstop.
+        thread.join(float(self.cfg.timeouts.bucket) * max(1, len(plan.buckets)))
+        if thread.is_alive():
+            raise TransportFailure(f"rank {self.rank}: the same-host copy did not finish")
+        if failure:
+            raise failure[0]
+
     def _may_lead(self) -> bool:
         """Likely to lead its host (the lowest rank of a node leads it, engine.replication.paths), so
         worth staging in shared memory: a receiver of local rank 0 that may copy on its host."""
@@ -77,7 +149,7 @@ class RankHostCopy(RankVerify):
             # No "staged"/"inflight": the source sends nothing here, so its window (what the TUI's
             # lanes show, and the report's peak_occupancy) stays empty; "done" says it checked the bucket.
             if self.settings.verify:
-                self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+                self.source_digests[b] = self._hasher().submit(self._timed_digest, plan, b)
             if self.published is not None:
                 self._publish(plan, b)
             self.bucket(b, "done", size)
@@ -157,18 +229,27 @@ class RankHostCopy(RankVerify):
 
     def _copy_from_leader(self, plan: Plan) -> None:
         """Copy each bucket from the host leader's verified copy (or, on the "shm" path, the source's
-        /dev/shm staging copy) once it is announced, and verify this rank's own copy of it."""
+        /dev/shm staging copy) once it is announced, and verify this rank's own copy of it.
+
+        Into staging memory, the bytes are read from the leader's file (``preadv``: the kernel's
+        copy from its pages, slice by slice, each slice hashed as it landed): no mapping of the
+        leader's copy at all, so no page faults on it and no 1 GB unmap at the end (a mapping
+        cost this rank 76 ms after its last bucket, inside its transfer; docs/replication.md).
+        Into a staging file (``--out``), through a mapping of it, by ``pwrite``, as before.
+        """
         import torch
         import torch.distributed as dist
 
         leader = self.leader_of[self.rank]
         t = now()
-        src = MappedFile(self.leader_files[leader], populate=False)
+        at = self.leader_data_at.get(leader)
+        base = len(self.staging.header) if at is None else at  # shared staging memory has no header
+        in_memory = self.staging.file is None
+        fd, _ = open_regular(self.leader_files[leader], "host leader's staging copy")
+        src = None if in_memory else MappedFile(self.leader_files[leader], populate=False)
         self._span(-1, "map", now() - t)
         try:
-            at = self.leader_data_at.get(leader)
-            base = len(self.staging.header) if at is None else at  # shared staging memory has no header
-            theirs = src.tensor[base:base + self.staging.data_bytes]
+            theirs = src.tensor[base:base + self.staging.data_bytes] if src is not None else None
             for _ in range(len(plan.buckets)):
                 flag = torch.zeros(1, dtype=torch.int64)
                 t = now()
@@ -184,14 +265,18 @@ class RankHostCopy(RankVerify):
                 region = self.direct.get(b)
                 digest = None
                 if region is not None:
-                    # Copied and hashed in one pass, slice by slice as this rank's copy holds it
-                    # (staging.Staging.write_hashed), as the same-host path does: not a second pass.
+                    # Copied and hashed in one pass, slice by slice as this rank's copy holds it,
+                    # as the same-host path does: not a second pass over the bucket.
                     off = self._direct_offset(b)
-                    digest = self.staging.write_hashed(off, theirs[off:off + size])
+                    digest = (read_hashed(fd, base + off, region.numpy()) if theirs is None
+                              else self.staging.write_hashed(off, theirs[off:off + size]))
                 else:
                     for it in plan.bucket_items[b]:
                         off = self.staging.layout[it["name"]][0] + it["tensor_offset"]
-                        self.staging.write_at(off, theirs[off:off + it["nbytes"]])
+                        if theirs is None:
+                            read_hashed(fd, base + off, self.staging.data[off:off + it["nbytes"]].numpy())
+                        else:
+                            self.staging.write_at(off, theirs[off:off + it["nbytes"]])
                 self.bucket(b, "verifying", size, now() - t0)
                 t1 = now()
                 if self.faults.corrupts(b) and region is not None:
@@ -202,7 +287,9 @@ class RankHostCopy(RankVerify):
                 ok = not self.settings.verify or self._verify_digest(plan, b, str(digest))
                 self.bucket(b, "done" if ok else "failed", size, now() - t1)
         finally:
-            src.close()
+            os.close(fd)
+            if src is not None:
+                src.close()
 
     def _direct_offset(self, b: int) -> int:
         """Where a bucket received in place starts in this rank's staging data."""

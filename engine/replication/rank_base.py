@@ -61,6 +61,7 @@ class RankBase:
         self.plan_version: str | None = None  # known once the plan is loaded
         self.source_header: bytes | None = None
         self.source_digests: dict[int, Future[str]] = {}
+        self.hash_spans: dict[int, tuple[float, float]] = {}  # bucket -> (end, seconds) of the source's hashing of it
         self._hash_pool: ThreadPoolExecutor | None = None
         self._world_thread: threading.Thread | None = None
         self.paths: dict[int, tuple[str, str]] = {}  # rank -> (source | same-host | network, why)
@@ -86,6 +87,7 @@ class RankBase:
         self.staging: Any = None
         self.served: ServedDir | None = None
         self.window_stats: dict[str, int] = {}
+        self.transfer_cpu: dict[str, float | int] | None = None  # CPU during the transfer (engine.replication.timeline)
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record

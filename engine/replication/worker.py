@@ -51,6 +51,7 @@ from hwtui.engine.replication.shared_prefault import SharedPrefaulted
 from hwtui.engine.replication.shm import sweep_dead_run_dirs
 from hwtui.engine.replication.source_reader import SourceReader, stream_order
 from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile, Staging, faithful_eligible
+from hwtui.engine.replication.timeline import cpu_between, cpu_sample
 from hwtui.engine.replication.transfer import RankTransfer
 from hwtui.engine.replication.vote import RankCommit
 from hwtui.engine.replication.world import RankWorld
@@ -182,6 +183,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         self.phase("ready")  # set up; the start barrier waits for the others
 
     def transfer(self, plan: Plan) -> None:
+        cpu0 = cpu_sample()
         t = now()
         self.internal("transfer_start")
         path = self.paths.get(self.rank, ("network", ""))[0]
@@ -203,7 +205,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         elif path == "ipc":
             self._receive_ipc(plan)
         elif path == "same-host":
-            self._copy_local(plan)
+            self._yielding(self._copy_local, plan)
         elif path in ("host-copy", "shm"):
             self._copy_from_leader(plan)
         else:
@@ -211,6 +213,8 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             if self.rank in self.leader_files:
                 self._release_followers()
         self.phases["transfer"] = now() - t
+        self.transfer_cpu = cpu_between(cpu0, cpu_sample())  # the timeline's "which resource saturates"
+        self._span(-1, "transfer", self.phases["transfer"])
         self.internal("transfer_end", seconds=self.phases["transfer"])
 
     def result(self, ok: bool, clean: bool) -> None:
@@ -226,7 +230,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
                               "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
-                      window=self.window_stats, collectives=self.collectives,
+                      window=self.window_stats, collectives=self.collectives, transfer_cpu=self.transfer_cpu,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
