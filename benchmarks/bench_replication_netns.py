@@ -42,13 +42,18 @@ if rank == 0:  # the model's bytes, read into memory (touched) before the clock 
     buf = torch.frombuffer(bytearray(open(sys.argv[1], "rb").read()), dtype=torch.uint8)
 else:  # torch.zeros writes every page: receivers' buffers are touched too (as bench_replication.py's)
     buf = torch.zeros(n, dtype=torch.uint8)
+from hwtui.engine.replication.timeline import cpu_between, cpu_sample
 dist.barrier()
+c0 = cpu_sample()
 t = time.perf_counter()
 dist.broadcast(buf, 0)
 dt = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+c = cpu_between(c0, cpu_sample())
 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+cpu = torch.tensor([c["process_s"], c["host_busy_s"]], dtype=torch.float64)
+dist.all_reduce(cpu, op=dist.ReduceOp.SUM)  # the ranks' CPU summed; the host's busy time summed 4 times
 if rank == 0:
-    print(dt.item(), flush=True)
+    print(dt.item(), cpu[0].item(), cpu[1].item() / 4, flush=True)
 dist.destroy_process_group()
 """
 
@@ -69,11 +74,20 @@ def load() -> str:
         return "?"
 
 
-def run_flat(net, model: Path, port: int) -> float:
+def run_flat(net, model: Path, port: int) -> tuple[float, float, float]:
+    """(seconds, the ranks' CPU seconds, the host's busy core-seconds) of one flat broadcast."""
     procs = [net.popen(r // 2, [sys.executable, "-c", FLAT, str(model)], env=env_for(r, port)) for r in range(4)]
     res = finish(procs, timeout=300)
     assert all(rc == 0 for rc, _, _ in res), [e[-500:] for _, _, e in res]
-    return float(res[0][1].strip().splitlines()[-1])
+    seconds, cpu, host = (float(x) for x in res[0][1].strip().splitlines()[-1].split())
+    return seconds, cpu, host
+
+
+def cpu_of(reps: list[dict]) -> tuple[float, float]:
+    """(hwtui's ranks' CPU seconds in their transfers, the host's busy core-seconds in the longest one)."""
+    cpus = [rep["ranks"][0].get("transfer_cpu") or {} for rep in reps]
+    longest = max(cpus, key=lambda c: c.get("wall_s") or 0.0)
+    return sum(c.get("process_s") or 0.0 for c in cpus), longest.get("host_busy_s") or 0.0
 
 
 def run_hwtui(net, work: Path, port: int, rnd: int) -> tuple[float, list[dict]]:
@@ -125,6 +139,7 @@ def main() -> int:
     net = NetnsCluster(2).up()
     rows: dict[str, list[float]] = {"flat": [], "hwtui": []}
     reps_of: dict[int, list[dict]] = {}
+    cpus: dict[str, list[tuple[float, float]]] = {"flat": [], "hwtui": []}
     loads: list[str] = []
     try:
         for rnd in range(args.rounds):
@@ -133,10 +148,12 @@ def main() -> int:
             order = ("flat", "hwtui") if rnd % 2 == 0 else ("hwtui", "flat")
             for what in order:
                 if what == "flat":
-                    rows["flat"].append(run_flat(net, model, port))
+                    seconds, cpu, host = run_flat(net, model, port)
                 else:
                     seconds, reps_of[rnd] = run_hwtui(net, work, port + 1, rnd)
-                    rows["hwtui"].append(seconds)
+                    cpu, host = cpu_of(reps_of[rnd])
+                rows[what].append(seconds)
+                cpus[what].append((cpu, host))
                 time.sleep(0.5)
             loads.append(f"{before} -> {load()}")
             print(f"round {rnd + 1}: flat {total / rows['flat'][-1] / 1e9:.3f} GB/s, hwtui {total / rows['hwtui'][-1] / 1e9:.3f} GB/s, "
@@ -148,6 +165,9 @@ def main() -> int:
     print(f"model {total / 1e6:.0f} MB in {args.bucket_mb} MiB buckets, 2 hosts x 2 ranks, {args.rounds} interleaved rounds; paths {paths}")
     for k, v in rows.items():
         print(f"  {k:6} median {total / med[k] / 1e9:6.3f} GB/s ({med[k]:.3f} s)  rounds: {' '.join(f'{total / x / 1e9:.3f}' for x in v)}")
+    for k, v in cpus.items():
+        print(f"  {k:6} CPU per run, median: its ranks {statistics.median(c for c, _ in v):.2f} s, the host busy "
+              f"{statistics.median(h for _, h in v):.2f} core-s of {os.cpu_count()} x {med[k]:.2f} s")
     ratios = [f / h for f, h in zip(rows["flat"], rows["hwtui"], strict=True)]
     print(f"hwtui hierarchical / flat broadcast = {med['flat'] / med['hwtui']:.2f}x (per round "
           f"{' '.join(f'{x:.2f}' for x in ratios)}; issue 23 target >= 1.8x); load per round: {'; '.join(loads)}")

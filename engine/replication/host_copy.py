@@ -60,7 +60,7 @@ def populate_range(data: Any) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise(ctypes.c_void_p(base), n + start - base, MADV_POPULATE_WRITE) == 0
+        return bool(libc.madvise(ctypes.c_void_p(base), n + start - base, MADV_POPULATE_WRITE) == 0)
     except (OSError, AttributeError):
         return False
 

@@ -98,6 +98,7 @@ class RankBase:
         self.staging_factory: Callable[..., Any] | None = None
         self._prefault: Prefaulted | None = None
         self._shared: SharedPrefaulted | None = None  # the same, in shared memory, for a rank likely to lead its host
+        self.shared_staging = False  # this rank staged in that shared memory (reported)
         self.leader_data_at: dict[int, int | None] = {}  # host leader -> where data starts in its file (None: after the header)
         self._prefault_file: PrefaultedFile | None = None  # a receiver's --out staging file, made while the world forms
 

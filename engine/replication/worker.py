@@ -135,6 +135,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             file: Any = self.served.staging_file(plan["version"]) if self.served else None
             shared, self._shared = self._shared, None
             shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
+            self.shared_staging = shared_buf is not None
             if shared_buf is not None and self.rank in self.leader_files:
                 self.shm_file = shared.path if shared is not None else None  # its followers map it (data at 0)
             elif file is None and self.rank in self.leader_files:
@@ -231,6 +232,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
                               "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
                       window=self.window_stats, collectives=self.collectives, transfer_cpu=self.transfer_cpu,
+                      shared_staging=self.shared_staging,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
