@@ -8,22 +8,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
-import threading
 import time
 from typing import Any
 
 from hwtui.engine.replication.events import ReplSpan
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.rank_base import now
-from hwtui.engine.replication.rank_signals import TransportFailure
 from hwtui.engine.replication.staging import MADV_POPULATE_WRITE
 from hwtui.engine.replication.verify import RankVerify
 from hwtui.engine.replication.weights import MappedFile, open_regular
-
-YIELD_NICE = 10  # a same-host copy's nice value while a network path runs (see RankHostCopy._yielding)
 
 
 def read_hashed(fd: int, offset: int, dest: Any, step: int = 1 << 20) -> str:
@@ -101,39 +96,6 @@ class RankHostCopy(RankVerify):
         spans, self.hash_spans = self.hash_spans, {}
         for b, (end, seconds) in sorted(spans.items()):
             self._span(b, "hash", seconds, end)
-
-    def _yielding(self, work: Any, plan: Plan) -> None:
-        """Run a same-host copy at a lower CPU priority while the world also has a network path.
-
-        The bytes crossing the network are the transfer's critical path; a rank that copies from
-        the source's page cache on the source's host has slack (1 GB: done in 0.14 s of a 0.55 s
-        transfer) and, copying at full speed, took the cores the source's send and its kernel's
-        network work wanted (the timeline: the network ran at half speed until this rank was done).
-        The copy runs on its own thread, niced (a thread's nice value is its own on Linux), so the
-        rank's main thread keeps its priority; the copy still runs, and is verified, inside this
-        rank's transfer. Where the cores are free (a real host), nice changes nothing.
-        """
-        if len(self.net_ranks) < 2 or not hasattr(os, "setpriority"):
-            work(plan)
-            return
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), YIELD_NICE)
-            try:
-                work(plan)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the rank's own thread
-                failure.append(exc)
-
-        thread = threading.Thread(target=run, name="same-host-copy", daemon=True)
-        thread.start()
-        # Bounded like every wait: the copy's own steps are bounded; this is a backstop.
-        thread.join(float(self.cfg.timeouts.bucket) * max(1, len(plan.buckets)))
-        if thread.is_alive():
-            raise TransportFailure(f"rank {self.rank}: the same-host copy did not finish")
-        if failure:
-            raise failure[0]
 
     def _may_lead(self) -> bool:
         """Likely to lead its host (the lowest rank of a node leads it, engine.replication.paths), so

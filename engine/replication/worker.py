@@ -136,10 +136,13 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             shared, self._shared = self._shared, None
             shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
             self.shared_staging = shared_buf is not None
-            if shared_buf is not None and self.rank in self.leader_files:
-                self.shm_file = shared.path if shared is not None else None  # its followers map it (data at 0)
+            leads_from_shared = shared_buf is not None and self.rank in self.leader_files
+            if leads_from_shared:
+                self.shm_file = shared.path if shared is not None else None  # its followers read it (data at 0)
             elif file is None and self.rank in self.leader_files:
                 file = self.shm_file = self.leader_files[self.rank]  # its followers map it
+            if shared is not None and not leads_from_shared:
+                shared.discard()  # not a leader: the file goes (idempotent), the memory stays this rank's
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
@@ -155,6 +158,10 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                 self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
                                        first=stream_order(plan), header=self.source_header, buffer=buffer,
                                        reuse_file=reuse)
+                if leads_from_shared and getattr(self.staging, "_anon", None) is not shared_buf:
+                    # Its followers read the shared file: the copy must be that memory, or they
+                    # would read zeros (they would fail verification, but say nothing useful).
+                    raise TransportFailure(f"rank {self.rank}: its shared staging memory is smaller than the copy")
                 if reuse and made is not None and not self.staging.preallocated:
                     self.staging.preallocated = made.preallocated  # reserved by the thread, same size
             self.phases["populate"] = self._fault_in_leader_copy()
@@ -206,7 +213,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         elif path == "ipc":
             self._receive_ipc(plan)
         elif path == "same-host":
-            self._yielding(self._copy_local, plan)
+            self._copy_local(plan)
         elif path in ("host-copy", "shm"):
             self._copy_from_leader(plan)
         else:
