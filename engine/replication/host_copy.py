@@ -72,7 +72,7 @@ class RankHostCopy(RankVerify):
         The network receives straight into that shared mapping. Left to fault in page by page
         inside ``recv`` -- each 4 KiB page a shared-memory write fault, competing with the
         network's own copies for the host's cores -- the leader received 1 GB in 3-4 s instead of
-        0.6 s (docs/replication.md, "Benchmarks"). One ``MADV_POPULATE_WRITE`` here (the pages
+        0.6 s (docs/replication.md, "Same-host path"). One ``MADV_POPULATE_WRITE`` here (the pages
         are already allocated: the file was preallocated) maps them all at once, outside the
         transfer; seconds spent, for the rank's phases. Nothing is written: the transfer still
         writes, and verifies, every byte.
@@ -208,9 +208,10 @@ class RankHostCopy(RankVerify):
         base = len(self.staging.header) if at is None else at  # shared staging memory has no header
         in_memory = self.staging.file is None
         fd, _ = open_regular(self.leader_files[leader], "host leader's staging copy")
-        src = None if in_memory else MappedFile(self.leader_files[leader], populate=False)
-        self._span(-1, "map", now() - t)
+        src = None
         try:
+            src = None if in_memory else MappedFile(self.leader_files[leader], populate=False)
+            self._span(-1, "map", now() - t)
             theirs = src.tensor[base:base + self.staging.data_bytes] if src is not None else None
             for _ in range(len(plan.buckets)):
                 flag = torch.zeros(1, dtype=torch.int64)

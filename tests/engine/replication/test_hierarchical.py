@@ -171,7 +171,11 @@ def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
 
     plan = _model(tmp_path)
     assert len(plan["buckets"]) > 6
-    net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6"})
+    shm = tmp_path / "shm"  # the killed ranks' shared memory stays out of the real /dev/shm
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6",
+                                                             "HWTUI_SHM_DIR": str(shm)})
     try:
         deadline = time.monotonic() + 90
         got = False
