@@ -8,9 +8,13 @@ Side by side in one run, rounds interleaved, medians:
   cache, rank 2 (B's leader) receives over the veth, rank 3 copies rank 2's verified copy.
 
 GB/s = model bytes / the slowest rank's transfer (flat: the broadcast; hwtui: the transfer phase).
+The order alternates per round (flat first, then hwtui first), and each round prints the load
+(``/proc/loadavg``) beside it: this box's 2 cores are shared. ``--timeline`` prints, for the
+median hwtui round, where its time went per rank and per bucket (engine.replication.timeline, read
+from the ranks' ``--events``) and the CPU each rank and the host spent during the transfer.
 Needs root and ``ip netns``.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_replication_netns.py [--mb 256] [--rounds 3]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_replication_netns.py [--mb 1000] [--rounds 5] [--timeline]
 """
 
 from __future__ import annotations
@@ -27,22 +31,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.engine.cluster.netns import NetnsCluster, finish, unavailable_reason  # noqa: E402
+
 FLAT = r"""
 import os, sys, time, datetime, torch, torch.distributed as dist
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", rank=rank, world_size=4, timeout=datetime.timedelta(seconds=60))
 n = os.path.getsize(sys.argv[1])
-if rank == 0:
+if rank == 0:  # the model's bytes, read into memory (touched) before the clock starts
     buf = torch.frombuffer(bytearray(open(sys.argv[1], "rb").read()), dtype=torch.uint8)
-else:
+else:  # torch.zeros writes every page: receivers' buffers are touched too (as bench_replication.py's)
     buf = torch.zeros(n, dtype=torch.uint8)
+from hwtui.engine.replication.timeline import cpu_between, cpu_sample
 dist.barrier()
+c0 = cpu_sample()
 t = time.perf_counter()
 dist.broadcast(buf, 0)
 dt = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+c = cpu_between(c0, cpu_sample())
 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+cpu = torch.tensor([c["process_s"], c["host_busy_s"]], dtype=torch.float64)
+dist.all_reduce(cpu, op=dist.ReduceOp.SUM)  # the ranks' CPU summed; the host's busy time summed 4 times
 if rank == 0:
-    print(dt.item(), flush=True)
+    print(dt.item(), cpu[0].item(), cpu[1].item() / 4, flush=True)
 dist.destroy_process_group()
 """
 
@@ -55,15 +66,65 @@ def env_for(rank: int, port: int) -> dict[str, str]:
     return env
 
 
+def load() -> str:
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def run_flat(net, model: Path, port: int) -> tuple[float, float, float]:
+    """(seconds, the ranks' CPU seconds, the host's busy core-seconds) of one flat broadcast."""
+    procs = [net.popen(r // 2, [sys.executable, "-c", FLAT, str(model)], env=env_for(r, port)) for r in range(4)]
+    res = finish(procs, timeout=300)
+    assert all(rc == 0 for rc, _, _ in res), [e[-500:] for _, _, e in res]
+    seconds, cpu, host = (float(x) for x in res[0][1].strip().splitlines()[-1].split())
+    return seconds, cpu, host
+
+
+def cpu_of(reps: list[dict]) -> tuple[float, float]:
+    """(hwtui's ranks' CPU seconds in their transfers, the host's busy core-seconds in the longest one)."""
+    cpus = [rep["ranks"][0].get("transfer_cpu") or {} for rep in reps]
+    longest = max(cpus, key=lambda c: c.get("wall_s") or 0.0)
+    return sum(c.get("process_s") or 0.0 for c in cpus), longest.get("host_busy_s") or 0.0
+
+
+def run_hwtui(net, work: Path, port: int, rnd: int) -> tuple[float, list[dict]]:
+    procs = [net.popen(r // 2, [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(work / "plan.json"),
+                                "--report", str(work / f"rep{rnd}-{r}.json"), "--events", str(work / f"ev{rnd}-{r}.jsonl")],
+                       env=env_for(r, port)) for r in range(4)]
+    res = finish(procs, timeout=300)
+    assert all(rc == 0 for rc, _, _ in res), [e[-500:] for _, _, e in res]
+    reps = [json.loads((work / f"rep{rnd}-{r}.json").read_text()) for r in range(4)]
+    return max(rep["seconds"] for rep in reps), reps
+
+
+def timeline_of(work: Path, rnd: int, reps: list[dict], total: int) -> str:
+    from hwtui.engine.replication.timeline import follower_lag, render, steps_from_events
+
+    rows = {rep["ranks"][0]["rank"]: rep["ranks"][0] for rep in reps}
+    paths = {r: str(row.get("path")) for r, row in rows.items()}
+    events = [json.loads(line) for r in range(4) for line in (work / f"ev{rnd}-{r}.jsonl").read_text().splitlines() if line]
+    steps = steps_from_events(events, paths)
+    out = render(steps, paths=paths, total_bytes=total, cpu={r: row.get("transfer_cpu") or {} for r, row in rows.items()})
+    lag = follower_lag(steps, leader=2, follower=3)
+    if lag:
+        out += (f"\n  follower rank 3 behind its leader rank 2, median per bucket: starts copying "
+                f"{lag['to_copy_start'] * 1000:.1f} ms and has verified {lag['to_verified'] * 1000:.1f} ms after the leader verified it")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mb", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--bucket-mb", type=int, default=32)
+    ap.add_argument("--timeline", action="store_true", help="print where the median hwtui round's time went")
     args = ap.parse_args()
 
     from benchmarks.bench_replication import make_model
     from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
-    from tests.engine.cluster.netns import NetnsCluster, finish, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -73,33 +134,47 @@ def main() -> int:
     model = work / "model.safetensors"
     make_model(model, args.mb, 400)
     write_json_atomic(work / "plan.json", build_plan_from_files([str(model)], model="bench", version="n1",
-                                                                bucket_bytes=32 << 20))
+                                                                bucket_bytes=args.bucket_mb << 20))
     total = os.path.getsize(model)
     net = NetnsCluster(2).up()
     rows: dict[str, list[float]] = {"flat": [], "hwtui": []}
+    reps_of: dict[int, list[dict]] = {}
+    cpus: dict[str, list[tuple[float, float]]] = {"flat": [], "hwtui": []}
+    loads: list[str] = []
     try:
         for rnd in range(args.rounds):
-            port = 29600 + rnd
-            procs = [net.popen(r // 2, [sys.executable, "-c", FLAT, str(model)], env=env_for(r, port)) for r in range(4)]
-            res = finish(procs, timeout=300)
-            assert all(rc == 0 for rc, _, _ in res), [e[-500:] for _, _, e in res]
-            rows["flat"].append(float(res[0][1].strip().splitlines()[-1]))
-            procs = [net.popen(r // 2, [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(work / "plan.json"),
-                                        "--report", str(work / f"rep{r}.json")], env=env_for(r, port + 50))
-                     for r in range(4)]
-            res = finish(procs, timeout=300)
-            assert all(rc == 0 for rc, _, _ in res), [e[-500:] for _, _, e in res]
-            reps = [json.loads((work / f"rep{r}.json").read_text()) for r in range(4)]
-            rows["hwtui"].append(max(rep["seconds"] for rep in reps))
-            paths = {rep["ranks"][0]["rank"]: rep["ranks"][0].get("path") for rep in reps}
-            time.sleep(0.5)
+            port = 29600 + 2 * rnd
+            before = load()
+            order = ("flat", "hwtui") if rnd % 2 == 0 else ("hwtui", "flat")
+            for what in order:
+                if what == "flat":
+                    seconds, cpu, host = run_flat(net, model, port)
+                else:
+                    seconds, reps_of[rnd] = run_hwtui(net, work, port + 1, rnd)
+                    cpu, host = cpu_of(reps_of[rnd])
+                rows[what].append(seconds)
+                cpus[what].append((cpu, host))
+                time.sleep(0.5)
+            loads.append(f"{before} -> {load()}")
+            print(f"round {rnd + 1}: flat {total / rows['flat'][-1] / 1e9:.3f} GB/s, hwtui {total / rows['hwtui'][-1] / 1e9:.3f} GB/s, "
+                  f"ratio {rows['flat'][-1] / rows['hwtui'][-1]:.2f}x (load {loads[-1]})", flush=True)
     finally:
         net.down()
+    paths = {rep["ranks"][0]["rank"]: rep["ranks"][0].get("path") for rep in reps_of[0]}
     med = {k: statistics.median(v) for k, v in rows.items()}
-    print(f"model {total / 1e6:.0f} MB, 2 hosts x 2 ranks, {args.rounds} rounds; paths {paths}")
+    print(f"model {total / 1e6:.0f} MB in {args.bucket_mb} MiB buckets, 2 hosts x 2 ranks, {args.rounds} interleaved rounds; paths {paths}")
     for k, v in rows.items():
-        print(f"  {k:6} median {total / med[k] / 1e9:6.3f} GB/s  rounds: {' '.join(f'{total / x / 1e9:.3f}' for x in v)}")
-    print(f"hwtui hierarchical / flat broadcast = {med['flat'] / med['hwtui']:.2f}x (issue 13 target >= 1.0x)")
+        print(f"  {k:6} median {total / med[k] / 1e9:6.3f} GB/s ({med[k]:.3f} s)  rounds: {' '.join(f'{total / x / 1e9:.3f}' for x in v)}")
+    for k, v in cpus.items():
+        print(f"  {k:6} CPU per run, median: its ranks {statistics.median(c for c, _ in v):.2f} s, the host busy "
+              f"{statistics.median(h for _, h in v):.2f} core-s of {os.cpu_count()} x {med[k]:.2f} s")
+    ratios = [f / h for f, h in zip(rows["flat"], rows["hwtui"], strict=True)]
+    print(f"hwtui hierarchical / flat broadcast = {med['flat'] / med['hwtui']:.2f}x (per round "
+          f"{' '.join(f'{x:.2f}' for x in ratios)}; issue 23 target >= 1.8x); load per round: {'; '.join(loads)}")
+    if args.timeline:
+        rnd = sorted(range(args.rounds), key=lambda i: rows["hwtui"][i])[args.rounds // 2]
+        print(f"timeline of the median hwtui round ({rnd + 1}, {rows['hwtui'][rnd]:.3f} s):")
+        print(timeline_of(work, rnd, reps_of[rnd], total))
     return 0
 
 

@@ -16,7 +16,7 @@ from hwtui.core.events import ErrorEvent, Event, from_dict
 from hwtui.engine.replication.events import RANK_PHASES, ReplBucket, ReplCommit, ReplRanks, ReplThroughput
 from hwtui.engine.replication.plan import Plan
 
-_FORWARDED = {"repl.bucket", "repl.window", "log", "error"}
+_FORWARDED = {"repl.bucket", "repl.span", "repl.window", "log", "error"}
 # Where an error happened, most useful first (see failure_text).
 _WHERE_ORDER = ("input", "source", "verify", "commit", "transport", "signal", "internal")
 

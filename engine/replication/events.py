@@ -86,6 +86,23 @@ class ReplBucket(Event):
     rank: int | None = None  # None: the whole world
 
 
+# Timed steps a bucket's states do not show (ReplSpan.phase), for the per-phase timeline
+# (engine.replication.timeline): the source hashing a bucket beside its send, a host leader
+# announcing a verified bucket, a follower waiting for that announcement, and a follower mapping
+# its leader's staging copy, and each rank's whole transfer phase (bucket_id -1: not one bucket).
+SPAN_PHASES = ("hash", "announce", "wait", "map", "transfer")
+
+
+@event("repl.span")
+class ReplSpan(Event):
+    """One rank spent ``seconds`` on one step of one bucket, ending at ``t`` (wall clock, as every event)."""
+
+    rank: int
+    bucket_id: int
+    phase: str  # one of SPAN_PHASES
+    seconds: float = 0.0
+
+
 @event("repl.window")
 class ReplWindow(Event):
     occupancy: int
@@ -132,5 +149,5 @@ class ReplDone(Event):
     report: ReplicationReport | None = None
 
 
-__all__ = ["PlanProgress", "PLAN_PHASES", "ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
+__all__ = ["PlanProgress", "PLAN_PHASES", "ReplStart", "ReplRanks", "RANK_PHASES", "ReplBucket", "ReplSpan", "SPAN_PHASES", "ReplWindow", "ReplThroughput", "ReplCommit", "ReplDone", "LogEvent", "ErrorEvent",
            "BUCKET_STATES", "BucketState", "COMMIT_PHASES"]

@@ -24,6 +24,7 @@ from hwtui.engine.replication.events import ReplBucket
 from hwtui.engine.replication.faults import Injector
 from hwtui.engine.replication.pool import BufferPool
 from hwtui.engine.replication.rank_signals import TransportFailure
+from hwtui.engine.replication.shared_prefault import SharedPrefaulted
 from hwtui.engine.replication.shm import RunDir
 from hwtui.engine.replication.source_reader import SourceReader
 from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile
@@ -60,6 +61,7 @@ class RankBase:
         self.plan_version: str | None = None  # known once the plan is loaded
         self.source_header: bytes | None = None
         self.source_digests: dict[int, Future[str]] = {}
+        self.hash_spans: dict[int, tuple[float, float]] = {}  # bucket -> (end, seconds) of the source's hashing of it
         self._hash_pool: ThreadPoolExecutor | None = None
         self._world_thread: threading.Thread | None = None
         self.paths: dict[int, tuple[str, str]] = {}  # rank -> (source | same-host | network, why)
@@ -85,6 +87,7 @@ class RankBase:
         self.staging: Any = None
         self.served: ServedDir | None = None
         self.window_stats: dict[str, int] = {}
+        self.transfer_cpu: dict[str, float | int] | None = None  # CPU during the transfer (engine.replication.timeline)
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
@@ -94,6 +97,9 @@ class RankBase:
         self.reuse_world = False
         self.staging_factory: Callable[..., Any] | None = None
         self._prefault: Prefaulted | None = None
+        self._shared: SharedPrefaulted | None = None  # the same, in shared memory, for a rank likely to lead its host
+        self.shared_staging = False  # this rank staged in that shared memory (reported)
+        self.leader_data_at: dict[int, int | None] = {}  # host leader -> where data starts in its file (None: after the header)
         self._prefault_file: PrefaultedFile | None = None  # a receiver's --out staging file, made while the world forms
 
     # ------------------------------------------------------------------ plumbing

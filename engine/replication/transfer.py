@@ -72,7 +72,7 @@ class RankTransfer(RankHostCopy):
                     # The source's check of what it sends runs beside the send, on the host copy
                     # (xxhash releases the GIL), instead of a second pass over the model afterwards.
                     for x in group:
-                        self.source_digests[x] = self._hasher().submit(self._sources.bucket_digest, plan, x)
+                        self.source_digests[x] = self._hasher().submit(self._timed_digest, plan, x)
                 for x in group:
                     win.admit(sizes[x])
                     self.bucket(x, "inflight", sizes[x])
@@ -126,11 +126,12 @@ class RankTransfer(RankHostCopy):
             for w in works:
                 self._wait(w, "bucket", f"broadcast of bucket {group[0]}" if len(group) == 1
                            else f"broadcast of buckets {group[0]}-{group[-1]}")
+            arrived = now() - t0  # every bucket of the group arrived together (the timeline reads it)
             pos = 0
             for ob in group:
                 # Every bucket of a group is verified on its own, in place, before it counts as done.
                 size = sizes[ob]
-                self.bucket(ob, "verifying", size, now() - t0)
+                self.bucket(ob, "verifying", size, arrived)
                 win.retire(size, now() - t0)
                 t1 = now()
                 data = buf[pos:pos + size]

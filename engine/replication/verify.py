@@ -15,6 +15,9 @@ from hwtui.engine.replication.source_reader import in_place_tensors
 
 
 class RankVerify(RankBase):
+    def _send_hash_spans(self) -> None:
+        """The timeline's "hash" spans (engine.replication.host_copy); nothing here."""
+
     def _staged_digest(self, plan: Plan, b: int) -> str:
         """xxh3 of bucket b as this rank's staging copy holds it (pieces and zero padding)."""
         region = self.direct.get(b)
@@ -62,6 +65,7 @@ class RankVerify(RankBase):
                                      f"the plan says {plan.buckets[b]['checksum']}")
                 self.emit(ErrorEvent(message=f"rank {self.rank}: {self.failures[-1]}", rank=self.rank, where="source"))
                 return
+        self._send_hash_spans()
 
     def _verify_staging(self, plan: Plan) -> None:
         """Bytes received straight into the staging copy were verified there, bucket by bucket;

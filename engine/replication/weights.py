@@ -337,12 +337,12 @@ def tensor_bytes(t: Any) -> Any:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _map_readonly(path: str | os.PathLike[str]) -> tuple[mmap.mmap | None, int]:
+def _map_readonly(path: str | os.PathLike[str], populate: bool = True) -> tuple[mmap.mmap | None, int]:
     """A shared read-only mapping of the whole file (None when empty), pre-populated where the
     platform allows so page-table work happens at open, not inside a timed transfer."""
     fd, st = open_regular(path)
     try:
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
         return (mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ) if st.st_size else None), st.st_size
     finally:
         os.close(fd)
@@ -365,14 +365,14 @@ class MappedFile:
     every page on populate. torch.frombuffer warns about read-only buffers; we never write.
     """
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], populate: bool = True):
         import warnings
 
         import torch
 
         self.path = str(path)
         self.tensor: Any = None
-        self._mm, self.size = _map_readonly(path)
+        self._mm, self.size = _map_readonly(path, populate)
         if self._mm is None:
             self.tensor = torch.empty(0, dtype=torch.uint8)
             return

@@ -47,9 +47,11 @@ from hwtui.engine.replication.rank_signals import (
     install_signal_gate,
 )
 from hwtui.engine.replication.served_files import serve_modes
+from hwtui.engine.replication.shared_prefault import SharedPrefaulted
 from hwtui.engine.replication.shm import sweep_dead_run_dirs
 from hwtui.engine.replication.source_reader import SourceReader, stream_order
 from hwtui.engine.replication.staging import Prefaulted, PrefaultedFile, Staging, faithful_eligible
+from hwtui.engine.replication.timeline import cpu_between, cpu_sample
 from hwtui.engine.replication.transfer import RankTransfer
 from hwtui.engine.replication.vote import RankCommit
 from hwtui.engine.replication.world import RankWorld
@@ -97,7 +99,11 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             # After the phase report: starting a thread waits for the GIL, which `import torch` in
             # the world's thread may hold for a while (dlopen).
             bound = plan["files"][0]["size"] if faithful_eligible(plan) else sum(t["nbytes"] for t in plan["tensors"])
-            self._prefault = Prefaulted(int(bound))
+            # A rank likely to lead its host (engine.replication.shared_prefault) faults in memory
+            # its host-mates can map; the others, and it where shared memory is short, private memory.
+            self._shared = SharedPrefaulted.make(int(bound)) if self._may_lead() else None
+            if self._shared is None:
+                self._prefault = Prefaulted(int(bound))
         elif self.served is not None and self.settings.device == "cpu" and self.staging_factory is None:
             # The --out staging file: made, reserved and brought into the page cache by a thread
             # while the world forms (staging.PrefaultedFile). Its size: the source file's when the
@@ -127,8 +133,16 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                 self.faults.at_phase("setup")
         else:
             file: Any = self.served.staging_file(plan["version"]) if self.served else None
-            if file is None and self.rank in self.leader_files:
+            shared, self._shared = self._shared, None
+            shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
+            self.shared_staging = shared_buf is not None
+            leads_from_shared = shared_buf is not None and self.rank in self.leader_files
+            if leads_from_shared:
+                self.shm_file = shared.path if shared is not None else None  # its followers read it (data at 0)
+            elif file is None and self.rank in self.leader_files:
                 file = self.shm_file = self.leader_files[self.rank]  # its followers map it
+            if shared is not None and not leads_from_shared:
+                shared.discard()  # not a leader: the file goes (idempotent), the memory stays this rank's
             # hwtui's own facts (model, version, plan digest) live beside the replica in its
             # manifest.json, never inside it: the file is the source's, byte for byte, when the
             # version is one safetensors file, else a plain safetensors file of the same tensors.
@@ -138,14 +152,19 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                                                     first=stream_order(plan), header=self.source_header)
             else:
                 buffer = prefault.take(float(self.cfg.timeouts.init)) \
-                    if prefault is not None and file is None else None
+                    if prefault is not None and file is None else shared_buf
                 made, self._prefault_file = self._prefault_file, None
                 reuse = made is not None and made.take(float(self.cfg.timeouts.init))
                 self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
                                        first=stream_order(plan), header=self.source_header, buffer=buffer,
                                        reuse_file=reuse)
+                if leads_from_shared and getattr(self.staging, "_anon", None) is not shared_buf:
+                    # Its followers read the shared file: the copy must be that memory, or they
+                    # would read zeros (they would fail verification, but say nothing useful).
+                    raise TransportFailure(f"rank {self.rank}: its shared staging memory is smaller than the copy")
                 if reuse and made is not None and not self.staging.preallocated:
                     self.staging.preallocated = made.preallocated  # reserved by the thread, same size
+            self.phases["populate"] = self._fault_in_leader_copy()
             # Buckets that are one contiguous range of the staging copy are received straight into it:
             # no pooled buffer, no unpack copy. The rest go through the pool.
             self.direct = {}
@@ -172,6 +191,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         self.phase("ready")  # set up; the start barrier waits for the others
 
     def transfer(self, plan: Plan) -> None:
+        cpu0 = cpu_sample()
         t = now()
         self.internal("transfer_start")
         path = self.paths.get(self.rank, ("network", ""))[0]
@@ -201,6 +221,8 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
             if self.rank in self.leader_files:
                 self._release_followers()
         self.phases["transfer"] = now() - t
+        self.transfer_cpu = cpu_between(cpu0, cpu_sample())  # the timeline's "which resource saturates"
+        self._span(-1, "transfer", self.phases["transfer"])
         self.internal("transfer_end", seconds=self.phases["transfer"])
 
     def result(self, ok: bool, clean: bool) -> None:
@@ -216,11 +238,15 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
                               "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
-                      window=self.window_stats, collectives=self.collectives,
+                      window=self.window_stats, collectives=self.collectives, transfer_cpu=self.transfer_cpu,
+                      shared_staging=self.shared_staging,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
     def remove_shm(self) -> None:
+        if self._shared is not None:  # made while the world formed, never taken (a run that failed early)
+            self._shared.discard()
+            self._shared = None
         if self.published is not None:
             self.published.close()
             self.published = None

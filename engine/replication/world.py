@@ -26,6 +26,12 @@ from hwtui.engine.replication.staging import check_header_matches, faithful_elig
 from hwtui.engine.replication.transport import prepare_backend
 
 
+def _data_at(record: dict[str, Any]) -> int | None:
+    """A leader's ``staging_data_at`` (engine.replication.shared_prefault): 0, or None (after the header)."""
+    at = record.get("staging_data_at")
+    return 0 if at == 0 and type(at) is int else None
+
+
 class RankWorld(RankBase):
     def start_world(self) -> None:
         """Import torch and form the process group in a thread, while the main thread loads the plan.
@@ -89,6 +95,8 @@ class RankWorld(RankBase):
                                  verify=self.settings.verify, commit=self.cfg.commit, transport=self.choice.name)
         record["host"] = host_facts([f["path"] for f in plan["files"]])
         record["staging_file"] = self._staging_file_for_followers(plan)
+        # Where the data starts in that file: 0 in shared staging memory, else after the header.
+        record["staging_data_at"] = 0 if self._shared is not None and record["staging_file"] == self._shared.path else None
         mine = torch.frombuffer(bytearray(encode_slot(record)), dtype=torch.uint8).to(self.comm_device())
         slots = [torch.empty_like(mine) for _ in range(self.world)]
         self._wait(dist.all_gather(slots, mine, async_op=True), "init", "settings exchange")
@@ -107,6 +115,15 @@ class RankWorld(RankBase):
             return str(self.served.staging_file(plan["version"]))
         if not self.cfg.same_host or self.settings.device != "cpu" or self.comm_device() != "cpu":
             return None
+        shared = self._shared
+        if shared is not None:
+            # Faulted in while the world formed (engine.replication.shared_prefault); waited for
+            # here, bounded, so a rank never offers a copy it could not make.
+            if shared.ready(float(self.cfg.timeouts.init)):
+                self.run_dir = shared.run_dir
+                return shared.path
+            shared.discard()
+            self._shared = None
         try:
             self.run_dir = make_run_dir()
         except OSError:
@@ -142,6 +159,7 @@ class RankWorld(RankBase):
         # Where every leader stages (followers map it): its --out staging file, else a file in its
         # private /dev/shm directory. A rank that leads nobody gives its directory up now.
         self.leader_files = dict(choice.leader_files)
+        self.leader_data_at = {lead: _data_at(records[lead]) for lead in self.leader_files}
         if self.rank not in self.leader_files and self.run_dir is not None:
             self.run_dir.remove()
             self.run_dir = None

@@ -68,3 +68,131 @@ def test_two_hosts_two_ranks_each_one_network_copy_per_host(tmp_path):
         assert reports[r]["committed"]
         assert (tmp_path / "out" / f"rank{r}" / "versions" / "x1" / "model.safetensors").read_bytes() == source
     assert not list(Path("/dev/shm").glob(f"hwtui-{plan['digest'][:16]}-*"))
+
+
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run(tmp_path: Path, plan: dict, extra: list[str], env_extra: dict[str, str] | None = None, timeout: float = 120):
+    net = NetnsCluster(2).up()
+    try:
+        procs = [net.popen(rank // 2, [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                                       "--init-timeout", "40", "--report", str(tmp_path / f"rep{rank}.json"),
+                                       "--events", str(tmp_path / f"ev{rank}.jsonl"), *extra],
+                           env=_env(rank, 2, MASTER_PORT="29519", **(env_extra or {})))
+                 for rank in range(4)]
+        return net, procs
+    except BaseException:
+        net.down()
+        raise
+
+
+def _model(tmp_path: Path, bucket_bytes: int = 64 << 10) -> dict:
+    g = torch.Generator().manual_seed(23)
+    save_file({f"w{i}": torch.randn(30_000 + i, generator=g) for i in range(12)}, str(tmp_path / "m.safetensors"),
+              metadata={"format": "pt"})
+    plan = build_plan_from_files([str(tmp_path / "m.safetensors")], model="m", version="x2", bucket_bytes=bucket_bytes)
+    write_json_atomic(tmp_path / "p.json", plan)
+    return plan
+
+
+def test_leader_stages_in_shared_memory_and_the_timeline_is_its_events(tmp_path):
+    """Without --out: host B's leader (local rank 0) received into shared memory faulted in while
+    its world formed, its follower read it from there, every bucket verified on every rank; the
+    timeline built from the ranks' events says exactly what those events say."""
+    from hwtui.engine.replication.timeline import follower_lag, steps_from_events
+
+    plan = _model(tmp_path)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    net, procs = _run(tmp_path, plan, [], {"HWTUI_SHM_DIR": str(shm)})
+    try:
+        results = finish(procs, timeout=120)
+    finally:
+        net.down()
+    for rank, (rc, _out, err) in enumerate(results):
+        assert rc == 0, (rank, err[-2000:])
+    rows = {r: json.loads((tmp_path / f"rep{r}.json").read_text())["ranks"][0] for r in range(4)}
+    assert {r: rows[r]["path"] for r in range(4)} == {0: "source", 1: "same-host", 2: "network", 3: "host-copy"}
+    assert rows[2]["shared_staging"] is True  # the leader's copy: shared memory, faulted in before the transfer
+    assert rows[3]["shared_staging"] is False and rows[1]["shared_staging"] is False
+    assert all(rows[r]["ok"] for r in range(4))
+    for r in range(4):
+        cpu = rows[r]["transfer_cpu"]
+        assert cpu["process_s"] >= 0 and cpu["wall_s"] > 0 and cpu["cores"] >= 1
+    events = {r: _events(tmp_path / f"ev{r}.jsonl") for r in range(4)}
+    mine = {r: [e for e in events[r] if e.get("rank") == r and e["kind"] in ("repl.bucket", "repl.span")] for r in range(4)}
+    steps = steps_from_events([e for r in range(4) for e in mine[r]], {r: rows[r]["path"] for r in range(4)})
+    n = len(plan["buckets"])
+
+    def ev(r, kind, key, value):
+        return {e["bucket_id"]: e for e in mine[r] if e["kind"] == kind and e.get(key) == value}
+
+    def st(r, phase):
+        return {s.bucket: s for s in steps if s.rank == r and s.phase == phase}
+
+    # The leader: each verify step is its "done" event; each receive ends at its post + the
+    # "verifying" state's seconds (the bucket's arrival).
+    done2, ver2, post2 = ev(2, "repl.bucket", "state", "done"), ev(2, "repl.bucket", "state", "verifying"), \
+        ev(2, "repl.bucket", "state", "inflight")
+    assert set(st(2, "verify")) == set(st(2, "receive")) == set(range(n))
+    for b in range(n):
+        assert st(2, "verify")[b].end == done2[b]["t"]
+        assert st(2, "verify")[b].seconds == pytest.approx(done2[b]["seconds"], abs=1e-6)
+        assert st(2, "receive")[b].end == pytest.approx(post2[b]["t"] + ver2[b]["seconds"], abs=1e-6)
+    assert set(ev(2, "repl.span", "phase", "announce")) == set(range(n))
+    # The follower: copy and verify steps are its states; it waited for every announcement and
+    # began copying each bucket only after the leader had verified it (cause, then effect).
+    ver3, done3 = ev(3, "repl.bucket", "state", "verifying"), ev(3, "repl.bucket", "state", "done")
+    waits = ev(3, "repl.span", "phase", "wait")
+    assert set(waits) == set(st(3, "copy")) == set(st(3, "verify")) == set(range(n))
+    for b in range(n):
+        assert st(3, "copy")[b].seconds == pytest.approx(ver3[b]["seconds"], abs=1e-6)
+        assert st(3, "verify")[b].end == done3[b]["t"]
+        assert st(3, "wait")[b].seconds == pytest.approx(waits[b]["seconds"], abs=1e-6)
+        assert st(3, "copy")[b].start >= done2[b]["t"] - 1e-3
+    assert follower_lag(steps, leader=2, follower=3)["to_verified"] > 0
+    # The source's hashing of every bucket, and every rank's whole transfer, are spans too.
+    assert set(ev(0, "repl.span", "phase", "hash")) == set(range(n))
+    for r in range(4):
+        (transfer,) = [e for e in mine[r] if e["kind"] == "repl.span" and e["phase"] == "transfer"]
+        assert transfer["seconds"] == pytest.approx(rows[r]["phases"]["transfer"], abs=1e-5)
+    assert not list(shm.iterdir())  # the leader's shared memory is gone with the run
+
+
+def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
+    """By state: the source stops before bucket 6 reaches the wire; by then the follower has
+    copied and verified bucket 0 from its leader, which has not received bucket 6 (nothing is
+    committed: the run is then stopped)."""
+    import signal
+    import time
+
+    plan = _model(tmp_path)
+    assert len(plan["buckets"]) > 6
+    shm = tmp_path / "shm"  # the killed ranks' shared memory stays out of the real /dev/shm
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6",
+                                                             "HWTUI_SHM_DIR": str(shm)})
+    try:
+        deadline = time.monotonic() + 90
+        got = False
+        while time.monotonic() < deadline and not got:
+            path = tmp_path / "ev3.jsonl"
+            got = path.exists() and any(e.get("kind") == "repl.bucket" and e.get("rank") == 3 and e.get("bucket_id") == 0
+                                        and e.get("state") == "done" for e in _events(path))
+            if not got:
+                assert all(p.poll() is None for p in procs), "a rank ended before the follower copied"
+                time.sleep(0.05)
+        assert got, "the follower never verified bucket 0"
+        leader = _events(tmp_path / "ev2.jsonl")
+        arrived = {e["bucket_id"] for e in leader if e.get("rank") == 2 and e.get("state") == "verifying"}
+        assert 0 in arrived and not {b for b in arrived if b >= 6}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        finish(procs, timeout=30)
+        net.down()
