@@ -229,6 +229,58 @@ def commit_phases(rep: dict) -> dict[str, float]:
             "total": max(sum(r["phases"].get(p, 0.0) for p in ("transfer", "prepare", "commit")) for r in rep["ranks"])}
 
 
+def disk_durable_write(directory: Path, nbytes: int, step: int = 32 * MB) -> tuple[float, str]:
+    """Seconds the disk itself takes to make ``nbytes`` durable in a new file beside ``--out``, and how.
+
+    The floor under the commit path's cost, measured in the same round: a new file (exclusive,
+    owner-only, never through a symlink), preallocated as hwtui's staging file is, filled by
+    ``step``-byte direct-I/O writes from one page-aligned, already-touched buffer (no page cache,
+    no page faults, no hashing: ``dd oflag=direct``'s path), then fsynced (the unwritten extents'
+    conversion). A filesystem without O_DIRECT (tmpfs) gets buffered pwrites + fsync instead.
+    Whatever ``--commit`` costs above ``plain transfer + this`` is hwtui's.
+    """
+    import mmap
+
+    from hwtui.engine.replication.disk import preallocate
+
+    buf = mmap.mmap(-1, step)  # page-aligned, as O_DIRECT needs
+    buf.write(os.urandom(step))  # random and touched: nothing to skip, no fault in the timed part
+    path = directory / f"disk-ceiling-{os.getpid()}.bin"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    how = "O_DIRECT"
+    try:
+        fd = os.open(path, flags | os.O_DIRECT, 0o600)
+    except OSError:
+        how, fd = "buffered", os.open(path, flags, 0o600)
+    try:
+        view = memoryview(buf)
+        t0 = time.perf_counter()
+        preallocate(fd, nbytes, "the disk-ceiling probe")
+        off = 0
+        while off < nbytes:
+            n = min(step, nbytes - off)
+            if how == "O_DIRECT" and n % 4096:
+                n = (n + 4095) // 4096 * 4096  # the tail rounded up to a block: a few KiB more, never less
+            off += os.pwrite(fd, view[:n], off)
+        os.fsync(fd)
+        return time.perf_counter() - t0, how
+    finally:
+        os.close(fd)
+        path.unlink()
+        view.release()
+        buf.close()
+
+
+def load_line() -> str:
+    """``uptime``'s load averages (1, 5, 15 min), printed beside every must-show figure."""
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def verdict(ratio: float, target: float, at_most: bool) -> str:
+    ok = ratio <= target if at_most else ratio >= target
+    return "PASS" if ok else "FAIL"
+
+
 def print_commit_cost(plain: list[float], costs: dict[str, list[float]]) -> None:
     """--commit --out against the plain run of the same round (they ran back to back)."""
     m = {k: statistics.median(v) for k, v in costs.items()}
@@ -245,6 +297,12 @@ def print_commit_cost(plain: list[float], costs: dict[str, list[float]]) -> None
         per_round = sorted(c / x for x, c in zip(plain, costs[key], strict=True))
         print(f"{what} = {m[key] / p:.2f}x (issue 23 target <= {target}x); per round (sorted): "
               + " ".join(f"{r:.2f}" for r in per_round))
+    if "disk" in costs:
+        d = statistics.median(costs["disk"])
+        above = sorted(c - x - k for x, c, k in zip(plain, costs["total"], costs["disk"], strict=True))
+        print(f"the disk itself ({DISK_HOW[0]} 32 MiB writes + fsync of the same bytes into a new preallocated file, same round): "
+              f"{d:.3f} s {spread(costs['disk'])} = {d / p:.2f}x the plain transfer; floor for t+p+c ~ plain + disk = "
+              f"{(p + d) / p:.2f}x; t+p+c above plain+disk per round (sorted, s): " + " ".join(f"{a:+.3f}" for a in above))
 
 
 def run_netns(rounds: int) -> None:
@@ -313,6 +371,8 @@ def bench_world(model: str, plan: str, work: Path, world: int, args: argparse.Na
                     exact["hwtui_commit"] = exact["hwtui_commit_cli_wall"] = exact["hwtui"]
                     for k, v in commit_phases(rep).items():
                         costs.setdefault(k, []).append(v)
+                    secs, DISK_HOW[0] = disk_durable_write(work, rep["bytes"])
+                    costs.setdefault("disk", []).append(secs)
             wall, ok = flat_end_to_end(model, world)
             rows.setdefault("flat_end_to_end", []).append(wall)
             exact["flat_end_to_end"] = exact.get("flat_end_to_end", True) and ok
@@ -359,7 +419,39 @@ def bench_world(model: str, plan: str, work: Path, world: int, args: argparse.Na
             print(f"hwtui / {k:16} = {med[k] / med['hwtui']:.2f}x")
     if not all(exact.values()):
         print(f"NOT bit-exact: {sorted(k for k, v in exact.items() if not v)}")
+    summary = must_show(world, rows, costs, exact)
+    print("\n".join(summary))
+    SUMMARY.extend(summary)
     return {"ok": float(all(exact.values()))}
+
+
+DISK_HOW = ["O_DIRECT"]  # how the disk-ceiling probe wrote (buffered where O_DIRECT is refused)
+SUMMARY: list[str] = []  # every world's must-show lines, repeated together at the end of the run
+
+
+def must_show(world: int, rows: dict[str, list[float]], costs: dict[str, list[float]],
+              exact: dict[str, bool]) -> list[str]:
+    """Issue 23's CPU must-shows of this run, one line each with PASS/FAIL and the load beside it.
+
+    The targets are stated at 2 ranks; other world sizes print the same lines marked "(info)".
+    A method that was not bit-exact fails its line whatever its ratio.
+    """
+    tag = "MUST-SHOW" if world == 2 else "(info)"
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    lines = [("same-host / flat gloo broadcast (transfer phase)", med["flat"] / med["hwtui"], 2.0, False,
+              exact["hwtui"] and exact["flat"])]
+    if costs:
+        p = med["hwtui"]
+        ok = exact.get("hwtui_commit", True)
+        lines += [("--commit --out transfer / plain transfer", statistics.median(costs["transfer"]) / p, 1.5, True, ok),
+                  ("--commit --out transfer+prepare+commit / plain transfer",
+                   statistics.median(costs["total"]) / p, 2.5, True, ok)]
+    out = []
+    for what, ratio, target, at_most, exact_ok in lines:
+        v = verdict(ratio, target, at_most) if exact_ok else "FAIL (not bit-exact)"
+        out.append(f"{tag} {world} ranks: {what} = {ratio:.2f}x (target {'<=' if at_most else '>='} {target}x) "
+                   f"{v}; {load_line()}")
+    return out
 
 
 def main() -> int:
@@ -402,6 +494,8 @@ def main() -> int:
     else:
         print("\ncross-host: benchmarks/bench_replication_netns.py (or --netns) prints hierarchical / flat on "
               "2 namespace hosts x 2 ranks")
+    if SUMMARY:
+        print("\nissue 23 must-shows of this run (medians of interleaved rounds):\n" + "\n".join(SUMMARY))
     if args.planner_tensors:
         print(f"\nplanner: {json.dumps(bench_planner(args.planner_tensors))}")
     return 0 if ok else 1

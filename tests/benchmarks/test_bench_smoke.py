@@ -23,6 +23,25 @@ def test_replication_benchmark_runs_bit_exact_at_toy_size():
     assert "hwtui / flat" in r.stdout
 
 
+@pytest.mark.torch
+@pytest.mark.timeout(170)
+def test_replication_benchmark_prints_each_must_show_with_its_verdict_and_the_disk_floor():
+    """Issue 23: one run prints the commit path's two ratios and same-host / flat, each against its
+    target with PASS/FAIL and the load beside it, and the disk's own durable write of the same bytes."""
+    r = subprocess.run([sys.executable, str(BENCH / "bench_replication.py"), "--mb", "8", "--tensors", "40", "--rounds", "1",
+                        "--ranks", "2", "--methods", "flat", "--commit", "--planner-tensors", "0"],
+                       capture_output=True, text=True, timeout=160)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = r.stdout.split("issue 23 must-shows of this run")[1].strip().splitlines()[1:]
+    wants = {"same-host / flat gloo broadcast": ">= 2.0x", "--commit --out transfer / plain transfer": "<= 1.5x",
+             "--commit --out transfer+prepare+commit / plain transfer": "<= 2.5x"}
+    assert len(summary) == len(wants), summary
+    for line, (what, target) in zip(summary, wants.items(), strict=True):
+        assert line.startswith(f"MUST-SHOW 2 ranks: {what}") and "x (target " in line, line
+        assert f"(target {target})" in line and ("PASS" in line or "FAIL" in line) and "; load " in line, line
+    assert "32 MiB writes + fsync of the same bytes into a new preallocated file, same round)" in r.stdout
+
+
 def _run(script: str, *args: str, timeout: int = 170) -> str:
     r = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-2000:]
