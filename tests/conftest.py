@@ -18,7 +18,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([ROOT, *filter(None, os
 
 
 # -- the order modules are handed to xdist's workers ------------------------------------------------
-# `make test` runs `-n 2 --dist loadscope --no-loadscope-reorder`: a module's tests stay on one
+# `make test` runs `-n 3 --dist loadscope --no-loadscope-reorder`: a module's tests stay on one
 # worker (its module-scoped worlds start once), and modules go out in the order collected. xdist's
 # default reorder sorts modules by their number of tests, which put the few-test modules that run
 # real process worlds (a push with agents killed mid-way, a training run) last, where the slowest

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,16 +27,21 @@ from tests.engine.replication.helpers import assert_bytes_equal, make_model, ser
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
+# Every wait of the product set far beyond this module's pytest timeout (120 s): a run that ends
+# at all ended because the fault was seen as it happened (a rank's exit), never because a timeout
+# fired, and that holds however loaded the machine is (a wall-clock bound would not).
+NEVER = {"timeout": 3600.0, "init_timeout": 3600.0}
+
+
 def replicate(plan: Path, out: Path, *, nproc: int, fault: str | None = None,
-              **kw: Any) -> tuple[Any, list[Any], float]:
+              **kw: Any) -> tuple[Any, list[Any]]:
     env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
     if fault:
         env["HWTUI_TEST_FAULT"] = fault
     events: list = []
-    t = time.monotonic()
     result = run_replication(ReplicationOptions(plan=str(plan), nproc=nproc, env=env, commit=True, out=str(out), **kw),
                              on_event=events.append)
-    return result, events, time.monotonic() - t
+    return result, events
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def out(base: dict[str, Any]) -> Path:
 
     template = base["root"] / "template"
     if not template.exists():
-        result, _, _ = replicate(base["root"] / "v1.json", template, nproc=3)
+        result, _ = replicate(base["root"] / "v1.json", template, nproc=3)
         assert result.ok, result.error
     base["n"] += 1
     dst: Path = base["root"] / f"out{base['n']}"
@@ -79,7 +83,8 @@ def serving(out: Path, base: dict[str, Any], ranks: tuple[int, ...] = (1, 2)) ->
 
 def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base: dict[str, Any], out: Path) -> None:
     plan = base["root"] / "v2.json"
-    result, events, secs = replicate(plan, out, nproc=3, fault="kill:rank=1,phase=commit")
+    # Waits far beyond the test's own timeout: only rank 1's death, seen as it happens, can end the run.
+    result, events = replicate(plan, out, nproc=3, fault="kill:rank=1,phase=commit", **NEVER)
     assert not result.ok and result.exit_code == 1
     # The decision was recorded before anyone switched: rank 2 switched, rank 1 died first.
     assert decision_path(out, "v2").exists()
@@ -89,10 +94,9 @@ def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base: dict[s
     assert rep["decision"] == "commit" and rep["committed"] is False and rep["serving"] == {"1": "v1", "2": "v2"}
     assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", True), ("commit", False)]
     assert (out / "rank1" / "staging" / "v2" / "manifest.json").exists()  # the prepared copy survived
-    assert secs < 40
 
     # The same command again: no transfer, rank 1 finishes from its prepared copy.
-    again, events, _ = replicate(plan, out, nproc=3)
+    again, events = replicate(plan, out, nproc=3)
     assert again.ok and again.exit_code == 0, again.error
     assert serving(out, base) == {1: "v2", 2: "v2"}
     assert again.report["recovered"] and again.report["committed"] and again.report["serving"] == {"1": "v2", "2": "v2"}
@@ -100,7 +104,7 @@ def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base: dict[s
     assert "rank 1 finished the switch" in detail and "rank 2 already serves it" in detail
 
     # And once more: a committed version is a no-op success.
-    third, _, _ = replicate(plan, out, nproc=3)
+    third, _ = replicate(plan, out, nproc=3)
     assert third.ok and third.report["serving"] == {"1": "v2", "2": "v2"}
 
 
@@ -121,7 +125,7 @@ def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(ba
 # kill:rank=2,phase=prepare is test_replicate.py::test_rank_dying_after_prepare_means_no_commit_anywhere
 @pytest.mark.parametrize("fault", ["term:rank=1,bucket=1", "fail:rank=0,phase=decide"])
 def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base: dict[str, Any], out: Path, fault: str) -> None:
-    result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault=fault, timeout=5)
+    result, events = replicate(base["root"] / "v2.json", out, nproc=3, fault=fault, **NEVER)
     assert not result.ok and result.exit_code == 1
     rank = fault.split("rank=")[1][0]
     assert f"rank {rank}" in result.error, result.error
@@ -129,7 +133,6 @@ def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base: di
     assert serving(out, base) == {1: "v1", 2: "v1"}
     assert not (out / "rank1" / "staging" / "v2").exists() and not (out / "rank2" / "staging" / "v2").exists()
     assert result.report["serving"] == {"1": "v1", "2": "v1"} and not result.report["committed"]
-    assert secs < 40
 
 
 def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | None = None,
@@ -203,14 +206,14 @@ def test_something_in_the_way_of_the_new_current_votes_no(base: dict[str, Any], 
     blocker = out / "rank2" / ".CURRENT.v2.tmp"
     blocker.mkdir()
     (blocker / "x").write_text("in the way")
-    result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    result, events = replicate(base["root"] / "v2.json", out, nproc=3)
     assert not result.ok and result.exit_code == 1
     assert "rank 2 cannot switch to 'v2'" in result.error, result.error
     assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
     assert_aborted_everywhere(out, base)
     (blocker / "x").unlink()
     blocker.rmdir()
-    again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    again, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert again.ok, again.error
     assert serving(out, base) == {1: "v2", 2: "v2"} and again.report["serving"] == {"1": "v2", "2": "v2"}
 
@@ -240,12 +243,12 @@ def test_versions_on_another_or_read_only_mount_votes_no(base: dict[str, Any], o
 
 def test_no_space_for_the_new_current_is_caught_before_the_vote(base: dict[str, Any], out: Path) -> None:
     # On 769874d CURRENT was written after the decision: a full disk there left a split.
-    result, events, _ = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=current")
+    result, events = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=current")
     assert not result.ok and result.exit_code == 1
     assert "rank 2 cannot switch to 'v2'" in result.error and "No space left on device" in result.error, result.error
     assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
     assert_aborted_everywhere(out, base)
-    again, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    again, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert again.ok, again.error
     assert serving(out, base) == {1: "v2", 2: "v2"}
 
@@ -320,10 +323,9 @@ def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base: dict
 
 def test_rank_failing_before_the_world_forms_ends_the_run_at_once(base: dict[str, Any], out: Path) -> None:
     # rank 2 cannot create its staging directory (a full disk): exit 2 within seconds, not at the init timeout
-    result, events, secs = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=load")
+    result, events = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=load", **NEVER)
     assert not result.ok and result.exit_code == 2
     assert "rank 2" in result.error and "No space left on device" in result.error
-    assert secs < 20
     assert serving(out, base) == {1: "v1", 2: "v1"}
 
 
@@ -376,7 +378,7 @@ def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(ba
     (tmp_path / "current-copy").write_bytes((rank2 / "CURRENT").read_bytes())
     (rank2 / "CURRENT").unlink()
     (rank2 / "CURRENT").symlink_to(tmp_path / "current-copy")
-    result, _, _ = replicate(base["root"] / "v2.json", out, nproc=3)
+    result, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert result.ok, result.error
     assert serving(out, base) == {1: "v2", 2: "v2"}
     assert victim.read_text() == "not yours" and not list(victim_dir.iterdir())

@@ -35,8 +35,12 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "vendor"
 
 @pytest.fixture
 def child():
-    """A real, idle child process (its figures are psutil's to check against)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    """A real, idle child process (its figures are psutil's to check against), once it runs: Popen
+    returns as soon as the exec began, when /proc/<pid>/cmdline can still be empty (a loaded box
+    once showed its command as "python" and 4 KiB of RSS)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
     yield proc
     if proc.poll() is None:
         proc.kill()

@@ -106,3 +106,22 @@ async def wait_for(pilot, predicate, timeout: float = 20.0, step: float = 0.05) 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await pilot.pause(step)
+
+
+def tables_settled(pilot) -> bool:
+    """Every table on the active screen has measured the rows and cells it was given.
+
+    A DataTable adds rows at once but sizes its columns (and its height) later, in its idle
+    handler: a screenshot taken in between shows the rows under header-wide columns. Under load a
+    fixed pause after the rows appear was sometimes too short (issue 26); this is the state the
+    picture needs. (Textual 8's DataTable keeps that pending work in these three attributes.)"""
+    from textual.widgets import DataTable
+
+    return all(not (t._require_update_dimensions or t._new_rows or t._updated_cells)
+               for t in pilot.app.screen.query(DataTable))
+
+
+async def settle(pilot) -> None:
+    """Wait until the screen's tables are measured (see tables_settled); the caller's screenshot
+    (or pilot.pause()) then lays them out."""
+    await wait_for(pilot, lambda: tables_settled(pilot))

@@ -14,7 +14,7 @@ import pytest
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
-from tests.app.tui.conftest import wait_for
+from tests.app.tui.conftest import settle, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 SIZES = [(80, 24), (120, 36), (200, 60)]
@@ -103,7 +103,7 @@ async def _shown(pilot) -> None:
     from hwtui.widgets.cluster_nodes import ClusterNodes
 
     await wait_for(pilot, lambda: pilot.app.screen.query(ClusterNodes) and pilot.app.screen.query_one(ClusterNodes).row_count >= 9)
-    await pilot.pause(0.05)
+    await settle(pilot)  # the rows measured, not only added (a fixed pause was short under load)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
@@ -125,7 +125,7 @@ def test_node_detail(snap_compare, make, size):
         detail = pilot.app.screen.query_one(NodeDetail)
         detail.screen.repaint()  # the processes arrive with the next poll; here the fixed one has them at once
         await wait_for(pilot, lambda: detail.shown is not None and detail.shown.processes is not None)
-        await pilot.pause(0.05)
+        await settle(pilot)
 
     assert snap_compare(make(), terminal_size=size, run_before=run_before)
 
@@ -142,7 +142,7 @@ def test_stale_node_detail(snap_compare, make, size):
         await wait_for(pilot, lambda: pilot.app.screen.query(NodeDetail))
         detail = pilot.app.screen.query_one(NodeDetail)
         await wait_for(pilot, lambda: detail.shown is not None and detail.shown.node == "beta")
-        await pilot.pause(0.05)
+        await settle(pilot)
 
     assert snap_compare(make(), terminal_size=size, run_before=run_before)
 

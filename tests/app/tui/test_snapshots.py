@@ -18,7 +18,7 @@ import pytest
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
-from tests.app.tui.conftest import RecordedEngine, wait_for
+from tests.app.tui.conftest import RecordedEngine, settle, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[3]
@@ -66,7 +66,7 @@ async def _charts_built(pilot) -> None:
         return all(not c.pending and (not c.BUILD_IN_THREAD or c._built_key == c._key()) for c in charts)
 
     await wait_for(pilot, built)
-    await pilot.pause(0.05)
+    await settle(pilot)
 
 
 def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
@@ -93,7 +93,7 @@ def test_detect_80x24(snap_compare, make):
 
     async def detected(pilot):
         await wait_for(pilot, lambda: pilot.app.devices)
-        await pilot.pause(0.1)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=detected)
 
@@ -136,8 +136,7 @@ def test_cluster_results_100x30_no_color(snap_compare, make, monkeypatch):
 
 async def _first_tick(pilot):
     await wait_for(pilot, lambda: pilot.app.screen.ticks >= 1)
-    await pilot.pause(0.1)
-    await _charts_built(pilot)
+    await _charts_built(pilot)  # and the tables measured
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36), (200, 60)], ids=["80x24", "120x36", "200x60"])

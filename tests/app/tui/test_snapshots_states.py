@@ -16,7 +16,7 @@ import pytest
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
-from tests.app.tui.conftest import RecordedEngine, wait_for
+from tests.app.tui.conftest import RecordedEngine, settle, wait_for
 from tests.app.tui.test_snapshots import REPO, ConstantSampler, _charts_built
 
 SIZES = [(80, 24), (120, 36), (200, 60)]
@@ -157,6 +157,6 @@ def test_wizard_step(snap_compare, make, monkeypatch, step, size):
         await wait_for(pilot, lambda: getattr(screen, "STEP", "") == step)
         if step in ("drivers", "environment"):
             await wait_for(pilot, lambda: screen.query_one(FindingsList).row_count > 0)
-        await pilot.pause(0.1)
+        await settle(pilot)  # the device table and findings measured (a fixed pause was short under load)
 
     assert snap_compare(app, terminal_size=size, run_before=to_step)

@@ -143,15 +143,14 @@ def _direct(cluster, node: int, rank: int, world_size: int, port: int, spec: Pat
 
 def test_node_that_never_starts_is_named_within_the_timeout(cluster, setup_dir, world):
     report = setup_dir / "missing.json"
-    started = time.monotonic()
+    # finish() kills a rank still running after 60 s (rc -9): an exit 1 is the join timeout's own
+    # verdict, not gloo's 30 minutes, whatever the machine's speed.
     procs = [_direct(cluster, i, i, 3, 29600, setup_dir / "cluster.json",
                      ["--join-timeout", "4", "--report", str(report), "--no-sweep"]) for i in (0, 1)]
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs, timeout=60)
-    elapsed = time.monotonic() - started
     assert rc0 == 1, out0 + err0
     assert "rank 2 (node c, 10.77.0.3) never joined within 4 s" in out0
     assert rc1 == 1 and "rank 2 (node c, 10.77.0.3) never joined within 4 s" in err1
-    assert elapsed < 4 + 30  # the join timeout plus interpreter start-up, not gloo's 30 minutes
     data = json.loads(report.read_text())
     assert data["ok"] is False
     [finding] = [f for f in data["findings"] if f["status"] == "fail"]
@@ -204,12 +203,10 @@ def test_torchrun_closes_the_rendezvous_and_names_the_absent_node_with_its_reaso
     nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
     assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--node-interface", "c=ens5",
                      "--python", sys.executable, "--join-timeout", "6", "--master-port", "29800", "-o", str(out)]) == 0
-    started = time.monotonic()
     procs = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "16K", "--report", str(out / "r.json")],
                            env=_env()) for i, n in enumerate(NODES)]
     results = finish(procs, timeout=90)
-    assert [rc for rc, _, _ in results] == [1, 1, 1], results
-    assert time.monotonic() - started < 6 + 60
+    assert [rc for rc, _, _ in results] == [1, 1, 1], results  # every node ended by itself (finish kills at 90 s: -9)
     fix = "NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: export NCCL_SOCKET_IFNAME=eth0"
     _, out_c, err_c = results[2]
     assert out_c == "" and err_c.splitlines() == [f"hwtui: node c cannot join: {fix}",
