@@ -158,7 +158,13 @@ class PlotChart(PlotextPlot):
     def _build_worker(self, key: tuple[Any, ...]) -> None:
         _version, width, height, theme = key
         started, cpu = time.monotonic(), time.thread_time()
-        text = self._build(width, height, theme)
+        try:
+            text = self._build(width, height, theme)
+        except Exception as exc:  # noqa: BLE001 - a chart that cannot draw says so; it never freezes
+            # Without this the worker died silently (exit_on_error=False) with _building still
+            # set, and the chart never built again: frozen on old data for the rest of the run.
+            text = Text(f"{self.summary()}\n(chart not drawn: {type(exc).__name__}: {exc})"[:2000],
+                        no_wrap=True, overflow="ellipsis")
         console = self.app.console
         options = console.options.update(width=width, height=height, no_wrap=True, overflow="crop")
         strips = [Strip(line, width) for line in console.render_lines(text, options, pad=True)]

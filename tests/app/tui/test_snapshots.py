@@ -65,7 +65,9 @@ async def _charts_built(pilot) -> None:
         charts = [c for c in pilot.app.screen.query(PlotChart) if c.display and c.size.area]
         return all(not c.pending and (not c.BUILD_IN_THREAD or c._built_key == c._key()) for c in charts)
 
-    await wait_for(pilot, built)
+    # Bounded, and generous: the chart's CPU budget (plot_chart.CPU_BUDGET, 0.6 % of a core) spaces
+    # builds by their cost / budget, so a 0.1 s build on a loaded box holds the next one ~17 s.
+    await wait_for(pilot, built, timeout=90)
     await settle(pilot)
 
 
