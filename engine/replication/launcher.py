@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from hwtui.core.events import ErrorEvent, Event, LogEvent
 from hwtui.core.net import free_loopback_port
 from hwtui.core.private_file import create_private
 from hwtui.core.supervisor import Child, Group, python_module
+from hwtui.engine.rank_fork import preload_for_ranks
 from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
 from hwtui.engine.replication.coordinator import Coordinator, RankResult, failure_text
@@ -51,6 +53,7 @@ from hwtui.probes.distributed.replication_defaults import (
     MAX_TIMEOUT_S,
 )
 
+log = logging.getLogger(__name__)
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
 # hand-off, and many small concurrent broadcasts cost more in contention than they win in overlap
@@ -398,6 +401,10 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
     # SIGKILLed: its ranks died with it) goes now; a live run's is locked and stays.
     base = shm_dir(opts.env)
     sweep_dead_run_dirs(base)
+    # One `import torch` here, forked into every rank, instead of one per rank (engine/rank_fork.py).
+    # Before any thread of ours starts: a process with threads is never forked.
+    if (why := preload_for_ranks(opts.device, opts.env)) is not None:
+        log.debug("ranks are exec'd: %s", why)
     try:
         with Group() as group:
             children: dict[int, Child] = {}
@@ -408,7 +415,9 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                 children[rank] = group.add(Child(
                     python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
                     name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
-                    stdout="null", stderr="inherit"))
+                    stdout="null", stderr="inherit", fork=True))
+                if children[rank].fork_refusal is not None:
+                    log.debug("rank %d exec'd: %s", rank, children[rank].fork_refusal)
             return Monitor(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch).watch()
     finally:
         # Every rank has exited or was terminated with its group, so its staging directory's lock
