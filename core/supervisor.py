@@ -259,7 +259,7 @@ class Child:
         for i, ours in parent_ends:
             raw: IO[Any] = os.fdopen(ours, "wb" if i == 0 else "rb")
             if self._text:
-                raw = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", line_buffering=(i == 0))  # type: ignore[arg-type]
+                raw = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", line_buffering=(i == 0))
             setattr(proc, ("stdin", "stdout", "stderr")[i], raw)
         return proc
 

@@ -15,9 +15,9 @@ own view (the commit vote is still world-wide).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-import logging
 import threading
 import time
 from collections.abc import Callable
