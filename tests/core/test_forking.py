@@ -18,7 +18,8 @@ def drive(case: str, **env: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "tests.core.fork_driver", case], capture_output=True, text=True,
                           timeout=120, env={**os.environ, **env}, check=False)
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
 
 
 def test_a_forked_child_has_its_own_session_env_and_only_its_own_fds() -> None:
