@@ -15,7 +15,6 @@ own view (the commit vote is still world-wide).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -53,7 +52,6 @@ from hwtui.probes.distributed.replication_defaults import (
     MAX_TIMEOUT_S,
 )
 
-log = logging.getLogger(__name__)
 MB = 1 << 20
 # At most 64 MiB per collective: on gloo over loopback every collective costs setup and thread
 # hand-off, and many small concurrent broadcasts cost more in contention than they win in overlap
@@ -404,7 +402,7 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
     # One `import torch` here, forked into every rank, instead of one per rank (engine/rank_fork.py).
     # Before any thread of ours starts: a process with threads is never forked.
     if (why := preload_for_ranks(opts.device, opts.env)) is not None:
-        log.debug("ranks are exec'd: %s", why)
+        coord.sink(LogEvent(message=f"ranks are exec'd, not forked: {why}", level="debug", source="replication.launch"))
     try:
         with Group() as group:
             children: dict[int, Child] = {}
@@ -416,8 +414,9 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                     python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
                     name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
                     stdout="null", stderr="inherit", fork=True))
-                if children[rank].fork_refusal is not None:
-                    log.debug("rank %d exec'd: %s", rank, children[rank].fork_refusal)
+                if why is None and children[rank].fork_refusal is not None:
+                    coord.sink(LogEvent(message=f"rank {rank} is exec'd, not forked: {children[rank].fork_refusal}",
+                                        level="debug", source="replication.launch"))
             return Monitor(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch).watch()
     finally:
         # Every rank has exited or was terminated with its group, so its staging directory's lock
