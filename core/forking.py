@@ -79,6 +79,8 @@ def preload(modules: Sequence[str], *, import_env_prefixes: Sequence[str] = (), 
     global _preloaded, _preload_error, _import_env_prefixes, _import_env, _after_fork, _fork_ok, _import_env_except
     if not enabled_by_env():
         return refusal()
+    if _preloaded:
+        return refusal()  # imported already: keep the environment of that import, not today's
     if thread_count() > 1:
         _preload_error = f"the launcher already has {thread_count()} threads before the preload"
         return _preload_error
