@@ -31,6 +31,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def torch_loaded(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def wait_for(cond, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -50,8 +57,10 @@ def test_sigkill_of_the_launcher_takes_every_rank(tmp_path: Path, fork: str) -> 
     try:
         ranks = wait_for(lambda: (c := children_of(launcher.pid)) and len(c) == 3 and c, 120, "3 ranks")
         cmd = Path(f"/proc/{launcher.pid}/cmdline").read_bytes()
+        # Settled: torch is mapped (an exec'd rank has exec'd by then) and setsid is done.
+        wait_for(lambda: all(torch_loaded(p) for p in ranks), 120, "torch in every rank")
+        wait_for(lambda: all(os.getsid(p) == p for p in ranks), 60, "each rank in its own session")
         for pid in ranks:
-            assert os.getsid(pid) == pid  # each in its own session
             # A forked rank keeps the launcher's command line; an exec'd one is `-m ...worker`.
             assert (Path(f"/proc/{pid}/cmdline").read_bytes() == cmd) == (fork == "1")
         launcher.send_signal(signal.SIGKILL)
