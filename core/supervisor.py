@@ -21,6 +21,7 @@ the same things, and each used to write them itself:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import selectors
@@ -33,6 +34,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from hwtui.core import forking
 
 # A message line longer than this is dropped (and counted): no JSON message hwtui sends comes near.
 MAX_LINE_BYTES = 16 << 20
@@ -163,7 +166,7 @@ class Child:
 
     def __init__(self, argv: Sequence[str], *, name: str = "", env: Mapping[str, str] | None = None,
                  answer_pipe: bool = False, stdout: str = "null", stderr: str = "pipe",
-                 cwd: str | None = None, text: bool = False, stdin: str = "null"):
+                 cwd: str | None = None, text: bool = False, stdin: str = "null", fork: bool = False):
         self.name = name or Path(argv[0]).name
         self._argv = list(argv)
         self._env = env
@@ -173,7 +176,12 @@ class Child:
         self._stderr = stderr
         self._cwd = cwd
         self._text = text
-        self.proc: subprocess.Popen[Any] | None = None
+        self.proc: subprocess.Popen[Any] | forking.ForkedProc | None = None
+        # fork=True: fork from this (preloaded) process instead of exec when core.forking allows;
+        # why it did not is kept here (None: forked, or fork not asked).
+        self._fork = fork
+        self.fork_refusal: str | None = None
+        self.forked = False
         self.answer_fd: int | None = None  # parent's read end
         self.reader = LineReader()
         self.stopped = False
@@ -188,6 +196,22 @@ class Child:
         if self._answer_pipe:
             self.answer_fd, wfd = os.pipe()
             argv = [a.replace("{answer_fd}", str(wfd)) for a in argv]
+        if self._fork:
+            env = child_env(self._env)
+            self.fork_refusal = forking.refusal(argv, env)
+            if self.fork_refusal is None:
+                try:
+                    self.proc = self._start_forked(argv, env, wfd)
+                    self.forked = True
+                    return self
+                except BaseException:
+                    if self.answer_fd is not None:
+                        os.close(self.answer_fd)
+                        self.answer_fd = None
+                    raise
+                finally:
+                    if wfd is not None:
+                        os.close(wfd)
         kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
@@ -204,6 +228,40 @@ class Child:
             if wfd is not None:
                 os.close(wfd)
         return self
+
+    def _start_forked(self, argv: list[str], env: dict[str, str], wfd: int | None) -> forking.ForkedProc:
+        """The fork path of start(): the same fds, session and environment an exec'd child gets."""
+        child_fds: list[int | None] = []
+        parent_ends: list[tuple[int, int]] = []  # (stdio index, our end of its pipe)
+        to_close: list[int] = []
+        try:
+            for i, how in enumerate((self._stdin, self._stdout, self._stderr)):
+                if how == "inherit":
+                    child_fds.append(None)
+                elif how == "null":
+                    fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                    to_close.append(fd)
+                    child_fds.append(fd)
+                else:
+                    r, w = os.pipe2(os.O_CLOEXEC)
+                    theirs, ours = (r, w) if i == 0 else (w, r)
+                    to_close.append(theirs)
+                    parent_ends.append((i, ours))
+                    child_fds.append(theirs)
+            proc = forking.fork_module(argv, env=env, cwd=self._cwd, stdio=(child_fds[0], child_fds[1], child_fds[2]), keep_fd=wfd)
+        except BaseException:
+            for _, ours in parent_ends:
+                os.close(ours)
+            raise
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        for i, ours in parent_ends:
+            raw: IO[Any] = os.fdopen(ours, "wb" if i == 0 else "rb")
+            if self._text:
+                raw = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", line_buffering=(i == 0))
+            setattr(proc, ("stdin", "stdout", "stderr")[i], raw)
+        return proc
 
     @property
     def pid(self) -> int:

@@ -16,6 +16,12 @@ import pytest
 ROOT = str(Path(__file__).resolve().parent.parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
 
+# numpy with a one-thread BLAS pool, so that this process (single-threaded without xdist) may fork
+# the ranks the engine tests launch in-process (hwtui.core.forking never forks a threaded process).
+from hwtui.engine.rank_fork import quiet_numpy  # noqa: E402
+
+quiet_numpy()
+
 
 # -- the order modules are handed to xdist's workers ------------------------------------------------
 # `make test` runs `-n 3 --dist loadscope --no-loadscope-reorder`: a module's tests stay on one

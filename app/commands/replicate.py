@@ -128,6 +128,8 @@ class Printer:
                 return
 
     def _log(self, ev: LogEvent) -> None:
+        if ev.level == "debug" and not self.verbose:
+            return  # e.g. why ranks were exec'd rather than forked: -v shows it
         self._info(ev.message)
 
     def _start(self, ev: ReplStart) -> None:

@@ -28,6 +28,7 @@ from hwtui.core.events import ErrorEvent, Event, LogEvent
 from hwtui.core.net import free_loopback_port
 from hwtui.core.private_file import create_private
 from hwtui.core.supervisor import Child, Group, python_module
+from hwtui.engine.rank_fork import preload_for_ranks
 from hwtui.engine.replication.commit import OutLock, ServedDir, read_decision
 from hwtui.engine.replication.config import Timeouts, WorkerConfig
 from hwtui.engine.replication.coordinator import Coordinator, RankResult, failure_text
@@ -398,6 +399,10 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
     # SIGKILLed: its ranks died with it) goes now; a live run's is locked and stays.
     base = shm_dir(opts.env)
     sweep_dead_run_dirs(base)
+    # One `import torch` here, forked into every rank, instead of one per rank (engine/rank_fork.py).
+    # Before any thread of ours starts: a process with threads is never forked.
+    if (why := preload_for_ranks(opts.device, opts.env)) is not None:
+        coord.sink(LogEvent(message=f"ranks are exec'd, not forked: {why}", level="debug", source="replication.launch"))
     try:
         with Group() as group:
             children: dict[int, Child] = {}
@@ -408,7 +413,10 @@ def _run_local(cfg_base: WorkerConfig, world: int, coord: Coordinator, stopper: 
                 children[rank] = group.add(Child(
                     python_module("hwtui.engine.replication.worker", "{answer_fd}", cfg.to_json()),
                     name=f"rank {rank}", env=_worker_env(opts, rank, world, port), answer_pipe=True,
-                    stdout="null", stderr="inherit"))
+                    stdout="null", stderr="inherit", fork=True))
+                if why is None and children[rank].fork_refusal is not None:
+                    coord.sink(LogEvent(message=f"rank {rank} is exec'd, not forked: {children[rank].fork_refusal}",
+                                        level="debug", source="replication.launch"))
             return Monitor(group, children, coord, stopper, cfg_base.timeouts, phases, t_launch).watch()
     finally:
         # Every rank has exited or was terminated with its group, so its staging directory's lock

@@ -1,0 +1,289 @@
+"""Start ``python -m module`` children by forking a launcher that already imported the heavy modules.
+
+Every rank is ``python -m hwtui.engine.<...>.worker``: a fresh interpreter whose first act is
+``import torch`` (0.75-1 s of CPU here). N ranks paid N imports. Instead the launcher imports the
+engine's preload list once (:func:`preload`) while it is still single-threaded, and
+:class:`~hwtui.core.supervisor.Child` forks each rank from it and runs the module as ``__main__``
+in the fork. The rank stays the launcher's own child (waitpid, exit status and signals are as with
+exec), gets its own session, its answer pipe and stdio on the same fds an exec'd child gets, its
+own environment, and nothing else of the launcher's: every other fd is closed, signal handlers,
+the signal mask and atexit are reset, and it ends with ``os._exit``.
+
+Why fork rather than a zygote process relaying exit statuses over a socket: the ranks stay plain
+children, so every guarantee of :class:`Child` (group signals, exit_text, PDEATHSIG on the
+launcher) holds unchanged, with no second protocol and no fd passing to get wrong.
+
+A fork is refused (and the child exec'd as before, the reason kept in :func:`refusal`) when:
+* ``HWTUI_FORK_RANKS=0`` in the environment;
+* nothing was preloaded (no gain), or the preload failed;
+* the process has another thread, Python's or native (``/proc/self/task``): a fork copies only
+  the calling thread, and a lock another thread held would stay locked in the child forever;
+* the child's interpreter is not ours, or an environment variable that the preloaded modules read
+  at import time (the engine names their prefixes) differs between us and the child: those values
+  were fixed by our import and the child would silently run with ours;
+* the engine's ``fork_ok`` predicate says no (the engine checks that no device runtime is
+  initialised: CUDA must never be touched before a fork).
+
+core never imports torch: the engine passes module names and callables.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+
+ENV_SWITCH = "HWTUI_FORK_RANKS"
+
+_preloaded: tuple[str, ...] = ()
+_preload_error: str | None = None
+_import_env_prefixes: tuple[str, ...] = ()
+_import_env_except: frozenset[str] = frozenset()
+_import_env: dict[str, str] = {}
+_after_fork: Callable[[], None] | None = None
+_fork_ok: Callable[[], str | None] | None = None
+
+
+def enabled_by_env(env: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if env is None else env).get(ENV_SWITCH, "1").strip().lower() not in ("0", "no", "false", "off")
+
+
+def thread_count() -> int:
+    """Threads of this process, native ones included (Python's ``threading`` sees only its own)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def preload(modules: Sequence[str], *, import_env_prefixes: Sequence[str] = (), import_env_except: Sequence[str] = (),
+            quiet_env: Mapping[str, str] | None = None, after_fork: Callable[[], None] | None = None,
+            fork_ok: Callable[[], str | None] | None = None) -> str | None:
+    """Import ``modules`` once so forked children share them; returns why forking is off, or None.
+
+    ``quiet_env`` is set in our environment for the import only where unset (e.g.
+    ``OPENBLAS_NUM_THREADS=1``: numpy's BLAS otherwise starts a thread pool at import, and a
+    process with threads is never forked). ``after_fork`` runs in each child once its environment
+    is in place (re-applying what the import read, e.g. the intra-op thread count).
+    """
+    global _preloaded, _preload_error, _import_env_prefixes, _import_env, _after_fork, _fork_ok, _import_env_except
+    if not enabled_by_env():
+        return refusal()
+    if _preloaded:
+        return refusal()  # imported already: keep the environment of that import, not today's
+    if thread_count() > 1:
+        _preload_error = f"the launcher already has {thread_count()} threads before the preload"
+        return _preload_error
+    set_here = [k for k in (quiet_env or {}) if k not in os.environ]
+    try:
+        for k in set_here:
+            os.environ[k] = (quiet_env or {})[k]
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - a broken install: ranks exec and report it themselves
+        _preload_error = f"preloading failed ({type(exc).__name__}: {exc})"
+        return _preload_error
+    finally:
+        for k in set_here:
+            os.environ.pop(k, None)
+    _preloaded = tuple(modules)
+    _import_env_prefixes = tuple(import_env_prefixes)
+    _import_env_except = frozenset(import_env_except)
+    _import_env = _env_with_prefixes(os.environ)
+    _after_fork, _fork_ok = after_fork, fork_ok
+    return refusal()
+
+
+def _env_with_prefixes(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_import_env_prefixes) and k not in _import_env_except}
+
+
+def refusal(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """Why a child with this argv and env would be exec'd rather than forked (None: it is forked)."""
+    if not enabled_by_env() or (env is not None and not enabled_by_env(env)):
+        return f"{ENV_SWITCH}=0"
+    if _preload_error is not None:
+        return _preload_error
+    if not _preloaded:
+        return "nothing was preloaded"
+    if (n := thread_count()) > 1:
+        return f"the launcher has {n} threads (a fork copies only one)"
+    if argv is not None and (len(argv) < 3 or argv[1] != "-m" or os.path.realpath(argv[0]) != os.path.realpath(sys.executable)):
+        return "the child is not `python -m` with this interpreter"
+    if env is not None:
+        theirs = _env_with_prefixes(env)
+        diff = sorted(k for k in set(theirs) | set(_import_env) if theirs.get(k) != _import_env.get(k))
+        if diff:
+            return f"the child's {', '.join(diff)} differ from the preloaded import's"
+    if _fork_ok is not None and (why := _fork_ok()) is not None:
+        return why
+    return None
+
+
+def reset_for_tests() -> None:
+    global _preloaded, _preload_error, _import_env_prefixes, _import_env, _after_fork, _fork_ok, _import_env_except
+    _preloaded, _preload_error, _import_env_prefixes, _import_env, _after_fork, _fork_ok = (), None, (), {}, None, None
+    _import_env_except = frozenset()
+
+
+class ForkedProc:
+    """The parent's handle on a forked child, with the part of ``subprocess.Popen`` hwtui uses."""
+
+    def __init__(self, pid: int, args: Sequence[str]):
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags: int) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:
+                self.returncode = self.returncode if self.returncode is not None else 255
+                return self.returncode
+            if pid == 0:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)  # -N when killed by signal N, as Popen
+            return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            code = self._reap(0)
+            assert code is not None
+            return code
+        deadline = time.monotonic() + timeout
+        pidfd = -1
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(self.pid)
+        try:
+            while (code := self.poll()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.01))
+            return code
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+
+
+def _null_fd(flags: int) -> int:
+    return os.open(os.devnull, flags)
+
+
+def fork_module(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stdio: tuple[int | None, int | None, int | None],
+                keep_fd: int | None) -> ForkedProc:
+    """Fork a child that runs ``argv`` (``python -m module args``) in this interpreter.
+
+    ``stdio``: for fd 0, 1, 2 the fd to put there (``None``: inherit ours). ``keep_fd`` (the answer
+    pipe's write end) stays open at its number; every other fd is closed in the child.
+    """
+    module, args = argv[2], list(argv[3:])
+    # Buffered output of ours must not be written twice (once by us, once by the child's flush).
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedProc(pid, argv)
+    # The child. Nothing here may return into the launcher's stack: every path ends in os._exit.
+    code = 1
+    try:
+        _become_child(module, args, env, cwd, stdio, keep_fd)
+        code = _run_main(module, args)
+    except BaseException:  # noqa: BLE001 - set-up failed: say so on stderr, exit 1
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str | None,
+                  stdio: tuple[int | None, int | None, int | None], keep_fd: int | None) -> None:
+    os.setsid()
+    # Signals as a fresh interpreter has them: our handlers (the launcher's Stop) must not run here.
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as CPython's start-up sets it
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    atexit._clear()  # the launcher's exit handlers are not the child's
+    # stdio: dup2 onto 0-2, after moving the kept fd out of the way if it sits there.
+    if keep_fd is not None and keep_fd < 3:
+        keep_fd = os.dup(keep_fd)  # pragma: no cover - only when the launcher runs with 0-2 closed
+    for target, src in enumerate(stdio):
+        if src is not None and src != target:
+            os.dup2(src, target)
+    if keep_fd is not None:
+        os.set_inheritable(keep_fd, True)  # as Popen's pass_fds: a process the child execs keeps it
+    keep = {0, 1, 2} | ({keep_fd} if keep_fd is not None else set())
+    # Close everything else of the launcher's: its pipes to other ranks, sockets, selectors.
+    for fd in sorted(_open_fds() - keep):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if cwd is not None:
+        os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)  # putenv too: C code (gloo, torch.distributed) reads these
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    if _after_fork is not None:
+        _after_fork()
+
+
+def _open_fds() -> set[int]:
+    try:
+        return {int(n) for n in os.listdir("/proc/self/fd")}
+    except OSError:  # pragma: no cover - no /proc: close a generous range
+        return set(range(3, 4096))
+
+
+def _run_main(module: str, args: list[str]) -> int:
+    """Run ``module`` as ``__main__`` the way ``python -m`` does; its exit code."""
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # As CPython: die of SIGINT so the parent sees how it ended.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130  # pragma: no cover
+    except BaseException:  # noqa: BLE001 - an uncaught exception: traceback on stderr, status 1
+        traceback.print_exc()
+        return 1
+    finally:
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()  # the child's own (registered after the fork); ours were cleared
+    return 0

@@ -1,0 +1,51 @@
+"""A launcher for tests/core/test_forking.py, run as its own (single-threaded) process.
+
+``python -m tests.core.fork_driver CASE``: preloads, starts tests.core.fork_probe with fork=True
+the way a rank launcher does, prints one JSON line with what the child reported and how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+from hwtui.core import forking
+from hwtui.core.supervisor import Child, Group, exit_text, python_module
+
+
+def main() -> None:
+    case = sys.argv[1]
+    how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
+    forking.preload(["json"], import_env_prefixes=("ZYG_",))
+    leak = os.open(os.devnull, os.O_RDONLY)  # the launcher's own fd: must not reach the child
+    os.set_inheritable(leak, True)
+    env = {**os.environ, "RANK": "7"}
+    if case == "env_mismatch":
+        env["ZYG_IMPORT_TIME"] = "child"
+    stop = threading.Event()
+    if case == "thread":
+        threading.Thread(target=stop.wait, daemon=True).start()
+    child = Child(python_module("tests.core.fork_probe", "{answer_fd}", how), name="probe", env=env,
+                  answer_pipe=True, stdout="null", stderr="null", fork=True)
+    out: dict[str, object] = {"driver_pid": os.getpid(), "driver_pgid": os.getpgid(0), "leak_fd": leak}
+    with Group() as group:
+        group.add(child)
+        report = None
+        for _ in range(600):  # bounded: 60 s
+            for m in group.poll(0.1):
+                if m.msg is not None:
+                    report = m.msg
+            if not group.open_pipes:
+                break
+        if case == "hang":
+            out["terminate"] = child.terminate(grace_s=10.0)
+        code = child.wait(timeout=60)
+    stop.set()
+    out.update(forked=child.forked, refusal=child.fork_refusal, report=report, code=code, text=exit_text(code))
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""A child for tests/core/test_forking.py: reports what it sees on its answer pipe, then ends as told."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+
+def main() -> None:
+    fd, how = int(sys.argv[1]), sys.argv[2]
+    fds = []
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            os.readlink(f"/proc/self/fd/{n}")  # listdir's own fd is gone by now
+        except OSError:
+            continue
+        fds.append(int(n))
+    fds.sort()
+    report = {"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0), "ppid": os.getppid(),
+              "rank": os.environ.get("RANK"), "fds": fds, "answer_fd": fd, "argv": sys.argv,
+              "threads": threading.active_count(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
+    os.write(fd, (json.dumps(report) + "\n").encode())
+    if how == "hang":
+        os.close(fd)  # the parent sees the pipe close, then stops us
+        signal.pause()
+    elif how == "raise":
+        raise RuntimeError("boom")
+    sys.exit(int(how))
+
+
+if __name__ == "__main__":
+    main()

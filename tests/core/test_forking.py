@@ -1,0 +1,65 @@
+"""core.forking: children forked from a preloaded launcher get what an exec'd child gets.
+
+Each case runs tests/core/fork_driver.py as its own process: pytest's own process may have
+threads (xdist), and a process with threads is never forked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def drive(case: str, **env: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.core.fork_driver", case], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **env}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out: dict = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_a_forked_child_has_its_own_session_env_and_only_its_own_fds() -> None:
+    out = drive("exit3")
+    assert out["forked"] is True and out["refusal"] is None
+    r = out["report"]
+    assert r["pid"] == r["pgid"] == r["sid"] != out["driver_pgid"]  # its own session and group
+    assert r["ppid"] == out["driver_pid"]  # the launcher's own child: waitpid works
+    assert r["rank"] == "7"
+    assert r["fds"] == sorted({0, 1, 2, r["answer_fd"]})  # the launcher's own fd (leak_fd) is not there
+    assert r["threads"] == 1 and r["sigterm_default"] is True
+    assert r["argv"][0].endswith("fork_probe.py")  # as `python -m` sets it
+    assert (out["code"], out["text"]) == (3, "exited with status 3")
+
+
+def test_terminate_reaches_a_forked_child_and_says_it_was_killed_by_sigterm() -> None:
+    out = drive("hang")
+    assert out["forked"] is True
+    assert out["terminate"] == -15 and out["text"] == "was killed by SIGTERM"
+
+
+def test_an_uncaught_exception_exits_1_as_python_does() -> None:
+    out = drive("raise")
+    assert out["forked"] is True and (out["code"], out["text"]) == (1, "exited with status 1")
+
+
+def test_a_launcher_with_a_thread_execs_instead_and_says_why() -> None:
+    out = drive("thread")
+    assert out["forked"] is False and "threads" in out["refusal"]
+    assert out["report"]["rank"] == "7" and out["code"] == 0  # exec'd, and it still ran
+
+
+def test_an_import_time_variable_that_differs_makes_the_child_exec() -> None:
+    out = drive("env_mismatch")
+    assert out["forked"] is False and "ZYG_IMPORT_TIME" in out["refusal"]
+    assert out["code"] == 0
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_the_switch_restores_exec_for_everyone(value: str) -> None:
+    out = drive("exit3", HWTUI_FORK_RANKS=value)
+    assert out["forked"] is False and "HWTUI_FORK_RANKS" in out["refusal"]
+    assert out["code"] == 3
