@@ -150,30 +150,41 @@ def render(steps: list[Step], *, paths: Mapping[int, str] | None = None, total_b
     lines = ["timeline (ms from the first step; per phase: busy ms summed over buckets, and first start-last end):"]
     for rank in sorted(sums):
         mine = [s for s in steps if s.rank == rank]
-        path = (paths or {}).get(rank, "?")
-        parts = []
-        for phase in sorted(sums[rank], key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else 99):
-            ph = [s for s in mine if s.phase == phase]
-            busy = _union([(s.start, s.end) for s in ph])
-            parts.append(f"{phase} {sums[rank][phase] * 1000:.0f}"
-                         + (f" (union {busy * 1000:.0f})" if abs(busy - sums[rank][phase]) > 0.002 else "")
-                         + f" [{ms(min(s.start for s in ph)):.0f}-{ms(max(s.end for s in ph)):.0f}]")
-        span = max(s.end for s in mine) - min(s.start for s in mine)
-        rate = f", {total_bytes / span / 1e9:.2f} GB/s" if total_bytes and span > 0 else ""
-        c = (cpu or {}).get(rank) or {}
-        cpu_txt = f"; cpu {c['process_s']:.2f} s" if _num(c.get("process_s")) is not None else ""
-        lines.append(f"  rank {rank} {path:9} {span * 1000:6.0f} ms{rate}: {', '.join(parts)}{cpu_txt}")
-    host = [c for c in (cpu or {}).values() if _num(c.get("host_busy_s")) is not None and _num(c.get("wall_s"))]
+        lines.append(_rank_line(rank, mine, sums[rank], (paths or {}).get(rank, "?"), total_bytes,
+                                (cpu or {}).get(rank) or {}, ms))
+    host = _host_line(cpu or {})
     if host:
-        h = max(host, key=lambda c: float(c["wall_s"]))
-        cores = int(h.get("cores") or 1)
-        lines.append(f"  host: {float(h['host_busy_s']):.2f} busy core-seconds of {cores} x {float(h['wall_s']):.2f} s "
-                     f"during the longest transfer ({100 * float(h['host_busy_s']) / (cores * float(h['wall_s'])):.0f}% "
-                     f"of the cores; hwtui's ranks {sum(float(c.get('process_s') or 0) for c in (cpu or {}).values()):.2f} "
-                     "of them, the rest other work and the kernel's network softirqs)")
+        lines.append(host)
     if per_bucket:
         lines.extend(_bucket_table(steps, ms))
     return "\n".join(lines)
+
+
+def _rank_line(rank: int, mine: list[Step], sums: Mapping[str, float], path: str, total_bytes: int,
+               c: Mapping[str, Any], ms: Any) -> str:
+    parts = []
+    for phase in sorted(sums, key=lambda p: PHASE_ORDER.index(p) if p in PHASE_ORDER else 99):
+        ph = [s for s in mine if s.phase == phase]
+        busy = _union([(s.start, s.end) for s in ph])
+        parts.append(f"{phase} {sums[phase] * 1000:.0f}"
+                     + (f" (union {busy * 1000:.0f})" if abs(busy - sums[phase]) > 0.002 else "")
+                     + f" [{ms(min(s.start for s in ph)):.0f}-{ms(max(s.end for s in ph)):.0f}]")
+    span = max(s.end for s in mine) - min(s.start for s in mine)
+    rate = f", {total_bytes / span / 1e9:.2f} GB/s" if total_bytes and span > 0 else ""
+    cpu_txt = f"; cpu {c['process_s']:.2f} s" if _num(c.get("process_s")) is not None else ""
+    return f"  rank {rank} {path:9} {span * 1000:6.0f} ms{rate}: {', '.join(parts)}{cpu_txt}"
+
+
+def _host_line(cpu: Mapping[int, Mapping[str, Any]]) -> str | None:
+    host = [c for c in cpu.values() if _num(c.get("host_busy_s")) is not None and _num(c.get("wall_s"))]
+    if not host:
+        return None
+    h = max(host, key=lambda c: float(c["wall_s"]))
+    cores = int(h.get("cores") or 1)
+    return (f"  host: {float(h['host_busy_s']):.2f} busy core-seconds of {cores} x {float(h['wall_s']):.2f} s "
+            f"during the longest transfer ({100 * float(h['host_busy_s']) / (cores * float(h['wall_s'])):.0f}% "
+            f"of the cores; hwtui's ranks {sum(float(c.get('process_s') or 0) for c in cpu.values()):.2f} "
+            "of them, the rest other work and the kernel's network softirqs)")
 
 
 def _bucket_table(steps: list[Step], ms: Any) -> list[str]:

@@ -120,75 +120,86 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         k = self.settings.window
         device, comm = self.settings.device, self.comm_device()
         if self.rank == SRC:
-            self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io)
-            needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
-            self._sources.warm(comm)  # the reader's pinned ring, before the clock starts
-            if SRC in self.leader_files:
-                # The "shm" path: a staging copy in shared memory with the receivers' own layout,
-                # which they map and copy from (removed after the vote, on every error path, and by
-                # the launcher after a SIGKILL).
-                self.shm_file = self.leader_files[SRC]
-                self.published = Staging(plan["tensors"], {"format": "pt"}, file=self.shm_file, first=stream_order(plan),
-                                         header=self.source_header)
-                self.faults.at_phase("setup")
+            needs_pool = self._setup_source(plan, comm, n)
         else:
-            file: Any = self.served.staging_file(plan["version"]) if self.served else None
-            shared, self._shared = self._shared, None
-            shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
-            self.shared_staging = shared_buf is not None
-            leads_from_shared = shared_buf is not None and self.rank in self.leader_files
-            if leads_from_shared:
-                self.shm_file = shared.path if shared is not None else None  # its followers read it (data at 0)
-            elif file is None and self.rank in self.leader_files:
-                file = self.shm_file = self.leader_files[self.rank]  # its followers map it
-            if shared is not None and not leads_from_shared:
-                shared.discard()  # not a leader: the file goes (idempotent), the memory stays this rank's
-            # hwtui's own facts (model, version, plan digest) live beside the replica in its
-            # manifest.json, never inside it: the file is the source's, byte for byte, when the
-            # version is one safetensors file, else a plain safetensors file of the same tensors.
-            prefault, self._prefault = self._prefault, None
-            if self.staging_factory is not None:
-                self.staging = self.staging_factory(plan["tensors"], {"format": "pt"}, device=device, file=file,
-                                                    first=stream_order(plan), header=self.source_header)
-            else:
-                buffer = prefault.take(float(self.cfg.timeouts.init)) \
-                    if prefault is not None and file is None else shared_buf
-                made, self._prefault_file = self._prefault_file, None
-                reuse = made is not None and made.take(float(self.cfg.timeouts.init))
-                self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
-                                       first=stream_order(plan), header=self.source_header, buffer=buffer,
-                                       reuse_file=reuse)
-                if leads_from_shared and getattr(self.staging, "_anon", None) is not shared_buf:
-                    # Its followers read the shared file: the copy must be that memory, or they
-                    # would read zeros (they would fail verification, but say nothing useful).
-                    raise TransportFailure(f"rank {self.rank}: its shared staging memory is smaller than the copy")
-                if reuse and made is not None and not self.staging.preallocated:
-                    self.staging.preallocated = made.preallocated  # reserved by the thread, same size
-            self.phases["populate"] = self._fault_in_leader_copy()
-            # Buckets that are one contiguous range of the staging copy are received straight into it:
-            # no pooled buffer, no unpack copy. The rest go through the pool.
-            self.direct = {}
-            # The ipc path copies device to device whatever the world's backend (gloo): its buckets
-            # land in place too, so prepare does not hash them again on the host.
-            if device == comm or self.paths.get(self.rank, ("", ""))[0] == "ipc":
-                for b in range(n):
-                    region = self.staging.direct_region(plan.bucket_items[b], plan.buckets[b]["size"])
-                    if region is not None:
-                        self.direct[b] = region
-            needs_pool = len(self.direct) < n
-            if self.paths.get(self.rank, ("", ""))[0] == "same-host":
-                # Mapped (and pre-populated) before the start barrier: page-table work is set-up.
-                # Ranks beside the source share its host's cores: their readers take a share each.
-                self._local_reader = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io,
-                                                  devices=max(1, self.cfg.world_size))
-            if comm != "cpu" and self.settings.verify:
-                self.host_pool = BufferPool(k, largest, "cpu", pin=True)
-                self.host_pool.warm(min(k, n))
+            needs_pool = self._setup_receiver(plan, device, comm, n, k, largest)
         if needs_pool:
             self.pool = BufferPool(k, largest, comm)
             self.pool.warm(min(k, n))
         self.phases["setup"] = now() - t
         self.phase("ready")  # set up; the start barrier waits for the others
+
+    def _setup_source(self, plan: Plan, comm: str, n: int) -> bool:
+        """The source's readers (and the shm path's staging copy); whether buckets need a pool."""
+        self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io)
+        needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
+        self._sources.warm(comm)  # the reader's pinned ring, before the clock starts
+        if SRC in self.leader_files:
+            # The "shm" path: a staging copy in shared memory with the receivers' own layout,
+            # which they map and copy from (removed after the vote, on every error path, and by
+            # the launcher after a SIGKILL).
+            self.shm_file = self.leader_files[SRC]
+            self.published = Staging(plan["tensors"], {"format": "pt"}, file=self.shm_file, first=stream_order(plan),
+                                     header=self.source_header)
+            self.faults.at_phase("setup")
+        return needs_pool
+
+    def _setup_receiver(self, plan: Plan, device: str, comm: str, n: int, k: int, largest: int) -> bool:
+        """A receiver's staging copy (shared, prefaulted, a file or memory), the buckets it receives
+        in place, its local reader and host pool; whether the other buckets need a pool."""
+        file: Any = self.served.staging_file(plan["version"]) if self.served else None
+        shared, self._shared = self._shared, None
+        shared_buf = shared.take(float(self.cfg.timeouts.init)) if shared is not None else None
+        self.shared_staging = shared_buf is not None
+        leads_from_shared = shared_buf is not None and self.rank in self.leader_files
+        if leads_from_shared:
+            self.shm_file = shared.path if shared is not None else None  # its followers read it (data at 0)
+        elif file is None and self.rank in self.leader_files:
+            file = self.shm_file = self.leader_files[self.rank]  # its followers map it
+        if shared is not None and not leads_from_shared:
+            shared.discard()  # not a leader: the file goes (idempotent), the memory stays this rank's
+        # hwtui's own facts (model, version, plan digest) live beside the replica in its
+        # manifest.json, never inside it: the file is the source's, byte for byte, when the
+        # version is one safetensors file, else a plain safetensors file of the same tensors.
+        prefault, self._prefault = self._prefault, None
+        if self.staging_factory is not None:
+            self.staging = self.staging_factory(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                                first=stream_order(plan), header=self.source_header)
+        else:
+            buffer = prefault.take(float(self.cfg.timeouts.init)) \
+                if prefault is not None and file is None else shared_buf
+            made, self._prefault_file = self._prefault_file, None
+            reuse = made is not None and made.take(float(self.cfg.timeouts.init))
+            self.staging = Staging(plan["tensors"], {"format": "pt"}, device=device, file=file,
+                                   first=stream_order(plan), header=self.source_header, buffer=buffer,
+                                   reuse_file=reuse)
+            if leads_from_shared and getattr(self.staging, "_anon", None) is not shared_buf:
+                # Its followers read the shared file: the copy must be that memory, or they
+                # would read zeros (they would fail verification, but say nothing useful).
+                raise TransportFailure(f"rank {self.rank}: its shared staging memory is smaller than the copy")
+            if reuse and made is not None and not self.staging.preallocated:
+                self.staging.preallocated = made.preallocated  # reserved by the thread, same size
+        self.phases["populate"] = self._fault_in_leader_copy()
+        # Buckets that are one contiguous range of the staging copy are received straight into it:
+        # no pooled buffer, no unpack copy. The rest go through the pool.
+        self.direct = {}
+        # The ipc path copies device to device whatever the world's backend (gloo): its buckets
+        # land in place too, so prepare does not hash them again on the host.
+        if device == comm or self.paths.get(self.rank, ("", ""))[0] == "ipc":
+            for b in range(n):
+                region = self.staging.direct_region(plan.bucket_items[b], plan.buckets[b]["size"])
+                if region is not None:
+                    self.direct[b] = region
+        needs_pool = len(self.direct) < n
+        if self.paths.get(self.rank, ("", ""))[0] == "same-host":
+            # Mapped (and pre-populated) before the start barrier: page-table work is set-up.
+            # Ranks beside the source share its host's cores: their readers take a share each.
+            self._local_reader = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io,
+                                              devices=max(1, self.cfg.world_size))
+        if comm != "cpu" and self.settings.verify:
+            self.host_pool = BufferPool(k, largest, "cpu", pin=True)
+            self.host_pool.warm(min(k, n))
+        return needs_pool
 
     def transfer(self, plan: Plan) -> None:
         cpu0 = cpu_sample()
