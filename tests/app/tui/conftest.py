@@ -123,5 +123,18 @@ def tables_settled(pilot) -> bool:
 
 async def settle(pilot) -> None:
     """Wait until the screen's tables are measured (see tables_settled); the caller's screenshot
-    (or pilot.pause()) then lays them out."""
+    (or pilot.pause()) then lays them out.
+
+    Then every table's render caches are dropped and it is repainted: a DataTable can keep a line
+    (its header) rendered before its columns were measured under a cache key the measurement does
+    not change, and a loaded run's snapshot once showed the rows measured under a header-wide header
+    (test_wizard_step[detect-200x60], -n 3). A live screen repaints it on its next update; a
+    screenshot taken at this moment must not depend on that."""
+    from textual.widgets import DataTable
+
+    await wait_for(pilot, lambda: tables_settled(pilot))
+    for table in pilot.app.screen.query(DataTable):
+        table._clear_caches()
+        table.refresh()
+    await pilot.pause()
     await wait_for(pilot, lambda: tables_settled(pilot))

@@ -54,10 +54,20 @@ def _start(mode: str, fill: dict[str, str]):
     return start
 
 
+def _logs_at_end(pilot) -> bool:
+    """Every error log on screen has rendered what it was given and, following its end, shows it:
+    a loaded run's [80x24] once showed the log still at the command line, its ERROR lines below."""
+    from hwtui.widgets.error_log import ErrorLog
+
+    logs = [log for log in pilot.app.screen.query(ErrorLog) if log.display and log.size.area]
+    return all(not log._deferred_renders and (not log.auto_scroll or log.scroll_y >= log.max_scroll_y) for log in logs)
+
+
 async def _settle(pilot, run) -> None:
     await pilot.pause(0.2)
     run._paint()
     await pilot.pause(0.1)
+    await wait_for(pilot, lambda: _logs_at_end(pilot))
     await _charts_built(pilot)
 
 
