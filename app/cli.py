@@ -165,7 +165,31 @@ def _tolerant_streams() -> None:
                 pass
 
 
+def _standard_fds() -> None:
+    """Descriptors 0-2 closed at start (`hwtui replicate ... >&-`, a service manager's closed fds):
+    /dev/null goes onto each, and Python's stream for it (None then) is made again.
+
+    Why: print() to a None stdout was an internal error (exit 3) after the work was done; and worse,
+    the next file hwtui opened (a plan, a report, a staging copy) would take the lowest free
+    descriptor, 1, where every child started with "inherit" writes its output."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:  # the lowest free number is fd itself unless a lower one is closed too
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - the process's own stream
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _standard_fds()
     _tolerant_streams()
     argv = list(sys.argv[1:] if argv is None else argv)
     # The first word that names a command is very likely the command (see build_parser), unless

@@ -73,24 +73,30 @@ def test_ctrl_c_during_the_last_push_stops_the_wait_and_keeps_the_report(tmp_pat
         proc = subprocess.Popen([sys.executable, "-m", "hwtui.app", *argv], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        # Each pipe has one reader, a thread of its own (communicate() would race the stderr reader
+        # for the last lines: a loaded run lost the FAILED line that way).
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
-        reader.start()
+        outs: list[str] = []
+        readers = [threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True),  # type: ignore[union-attr]
+                   threading.Thread(target=lambda: outs.extend(iter(proc.stdout.readline, "")), daemon=True)]  # type: ignore[union-attr]
+        for r in readers:
+            r.start()
         try:
             # Training is over and the command says it waits for the final push, which an agent holds.
             _wait("the waiting line", lambda: any("waiting for the push of" in ln for ln in lines), proc)
             assert any(s.held.is_set() for s in stalls)
             proc.send_signal(signal.SIGINT)
-            out = proc.communicate(timeout=60)[0]  # the dripped answer would take 14 hours
+            proc.wait(timeout=60)  # the dripped answer would take 14 hours
         finally:
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate()
-            reader.join(10)
+                proc.wait(30)
+            for r in readers:
+                r.join(30)  # both pipes reach EOF once the process is gone
     finally:
         for a in agents:
             a.close()
-    err = "".join(lines)
+    err, out = "".join(lines), "".join(outs)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     report = json.loads((tmp_path / "r.json").read_text())
