@@ -117,29 +117,43 @@ class HostStandIn:
     def open(self, handle: Handle, nbytes: int) -> Opened:
         if not isinstance(handle, HostHandle):
             raise WireError("a host opener got a non-host handle")
+        fd, size = open_memfd(handle, self.run, nbytes, writable=False, noun="the source's shared buffer",
+                              mine="this run's shared buffer")
         try:
-            # O_NONBLOCK|O_NOCTTY: a hostile pid/fd naming a FIFO or a terminal must not block
-            # the open or become our controlling tty before the checks below refuse it.
-            fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}",
-                         os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-        except OSError as exc:
-            raise OpenError(f"cannot open the source's shared buffer (pid {handle.pid} fd {handle.fd}): "
-                            f"{exc.strerror}") from exc
-        try:
-            # What we opened, judged from our own descriptor (the message's pid/fd could have named
-            # any file, or the fd could have been swapped between a check and the open).
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            st = os.fstat(fd)
-            if not target.startswith(f"/memfd:hwtui-ipc-{self.run} "):
-                raise OpenError(f"the handle names {target[:80]!r}, not this run's shared buffer")
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise OpenError("the handle's buffer is not a regular file of this user")
-            if st.st_size != handle.size or nbytes > st.st_size:
-                raise OpenError(f"the shared buffer has {st.st_size} bytes, not the {handle.size} announced")
-            return _HostOpened(self, fd, st.st_size, nbytes)
+            return _HostOpened(self, fd, size, nbytes)
         except BaseException:
             os.close(fd)
             raise
+
+
+def open_memfd(handle: HostHandle, run: str, nbytes: int, *, writable: bool, noun: str, mine: str) -> tuple[int, int]:
+    """Open the memfd another process named by (pid, fd) and check it: (our descriptor, its size).
+
+    One opener for every host stand-in handle (the IPC path's receivers read one, the resident
+    rank writes the agent's slot): the name is this run's memfd, it is a regular file of this user
+    and has the announced size, all judged from our own descriptor after the open (the message's
+    pid/fd could have named any file, or the fd could have been swapped between a check and the
+    open). The caller owns the descriptor."""
+    try:
+        # O_NONBLOCK|O_NOCTTY: a hostile pid/fd naming a FIFO or a terminal must not block
+        # the open or become our controlling tty before the checks below refuse it.
+        fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}",
+                     (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise OpenError(f"cannot open {noun} (pid {handle.pid} fd {handle.fd}): {exc.strerror}") from exc
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        st = os.fstat(fd)
+        if not target.startswith(f"/memfd:hwtui-ipc-{run} "):
+            raise OpenError(f"the handle names {target[:80]!r}, not {mine}")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OpenError(f"{noun} is not a regular file of this user")
+        if st.st_size != handle.size or nbytes > st.st_size:
+            raise OpenError(f"{noun} has {st.st_size} bytes, not the {handle.size} announced")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
 
 
 class _HostOpened:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 from typing import Any
 
-from hwtui.engine.replication.ipc_provider import OpenError
+from hwtui.engine.replication.ipc_provider import open_memfd
 from hwtui.engine.replication.ipc_wire import MAX_BUCKET_BYTES, CudaHandle, HostHandle, WireError
 
 
@@ -112,27 +111,16 @@ class SlotFill:
 class _HostWritable:
     """The host stand-in's slot opened for writing (the IPC path's receivers only read, privately).
 
-    The same checks as ``ipc_provider.HostStandIn.open``, made on our own descriptor after the open:
-    this agent run's memfd, a regular file of this user, the announced size; then a shared mapping,
-    so what the rank writes is what the agent serves."""
+    Opened and checked by ``ipc_provider.open_memfd`` (the IPC path's receivers use the same): this
+    agent run's memfd, a regular file of this user, the announced size; then a shared mapping, so
+    what the rank writes is what the agent serves."""
 
     def __init__(self, run: str, handle: HostHandle, nbytes: int):
         import torch
 
+        fd, size = open_memfd(handle, run, nbytes, writable=True, noun="the agent's slot", mine="this agent's slot")
         try:
-            fd = os.open(f"/proc/{handle.pid}/fd/{handle.fd}", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-        except OSError as exc:
-            raise OpenError(f"cannot open the agent's slot (pid {handle.pid} fd {handle.fd}): {exc.strerror}") from exc
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            st = os.fstat(fd)
-            if not target.startswith(f"/memfd:hwtui-ipc-{run} "):
-                raise OpenError(f"the slot handle names {target[:80]!r}, not this agent's slot")
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise OpenError("the slot is not a regular file of this user")
-            if st.st_size != handle.size or nbytes > st.st_size:
-                raise OpenError(f"the slot has {st.st_size} bytes, not the {handle.size} announced")
-            self._map = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)  # the mapping keeps the memory
         self.tensor: Any = torch.frombuffer(self._map, dtype=torch.uint8)[:nbytes]
