@@ -196,29 +196,8 @@ class Child:
         if self._answer_pipe:
             self.answer_fd, wfd = os.pipe()
             argv = [a.replace("{answer_fd}", str(wfd)) for a in argv]
-        if self._fork:
-            env = child_env(self._env)
-            self.fork_refusal = forking.refusal(argv, env)
-            if self.fork_refusal is None:
-                try:
-                    self.proc = self._start_forked(argv, env, wfd)
-                    self.forked = True
-                    return self
-                except BaseException:
-                    if self.answer_fd is not None:
-                        os.close(self.answer_fd)
-                        self.answer_fd = None
-                    raise
-                finally:
-                    if wfd is not None:
-                        os.close(wfd)
-        kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
         try:
-            self.proc = subprocess.Popen(  # noqa: S603 - an argv list, never a shell
-                argv, stdin=self._stream(self._stdin), stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
-                pass_fds=(wfd,) if wfd is not None else (), start_new_session=True,
-                env=child_env(self._env), cwd=self._cwd, **kwargs,
-            )
+            self.proc = self._spawn(argv, wfd)
         except BaseException:
             if self.answer_fd is not None:
                 os.close(self.answer_fd)
@@ -226,8 +205,23 @@ class Child:
             raise
         finally:
             if wfd is not None:
-                os.close(wfd)
+                os.close(wfd)  # the child has its own copy
         return self
+
+    def _spawn(self, argv: list[str], wfd: int | None) -> Any:
+        """The child process: forked where that was asked for and is safe, else exec'd."""
+        env = child_env(self._env)
+        if self._fork:
+            self.fork_refusal = forking.refusal(argv, env)
+            if self.fork_refusal is None:
+                proc = self._start_forked(argv, env, wfd)
+                self.forked = True
+                return proc
+        kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
+        return subprocess.Popen(  # noqa: S603 - an argv list, never a shell
+            argv, stdin=self._stream(self._stdin), stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
+            pass_fds=(wfd,) if wfd is not None else (), start_new_session=True, env=env, cwd=self._cwd, **kwargs,
+        )
 
     def _start_forked(self, argv: list[str], env: dict[str, str], wfd: int | None) -> forking.ForkedProc:
         """The fork path of start(): the same fds, session and environment an exec'd child gets."""
