@@ -60,3 +60,18 @@ def dead_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ipc_memfds(pid: int | str = "self") -> int:
+    """The host stand-in memfds (``/memfd:hwtui-ipc-*``) process ``pid`` holds, counted by file:
+    Python's mmap keeps a duplicate descriptor of each, so descriptors would count some twice."""
+    import os
+
+    files = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:hwtui-ipc-"):
+                files.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            pass
+    return len(files)

@@ -30,7 +30,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.agent.helpers import TOKEN  # noqa: E402
+from tests.agent.helpers import TOKEN, ipc_memfds  # noqa: E402
 from tests.agent.procs import Agents, push  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 
@@ -107,17 +107,8 @@ def served_tensors(world: Agents, i: int) -> tuple[str, dict[str, Any]]:
 
 
 def slot_memfds(world: Agents, i: int) -> int:
-    """Device-slot stand-ins the agent process holds: distinct memfds named for its slots (Python's
-    mmap keeps a duplicate descriptor of each, so descriptors are counted by file)."""
-    pid = world.procs[i].pid
-    files = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:hwtui-ipc-"):
-                files.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
-        except OSError:
-            pass
-    return len(files)
+    """Device-slot stand-ins the agent process holds: distinct memfds named for its slots."""
+    return ipc_memfds(world.procs[i].pid)
 
 
 def device(world: Agents, i: int) -> dict[str, Any]:

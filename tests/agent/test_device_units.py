@@ -15,6 +15,7 @@ import pytest
 from hwtui.app.commands.agent import device_slots
 from hwtui.app.node_api.peer import export_refusal, may_consume, peer_uid
 from hwtui.core.errors import HwtuiError
+from tests.agent.helpers import ipc_memfds
 
 CUDA_BUILD = {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None, "xpu": None}
 
@@ -107,34 +108,23 @@ def test_only_the_agents_user_or_its_serve_group_may_consume():
 torch = pytest.importorskip("torch")
 
 
-def _memfds() -> int:
-    files = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:hwtui-ipc-"):
-                files.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
-        except OSError:
-            pass
-    return len(files)
-
-
 def test_slots_reuse_in_steady_state_free_a_failed_push_and_close_frees_both():
     from hwtui.engine.resident.device_served import DeviceServed
 
-    before = _memfds()
+    before = ipc_memfds()
     d = DeviceServed("host")
     for v in ("v1", "v2", "v3", "v4"):
         d.stage(v, 4096)
         assert d.commit(v) is not None
     st = d.state()
     assert (st["serving"], st["slot"], st["allocs"], st["frees"]) == ("v4", "B", 2, 0)
-    assert _memfds() == before + 2
+    assert ipc_memfds() == before + 2
     d.stage("v5", 4096)
     d.rollback()  # a push that did not commit: its slot goes, the served one stays
-    assert d.state()["serving"] == "v4" and _memfds() == before + 1
+    assert d.state()["serving"] == "v4" and ipc_memfds() == before + 1
     assert d.commit("v5") is None  # nothing staged: nothing switches
     d.close()
-    assert _memfds() == before and d.served() == (None, None)
+    assert ipc_memfds() == before and d.served() == (None, None)
 
 
 def test_a_version_on_disk_is_loaded_into_a_slot_byte_for_byte(tmp_path):
@@ -168,11 +158,11 @@ def test_a_version_cut_short_on_disk_is_not_served_and_its_slot_is_freed(tmp_pat
     save_file({"a": torch.arange(10_000, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
     with open(tmp_path / "m.safetensors", "r+b") as fh:
         fh.truncate(os.path.getsize(tmp_path / "m.safetensors") - 100)
-    before = _memfds()
+    before = ipc_memfds()
     d = DeviceServed("host")
     with pytest.raises((OSError, HwtuiError)):
         d.load("v1", tmp_path / "m.safetensors")
-    assert d.served() == (None, None) and d.state()["receiving"] is None and _memfds() == before
+    assert d.served() == (None, None) and d.state()["receiving"] is None and ipc_memfds() == before
     d.close()
 
 
