@@ -36,15 +36,13 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	PYTHONPATH=. $(BIN)/lint-imports
 	PYTHONPATH=. $(BIN)/mypy
-	# Three workers on two cores: most tests wait on child interpreters, sockets and deadlines, and two
-	# workers left a quarter of the two cores idle (user+sys = 1.52 cores of the wall); a third fills
-	# those waits (a measured run: 449 s with -n 3 at load 4-5 against 491 s with -n 2 idle).
-	# loadscope: a module's tests stay on one worker, so a module-scoped fixture (a training run, a
-	# netns world) runs once, not once per worker (345 s -> 295 s for the suite here).
-	# --no-loadscope-reorder: modules go out in the order collected, the slowest first
-	# (tests/conftest.py, tests/module_seconds.txt), not sorted by test count, which left a slow
-	# few-test module to run alone at the end.
-	$(BIN)/python -m pytest -n 3 --dist loadscope --no-loadscope-reorder
+	# Three pytest processes on two cores, each taking whole modules from one queue (tests/shards.py):
+	# most tests wait on child interpreters, sockets and deadlines, and a third process fills those
+	# waits. Not pytest-xdist: its workers carry an I/O thread, and hwtui forks ranks only from a
+	# single-threaded launcher, so under xdist every in-process launch exec'd its ranks and paid
+	# `import torch` per rank. A module stays in one process (its module-scoped worlds start once);
+	# modules are claimed slowest first (tests/module_seconds.txt).
+	$(BIN)/python -m tests.shards -n 3
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

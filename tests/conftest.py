@@ -9,6 +9,7 @@ another clone points at. tests/test_packaging.py proves it from a copy of the tr
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,14 @@ from hwtui.engine.rank_fork import quiet_numpy  # noqa: E402
 quiet_numpy()
 
 
-# -- the order modules are handed to xdist's workers ------------------------------------------------
-# `make test` runs `-n 3 --dist loadscope --no-loadscope-reorder`: a module's tests stay on one
-# worker (its module-scoped worlds start once), and modules go out in the order collected. xdist's
-# default reorder sorts modules by their number of tests, which put the few-test modules that run
-# real process worlds (a push with agents killed mid-way, a training run) last, where the slowest
-# one kept one worker busy long after the other had finished. Collecting the slowest modules
-# first (longest first) lets the many short modules fill the other worker's gaps at the end.
-# tests/module_seconds.txt records what each slow module took (`pytest --durations`); a module not
-# listed there counts as quick and keeps its place after the listed ones.
+# -- the order modules are claimed in -----------------------------------------------------------------
+# `make test` runs three pytest processes that claim whole modules from one queue (tests/shards.py),
+# in the order collected here: the slowest modules first (longest first), so that the slow
+# few-test modules that run real process worlds (a push with agents killed mid-way, a training run)
+# start at once and the many short modules fill the other processes' time at the end. (Under
+# `pytest -n 3 --dist loadscope --no-loadscope-reorder` the same order applies.)
+# tests/module_seconds.txt records what each slow module took; a module not listed there counts as
+# quick and keeps its place after the listed ones.
 MODULE_SECONDS = Path(__file__).with_name("module_seconds.txt")
 
 
@@ -50,3 +50,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seconds = _module_seconds()
     # Stable: a module's tests keep their order (and stay together), quick modules theirs.
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], 0.0))
+
+
+# -- no thread of torch's in the test process ---------------------------------------------------------
+# A test that builds a model in this process runs torch ops, and torch's intra-op pool then starts
+# its worker threads for good (2 cores: one more thread). hwtui never forks a process with a second
+# thread (hwtui.core.forking), so every in-process launch after that test would exec its ranks and
+# pay `import torch` per rank. One intra-op thread here; ranks set their own count after the fork.
+# tqdm (pulled in by transformers when a test loads a model here) starts a monitor thread with its
+# first progress bar, also for good: off.
+try:
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0
+except ImportError:
+    pass
+
+
+# torch is imported here, once, so that no test imports it mid-way and runs an op with the default
+# pool before the hook below could set it (every shard imports torch during collection anyway).
+try:
+    import torch as _torch
+
+    _torch.set_num_threads(1)
+except ImportError:
+    pass
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)

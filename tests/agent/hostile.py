@@ -85,7 +85,15 @@ class HostileAgent:
 
     def close(self) -> None:
         self._closed.set()
+        # close() alone does not wake a thread blocked in accept(); shutdown() does (EINVAL). The
+        # thread is joined so that no test leaves it behind: the test process must stay
+        # single-threaded for the in-process launchers that fork their ranks (tests/shards.py).
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self._thread.join(timeout=10)
 
     def __enter__(self) -> HostileAgent:
         return self
