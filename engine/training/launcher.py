@@ -54,7 +54,7 @@ from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 if TYPE_CHECKING:
     from hwtui.engine.training.report import TrainReport
 from hwtui.core.supervisor import Group, exit_text
-from hwtui.engine.training import knobs, resume
+from hwtui.engine.training import knobs, resume, worker_fork
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import (
     TrainCheckpoint,
@@ -136,7 +136,6 @@ class Coordinator:
 
     def run(self) -> TrainReport:
         self._prepare_resume()
-        self._start_store()
         ok = False
         try:
             self._spawn()
@@ -190,12 +189,22 @@ class Coordinator:
                                 "give at most 7 days (604800 s)") from None
 
     def _spawn(self) -> None:
+        """Start every worker, then the store, then send each its config (which names the store).
+
+        In that order because CPU workers fork from this process (worker_fork), and the store's
+        server thread would make it a process with threads, which is never forked. A worker
+        waits for its config on stdin, so nothing it does depends on the store before then.
+        """
+        refusal = worker_fork.prepare(self.cfg)
         for rank, ref in enumerate(self.cfg.devices):
-            config = WorkerConfig.for_rank(self.cfg, rank, ref, self.store.port, self.init_from)
-            w = start_worker(config, ref, self.cfg.cpu_threads)
+            w = start_worker(rank, ref, self.cfg.cpu_threads, refusal)
             self.group.add(w.child)
             self.workers.append(w)
             self.live.add(rank)
+            self.sink(LogEvent(message=f"worker {rank} ({w.device}) {w.start_mode}", level="debug", source="train.launch"))
+        self._start_store()
+        for w in self.workers:
+            w.send(WorkerConfig.for_rank(self.cfg, w.rank, w.ref, self.store.port, self.init_from).to_message())
 
     # -- plumbing ---------------------------------------------------------------------------------
     def alive(self) -> list[WorkerState]:

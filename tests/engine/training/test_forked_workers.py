@@ -1,0 +1,185 @@
+"""`hwtui train` forks its CPU workers from the launcher (one `import torch`, engine/training/worker_fork.py).
+
+Real runs over gloo on loopback: the workers are the launcher's forks (its command line, its
+children), they train exactly what exec'd workers train, a forked worker killed mid-round is lost
+with its exit reason, the launcher's death ends the rest, and HWTUI_FORK_RANKS=0 execs them and
+says why under -v.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hwtui.engine.training import checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+# A small model and short rounds: what is compared is how the workers start, not what they learn.
+SMALL = ["--batch-size", "5", "--merge-every", "5", "--eval-every", "100", "--context", "32", "--d-model", "32",
+         "--heartbeat-timeout", "20", "--group-timeout", "60"]
+
+
+def _train(*args: str, env: dict[str, str] | None = None, err: Path | None = None) -> subprocess.Popen:
+    """The run, its events on stdout; its human text (-v) on stderr, into ``err`` when the test
+    reads stdout as it goes (an undrained stderr pipe could fill and block the launcher)."""
+    with contextlib.ExitStack() as stack:
+        stderr = stack.enter_context(err.open("w")) if err is not None else subprocess.PIPE
+        return subprocess.Popen([sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", *SMALL, "-v",
+                                 "--events", "-", *args], cwd=REPO, env={**os.environ, **(env or {})},
+                                stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+
+
+def _started(events: list[dict]) -> dict[int, dict]:
+    """rank -> {"mode": "forked" | "exec'd", "pid": N, "text": the debug line}."""
+    out = {}
+    for e in events:
+        msg = e.get("message", "")
+        if e["kind"] == "log" and e.get("source") == "train.launch" and msg.startswith("worker "):
+            rank = int(msg.split()[1])
+            out[rank] = {"mode": "forked" if " forked from the launcher" in msg else "exec'd",
+                         "pid": int(msg.split("(pid ")[1].split(")")[0]), "text": msg}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _watch(proc: subprocess.Popen, on_event, timeout: float) -> list[dict]:
+    """Events from --events - until the run ends; ``on_event`` sees each (a True return stops reading)."""
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        assert time.monotonic() < deadline, "the run did not end in time"
+        if line.startswith("{"):
+            events.append(json.loads(line))
+            if on_event(events[-1], events):
+                break
+    return events
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(300)
+def test_cpu_workers_are_forked_and_train_bit_for_bit_what_execd_workers_train(tmp_path: Path) -> None:
+    seen: dict[int, tuple[bytes, int]] = {}
+
+    def look(ev: dict, events: list[dict]) -> bool:
+        # While the run goes on: each worker's command line and parent, as /proc has them.
+        for rank, w in _started(events).items():
+            if rank not in seen:
+                seen[rank] = (Path(f"/proc/{w['pid']}/cmdline").read_bytes(), _ppid(w["pid"]))
+        return False
+
+    a = _train("--steps", "10", "--checkpoint-dir", str(tmp_path / "a"), "--report", str(tmp_path / "a.json"),
+               err=tmp_path / "a.err")
+    try:
+        events_a = _watch(a, look, 200)
+        assert a.wait(60) == 0, (tmp_path / "a.err").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(a.pid, signal.SIGKILL)
+    started = _started(events_a)
+    assert {r: w["mode"] for r, w in started.items()} == {0: "forked", 1: "forked"}, started
+    cmd = "\0".join([sys.executable, "-m", "hwtui.app", "train"]).encode()
+    for rank, (cmdline, ppid) in seen.items():
+        # A forked worker keeps the launcher's command line (an exec'd one is `-m ...training.worker`)
+        # and is the launcher's own child.
+        assert cmdline.startswith(cmd) and b"hwtui.engine.training.worker" not in cmdline, (rank, cmdline)
+        assert ppid == a.pid
+
+    # The same run with exec'd workers (HWTUI_FORK_RANKS=0), on a.json's chunk assignment: -v says
+    # why they were exec'd, and the merged weights, optimizer and outer state are the same bytes.
+    b = _train("--steps", "10", "--checkpoint-dir", str(tmp_path / "b"), "--report", str(tmp_path / "b.json"),
+               "--replay-assignment", str(tmp_path / "a.json"), env={"HWTUI_FORK_RANKS": "0"})
+    try:
+        out, err = b.communicate(timeout=200)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(b.pid, signal.SIGKILL)
+    assert b.returncode == 0, err
+    started_b = _started([json.loads(x) for x in out.splitlines() if x.startswith("{")])
+    assert {r: w["mode"] for r, w in started_b.items()} == {0: "exec'd", 1: "exec'd"}, started_b
+    for rank in (0, 1):
+        assert f"worker {rank} (cpu:{rank}) exec'd, not forked (pid {started_b[rank]['pid']}): HWTUI_FORK_RANKS=0" in err, err
+    ck_a, ck_b = tmp_path / "a" / "ckpt-00000010", tmp_path / "b" / "ckpt-00000010"
+    for f in (checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.OUTER_FILE):
+        assert _sha(ck_a / f) == _sha(ck_b / f), f
+    rep_a, rep_b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert [r["assignment"] for r in rep_a["rounds"]] == [r["assignment"] for r in rep_b["rounds"]]
+    assert rep_a["final_loss"] == rep_b["final_loss"] is not None
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_forked_worker_killed_mid_round_is_lost_by_signal_and_the_launchers_death_ends_the_other(tmp_path: Path) -> None:
+    # Worker 1 SIGKILLs itself on its 2nd chunk; once that is reported, the launcher is SIGKILLed:
+    # worker 0 (blocked on its next command, or in training) must not outlive it.
+    p = _train("--steps", "50", env={"HWTUI_TEST_FAULT": "1:kill:chunk=2"}, err=tmp_path / "err")
+    try:
+        events = _watch(p, lambda ev, _evs: ev["kind"] in ("train.worker_lost", "train.done"), 200)
+        started = _started(events)
+        assert {r: w["mode"] for r, w in started.items()} == {0: "forked", 1: "forked"}, started
+        lost = events[-1]
+        assert lost["kind"] == "train.worker_lost" and lost["rank"] == 1, events[-3:]
+        assert lost["reason"] == "was killed by SIGKILL", lost
+        survivor = started[0]["pid"]
+        assert _alive(survivor)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(30)
+        deadline = time.monotonic() + 60
+        while _alive(survivor):
+            assert time.monotonic() < deadline, "worker 0 outlived its launcher"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+
+
+def _ref(backend: str, index: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(backend=backend, index=index, spec=f"{backend}:{index}")
+
+
+def test_accelerator_workers_and_another_python_exec_and_say_why() -> None:
+    from hwtui.engine.training.worker_fork import exec_reason
+
+    assert exec_reason(_ref("cpu"), sys.executable, None) is None
+    assert exec_reason(_ref("cpu"), sys.executable, "HWTUI_FORK_RANKS=0") == "HWTUI_FORK_RANKS=0"
+    for backend in ("cuda", "hip", "xpu", "hpu", "tpu"):
+        why = exec_reason(_ref(backend, 1), sys.executable, None)
+        assert why is not None and f"{backend}:1 workers are exec'd" in why
+    # A venv's python (HWTUI_PYTHON_CPU, `hwtui setup`) links to the same base interpreter: still another.
+    other = str(Path(sys.prefix).parent / "other-venv" / "bin" / "python")
+    why = exec_reason(_ref("cpu"), other, None)
+    assert why is not None and other in why
+
+
+def test_a_cpu_workers_environment_names_no_cuda_variable_the_launcher_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CUDA_* is read at torch's import: a CPU worker given one the launcher lacks would always exec.
+    from hwtui.engine.training.workers import worker_env
+
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert "CUDA_DEVICE_ORDER" not in worker_env(_ref("cpu"), 2) and worker_env(_ref("cpu"), 2)["OMP_NUM_THREADS"] == "2"
+    assert worker_env(_ref("cuda"), 2)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
