@@ -1,15 +1,14 @@
 """`hwtui train` forks its CPU workers from the launcher (one `import torch`, engine/training/worker_fork.py).
 
-Real runs over gloo on loopback: the workers are the launcher's forks (its command line, its
-children), they train exactly what exec'd workers train, a forked worker killed mid-round is lost
-with its exit reason, the launcher's death ends the rest, and HWTUI_FORK_RANKS=0 execs them and
-says why under -v.
+A real run over gloo on loopback: the workers are the launcher's forks (its command line, its
+children), a forked worker killed mid-round is lost with its exit reason, and the launcher's death
+ends the other. That forked and exec'd workers (HWTUI_FORK_RANKS=0, said under -v) train the same
+bytes is test_outer_resume's replay test; the stdin protocol's EOF is tests/core/test_forking.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -20,8 +19,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from hwtui.engine.training import checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 # A small model and short rounds: what is compared is how the workers start, not what they learn.
@@ -76,71 +73,30 @@ def _watch(proc: subprocess.Popen, on_event, timeout: float) -> list[dict]:
     return events
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.torch
-@pytest.mark.timeout(300)
-def test_cpu_workers_are_forked_and_train_bit_for_bit_what_execd_workers_train(tmp_path: Path) -> None:
-    seen: dict[int, tuple[bytes, int]] = {}
-
-    def look(ev: dict, events: list[dict]) -> bool:
-        # While the run goes on: each worker's command line and parent, as /proc has them.
-        for rank, w in _started(events).items():
-            if rank not in seen:
-                seen[rank] = (Path(f"/proc/{w['pid']}/cmdline").read_bytes(), _ppid(w["pid"]))
-        return False
-
-    a = _train("--steps", "10", "--checkpoint-dir", str(tmp_path / "a"), "--report", str(tmp_path / "a.json"),
-               err=tmp_path / "a.err")
-    try:
-        events_a = _watch(a, look, 200)
-        assert a.wait(60) == 0, (tmp_path / "a.err").read_text()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(a.pid, signal.SIGKILL)
-    started = _started(events_a)
-    assert {r: w["mode"] for r, w in started.items()} == {0: "forked", 1: "forked"}, started
-    cmd = "\0".join([sys.executable, "-m", "hwtui.app", "train"]).encode()
-    for rank, (cmdline, ppid) in seen.items():
-        # A forked worker keeps the launcher's command line (an exec'd one is `-m ...training.worker`)
-        # and is the launcher's own child.
-        assert cmdline.startswith(cmd) and b"hwtui.engine.training.worker" not in cmdline, (rank, cmdline)
-        assert ppid == a.pid
-
-    # The same run with exec'd workers (HWTUI_FORK_RANKS=0), on a.json's chunk assignment: -v says
-    # why they were exec'd, and the merged weights, optimizer and outer state are the same bytes.
-    b = _train("--steps", "10", "--checkpoint-dir", str(tmp_path / "b"), "--report", str(tmp_path / "b.json"),
-               "--replay-assignment", str(tmp_path / "a.json"), env={"HWTUI_FORK_RANKS": "0"})
-    try:
-        out, err = b.communicate(timeout=200)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(b.pid, signal.SIGKILL)
-    assert b.returncode == 0, err
-    started_b = _started([json.loads(x) for x in out.splitlines() if x.startswith("{")])
-    assert {r: w["mode"] for r, w in started_b.items()} == {0: "exec'd", 1: "exec'd"}, started_b
-    for rank in (0, 1):
-        assert f"worker {rank} (cpu:{rank}) exec'd, not forked (pid {started_b[rank]['pid']}): HWTUI_FORK_RANKS=0" in err, err
-    ck_a, ck_b = tmp_path / "a" / "ckpt-00000010", tmp_path / "b" / "ckpt-00000010"
-    for f in (checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.OUTER_FILE):
-        assert _sha(ck_a / f) == _sha(ck_b / f), f
-    rep_a, rep_b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
-    assert [r["assignment"] for r in rep_a["rounds"]] == [r["assignment"] for r in rep_b["rounds"]]
-    assert rep_a["final_loss"] == rep_b["final_loss"] is not None
-
-
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_a_forked_worker_killed_mid_round_is_lost_by_signal_and_the_launchers_death_ends_the_other(tmp_path: Path) -> None:
     # Worker 1 SIGKILLs itself on its 2nd chunk; once that is reported, the launcher is SIGKILLed:
     # worker 0 (blocked on its next command, or in training) must not outlive it.
+    seen: dict[int, tuple[bytes, int]] = {}
+
+    def look(ev: dict, events: list[dict]) -> bool:
+        # As each worker is announced: its command line and parent, as /proc has them.
+        for rank, w in _started(events).items():
+            if rank not in seen:
+                seen[rank] = (Path(f"/proc/{w['pid']}/cmdline").read_bytes(), _ppid(w["pid"]))
+        return ev["kind"] in ("train.worker_lost", "train.done")
+
     p = _train("--steps", "50", env={"HWTUI_TEST_FAULT": "1:kill:chunk=2"}, err=tmp_path / "err")
     try:
-        events = _watch(p, lambda ev, _evs: ev["kind"] in ("train.worker_lost", "train.done"), 200)
+        events = _watch(p, look, 200)
         started = _started(events)
         assert {r: w["mode"] for r, w in started.items()} == {0: "forked", 1: "forked"}, started
+        launcher = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+        for rank, (cmdline, ppid) in seen.items():
+            # A forked worker keeps the launcher's command line (an exec'd one is
+            # `python -m hwtui.engine.training.worker`) and is the launcher's own child.
+            assert cmdline == launcher and ppid == p.pid, (rank, cmdline, ppid)
         lost = events[-1]
         assert lost["kind"] == "train.worker_lost" and lost["rank"] == 1, events[-3:]
         assert lost["reason"] == "was killed by SIGKILL", lost
