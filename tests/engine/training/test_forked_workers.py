@@ -2,7 +2,7 @@
 
 A real run over gloo on loopback: the workers are the launcher's forks (its command line, its
 children), a forked worker killed mid-round is lost with its exit reason, and the launcher's death
-ends the other. That forked and exec'd workers (HWTUI_FORK_RANKS=0, said under -v) train the same
+ends the other; a mixed run (CUDA + CPU) forks only its CPU worker. That forked and exec'd workers (HWTUI_FORK_RANKS=0, said under -v) train the same
 bytes is test_outer_resume's replay test; the stdin protocol's EOF is tests/core/test_forking.py's.
 """
 
@@ -139,3 +139,21 @@ def test_a_cpu_workers_environment_names_no_cuda_variable_the_launcher_lacks(mon
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     assert "CUDA_DEVICE_ORDER" not in worker_env(_ref("cpu"), 2) and worker_env(_ref("cpu"), 2)["OMP_NUM_THREADS"] == "2"
     assert worker_env(_ref("cuda"), 2)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_a_mixed_run_forks_only_its_cpu_workers(tmp_path: Path) -> None:
+    # A CUDA device from a fake sysfs beside a CPU worker: the CUDA worker is exec'd (and, torch here
+    # being a CPU build, refuses at start), the CPU one forked; -v says which and why.
+    from tests import machines
+
+    machines.rtx3090_arc_a770(tmp_path / "sys")
+    p = subprocess.run([sys.executable, "-m", "hwtui.app", "train", "--sysroot", str(tmp_path / "sys"), "--gpu-ids", "0,cpu",
+                        *SMALL, "--steps", "5", "-v", "--events", str(tmp_path / "ev.jsonl")],
+                       cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
+    events = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
+    started = _started(events)
+    assert {r: w["mode"] for r, w in started.items()} == {0: "exec'd", 1: "forked"}, (started, p.stderr)
+    assert started[0]["text"].endswith("cuda:0 workers are exec'd (no device runtime near a fork)")
+    assert f"worker 1 (cpu:0) forked from the launcher (pid {started[1]['pid']})" in p.stdout
