@@ -2,8 +2,9 @@
 
 A real run over gloo on loopback: the workers are the launcher's forks (its command line, its
 children), a forked worker killed mid-round is lost with its exit reason, and the launcher's death
-ends the other; a mixed run (CUDA + CPU) forks only its CPU worker. That forked and exec'd workers (HWTUI_FORK_RANKS=0, said under -v) train the same
-bytes is test_outer_resume's replay test; the stdin protocol's EOF is tests/core/test_forking.py's.
+ends the other; a mixed run (CUDA + CPU) forks only its CPU worker. That forked and exec'd
+workers (HWTUI_FORK_RANKS=0, said under -v) train the same bytes is test_outer_resume's replay
+test; the stdin protocol's EOF is tests/core/test_forking.py's.
 """
 
 from __future__ import annotations
