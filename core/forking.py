@@ -118,7 +118,9 @@ def refusal(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = N
         return "nothing was preloaded"
     if (n := thread_count()) > 1:
         return f"the launcher has {n} threads (a fork copies only one)"
-    if argv is not None and (len(argv) < 3 or argv[1] != "-m" or os.path.realpath(argv[0]) != os.path.realpath(sys.executable)):
+    # Paths as given, not resolved: another venv's bin/python links to the same base interpreter
+    # as ours, but its site-packages (its torch) are its own.
+    if argv is not None and (len(argv) < 3 or argv[1] != "-m" or os.path.abspath(argv[0]) != os.path.abspath(sys.executable)):
         return "the child is not `python -m` with this interpreter"
     if env is not None:
         theirs = _env_with_prefixes(env)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 from hwtui.core import forking
 
@@ -74,11 +75,15 @@ def _no_device_runtime() -> str | None:
     return None
 
 
-def preload_for_ranks(device: str = "cpu", env: dict[str, str] | None = None) -> str | None:
-    """Import torch here once if ranks will fork; returns why they will be exec'd (None: forked)."""
+def preload_for_ranks(device: str = "cpu", env: dict[str, str] | None = None, *, modules: Sequence[str] = RANK_MODULES,
+                      more_env_prefixes: Sequence[str] = ()) -> str | None:
+    """Import torch here once if ranks will fork; returns why they will be exec'd (None: forked).
+
+    ``modules``: what every rank imports anyway (a launcher's ranks may import more than torch);
+    ``more_env_prefixes``: environment those modules read at import, beyond torch's."""
     if device != "cpu":
         return f"--device {device} ranks are exec'd (no device runtime near a fork)"
     if not forking.enabled_by_env(env):
         return f"{forking.ENV_SWITCH}=0"
-    return forking.preload(RANK_MODULES, import_env_prefixes=IMPORT_ENV_PREFIXES, import_env_except=PER_RANK_ENV, quiet_env={"OPENBLAS_NUM_THREADS": "1"},
-                           after_fork=_after_fork, fork_ok=_no_device_runtime)
+    return forking.preload(modules, import_env_prefixes=(*IMPORT_ENV_PREFIXES, *more_env_prefixes), import_env_except=PER_RANK_ENV,
+                           quiet_env={"OPENBLAS_NUM_THREADS": "1"}, after_fork=_after_fork, fork_ok=_no_device_runtime)

@@ -340,6 +340,8 @@ class _Printer:
         if self.verbosity < 0 and ev.kind not in ("train.done", "train.worker_lost", "error"):
             return
         text = self.format(ev)
+        if ev.kind == "log" and ev.level == "debug" and self.verbosity > 0:
+            text = str(ev.message)  # e.g. whether each worker was forked or exec'd, and why
         if ev.kind == "train.worker" and self.verbosity > 0:
             loss = "-" if ev.loss is None else f"{ev.loss:.4f}"
             text = f"  worker {ev.rank} ({ev.device}): step {ev.step}, {ev.samples:,} samples, {ev.samples_per_s:.1f}/s, loss {loss}"
@@ -381,12 +383,15 @@ class _Printer:
         if k == "error":
             return f"error: {ev.message}"
         if k == "log":
-            return str(ev.message)
+            return None if ev.level == "debug" else str(ev.message)  # debug lines: -v only (__call__)
         return None
 
 
 def run(args: argparse.Namespace) -> int:
+    # rank_fork first, before anything imports numpy (a --model directory's check imports torch):
+    # numpy's BLAS pool would make this a process with threads, and CPU workers fork from it.
     from hwtui.core.errors import HwtuiError
+    from hwtui.engine import rank_fork  # noqa: F401
 
     _positive(args)
     push = push_options(args)

@@ -54,7 +54,7 @@ from hwtui.core.events import ErrorEvent, EventSink, LogEvent
 if TYPE_CHECKING:
     from hwtui.engine.training.report import TrainReport
 from hwtui.core.supervisor import Group, exit_text
-from hwtui.engine.training import knobs, resume
+from hwtui.engine.training import knobs, resume, worker_fork
 from hwtui.engine.training.config import TrainConfig, TrainingError, WorkerConfig
 from hwtui.engine.training.events import (
     TrainCheckpoint,
@@ -136,10 +136,10 @@ class Coordinator:
 
     def run(self) -> TrainReport:
         self._prepare_resume()
-        self._start_store()
+        timeout = self._store_timeout()  # before any worker starts: the store is started after them
         ok = False
         try:
-            self._spawn()
+            self._spawn(timeout)
             ok = self._loop()
         except TrainingError as exc:
             self.sink(ErrorEvent(message=str(exc), where="startup"))
@@ -177,25 +177,41 @@ class Coordinator:
         self.assignments = {r: a for r, a in recorded.items() if r <= point.round}
         self.replay = {**point.replay, **self.replay}  # an explicit --replay-assignment wins
 
-    def _start_store(self) -> None:
-        import torch.distributed as dist
-
+    def _store_timeout(self) -> timedelta:
         # The store takes its timeout as C milliseconds: a config that reached here unchecked
         # (`hwtui train` bounds it to 7 days) is one clear line, not an OverflowError (exit 3).
         try:
-            timeout = timedelta(seconds=self.cfg.group_timeout)
+            return timedelta(seconds=self.cfg.group_timeout)
+        except OverflowError:
+            raise TrainingError(f"group timeout {self.cfg.group_timeout:g} s is beyond what the store takes; "
+                                "give at most 7 days (604800 s)") from None
+
+    def _start_store(self, timeout: timedelta) -> None:
+        import torch.distributed as dist
+
+        try:
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
         except OverflowError:
             raise TrainingError(f"group timeout {self.cfg.group_timeout:g} s is beyond what the store takes; "
                                 "give at most 7 days (604800 s)") from None
 
-    def _spawn(self) -> None:
+    def _spawn(self, store_timeout: timedelta) -> None:
+        """Start every worker, then the store, then send each its config (which names the store).
+
+        In that order because CPU workers fork from this process (worker_fork), and the store's
+        server thread would make it a process with threads, which is never forked. A worker
+        waits for its config on stdin, so nothing it does depends on the store before then.
+        """
+        refusal = worker_fork.prepare(self.cfg)
         for rank, ref in enumerate(self.cfg.devices):
-            config = WorkerConfig.for_rank(self.cfg, rank, ref, self.store.port, self.init_from)
-            w = start_worker(config, ref, self.cfg.cpu_threads)
+            w = start_worker(rank, ref, self.cfg.cpu_threads, refusal)
             self.group.add(w.child)
             self.workers.append(w)
             self.live.add(rank)
+            self.sink(LogEvent(message=f"worker {rank} ({w.device}) {w.start_mode}", level="debug", source="train.launch"))
+        self._start_store(store_timeout)
+        for w in self.workers:
+            w.send(WorkerConfig.for_rank(self.cfg, w.rank, w.ref, self.store.port, self.init_from).to_message())
 
     # -- plumbing ---------------------------------------------------------------------------------
     def alive(self) -> list[WorkerState]:

@@ -72,6 +72,14 @@ def hf_facts(spec: ModelSpec) -> HfFacts:
     return HfFacts(vocab, positions)
 
 
+def hf_modeling_module(spec: ModelSpec) -> str:
+    """The module that holds a model directory's causal-LM class (imported on the way: the
+    launcher preloads it for the workers it forks, see worker_fork)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return str(MODEL_FOR_CAUSAL_LM_MAPPING[type(_hf_config(spec))].__module__)
+
+
 def load_tokenizer(spec: ModelSpec) -> Any:
     """The directory's own tokenizer, or None (bytes then). Never downloaded, never remote code."""
     if not spec.has_tokenizer:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwtui.core.supervisor import Child, encode_message
-from hwtui.engine.training.config import WorkerConfig
 from hwtui.engine.training.queue import Unit
 from hwtui.probes.vendor_envs import interpreter_for
 
@@ -51,6 +50,7 @@ class WorkerState:
     chunk_time: float | None = None  # its seconds per chunk (schedule.chunk_estimate of ``recent``)
     recent: deque[float] = field(default_factory=deque)  # its last chunk times, newest last
     started_at: float = 0.0  # when the first chunk of ``held`` began (grant if idle, else the previous done)
+    start_mode: str = ""  # "forked ..." or "exec'd ...: why" (a debug line at start)
 
     @property
     def device(self) -> str:
@@ -80,26 +80,38 @@ class WorkerState:
 
 def worker_env(ref: Any, cpu_threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so torch's cuda:N is the N the inventory printed
+    if ref.backend != "cpu":
+        # So torch's cuda:N is the N the inventory printed. Not on a CPU worker, which opens no
+        # device: a CUDA_* variable the launcher lacks would make it exec rather than fork.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.setdefault("GLOO_SOCKET_IFNAME", loopback_ifname())  # every rank is on this machine
     env["HF_HUB_OFFLINE"] = env["TRANSFORMERS_OFFLINE"] = "1"  # --model is local: never a hub download
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if ref.backend == "cpu":
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
+        env["OMP_NUM_THREADS"] = str(cpu_threads)  # per worker: a forked one applies it after the fork
     return env
 
 
-def start_worker(config: WorkerConfig, ref: Any, cpu_threads: int) -> WorkerState:
-    """Start one worker (a fresh interpreter: nothing pickled) and send it its config, once."""
+def start_worker(rank: int, ref: Any, cpu_threads: int, launcher_refusal: str | None = None) -> WorkerState:
+    """Start one worker; its config follows with :meth:`WorkerState.send` (nothing pickled).
+
+    A CPU worker is forked from this launcher, which preloaded what it imports
+    (:mod:`~hwtui.engine.training.worker_fork`; ``launcher_refusal``: why that is off); any other
+    is a fresh interpreter. ``start_mode`` says which, and why.
+    """
+    # Not at the top: the worker process imports this module too, and needs none of the preload.
+    from hwtui.engine.training.worker_fork import exec_reason
+
     # HWTUI_PYTHON_<BACKEND>, else the environment `hwtui setup` recorded for it, else ours.
     python = interpreter_for(ref.backend)
+    why = exec_reason(ref, python, launcher_refusal)
     child = Child([python, "-m", "hwtui.engine.training.worker", "--answer-fd", "{answer_fd}"],
-                  name=f"train worker {config.rank} ({ref.spec})", env=worker_env(ref, cpu_threads),
-                  answer_pipe=True, stdin="pipe", stdout="inherit", stderr="inherit").start()
-    w = WorkerState(config.rank, ref, child, started_at=time.monotonic())
-    w.send(config.to_message())
-    return w
+                  name=f"train worker {rank} ({ref.spec})", env=worker_env(ref, cpu_threads),
+                  answer_pipe=True, stdin="pipe", stdout="inherit", stderr="inherit", fork=why is None).start()
+    mode = f"forked from the launcher (pid {child.pid})" if child.forked else \
+        f"exec'd, not forked (pid {child.pid}): {why or child.fork_refusal}"
+    return WorkerState(rank, ref, child, started_at=time.monotonic(), start_mode=mode)
 
 
 def loopback_ifname() -> str:

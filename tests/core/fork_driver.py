@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -15,8 +16,40 @@ from hwtui.core import forking
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
 
 
+def stdin_case(case: str) -> None:
+    """A child commanded on its stdin, as a training worker is: messages in, EOF when we close it
+    (``stdin``) or when we die (``stdin_orphan``: a second child started after it must not hold
+    its stdin open, nor may anything else of ours)."""
+    forking.preload(["json"])
+    first = Child(python_module("tests.core.fork_probe", "{answer_fd}", "echo"), name="echo", answer_pipe=True,
+                  stdin="pipe", stdout="null", stderr="null", fork=True).start()
+    if case == "stdin_orphan":
+        second = Child(python_module("tests.core.fork_probe", "{answer_fd}", "quiet"), name="quiet", answer_pipe=True,
+                       stdin="pipe", stdout="null", stderr="null", fork=True).start()
+        print(json.dumps({"forked": [first.forked, second.forked], "refusal": first.fork_refusal,
+                          "pids": [first.pid, second.pid]}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    out: dict[str, object] = {"forked": first.forked, "refusal": first.fork_refusal}
+    with Group() as group:
+        group.add(first)
+        first.send({"kind": "config", "n": 1})
+        first.send({"kind": "stop"})
+        assert first.proc is not None and first.proc.stdin is not None
+        first.proc.stdin.close()
+        got = []
+        for _ in range(600):  # bounded: 60 s
+            got += [m.msg for m in group.poll(0.1) if m.msg is not None]
+            if not group.open_pipes:
+                break
+        out.update(messages=got, code=first.wait(timeout=60))
+    print(json.dumps(out), flush=True)
+
+
 def main() -> None:
     case = sys.argv[1]
+    if case.startswith("stdin"):
+        stdin_case(case)
+        return
     how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
     forking.preload(["json"], import_env_prefixes=("ZYG_",))
     leak = os.open(os.devnull, os.O_RDONLY)  # the launcher's own fd: must not reach the child
@@ -27,7 +60,10 @@ def main() -> None:
     stop = threading.Event()
     if case == "thread":
         threading.Thread(target=stop.wait, daemon=True).start()
-    child = Child(python_module("tests.core.fork_probe", "{answer_fd}", how), name="probe", env=env,
+    argv = python_module("tests.core.fork_probe", "{answer_fd}", how)
+    if case == "other_python":  # another venv's python: a link to the same base interpreter as ours
+        argv[0] = os.environ["ZYG_OTHER_PYTHON"]
+    child = Child(argv, name="probe", env=env,
                   answer_pipe=True, stdout="null", stderr="null", fork=True)
     out: dict[str, object] = {"driver_pid": os.getpid(), "driver_pgid": os.getpgid(0), "leak_fd": leak}
     with Group() as group:

@@ -11,6 +11,8 @@ import threading
 
 def main() -> None:
     fd, how = int(sys.argv[1]), sys.argv[2]
+    if how == "quiet":  # says nothing, holds whatever it was given, until killed
+        signal.pause()
     fds = []
     for n in os.listdir("/proc/self/fd"):
         try:
@@ -23,6 +25,15 @@ def main() -> None:
               "rank": os.environ.get("RANK"), "fds": fds, "answer_fd": fd, "argv": sys.argv,
               "threads": threading.active_count(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
     os.write(fd, (json.dumps(report) + "\n").encode())
+    if how == "echo":  # each stdin line back on the answer pipe, then "eof" when stdin closes
+        buf = b""
+        while chunk := os.read(0, 65536):
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                os.write(fd, (json.dumps({"echo": json.loads(line)}) + "\n").encode())
+        os.write(fd, b'{"eof": true}\n')
+        sys.exit(0)
     if how == "hang":
         os.close(fd)  # the parent sees the pipe close, then stops us
         signal.pause()

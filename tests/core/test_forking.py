@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +66,55 @@ def test_the_switch_restores_exec_for_everyone(value: str) -> None:
     out = drive("exit3", HWTUI_FORK_RANKS=value)
     assert out["forked"] is False and "HWTUI_FORK_RANKS" in out["refusal"]
     assert out["code"] == 3
+
+
+def test_an_interpreter_that_links_to_ours_is_still_another_python_and_execs(tmp_path: Path) -> None:
+    # A venv's bin/python (HWTUI_PYTHON_CPU, `hwtui setup`) is a link to the base interpreter: its
+    # resolved path can be ours while its site-packages (its torch) are not.
+    other = tmp_path / "venv" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    other.symlink_to(os.path.realpath(sys.executable))
+    out = drive("other_python", ZYG_OTHER_PYTHON=str(other))
+    assert out["forked"] is False and "this interpreter" in out["refusal"]
+    assert out["code"] == 0
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_child_commanded_on_stdin_gets_every_message_then_eof_as_with_exec(fork: str) -> None:
+    out = drive("stdin", HWTUI_FORK_RANKS=fork)
+    assert out["forked"] is (fork == "1"), out["refusal"]
+    report, *rest = out["messages"]
+    assert report["fds"] == sorted({0, 1, 2, report["answer_fd"]})
+    assert rest == [{"echo": {"kind": "config", "n": 1}}, {"echo": {"kind": "stop"}}, {"eof": True}]
+    assert out["code"] == 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_the_launchers_death_is_eof_on_a_forked_childs_stdin(fork: str) -> None:
+    # The second child is forked while the launcher holds the first one's stdin: it must not keep
+    # a copy, or the first would never see EOF.
+    proc = subprocess.run([sys.executable, "-m", "tests.core.fork_driver", "stdin_orphan"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HWTUI_FORK_RANKS": fork}, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["forked"] == [fork == "1"] * 2, out["refusal"]
+    first, second = out["pids"]
+    try:
+        deadline = time.monotonic() + 60
+        while not _gone(first):
+            assert time.monotonic() < deadline, "the first child never saw EOF on its stdin"
+            time.sleep(0.05)
+        assert not _gone(second)  # it was only told nothing: it is still there (we clear it below)
+    finally:
+        for pid in (first, second):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

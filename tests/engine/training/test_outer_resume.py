@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,14 +141,14 @@ def test_read_assignments_refuses_what_is_not_one(tmp_path):
 
 # -- real runs: a recorded assignment reproduces a dynamic run bit for bit ---------------------------
 
-def _train(tmp: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # HWTUI_TEST_HALVES: every round's last chunk goes out in two halves (the finer tail), so the
     # recorded assignment surely holds pieces, whatever this machine's timing makes of the tail.
     return subprocess.run(
         [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "10", "--batch-size", "5",
          "--merge-every", "5", "--eval-every", "100", "--merge", "outer-nesterov", "--context", "32", "--d-model", "32",
          "--checkpoint-dir", str(tmp / name), "--report", str(tmp / f"{name}.json"), *extra],
-        cwd=REPO, env={**os.environ, "HWTUI_TEST_SLOWDOWN": "1:2", "HWTUI_TEST_HALVES": "1"},
+        cwd=REPO, env={**os.environ, "HWTUI_TEST_SLOWDOWN": "1:2", "HWTUI_TEST_HALVES": "1", **(env or {})},
         capture_output=True, text=True, timeout=170)
 
 
@@ -172,10 +173,15 @@ def _every_sample_once(rep: dict, batch: int) -> None:
 @pytest.mark.torch
 @pytest.mark.timeout(240)
 def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hyperparameters(tmp_path):
-    a = _train(tmp_path, "a")
+    # a's workers are forked from the launcher (the default), b's exec'd (HWTUI_FORK_RANKS=0): -v
+    # says which and why, and the bytes below show both start the same training.
+    a = _train(tmp_path, "a", "-v")
     assert a.returncode == 0, a.stderr
-    b = _train(tmp_path, "b", "--replay-assignment", str(tmp_path / "a.json"))
+    b = _train(tmp_path, "b", "-v", "--replay-assignment", str(tmp_path / "a.json"), env={"HWTUI_FORK_RANKS": "0"})
     assert b.returncode == 0, b.stderr
+    for rank in (0, 1):
+        assert f"worker {rank} (cpu:{rank}) forked from the launcher (pid " in a.stdout, a.stdout
+        assert re.search(rf"worker {rank} \(cpu:{rank}\) exec'd, not forked \(pid \d+\): HWTUI_FORK_RANKS=0\n", b.stdout), b.stdout
     rep_a, rep_b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
     # Every round ended on a chunk cut in two (batch 5: rows 0-1 and 2-4; the tail rule may cut
     # others too), recorded and replayed.
