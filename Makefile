@@ -34,15 +34,18 @@ run: $(RUN_STAMP)
 # PYTHONPATH=. : the static tools read this tree (hwtui/ links the root folders), never another clone.
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
-	PYTHONPATH=. $(BIN)/lint-imports
-	PYTHONPATH=. $(BIN)/mypy
 	# Three pytest processes on two cores, each taking whole modules from one queue (tests/shards.py):
 	# most tests wait on child interpreters, sockets and deadlines, and a third process fills those
 	# waits. Not pytest-xdist: its workers carry an I/O thread, and hwtui forks ranks only from a
 	# single-threaded launcher, so under xdist every in-process launch exec'd its ranks and paid
 	# `import torch` per rank. A module stays in one process (its module-scoped worlds start once);
 	# modules are claimed slowest first (tests/module_seconds.txt).
-	$(BIN)/python -m tests.shards -n 3
+	# The layer contracts and mypy run beside the shards (--also), not before them: each is
+	# single-threaded and left a core idle for its ~25 s; a failure still fails `make test`.
+	# PYTHONDONTWRITEBYTECODE= : the hundreds of interpreters the suite starts read this tree's
+	# compiled modules instead of compiling them again each (the caches are git-ignored).
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.shards -n 3 \
+		--also "PYTHONPATH=. $(BIN)/lint-imports" --also "PYTHONPATH=. $(BIN)/mypy"
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

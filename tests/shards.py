@@ -27,6 +27,7 @@ import hashlib
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -201,6 +202,9 @@ def _failure_report(log: str) -> str:
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m tests.shards", description=__doc__.split("\n", 1)[0])
     parser.add_argument("-n", "--shards", type=int, default=3, help="pytest processes (default 3)")
+    parser.add_argument("--also", action="append", default=[], metavar="CMD",
+                        help="a check run beside the shards, e.g. 'PYTHONPATH=. mypy' (split as a shell would, never run "
+                             "through one; leading NAME=value words set its environment); its failure fails the run")
     args, rest = parser.parse_known_args(argv)
     if not 1 <= args.shards <= 64:
         parser.error("-n must be between 1 and 64")
@@ -215,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         claims.mkdir(mode=0o700)
         procs, logs, readers = [], [], []
         sel = selectors.DefaultSelector()
+        # The checks (the linters) start first and run beside the shards: they are single-threaded
+        # and would otherwise leave one of the two cores idle for their whole run.
+        checks = [_start_check(cmd, Path(tmp) / f"check{i}.log") for i, cmd in enumerate(args.also)]
         for i in range(args.shards):
             read_end, write_end = os.pipe()
             log = open(Path(tmp) / f"s{i}.log", "w+b")
@@ -229,14 +236,14 @@ def main(argv: list[str] | None = None) -> int:
             sel.register(read_end, selectors.EVENT_READ)
         print(f"tests.shards: {args.shards} pytest processes taking modules from one queue (logs in {tmp})", flush=True)
         try:
-            _pump(sel, procs, readers, started)
+            _pump(sel, procs, checks, readers, started)
             for p in procs:
                 p.wait(timeout=max(1.0, SUITE_DEADLINE_S - (time.monotonic() - started)))
         except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
-            for p in procs:
+            for p in [*procs, *(c.proc for c in checks)]:
                 if p.poll() is None:
                     p.send_signal(signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGKILL)
-            for p in procs:
+            for p in [*procs, *(c.proc for c in checks)]:
                 try:
                     p.wait(timeout=60)
                 except subprocess.TimeoutExpired:
@@ -244,27 +251,66 @@ def main(argv: list[str] | None = None) -> int:
                     p.wait()
             if isinstance(exc, subprocess.TimeoutExpired):
                 print(f"tests.shards: the suite ran past {SUITE_DEADLINE_S:.0f} s; every shard was stopped", flush=True)
-        return _report(procs, logs, started)
+        return _report(procs, logs, checks, started)
 
 
-def _pump(sel: selectors.BaseSelector, procs: list[subprocess.Popen[bytes]], readers: list[int], started: float) -> None:
-    """Print each shard's progress lines as they come, until every shard has exited.
+class _Check:
+    """A command run beside the shards, its output kept in a log and shown when it fails."""
 
-    The shards' exits are watched (pidfds), not their pipes' ends: a process a test leaked could
+    def __init__(self, cmd: str, log_path: Path):
+        words = shlex.split(cmd)
+        env = dict(os.environ)
+        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        if not words:
+            raise SystemExit(f"tests.shards: --also {cmd!r} names no command")
+        self.cmd, self.started = cmd, time.monotonic()
+        self.log = open(log_path, "w+b")
+        try:
+            self.proc = subprocess.Popen(words, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            raise SystemExit(f"tests.shards: --also {cmd!r}: {exc.strerror or exc}") from None
+        self.reported = False
+
+    def verdict(self) -> str:
+        code = self.proc.returncode
+        took = time.monotonic() - self.started
+        if code == 0:
+            return f"tests.shards: `{self.cmd}` passed ({took:.0f} s)"
+        self.log.seek(0)
+        return f"tests.shards: `{self.cmd}` FAILED (exit {code}, {took:.0f} s):\n{self.log.read().decode(errors='replace').rstrip()}"
+
+
+def _start_check(cmd: str, log_path: Path) -> _Check:
+    return _Check(cmd, log_path)
+
+
+def _pump(sel: selectors.BaseSelector, procs: list[subprocess.Popen[bytes]], checks: list[_Check], readers: list[int],
+          started: float) -> None:
+    """Print each shard's progress lines and each check's verdict as they come, until all have exited.
+
+    The processes' exits are watched (pidfds), not their pipes' ends: a process a test leaked could
     hold a write end open long after its shard is gone.
     """
     pending = {fd: b"" for fd in readers}
-    exits = {os.pidfd_open(p.pid): p for p in procs}
-    for pidfd in exits:
+    exits: dict[int, subprocess.Popen[bytes] | _Check] = {}
+    watched: list[subprocess.Popen[bytes] | _Check] = [*procs, *checks]
+    for p in watched:
+        pidfd = os.pidfd_open(p.proc.pid if isinstance(p, _Check) else p.pid)
+        exits[pidfd] = p
         sel.register(pidfd, selectors.EVENT_READ)
     try:
-        while any(p.poll() is None for p in procs):
+        while exits:
             left = SUITE_DEADLINE_S - (time.monotonic() - started)
             if left <= 0:
                 raise subprocess.TimeoutExpired("tests.shards", SUITE_DEADLINE_S)
             for key, _ in sel.select(timeout=min(left, 60.0)):
-                if key.fd in pending:
-                    _read_lines(sel, key.fd, pending, started)
+                fd = int(key.fd)
+                if fd in pending:
+                    _read_lines(sel, fd, pending, started)
+                elif fd in exits:
+                    _exited(sel, fd, exits.pop(fd))
         for fd in list(pending):  # what the shards wrote just before they exited
             os.set_blocking(fd, False)
             try:
@@ -281,6 +327,18 @@ def _pump(sel: selectors.BaseSelector, procs: list[subprocess.Popen[bytes]], rea
             os.close(fd)
 
 
+def _exited(sel: selectors.BaseSelector, pidfd: int, what: subprocess.Popen[bytes] | _Check) -> None:
+    # Unregistered at once: an exited process's pidfd stays readable and would spin the loop.
+    sel.unregister(pidfd)
+    os.close(pidfd)
+    if isinstance(what, _Check):
+        what.proc.wait()
+        what.reported = True
+        print(what.verdict(), flush=True)
+    else:
+        what.wait()
+
+
 def _read_lines(sel: selectors.BaseSelector, fd: int, pending: dict[int, bytes], started: float) -> None:
     chunk = os.read(fd, 65536)
     if not chunk:
@@ -293,7 +351,14 @@ def _read_lines(sel: selectors.BaseSelector, fd: int, pending: dict[int, bytes],
         print(f"{time.monotonic() - started:6.0f} s {line.decode(errors='replace')}", flush=True)
 
 
-def _report(procs: list[subprocess.Popen[bytes]], logs: list, started: float) -> int:
+def _report(procs: list[subprocess.Popen[bytes]], logs: list, checks: list[_Check], started: float) -> int:
+    for check in checks:
+        if check.proc.poll() is None:
+            check.proc.kill()
+            check.proc.wait()
+        if not check.reported:
+            print(check.verdict(), flush=True)
+        check.log.close()
     totals: dict[str, int] = {}
     codes = [p.returncode if p.returncode is not None else -9 for p in procs]
     for i, (code, log) in enumerate(zip(codes, logs, strict=True)):
@@ -313,7 +378,7 @@ def _report(procs: list[subprocess.Popen[bytes]], logs: list, started: float) ->
     worst = [c for c in codes if c not in (0, 1)]
     if worst:
         return worst[0] if worst[0] > 0 else 2
-    return 1 if 1 in codes else 0
+    return 1 if 1 in codes or any(c.proc.returncode != 0 for c in checks) else 0
 
 
 if __name__ == "__main__":

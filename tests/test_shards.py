@@ -46,9 +46,10 @@ def _suite(tmp_path: Path, fail_in: str | None = None) -> Path:
     return suite
 
 
-def _run(suite: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.shards", "-n", "3", str(suite), "-c", str(suite / "pytest.ini"),
-                           "--rootdir", str(suite), "-p", "no:cacheprovider", "-q"],
+def _run(suite: Path, *also: str, shards: int = 3) -> subprocess.CompletedProcess[str]:
+    checks = [a for cmd in also for a in ("--also", cmd)]
+    return subprocess.run([sys.executable, "-m", "tests.shards", "-n", str(shards), *checks, str(suite), "-c",
+                           str(suite / "pytest.ini"), "--rootdir", str(suite), "-p", "no:cacheprovider", "-q"],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
 
 
@@ -61,8 +62,10 @@ def _records(tmp_path: Path) -> list[tuple[str, str, int]]:
 
 
 def test_every_test_runs_once_and_a_module_stays_in_one_shard(tmp_path: Path) -> None:
-    proc = _run(_suite(tmp_path))
+    lint = f"HWTUI_SHARD_TEST=yes {sys.executable} -c 'import os, sys; sys.exit(os.environ[\"HWTUI_SHARD_TEST\"] != \"yes\")'"
+    proc = _run(_suite(tmp_path), lint)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"`{lint}` passed" in proc.stdout, proc.stdout
     rows = _records(tmp_path)
     runs = Counter(what for kind, what, _ in rows if kind == "run")
     assert runs == Counter({f"{m}::{i}": 1 for m, n in (("alpha", 4), ("beta", 3), ("gamma", 5), ("delta", 2)) for i in range(n)})
@@ -86,13 +89,9 @@ def test_a_failure_reaches_the_exit_code_and_the_terminal(tmp_path: Path) -> Non
     assert "1 failed" in last and "13 passed" in last, last
 
 
-def test_bad_arguments_are_pytest_usage_errors_not_a_hang(tmp_path: Path) -> None:
-    proc = _run_with(tmp_path, "--no-such-option")
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-
-
-def _run_with(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    suite = _suite(tmp_path)
-    return subprocess.run([sys.executable, "-m", "tests.shards", "-n", "2", str(suite), "-c", str(suite / "pytest.ini"),
-                           "--rootdir", str(suite), "-p", "no:cacheprovider", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+def test_a_failing_check_beside_the_shards_fails_the_run_and_shows_its_output(tmp_path: Path) -> None:
+    lint = f"{sys.executable} -c 'print(\"core imports app: forbidden\"); raise SystemExit(3)'"
+    proc = _run(_suite(tmp_path), lint, shards=1)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"`{lint}` FAILED (exit 3" in proc.stdout and "core imports app: forbidden" in proc.stdout, proc.stdout
+    assert "14 passed" in proc.stdout.splitlines()[-1], proc.stdout
