@@ -252,10 +252,42 @@ def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str
         os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)  # putenv too: C code (gloo, torch.distributed) reads these
+    _fresh_stdio(env)
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [p for p in path if p not in sys.path]
     if _after_fork is not None:
         _after_fork()
+
+
+def _fresh_stdio(env: Mapping[str, str]) -> None:
+    """sys.stdin/stdout/stderr on fds 0-2, as a fresh interpreter has them.
+
+    The fork copies the launcher's Python stream objects, and those need not be its fds: pytest's
+    capture, an app that redirected its output, a StringIO. Left alone, the child's print() and
+    tracebacks would go into its copy of those objects (lost), or to an fd closed above.
+    faulthandler likewise held an fd of the launcher's, now closed or reused (the answer pipe).
+    """
+    import faulthandler
+    import io
+    import locale
+
+    faulthandler.disable()
+    encoding = "utf-8" if sys.flags.utf8_mode else (locale.getpreferredencoding(False) or "utf-8")
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    streams: list[io.TextIOWrapper | None] = []
+    for fd in (0, 1, 2):
+        try:
+            raw = io.FileIO(fd, "rb" if fd == 0 else "wb", closefd=False)
+        except OSError:
+            streams.append(None)  # as CPython: a closed standard fd gives a None stream
+            continue
+        buffered: io.BufferedReader | io.BufferedWriter = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
+        streams.append(io.TextIOWrapper(buffered, encoding=encoding, errors="backslashreplace" if fd == 2 else "strict",
+                                        line_buffering=fd == 2 or raw.isatty(), write_through=unbuffered and fd != 0))
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
+    if env.get("PYTHONFAULTHANDLER") and sys.stderr is not None:
+        faulthandler.enable(sys.stderr)
 
 
 def _open_fds() -> set[int]:

@@ -45,10 +45,34 @@ def stdin_case(case: str) -> None:
     print(json.dumps(out), flush=True)
 
 
+def stdio_case() -> None:
+    """A launcher whose Python streams are not its fds (pytest's capture, a redirect, an embedding
+    app): the child's print(), input() and stderr must be its own fds 0-2, as in a fresh
+    interpreter, not our replaced objects (which a fork would otherwise hand it)."""
+    import io
+
+    forking.preload(["json"])
+    real_stdout = sys.stdout
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO("not for the child\n"), io.StringIO(), io.StringIO()
+    child = Child(python_module("tests.core.fork_probe", "{answer_fd}", "stdio"), name="stdio", answer_pipe=True,
+                  stdin="pipe", stdout="pipe", stderr="pipe", text=True, fork=True).start()
+    assert child.proc is not None and child.proc.stdin and child.proc.stdout and child.proc.stderr
+    child.proc.stdin.write("hello\n")
+    child.proc.stdin.close()
+    code = child.wait(timeout=60)
+    ours = {"stdout": sys.stdout.getvalue(), "stderr": sys.stderr.getvalue()}  # type: ignore[attr-defined]
+    out = {"forked": child.forked, "refusal": child.fork_refusal, "code": code, "stdout": child.proc.stdout.read(),
+           "stderr": child.proc.stderr.read(), "ours": ours}
+    print(json.dumps(out), file=real_stdout, flush=True)
+
+
 def main() -> None:
     case = sys.argv[1]
     if case.startswith("stdin"):
         stdin_case(case)
+        return
+    if case == "stdio":
+        stdio_case()
         return
     how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
     forking.preload(["json"], import_env_prefixes=("ZYG_",))

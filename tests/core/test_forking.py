@@ -38,6 +38,13 @@ def test_a_forked_child_has_its_own_session_env_and_only_its_own_fds() -> None:
     assert (out["code"], out["text"]) == (3, "exited with status 3")
 
 
+def test_a_forked_child_prints_and_reads_on_its_own_fds_whatever_the_launcher_did_to_its_streams() -> None:
+    out = drive("stdio")
+    assert out["forked"] is True, out
+    assert (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\n"), out
+    assert out["ours"] == {"stdout": "", "stderr": ""}  # nothing landed in the launcher's replaced streams
+
+
 def test_terminate_reaches_a_forked_child_and_says_it_was_killed_by_sigterm() -> None:
     out = drive("hang")
     assert out["forked"] is True

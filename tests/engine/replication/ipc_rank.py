@@ -1,6 +1,8 @@
 """One rank of an IPC-protocol world, run as a real process by test_ipc_processes.py.
 
-``python ipc_rank.py SPEC_JSON``: joins a gloo world through the test's TCPStore on 127.0.0.1,
+``python ipc_rank.py SPEC_JSON`` (or ``python -m tests.engine.replication.ipc_rank -`` with the spec
+as one line on stdin: the test forks these ranks before its store exists, then sends each its spec
+and the store's port). It joins a gloo world through the test's TCPStore on 127.0.0.1,
 then rank 0 exports buckets through the given provider and the others receive them; every rank
 votes, and rank 0 writes ``committed`` only on a unanimous yes (the worker's rule). Faults come
 from the spec: ``kill`` (SIGKILL at a phase), ``corrupt`` (flip a byte of a receiver's copy),
@@ -136,4 +138,4 @@ def _publish_hostile(ch: Channel, src: IpcSource, b: int, n: int, what: str) -> 
 
 
 if __name__ == "__main__":
-    sys.exit(main(json.loads(sys.argv[1])))
+    sys.exit(main(json.loads(sys.stdin.readline() if sys.argv[1] == "-" else sys.argv[1])))

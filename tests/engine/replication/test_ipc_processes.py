@@ -21,49 +21,61 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from hwtui.core.supervisor import Child
+from hwtui.engine.rank_fork import preload_for_ranks
 from hwtui.engine.replication.ipc_protocol import Channel
 
-RANK = str(Path(__file__).with_name("ipc_rank.py"))
 SIZES = [5000, 4096, 777, 6000, 3]
 
 
 def _world(tmp_path: Path, *, world: int = 3, window: int = 2, fault: dict[str, Any] | None = None,
            timeout_s: float = 120.0, device: str = "cpu", sizes: list[int] | None = None,
            check_bytes: bool = True) -> dict[str, Any]:
+    # The ranks are forked from this process (torch imported once, hwtui.core.forking) before the
+    # store starts its server thread, then each gets its spec, the store's port in it, on stdin; a
+    # GPU world execs them (no device runtime near a fork).
+    fork = device == "cpu" and preload_for_ranks() is None
+    procs = [Child([sys.executable, "-m", "tests.engine.replication.ipc_rank", "-"], name=f"ipc rank {r}", stdin="pipe",
+                   stdout="null", stderr="pipe", text=True, fork=fork).start() for r in range(world)]
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
     run = secrets.token_hex(8)
-    procs = []
-    for r in range(world):
+    for r, child in enumerate(procs):
         spec = {"rank": r, "world": world, "port": store.port, "run": run, "window": window, "sizes": sizes or SIZES,
                 "out": str(tmp_path), "fault": fault, "timeout_s": timeout_s, "device": device,
                 "check_bytes": check_bytes}
-        procs.append(subprocess.Popen([sys.executable, RANK, json.dumps(spec)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        assert child.proc is not None and child.proc.stdin is not None and child.proc.stderr is not None
+        try:
+            child.proc.stdin.write(json.dumps(spec) + "\n")
+            child.proc.stdin.close()
+        except BrokenPipeError:
+            child.proc.wait(timeout=60)
+            pytest.fail(f"rank {r} ended before its spec came: {child.proc.stderr.read()[-3000:]}")
     ch = Channel(store, run, 1.0)
     deadline = time.monotonic() + 240
     codes: dict[int, int] = {}
     while len(codes) < world:
-        for r, p in enumerate(procs):
+        for r, child in enumerate(procs):
             if r in codes:
                 continue
             try:
-                codes[r] = p.wait(timeout=0.2)
+                assert child.proc is not None
+                codes[r] = child.proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 continue
             if codes[r] < 0:
                 ch.abort(f"rank {r} died (signal {-codes[r]})")
         if time.monotonic() > deadline:
-            for p in procs:
-                p.kill()
+            for child in procs:
+                child.kill()
             pytest.fail("a rank hung")
     results = {}
-    for r, p in enumerate(procs):
+    for r, child in enumerate(procs):
         f = tmp_path / f"rank{r}.json"
         results[r] = json.loads(f.read_text()) if f.exists() else None
-        err = p.stderr.read() if p.stderr else ""
+        err = child.proc.stderr.read() if child.proc is not None and child.proc.stderr else ""
         assert "Traceback" not in err, err[-3000:]
     return {"codes": codes, "results": results, "committed": (tmp_path / "committed").exists(),
-            "pids": [p.pid for p in procs]}
+            "pids": [child.proc.pid for child in procs if child.proc is not None], "forked": [c.forked for c in procs]}
 
 
 def test_three_ranks_receive_every_bucket_byte_exact_within_the_window(tmp_path: Path) -> None:
