@@ -84,7 +84,7 @@ def load() -> str:
         return "?"
 
 
-def run_flat(net, model: Path, port: int) -> tuple[float, float, float]:
+def run_flat(net: NetnsCluster, model: Path, port: int) -> tuple[float, float, float]:
     """(seconds, the ranks' CPU seconds, the host's busy core-seconds) of one flat broadcast."""
     procs = [net.popen(r // 2, [sys.executable, "-c", FLAT, str(model)], env=env_for(r, port)) for r in range(4)]
     res = finish(procs, timeout=300)
@@ -114,7 +114,7 @@ def ksoftirqd_s() -> float:
     return total
 
 
-def run_hwtui(net, work: Path, port: int, rnd: int, name: str = "hwtui", env: dict[str, str] | None = None,
+def run_hwtui(net: NetnsCluster, work: Path, port: int, rnd: int, name: str = "hwtui", env: dict[str, str] | None = None,
               tree: Path = ROOT) -> tuple[float, list[dict]]:
     def rank_env(r: int) -> dict[str, str]:
         e = {**env_for(r, port), **(env or {})}
@@ -239,9 +239,9 @@ def main() -> int:
           + (f"; tree = {args.compare_tree}" if args.compare_tree else ""))
     for k, v in rows.items():
         print(f"  {k:8} median {total / med[k] / 1e9:6.3f} GB/s ({med[k]:.3f} s)  rounds: {' '.join(f'{total / x / 1e9:.3f}' for x in v)}")
-    for k, v in cpus.items():
-        print(f"  {k:8} CPU per run, median: its ranks {statistics.median(c for c, _ in v):.2f} s, the host busy "
-              f"{statistics.median(h for _, h in v):.2f} core-s of {os.cpu_count()} x {med[k]:.2f} s")
+    for k, pairs in cpus.items():
+        print(f"  {k:8} CPU per run, median: its ranks {statistics.median(c for c, _ in pairs):.2f} s, the host busy "
+              f"{statistics.median(h for _, h in pairs):.2f} core-s of {os.cpu_count()} x {med[k]:.2f} s")
     for k in hw:
         ratios = [f / h for f, h in zip(rows["flat"], rows[k], strict=True)]
         print(f"{'hwtui hierarchical' if k == 'hwtui' else k} / flat broadcast = {med['flat'] / med[k]:.2f}x (per round "
