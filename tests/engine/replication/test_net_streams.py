@@ -95,3 +95,38 @@ def test_replicate_refuses_a_bad_interface_list_or_stream_count_in_one_line(tmp_
     assert len(errors) == 1 and says in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "out" / "rank1" / "CURRENT").exists()
+
+
+def _world(rank: int, net_ranks: list[int], backend: str = "gloo"):
+    """Just what RankWorld._net_streams reads of a rank; its log lines collected."""
+    from types import SimpleNamespace
+
+    logs: list[str] = []
+    return SimpleNamespace(rank=rank, net_ranks=net_ranks, choice=SimpleNamespace(backend=backend),
+                           emit=lambda ev: logs.append(ev.message)), logs
+
+
+@pytest.mark.parametrize(("devices", "streams", "says"), [
+    ({0: 2, 2: 2}, 2, "2 TCP streams per peer (HWTUI_NET_STREAMS)"),
+    ({0: 2, 2: 1}, 1, "one TCP stream per peer (streams each network rank can open: rank 0 2, rank 2 1)"),
+    ({0: 3, 2: 2}, 1, "one TCP stream per peer"),
+    ({0: 2, 2: "2"}, 1, "one TCP stream per peer"),  # a record that is not a number: no guess
+    ({0: 9, 2: 9}, 1, "one TCP stream per peer"),  # beyond the maximum
+])
+def test_the_network_group_gets_streams_only_where_every_network_rank_can_open_them(devices, streams, says):
+    """The same answer on every rank from the records alone (a rank deciding otherwise would make
+    a group whose connections never pair up), and rank 0 says which; ranks outside the group too."""
+    from hwtui.engine.replication.world import RankWorld
+
+    records = [{"net_devices": devices.get(r, 1)} for r in range(4)]
+    answers = set()
+    for rank in range(4):
+        me, logs = _world(rank, [0, 2])
+        answers.add(RankWorld._net_streams(me, records))  # type: ignore[arg-type]
+        if rank == 0:
+            assert len(logs) == 1 and logs[0].startswith(f"Network group (ranks 0, 2): {says}"), logs
+        else:
+            assert logs == []
+    assert answers == {streams}
+    me, logs = _world(0, [0, 2], backend="nccl")
+    assert RankWorld._net_streams(me, [{"net_devices": 2}] * 4) == 1 and logs == []  # type: ignore[arg-type]
