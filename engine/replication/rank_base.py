@@ -91,6 +91,7 @@ class RankBase:
         self.rss_base = 0
         self.direct: dict[int, Any] = {}
         self.collectives = 0  # broadcasts issued for buckets (chunks), reported for the record
+        self.net_streams = 0  # TCP streams per peer in the network group (0: not in it; engine.replication.net_streams)
         # Seams for a resident rank (engine.resident.resident_child), both off for `hwtui replicate`:
         # reuse_world: the process group already exists (a warm push): init() only agrees the
         # settings and the plan digest again; staging_factory: what builds a receiver's staging copy.
@@ -101,6 +102,7 @@ class RankBase:
         self.shared_staging = False  # this rank staged in that shared memory (reported)
         self.leader_data_at: dict[int, int | None] = {}  # host leader -> where data starts in its file (None: after the header)
         self._prefault_file: PrefaultedFile | None = None  # a receiver's --out staging file, made while the world forms
+        self._leader_map: Any = None  # a follower's read-only mapping of its leader's shared memory (host_copy)
 
     # ------------------------------------------------------------------ plumbing
 

@@ -216,28 +216,37 @@ def follower_lag(steps: list[Step], leader: int, follower: int) -> dict[str, flo
 # ------------------------------------------------------------------ CPU during the transfer
 
 
-def cpu_sample() -> tuple[float, float, float]:
-    """(this process's CPU seconds, all threads; the host's busy CPU seconds; a wall clock reading)."""
+def cpu_sample() -> tuple[float, float, float, float, float]:
+    """(this process's CPU seconds, all threads; the host's busy CPU seconds; a wall clock reading;
+    this process's system (kernel) CPU seconds; the host's irq + softirq CPU seconds)."""
     import time
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime, _host_busy(), time.perf_counter()
+    busy, irq = _host_busy()
+    return ru.ru_utime + ru.ru_stime, busy, time.perf_counter(), ru.ru_stime, irq
 
 
-def _host_busy() -> float:
-    """Busy CPU seconds of the whole host since boot (/proc/stat: everything but idle and iowait)."""
+def _host_busy() -> tuple[float, float]:
+    """Busy CPU seconds of the whole host since boot (/proc/stat: everything but idle and iowait),
+    and the irq + softirq part of them (the kernel's network receive work runs there)."""
     try:
         with open("/proc/stat", encoding="ascii") as fh:
             fields = fh.readline().split()[1:]
         ticks = [int(x) for x in fields[:8]]
     except (OSError, ValueError):
-        return 0.0
-    busy = sum(ticks) - ticks[3] - ticks[4]
-    return busy / float(os.sysconf("SC_CLK_TCK"))
+        return 0.0, 0.0
+    hz = float(os.sysconf("SC_CLK_TCK"))
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, (ticks[5] + ticks[6]) / hz
 
 
-def cpu_between(a: tuple[float, float, float], b: tuple[float, float, float]) -> dict[str, float | int]:
-    """What the report row's ``transfer_cpu`` holds: this rank's CPU seconds, the host's busy
-    core-seconds and the wall seconds between two samples, and the host's cores."""
-    return {"process_s": round(b[0] - a[0], 4), "host_busy_s": round(b[1] - a[1], 4), "wall_s": round(b[2] - a[2], 4),
-            "cores": os.cpu_count() or 1}
+def cpu_between(a: tuple[float, ...], b: tuple[float, ...]) -> dict[str, float | int]:
+    """What the report row's ``transfer_cpu`` holds: this rank's CPU seconds (and the kernel's part
+    of them: its sockets' copies, and the network softirqs that ran in its context), the host's
+    busy core-seconds (and their irq/softirq part) and the wall seconds between two samples, and
+    the host's cores."""
+    out: dict[str, float | int] = {"process_s": round(b[0] - a[0], 4), "host_busy_s": round(b[1] - a[1], 4),
+                                   "wall_s": round(b[2] - a[2], 4), "cores": os.cpu_count() or 1}
+    if len(a) >= 5 and len(b) >= 5:
+        out["process_sys_s"] = round(b[3] - a[3], 4)
+        out["host_softirq_s"] = round(b[4] - a[4], 4)
+    return out

@@ -4,7 +4,8 @@ Source (rank 0): for each bucket, take its bytes zero-copy from the memory-mappe
 bucket is one contiguous file range, else pack its pieces into a pooled buffer; broadcast it in
 chunks as async collectives, hashing what it sends beside the send. Receivers post the broadcast
 of up to ``window`` buckets into pooled buffers (or straight into the staging copy); when the
-oldest completes, verify its xxh3 against the plan, unpack it and recycle the buffer. At most
+oldest completes, post the next receive that lands in place (so its connection does not idle while
+this one is hashed), then verify its xxh3 against the plan, unpack it and recycle the buffer. At most
 ``window`` buckets are between "staged" and "done" (engine.replication.window).
 """
 
@@ -103,9 +104,13 @@ class RankTransfer(RankHostCopy):
         groups = self._groups(plan)
         sizes = [bk["size"] for bk in plan.buckets]
         verify = self.settings.verify
-        while b < len(groups) or inflight:
+
+        def post(in_place_only: bool) -> None:
+            nonlocal b
             while b < len(groups) and win.can_admit(sum(sizes[x] for x in groups[b]), count=len(groups[b])):
                 group = groups[b]
+                if in_place_only and len(group) == 1 and group[0] not in self.direct:
+                    return  # a pooled buffer: the one just received is still being verified
                 for x in group:
                     self.faults.at_bucket(x)
                 total = sum(sizes[x] for x in group)
@@ -122,17 +127,26 @@ class RankTransfer(RankHostCopy):
                     self.bucket(x, "inflight", sizes[x])
                 inflight.append((group, buf, works, t_post))
                 b += 1
+
+        while b < len(groups) or inflight:
+            post(in_place_only=False)
             group, buf, works, t0 = inflight.popleft()
             for w in works:
                 self._wait(w, "bucket", f"broadcast of bucket {group[0]}" if len(group) == 1
                            else f"broadcast of buckets {group[0]}-{group[-1]}")
             arrived = now() - t0  # every bucket of the group arrived together (the timeline reads it)
+            for ob in group:
+                self.bucket(ob, "verifying", sizes[ob], arrived)
+                win.retire(sizes[ob], arrived)
+            # The next receive is posted before this group is verified, not after: with N streams
+            # (engine.replication.net_streams) the connection this group came on would otherwise
+            # idle for the hashing. Only into the staging copy in place: a pooled buffer waits for
+            # the one being verified to come back (the pool holds window buffers).
+            post(in_place_only=True)
             pos = 0
             for ob in group:
                 # Every bucket of a group is verified on its own, in place, before it counts as done.
                 size = sizes[ob]
-                self.bucket(ob, "verifying", size, arrived)
-                win.retire(size, now() - t0)
                 t1 = now()
                 data = buf[pos:pos + size]
                 pos += size

@@ -179,7 +179,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                 raise TransportFailure(f"rank {self.rank}: its shared staging memory is smaller than the copy")
             if reuse and made is not None and not self.staging.preallocated:
                 self.staging.preallocated = made.preallocated  # reserved by the thread, same size
-        self.phases["populate"] = self._fault_in_leader_copy()
+        self.phases["populate"] = self._fault_in_leader_copy() + self._map_leader_copy()
         # Buckets that are one contiguous range of the staging copy are received straight into it:
         # no pooled buffer, no unpack copy. The rest go through the pool.
         self.direct = {}
@@ -250,11 +250,13 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
                               "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
                       window=self.window_stats, collectives=self.collectives, transfer_cpu=self.transfer_cpu,
+                      net_streams=self.net_streams,
                       shared_staging=self.shared_staging,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
 
     def remove_shm(self) -> None:
+        self._unmap_leader_copy()  # a follower's view of its leader's copy: done with it after the vote
         if self._shared is not None:  # made while the world formed, never taken (a run that failed early)
             self._shared.discard()
             self._shared = None

@@ -3,11 +3,13 @@ source's header and the start barrier. Nothing here moves a model byte."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import LogEvent
+from hwtui.engine.replication import net_streams
 from hwtui.engine.replication.agree import (
     decode_slot,
     encode_slot,
@@ -40,6 +42,10 @@ class RankWorld(RankBase):
         is spent waiting for the slowest peer's interpreter. The thread is a daemon so a rank that
         fails on its plan exits without waiting for the rendezvous.
         """
+        # A bad interface list or stream count is bad input, said in one line before any
+        # rendezvous (not a gloo error after it): engine.replication.net_streams.
+        net_streams.device_count(os.environ, gloo=self.choice.backend == "gloo")
+
         def form() -> None:
             t = now()
             try:
@@ -94,6 +100,9 @@ class RankWorld(RankBase):
                                  chunk_bytes=self.settings.chunk_bytes, max_inflight_bytes=self.settings.max_inflight_bytes,
                                  verify=self.settings.verify, commit=self.cfg.commit, transport=self.choice.name)
         record["host"] = host_facts([f["path"] for f in plan["files"]])
+        # How many TCP streams this rank can open in the network group (never compared as a
+        # setting: _choose_paths uses them only where every network rank can, engine.replication.net_streams).
+        record["net_devices"] = net_streams.device_count(os.environ, gloo=self.choice.backend == "gloo")
         record["staging_file"] = self._staging_file_for_followers(plan)
         # Where the data starts in that file: 0 in shared staging memory, else after the header.
         record["staging_data_at"] = 0 if self._shared is not None and record["staging_file"] == self._shared.path else None
@@ -148,8 +157,12 @@ class RankWorld(RankBase):
         self.paths, self.leader_of, self.net_ranks = dict(choice.paths), dict(choice.leader_of), list(choice.net_ranks)
         # new_group is collective over the whole world: every rank calls it, in the same order.
         self.net_group = None
-        if 1 < len(self.net_ranks) < self.world:
-            self.net_group = dist.new_group(self.net_ranks)
+        streams = self._net_streams(records)  # the same on every rank
+        if 1 < len(self.net_ranks) and (len(self.net_ranks) < self.world or streams > 1):
+            mine = net_streams.network_ifnames(os.environ, gloo=True) if streams > 1 and self.rank in self.net_ranks else None
+            with net_streams.gloo_interfaces(mine):
+                self.net_group = dist.new_group(self.net_ranks)
+        self.net_streams = streams if self.rank in self.net_ranks else 0
         self.host_group = None
         for leader in sorted(set(self.leader_of.values())):
             members = [leader, *sorted(r for r, lead in self.leader_of.items() if lead == leader)]
@@ -165,6 +178,22 @@ class RankWorld(RankBase):
             self.run_dir = None
         if self.rank == SRC:
             self.emit(LogEvent(message=describe_paths(self.paths, self.choice.backend), source="replication.transport"))
+
+    def _net_streams(self, records: list[dict[str, Any]]) -> int:
+        """How many TCP streams per peer the network group gets (engine.replication.net_streams),
+        decided from the records alone, so the same on every rank: more than one only where every
+        network rank can open that many -- else their connections would never pair up -- and 1
+        (the group made as the world is) otherwise."""
+        counts = {records[r].get("net_devices") for r in self.net_ranks}
+        n = counts.pop() if len(counts) == 1 else None
+        streams = n if type(n) is int and 1 < n <= net_streams.MAX_STREAMS and self.choice.backend == "gloo" else 1
+        if self.rank == SRC and len(self.net_ranks) > 1 and self.choice.backend == "gloo":
+            why = (f"{streams} TCP streams per peer ({net_streams.STREAMS_ENV})" if streams > 1 else
+                   "one TCP stream per peer (streams each network rank can open: " +
+                   ", ".join(f"rank {r} {records[r].get('net_devices')}" for r in self.net_ranks) + ")")
+            self.emit(LogEvent(message=f"Network group (ranks {', '.join(map(str, self.net_ranks))}): {why}.",
+                               source="replication.transport"))
+        return streams
 
     def _exchange_header(self, plan: Plan) -> bytes | None:
         """The source file's own safetensors header (length prefix included), so a replica is byte-identical.

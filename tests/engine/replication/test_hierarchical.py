@@ -119,6 +119,10 @@ def test_leader_stages_in_shared_memory_and_the_timeline_is_its_events(tmp_path)
     assert rows[2]["shared_staging"] is True  # the leader's copy: shared memory, faulted in before the transfer
     assert rows[3]["shared_staging"] is False and rows[1]["shared_staging"] is False
     assert all(rows[r]["ok"] for r in range(4))
+    # The network group (source and leader) ran on two TCP streams per peer (engine.replication.net_streams),
+    # and every bucket was still verified on every rank (ok above).
+    assert {r: rows[r]["net_streams"] for r in range(4)} == {0: 2, 1: 0, 2: 2, 3: 0}
+    assert "Network group (ranks 0, 2): 2 TCP streams per peer (HWTUI_NET_STREAMS)." in results[0][1]
     for r in range(4):
         cpu = rows[r]["transfer_cpu"]
         assert cpu["process_s"] >= 0 and cpu["wall_s"] > 0 and cpu["cores"] >= 1
@@ -196,3 +200,105 @@ def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
         finish(procs, timeout=30)
         net.down()
+
+
+def _big_model(tmp_path: Path, bucket_bytes: int) -> dict:
+    g = torch.Generator().manual_seed(29)
+    save_file({f"w{i}": torch.randn(250_000 + i, generator=g) for i in range(12)}, str(tmp_path / "m.safetensors"),
+              metadata={"format": "pt"})
+    plan = build_plan_from_files([str(tmp_path / "m.safetensors")], model="m", version="x3", bucket_bytes=bucket_bytes)
+    write_json_atomic(tmp_path / "p.json", plan)
+    return plan
+
+
+def _received_per_socket(ns: str, peer: str) -> list[int]:
+    """bytes_received of every established TCP socket in namespace ``ns`` whose peer is ``peer`` (ss -ti)."""
+    import re
+    import subprocess
+
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-tinH", "state", "established", "dst", peer],
+                         capture_output=True, text=True, timeout=15, check=True).stdout
+    entries: list[str] = []
+    for line in out.splitlines():
+        if line[:1].isspace() and entries:
+            entries[-1] += line
+        elif line.strip():
+            entries.append(line)
+    return [int(m.group(1)) if (m := re.search(r"bytes_received:(\d+)", e)) else 0 for e in entries]
+
+
+def _mappers(directory: Path) -> set[int]:
+    """The processes that map a file under ``directory`` (from /proc/<pid>/maps)."""
+    pids = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if str(directory) in maps.read_text():
+                pids.add(int(maps.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_made_at_setup(tmp_path):
+    """By state, with the source stopped before bucket 8: the leader has verified buckets 0-7, and
+    they reached it on two TCP connections from the source, each carrying more than a whole
+    256 KiB bucket (on one stream, one connection carried them all); the follower reads its
+    leader's shared memory through a mapping of its own, made before the transfer (it read the
+    file by preadv before: only the leader mapped it)."""
+    import signal
+    import time
+
+    bucket = 256 << 10
+    plan = _big_model(tmp_path, bucket)
+    assert len(plan["buckets"]) > 10
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=8",
+                                                             "HWTUI_SHM_DIR": str(shm)})
+    try:
+        deadline = time.monotonic() + 90
+        verified: set[int] = set()
+        while time.monotonic() < deadline and not set(range(8)) <= verified:
+            path = tmp_path / "ev2.jsonl"
+            verified = {e["bucket_id"] for e in (_events(path) if path.exists() else [])
+                        if e.get("kind") == "repl.bucket" and e.get("rank") == 2 and e.get("state") == "done"}
+            if not set(range(8)) <= verified:
+                assert all(p.poll() is None for p in procs), "a rank ended before the leader verified buckets 0-7"
+                time.sleep(0.05)
+        assert set(range(8)) <= verified, "the leader never verified buckets 0-7"
+        carried = sorted(_received_per_socket(net.node_ns[1], net.addresses[0]), reverse=True)
+        assert len([n for n in carried if n > bucket]) >= 2, carried
+        assert sum(carried) >= 8 * bucket
+        assert len(_mappers(shm)) == 2  # the leader, and its follower
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        finish(procs, timeout=30)
+        net.down()
+
+
+def test_corrupted_buckets_on_the_two_stream_leader_and_the_mapping_follower_are_named_on_their_ranks(tmp_path):
+    """Bucket 3 flipped on the leader (after two streams delivered it) and bucket 5 flipped in the
+    follower's own copy (taken from its mapping): each is named on its rank (the leader's bad
+    bucket again on its follower, which copied it), every rank votes no, no rank says ok."""
+    plan = _big_model(tmp_path, 256 << 10)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    net, procs = _run(tmp_path, plan, [], {"HWTUI_TEST_FAULT": "corrupt:rank=2,bucket=3;corrupt:rank=3,bucket=5",
+                                           "HWTUI_SHM_DIR": str(shm)})
+    try:
+        results = finish(procs, timeout=120)
+    finally:
+        net.down()
+    assert all(rc != 0 for rc, _, _ in results), [e[-800:] for _, _, e in results]
+    rows = {r: json.loads((tmp_path / f"rep{r}.json").read_text())["ranks"][0] for r in range(4)}
+    assert rows[2]["net_streams"] == 2 and not any(rows[r]["ok"] for r in range(4))
+    assert [f for f in rows[2]["failures"] if f.startswith("bucket ")] == \
+        [f for f in rows[2]["failures"] if f.startswith("bucket 3 failed verification on rank 2")]
+    named3 = sorted(int(f.split()[1]) for f in rows[3]["failures"] if f.startswith("bucket "))
+    assert named3 == [3, 5], rows[3]["failures"]
+    assert all("failed verification on rank 3" in f for f in rows[3]["failures"] if f.startswith("bucket "))
+    assert not list(shm.iterdir())

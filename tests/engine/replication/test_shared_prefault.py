@@ -100,3 +100,42 @@ def test_a_follower_reads_every_byte_and_hashes_what_landed(tmp_path):
             read_hashed(fd, 3, short)
     finally:
         os.close(fd)
+
+
+def _follower(leader_file: str, data_bytes: int, *, data_at: int | None = 0, file: str | None = None):
+    """Just what RankHostCopy._map_leader_copy reads of a follower rank."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rank=3, leader_of={3: 2}, leader_files={2: leader_file}, leader_data_at={2: data_at},
+                           staging=SimpleNamespace(file=file, data_bytes=data_bytes), _leader_map=None)
+
+
+@pytest.mark.torch
+def test_a_follower_maps_its_leaders_shared_memory_at_setup_and_a_short_copy_is_named(tmp_path):
+    """Mapped read-only with every page in this process's page tables (its smaps Rss) before any
+    bucket moves; only a leader staging in shared memory (data at 0) and a copy into memory; a file
+    shorter than the copy is a named transport failure, not a short copy found by a checksum."""
+    from hwtui.engine.replication.host_copy import RankHostCopy
+    from hwtui.engine.replication.rank_signals import TransportFailure
+
+    data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    leader = tmp_path / "staging"
+    leader.write_bytes(data.tobytes())
+    rank = _follower(str(leader), data.size)
+    assert RankHostCopy._map_leader_copy(rank) >= 0.0  # type: ignore[arg-type]
+    mapped = rank._leader_map
+    assert mapped is not None and mapped.size == data.size
+    assert bytes(mapped.tensor.numpy()[:4096]) == data[:4096].tobytes()
+    with open("/proc/self/smaps", encoding="ascii") as fh:
+        text = fh.read()
+    block = text[text.index(str(leader)):].split("VmFlags")[0]
+    rss_kb = int(next(line.split()[1] for line in block.splitlines() if line.startswith("Rss:")))
+    assert rss_kb * 1024 == data.size  # populated: no fault left for the transfer
+    RankHostCopy._unmap_leader_copy(rank)  # type: ignore[arg-type]
+    assert rank._leader_map is None and str(leader) not in open("/proc/self/maps", encoding="ascii").read()
+    for other in (_follower(str(leader), data.size, data_at=None), _follower(str(leader), data.size, file="/out/x")):
+        assert RankHostCopy._map_leader_copy(other) == 0.0 and other._leader_map is None  # type: ignore[arg-type]
+    short = _follower(str(leader), data.size + 4096)
+    with pytest.raises(TransportFailure, match=r"rank 3: its host leader's staging copy has 1048576 bytes, fewer than the 1052672"):
+        RankHostCopy._map_leader_copy(short)  # type: ignore[arg-type]
+    assert short._leader_map is None and str(leader) not in open("/proc/self/maps", encoding="ascii").read()

@@ -9,6 +9,8 @@ check, on a real 2 x 2 namespace run, is in test_hierarchical.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hwtui.core.events import from_dict
@@ -108,3 +110,16 @@ def test_cpu_between_two_samples():
     sum(i * i for i in range(200_000))  # some CPU of this process
     c = cpu_between(a, cpu_sample())
     assert c["process_s"] > 0 and c["wall_s"] > 0 and c["host_busy_s"] >= 0 and c["cores"] >= 1
+    # The kernel's part: a process that only writes to a pipe spends system time, and it is counted.
+    r, w = os.pipe()
+    try:
+        a = cpu_sample()
+        block = b"x" * 65536
+        for _ in range(3000):
+            os.write(w, block)
+            os.read(r, 65536)
+        c = cpu_between(a, cpu_sample())
+    finally:
+        os.close(r)
+        os.close(w)
+    assert 0 < c["process_sys_s"] <= c["process_s"] and 0 <= c["host_softirq_s"] <= c["host_busy_s"] + 0.02
