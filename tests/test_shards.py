@@ -46,7 +46,7 @@ def _suite(tmp_path: Path, fail_in: str | None = None) -> Path:
     return suite
 
 
-def _run(suite: Path, *also: str, shards: int = 3) -> subprocess.CompletedProcess[str]:
+def _run(suite: Path, *also: str, shards: int = 2) -> subprocess.CompletedProcess[str]:
     checks = [a for cmd in also for a in ("--also", cmd)]
     return subprocess.run([sys.executable, "-m", "tests.shards", "-n", str(shards), *checks, str(suite), "-c",
                            str(suite / "pytest.ini"), "--rootdir", str(suite), "-p", "no:cacheprovider", "-q"],
@@ -81,7 +81,7 @@ def test_every_test_runs_once_and_a_module_stays_in_one_shard(tmp_path: Path) ->
 
 
 def test_a_failure_reaches_the_exit_code_and_the_terminal(tmp_path: Path) -> None:
-    proc = _run(_suite(tmp_path, fail_in="gamma"))
+    proc = _run(_suite(tmp_path, fail_in="gamma"), shards=1)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "planted failure in gamma" in proc.stdout
     assert "test_gamma.py::test_case[1]" in proc.stdout
