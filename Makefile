@@ -44,7 +44,7 @@ test: $(TEST_STAMP)
 	# single-threaded and left a core idle for its ~25 s; a failure still fails `make test`.
 	# PYTHONDONTWRITEBYTECODE= : the hundreds of interpreters the suite starts read this tree's
 	# compiled modules instead of compiling them again each (the caches are git-ignored).
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.shards -n 3 \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m tests.shards -n 4 \
 		--also "PYTHONPATH=. $(BIN)/lint-imports" --also "PYTHONPATH=. $(BIN)/mypy"
 
 lint: $(TEST_STAMP)

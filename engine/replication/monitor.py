@@ -157,8 +157,10 @@ class Monitor:
                 self.fail_at = now
         return self._finished(now)
 
-    def _drain(self) -> None:
-        for m in self.group.poll(0.05):
+    def _drain(self, timeout: float = 0.05) -> int:
+        """Feed the ranks' messages that arrive within ``timeout``; how many there were."""
+        got = self.group.poll(timeout)
+        for m in got:
             raw = m.msg
             if raw is None:
                 continue
@@ -167,9 +169,17 @@ class Monitor:
                 if len(self.ready) == len(self.children):
                     self.phases["launch_to_ready"] = time.perf_counter() - self.t_launch
             self.coord.feed(raw)
+        return len(got)
 
     def _update_states(self) -> None:
         self.codes = {r: c.poll() for r, c in self.children.items()}
+        # A rank writes its last words (its error, its result) before it exits, but they can still
+        # sit in its pipe, beyond what the last read took, when its exit is seen: read them before
+        # the exit is judged, or a rank that gave up on a dead peer is blamed for the peer's death.
+        if any(code is not None for code in self.codes.values()):
+            for _ in range(1000):  # bounded: a live rank may keep talking
+                if not self._drain(0.0):
+                    break
         transport = {e.rank for e in self.coord.errors if e.where == "transport"}
         self.states = {r: rank_state(code, r in self.ready, self.coord.result_of(r), r in transport)
                        for r, code in self.codes.items()}

@@ -178,3 +178,33 @@ def test_a_stop_request_kills_ranks_still_starting_and_ends_the_run():
     outcome, _, children = _watch({0: ([], 0, True), 1: ([], 0, True)}, stop=stop)
     assert outcome == RunOutcome("stopped on request", 128 + signal.SIGTERM)
     assert children[0].wait(timeout=30) == -signal.SIGKILL  # before the world joined: nothing to undo
+
+
+def test_a_rank_that_gave_up_on_a_dead_peer_is_not_blamed_when_its_last_words_are_still_in_the_pipe():
+    """Rank 1 is killed; rank 0 sees the peer vanish, reports a transport error, and exits 3. Both
+    exits are seen in one poll while rank 0's last words still sit in its pipe, beyond the one
+    64 KiB read a poll takes (its progress lines came first): the monitor must read them before it
+    judges, and name rank 1. (Under load the launcher blamed rank 0: "rank 0 exited with status 3
+    (last reported: bucket 6 done)" for a SIGTERM of rank 1.)"""
+    chatter = [_internal(0, "progress", note="x" * 900) for _ in range(90)]  # ~85 KiB before the error
+    err = ErrorEvent(message="rank 0: connection to rank 1 closed", rank=0, where="transport").to_dict()
+    coord = Coordinator(_PLAN, [0, 1], lambda ev: None)
+    with Group() as group, Stop(None) as stopper:
+        children = {0: group.add(Child([sys.executable, "-c", _RANK, "{answer_fd}",
+                                        json.dumps([_internal(0, "ready"), *chatter, err, _result(0)]), "3", "exit"],
+                                       name="rank 0", answer_pipe=True, stdin="pipe", stderr="null")),
+                    1: group.add(Child([sys.executable, "-c", _RANK, "{answer_fd}", json.dumps([_internal(1, "ready")]),
+                                        "4", "exit"], name="rank 1", answer_pipe=True, stdin="pipe", stderr="null"))}
+        import fcntl
+
+        for child in children.values():
+            # A pipe that holds all of rank 0's words (F_SETPIPE_SZ), so it can write them and exit
+            # before the monitor's first read, which takes 64 KiB: the race, made certain.
+            assert child.answer_fd is not None
+            fcntl.fcntl(child.answer_fd, 1031, 1 << 20)
+            child.wait(timeout=60)
+        monitor = Monitor(group, children, coord, stopper, Timeouts(init=30, bucket=30, commit=30), {}, 0.0)
+        outcome = monitor.watch()
+    assert monitor.states[0] is RankState.GAVE_UP
+    assert outcome.exit_code == EXIT_FAILED
+    assert outcome.error is not None and outcome.error.startswith("rank 1 exited with status 4"), outcome.error
