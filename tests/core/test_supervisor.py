@@ -22,25 +22,13 @@ from hwtui.core.supervisor import (
     python_module,
     run_for_answer,
 )
+from tests.procfs import alive
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _script(body: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(body)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it has exited all the same.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _wait_until(cond, timeout: float = 20.0) -> bool:
@@ -114,7 +102,7 @@ def test_timeout_kills_the_whole_group(tmp_path):
     code, last, _, timed_out = run_for_answer(argv, timeout=3)
     assert timed_out and last is None
     grandchild = int(pidfile.read_text())
-    assert _wait_until(lambda: not _alive(grandchild)), "the grandchild outlived its group"
+    assert _wait_until(lambda: not alive(grandchild)), "the grandchild outlived its group"
 
 
 def test_group_reads_several_children_and_reports_closed_pipes():
@@ -203,6 +191,6 @@ def test_run_capture_caps_output_and_kills_the_group_on_timeout(tmp_path):
     """), timeout=3)
     assert slow.timed_out and slow.code is None and slow.stdout.strip() == "started"
     grandchild = int(pidfile.read_text())
-    assert _wait_until(lambda: not _alive(grandchild)), "the grandchild outlived its group"
+    assert _wait_until(lambda: not alive(grandchild)), "the grandchild outlived its group"
     with pytest.raises(OSError):
         run_capture([str(tmp_path / "no-such-program")], timeout=5)

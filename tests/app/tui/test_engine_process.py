@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from hwtui.app.tui.config import TuiConfig
 from hwtui.app.tui.defaults import engine_defaults
 from hwtui.app.tui.engine_process import EngineProcess, build_stages
+from tests.procfs import alive
 
 DEFAULTS = {"device": "cpu", "nproc": 2, "bucket_mb": 64, "window": 2, "chunk_mb": 16, "gpu_ids": "cpu:0,cpu:1"}
 
@@ -57,16 +56,6 @@ def test_lines_and_stderr_and_exit_status():
     assert seen == ["oops"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone as far as work is concerned.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
-
-
 @pytest.mark.timeout(30)
 def test_stop_kills_the_whole_group_even_when_sigterm_is_ignored(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
@@ -86,9 +75,9 @@ def test_stop_kills_the_whole_group_even_when_sigterm_is_ignored(tmp_path):
     rc = p.stop(grace_s=0.5)
     assert rc == -9 and time.monotonic() - started < 5
     deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
+    while alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(grandchild), "a rank the engine spawned must not outlive it"
+    assert not alive(grandchild), "a rank the engine spawned must not outlive it"
 
 
 def test_stop_is_graceful_when_the_engine_honours_sigterm():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.replication.helpers import make_model, write_plan
+from tests.procfs import alive
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
 
@@ -22,13 +23,6 @@ def children_of(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def torch_loaded(pid: int) -> bool:

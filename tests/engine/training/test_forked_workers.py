@@ -21,6 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.procfs import alive, ppid
+
 REPO = Path(__file__).resolve().parents[3]
 # A small model and short rounds: what is compared is how the workers start, not what they learn.
 SMALL = ["--batch-size", "5", "--merge-every", "5", "--eval-every", "100", "--context", "32", "--d-model", "32",
@@ -49,17 +51,6 @@ def _started(events: list[dict]) -> dict[int, dict]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _watch(proc: subprocess.Popen, on_event, timeout: float) -> list[dict]:
     """Events from --events - until the run ends; ``on_event`` sees each (a True return stops reading)."""
     events: list[dict] = []
@@ -85,7 +76,7 @@ def test_a_forked_worker_killed_mid_round_is_lost_by_signal_and_the_launchers_de
         # As each worker is announced: its command line and parent, as /proc has them.
         for rank, w in _started(events).items():
             if rank not in seen:
-                seen[rank] = (Path(f"/proc/{w['pid']}/cmdline").read_bytes(), _ppid(w["pid"]))
+                seen[rank] = (Path(f"/proc/{w['pid']}/cmdline").read_bytes(), ppid(w["pid"]))
         return ev["kind"] in ("train.worker_lost", "train.done")
 
     p = _train("--steps", "50", env={"HWTUI_TEST_FAULT": "1:kill:chunk=2"}, err=tmp_path / "err")
@@ -94,19 +85,19 @@ def test_a_forked_worker_killed_mid_round_is_lost_by_signal_and_the_launchers_de
         started = _started(events)
         assert {r: w["mode"] for r, w in started.items()} == {0: "forked", 1: "forked"}, started
         launcher = Path(f"/proc/{p.pid}/cmdline").read_bytes()
-        for rank, (cmdline, ppid) in seen.items():
+        for rank, (cmdline, parent) in seen.items():
             # A forked worker keeps the launcher's command line (an exec'd one is
             # `python -m hwtui.engine.training.worker`) and is the launcher's own child.
-            assert cmdline == launcher and ppid == p.pid, (rank, cmdline, ppid)
+            assert cmdline == launcher and parent == p.pid, (rank, cmdline, parent)
         lost = events[-1]
         assert lost["kind"] == "train.worker_lost" and lost["rank"] == 1, events[-3:]
         assert lost["reason"] == "was killed by SIGKILL", lost
         survivor = started[0]["pid"]
-        assert _alive(survivor)
+        assert alive(survivor)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
         deadline = time.monotonic() + 60
-        while _alive(survivor):
+        while alive(survivor):
             assert time.monotonic() < deadline, "worker 0 outlived its launcher"
             time.sleep(0.05)
     finally:

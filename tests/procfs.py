@@ -1,0 +1,22 @@
+"""What /proc says about a process, for tests that watch processes they did not start directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _stat_fields(pid: int) -> list[str]:
+    # The fields after the command name, which is in parentheses and may itself hold ") ".
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and has not exited: a zombie has exited, though it still answers kill(0)."""
+    try:
+        return _stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def ppid(pid: int) -> int:
+    return int(_stat_fields(pid)[1])
