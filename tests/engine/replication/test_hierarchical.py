@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,13 +91,38 @@ def _run(tmp_path: Path, plan: dict, extra: list[str], env_extra: dict[str, str]
         raise
 
 
-def _model(tmp_path: Path, bucket_bytes: int = 64 << 10) -> dict:
-    g = torch.Generator().manual_seed(23)
-    save_file({f"w{i}": torch.randn(30_000 + i, generator=g) for i in range(12)}, str(tmp_path / "m.safetensors"),
+def _model(tmp_path: Path, bucket_bytes: int = 64 << 10, *, seed: int = 23, numel: int = 30_000, version: str = "x2") -> dict:
+    """Twelve random float tensors of about ``numel`` elements each, saved, and their plan."""
+    g = torch.Generator().manual_seed(seed)
+    save_file({f"w{i}": torch.randn(numel + i, generator=g) for i in range(12)}, str(tmp_path / "m.safetensors"),
               metadata={"format": "pt"})
-    plan = build_plan_from_files([str(tmp_path / "m.safetensors")], model="m", version="x2", bucket_bytes=bucket_bytes)
+    plan = build_plan_from_files([str(tmp_path / "m.safetensors")], model="m", version=version, bucket_bytes=bucket_bytes)
     write_json_atomic(tmp_path / "p.json", plan)
     return plan
+
+
+def _shm_dir(tmp_path: Path) -> Path:
+    """A private stand-in for /dev/shm (HWTUI_SHM_DIR): sticky and world-writable like the real one,
+    and what a killed rank leaves there stays out of the real one."""
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)  # mkdir's mode goes through the umask
+    return shm
+
+
+def _wait_for_state(done: Callable[[], bool], procs: list, what: str, limit: float = 90) -> None:
+    """Poll ``done`` until it holds (bounded); every rank must still be running meanwhile."""
+    deadline = time.monotonic() + limit
+    while not done():
+        assert all(p.poll() is None for p in procs), f"a rank ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {limit:.0f} s"
+        time.sleep(0.05)
+
+
+def _kill_all(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def test_leader_stages_in_shared_memory_and_the_timeline_is_its_events(tmp_path):
@@ -104,9 +132,7 @@ def test_leader_stages_in_shared_memory_and_the_timeline_is_its_events(tmp_path)
     from hwtui.engine.replication.timeline import follower_lag, steps_from_events
 
     plan = _model(tmp_path)
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o1777)
-    shm.chmod(0o1777)
+    shm = _shm_dir(tmp_path)
     net, procs = _run(tmp_path, plan, [], {"HWTUI_SHM_DIR": str(shm)})
     try:
         results = finish(procs, timeout=120)
@@ -170,45 +196,28 @@ def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
     """By state: the source stops before bucket 6 reaches the wire; by then the follower has
     copied and verified bucket 0 from its leader, which has not received bucket 6 (nothing is
     committed: the run is then stopped)."""
-    import signal
-    import time
-
     plan = _model(tmp_path)
     assert len(plan["buckets"]) > 6
-    shm = tmp_path / "shm"  # the killed ranks' shared memory stays out of the real /dev/shm
-    shm.mkdir(mode=0o1777)
-    shm.chmod(0o1777)
+    shm = _shm_dir(tmp_path)
     net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6",
                                                              "HWTUI_SHM_DIR": str(shm)})
     try:
-        deadline = time.monotonic() + 90
-        got = False
-        while time.monotonic() < deadline and not got:
-            path = tmp_path / "ev3.jsonl"
-            got = path.exists() and any(e.get("kind") == "repl.bucket" and e.get("rank") == 3 and e.get("bucket_id") == 0
-                                        and e.get("state") == "done" for e in _events(path))
-            if not got:
-                assert all(p.poll() is None for p in procs), "a rank ended before the follower copied"
-                time.sleep(0.05)
-        assert got, "the follower never verified bucket 0"
+        path = tmp_path / "ev3.jsonl"
+        _wait_for_state(lambda: path.exists() and any(e.get("kind") == "repl.bucket" and e.get("rank") == 3
+                                                      and e.get("bucket_id") == 0 and e.get("state") == "done"
+                                                      for e in _events(path)),
+                        procs, "the follower verified bucket 0")
         leader = _events(tmp_path / "ev2.jsonl")
         arrived = {e["bucket_id"] for e in leader if e.get("rank") == 2 and e.get("state") == "verifying"}
         assert 0 in arrived and not {b for b in arrived if b >= 6}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        _kill_all(procs)
         finish(procs, timeout=30)
         net.down()
 
 
 def _big_model(tmp_path: Path, bucket_bytes: int) -> dict:
-    g = torch.Generator().manual_seed(29)
-    save_file({f"w{i}": torch.randn(250_000 + i, generator=g) for i in range(12)}, str(tmp_path / "m.safetensors"),
-              metadata={"format": "pt"})
-    plan = build_plan_from_files([str(tmp_path / "m.safetensors")], model="m", version="x3", bucket_bytes=bucket_bytes)
-    write_json_atomic(tmp_path / "p.json", plan)
-    return plan
+    return _model(tmp_path, bucket_bytes, seed=29, numel=250_000, version="x3")
 
 
 def _received_per_socket(ns: str, peer: str) -> list[int]:
@@ -245,36 +254,24 @@ def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_ma
     256 KiB bucket (on one stream, one connection carried them all); the follower reads its
     leader's shared memory through a mapping of its own, made before the transfer (it read the
     file by preadv before: only the leader mapped it)."""
-    import signal
-    import time
-
     bucket = 256 << 10
     plan = _big_model(tmp_path, bucket)
     assert len(plan["buckets"]) > 10
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o1777)
-    shm.chmod(0o1777)
+    shm = _shm_dir(tmp_path)
     net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=8",
                                                              "HWTUI_SHM_DIR": str(shm)})
     try:
-        deadline = time.monotonic() + 90
-        verified: set[int] = set()
-        while time.monotonic() < deadline and not set(range(8)) <= verified:
-            path = tmp_path / "ev2.jsonl"
-            verified = {e["bucket_id"] for e in (_events(path) if path.exists() else [])
-                        if e.get("kind") == "repl.bucket" and e.get("rank") == 2 and e.get("state") == "done"}
-            if not set(range(8)) <= verified:
-                assert all(p.poll() is None for p in procs), "a rank ended before the leader verified buckets 0-7"
-                time.sleep(0.05)
-        assert set(range(8)) <= verified, "the leader never verified buckets 0-7"
+        path = tmp_path / "ev2.jsonl"
+        _wait_for_state(lambda: set(range(8)) <= {e["bucket_id"] for e in (_events(path) if path.exists() else [])
+                                                  if e.get("kind") == "repl.bucket" and e.get("rank") == 2
+                                                  and e.get("state") == "done"},
+                        procs, "the leader verified buckets 0-7")
         carried = sorted(_received_per_socket(net.node_ns[1], net.addresses[0]), reverse=True)
         assert len([n for n in carried if n > bucket]) >= 2, carried
         assert sum(carried) >= 8 * bucket
         assert len(_mappers(shm)) == 2  # the leader, and its follower
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+        _kill_all(procs)
         finish(procs, timeout=30)
         net.down()
 
@@ -284,9 +281,7 @@ def test_corrupted_buckets_on_the_two_stream_leader_and_the_mapping_follower_are
     follower's own copy (taken from its mapping): each is named on its rank (the leader's bad
     bucket again on its follower, which copied it), every rank votes no, no rank says ok."""
     plan = _big_model(tmp_path, 256 << 10)
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o1777)
-    shm.chmod(0o1777)
+    shm = _shm_dir(tmp_path)
     net, procs = _run(tmp_path, plan, [], {"HWTUI_TEST_FAULT": "corrupt:rank=2,bucket=3;corrupt:rank=3,bucket=5",
                                            "HWTUI_SHM_DIR": str(shm)})
     try:
