@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         sel = selectors.DefaultSelector()
         # The checks (the linters) start first and run beside the shards: they are single-threaded
         # and would otherwise leave one of the two cores idle for their whole run.
-        checks = [_start_check(cmd, Path(tmp) / f"check{i}.log") for i, cmd in enumerate(args.also)]
+        checks = [_Check(cmd, Path(tmp) / f"check{i}.log") for i, cmd in enumerate(args.also)]
         for i in range(args.shards):
             read_end, write_end = os.pipe()
             log = open(Path(tmp) / f"s{i}.log", "w+b")
@@ -280,10 +280,6 @@ class _Check:
             return f"tests.shards: `{self.cmd}` passed ({took:.0f} s)"
         self.log.seek(0)
         return f"tests.shards: `{self.cmd}` FAILED (exit {code}, {took:.0f} s):\n{self.log.read().decode(errors='replace').rstrip()}"
-
-
-def _start_check(cmd: str, log_path: Path) -> _Check:
-    return _Check(cmd, log_path)
 
 
 def _pump(sel: selectors.BaseSelector, procs: list[subprocess.Popen[bytes]], checks: list[_Check], readers: list[int],
