@@ -92,13 +92,16 @@ class DeviceSlots:
             self._slots[self._staging] = _Slot()
             self._staging = None
 
+    def _view(self, which: str | None) -> tuple[str | None, Any]:
+        if which is None:
+            return None, None
+        slot = self._slots[which]
+        return slot.version, slot.buf
+
     def receiving(self) -> tuple[str | None, Any]:
         """(version, whole buffer) of the slot a push is being received into, or (None, None)."""
         with self._lock:
-            if self._staging is None:
-                return None, None
-            slot = self._slots[self._staging]
-            return slot.version, slot.buf
+            return self._view(self._staging)
 
     def serving_slot(self) -> str | None:
         with self._lock:
@@ -107,10 +110,7 @@ class DeviceSlots:
     def served(self) -> tuple[str | None, Any]:
         """(version, buffer) being served, or (None, None)."""
         with self._lock:
-            if self._serving is None:
-                return None, None
-            slot = self._slots[self._serving]
-            return slot.version, slot.buf
+            return self._view(self._serving)
 
     def close(self) -> None:
         """Free both buffers (the agent stops, or cleans up after its rank died)."""
