@@ -142,24 +142,25 @@ def test_a_restarted_agent_loads_what_its_disk_serves(world, models):
     assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
 
 
-def test_a_corrupted_bucket_is_named_and_the_served_slot_stays(world, models):
+def _failed_push(world, models, fault: str):  # type: ignore[no-untyped-def]
+    """Agent 1 restarted with ``fault``, then a push of v4 that must fail; the push and agent 1's device view."""
     world.kill(1)
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="corrupt:bucket=1,rank=1")
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=fault)
     done = push(models["v4"][0], world.agents())
     assert done.returncode == 1, done.stdout + done.stderr
+    return done, device(world, 1)
+
+
+def test_a_corrupted_bucket_is_named_and_the_served_slot_stays(world, models):
+    done, dev = _failed_push(world, models, "corrupt:bucket=1,rank=1")
     assert "bucket 1" in done.stdout + done.stderr
-    dev = device(world, 1)
     assert (dev["serving"], dev["receiving"]) == ("v3", None), dev
     assert dev["slots"]["B"]["bytes"] == 0 and slot_memfds(world, 1) == 1  # the staged slot is freed
     assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
 
 
 def test_a_rank_killed_mid_push_leaves_the_served_slot_and_frees_the_staged_one(world, models):
-    world.kill(1)
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="kill:rank=1,bucket=3")
-    done = push(models["v4"][0], world.agents())
-    assert done.returncode == 1, done.stdout + done.stderr
-    dev = device(world, 1)
+    _, dev = _failed_push(world, models, "kill:rank=1,bucket=3")
     assert (dev["serving"], dev["slot"], dev["receiving"]) == ("v3", "A", None), dev
     assert slot_memfds(world, 1) == 1 and dev["frees"] == 1, dev
     assert_bytes_equal(served_tensors(world, 1)[1], models["v3"][1])
