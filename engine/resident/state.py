@@ -134,15 +134,24 @@ class NodeState:
         self.processes = Refresher("processes", processes, process_period, self._stop)
         self._replication = replication or (lambda: {"serving": None, "in_flight": None})
 
+    @property
+    def _refreshers(self) -> tuple[Refresher, ...]:
+        return (self.samples, self.check, self.facts, self.processes)
+
     def start(self) -> NodeState:
-        for r in (self.samples, self.check, self.facts, self.processes):
+        for r in self._refreshers:
             r.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        for r in (self.samples, self.check, self.facts, self.processes):
+        for r in self._refreshers:
             r.kick()
+
+    def join(self, timeout: float) -> None:
+        """Wait (each up to ``timeout`` s) for the refresher threads that :meth:`stop` ended."""
+        for r in self._refreshers:
+            r.thread.join(timeout)
 
     def replication(self) -> dict[str, Any]:
         return redact_doc(self._replication())

@@ -40,12 +40,10 @@ def start_agent(node: str, i: int = 0, *, facts: Callable[[], dict[str, Any]] | 
 def stop_agent(server: AgentServer) -> None:
     server.shutdown()
     server.server_close()
-    state = server.state
-    state.stop()
+    server.state.stop()
     # Joined, not left to finish on their own: a test process must be single-threaded again when
     # the next test launches ranks in-process (hwtui forks only a single-threaded launcher).
-    for refresher in (state.samples, state.check, state.facts, state.processes):
-        refresher.thread.join(timeout=30)
+    server.state.join(timeout=30)
 
 
 class Silent:
