@@ -36,6 +36,11 @@ def main(spec: dict[str, Any]) -> int:
     rank, world = spec["rank"], spec["world"]
     store = dist.TCPStore("127.0.0.1", spec["port"], is_master=False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=dist.PrefixStore("world", store), rank=rank, world_size=world)
+    # As the replication worker does (its barrier before the transfer): no rank starts exporting,
+    # and so no fault kills one, until every rank has formed the world. Without it a source
+    # killed at its first export could close its gloo pairs while a receiver was still connecting
+    # (forked ranks start fast enough to hit it): a world-formation error, not the IPC fault.
+    dist.barrier()
     fault = spec.get("fault") or {}
     device = spec.get("device", "cpu")
 
