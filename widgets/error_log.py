@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import RichLog
 
 LEVEL_STYLE = {"error": "bold red", "critical": "bold red", "warn": "yellow", "warning": "yellow", "debug": "dim",
@@ -21,6 +22,14 @@ class ErrorLog(RichLog):
         # 80 columns (76 cells inside the padding and the scrollbar gutter).
         super().__init__(max_lines=1000, wrap=True, markup=False, highlight=False, min_width=20, **kwargs)
         self.seen = 0  # RunState.log_total already written
+
+    def on_resize(self, event: Resize) -> None:
+        super().on_resize(event)
+        # RichLog follows its end only when it writes: a log that shrank after its last line (a
+        # panel appearing as the run failed) kept its old scroll position, its last ERROR lines
+        # below the view. Following the end on a resize keeps them in sight.
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=False, x_axis=False)
 
     def catch_up(self, entries: list[tuple[str, str]], total: int) -> None:
         """Write only the entries logged since the last call (``total`` counts every line ever)."""
