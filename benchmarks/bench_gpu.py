@@ -47,7 +47,18 @@ def make_model(path: Path, total_mb: int, n: int = 8) -> None:
 
     g = torch.Generator().manual_seed(0)
     per = total_mb * MB // n
-    save_file({f"w{i:02d}": torch.randint(0, 256, (per,), dtype=torch.uint8, generator=g) for i in range(n)}, str(path))
+    # One random 64 MiB block, each 64 MiB chunk of the file xor-ed with its own index: every chunk
+    # differs (a slice landing in the wrong place is caught) and 4 GiB is made in seconds, not minutes.
+    block = torch.randint(0, 256, (min(per, 64 * MB),), dtype=torch.uint8, generator=g)
+    tensors, k = {}, 0
+    for i in range(n):
+        t = torch.empty(per, dtype=torch.uint8)
+        for pos in range(0, per, block.numel()):
+            m = min(block.numel(), per - pos)
+            torch.bitwise_xor(block[:m], k % 251 + 1, out=t[pos:pos + m])
+            k += 1
+        tensors[f"w{i:02d}"] = t
+    save_file(tensors, str(path))
 
 
 def sync(device: str) -> None:
@@ -157,11 +168,12 @@ def host_to_device(src: Any, dst: Any, device: str) -> float:
     return time.perf_counter() - t0
 
 
-def file_to_device(model: Path, plan_path: str, device: str, rounds: int, threads: list[int]) -> dict:
+def file_to_device(model: Path, plan_path: str, device: str, rounds: int, threads: list[int],
+                   slices: list[int] | None = None, depths: list[int] | None = None) -> dict:
     """Every method, rounds interleaved, medians; -> the results (GB/s and ratios to safetensors)."""
     import torch
 
-    from hwtui.engine.replication.reader import ParallelReader, seam_for
+    from hwtui.engine.replication.reader import DEPTH, SLICE_BYTES, ParallelReader, seam_for
 
     n = model.stat().st_size
     pinned = device != "cpu"
@@ -169,23 +181,35 @@ def file_to_device(model: Path, plan_path: str, device: str, rounds: int, thread
     host.zero_()  # touched: page faults are not the reader's
     dev = torch.empty(n, dtype=torch.uint8, device=device)
     dev.zero_()
-    readers = {t: ParallelReader(seam_for(device), threads=t) for t in threads}
+    slice_mib = slices or [SLICE_BYTES // MB]
+    depth_n = depths or [DEPTH]
+
+    def label(t: int, s: int, d: int) -> str:
+        return (f"hwtui reader T={t}" + (f" slice={s}MiB" if len(slice_mib) > 1 else "")
+                + (f" depth={d}" if len(depth_n) > 1 else ""))
+
+    readers = {label(t, s, d): ParallelReader(seam_for(device), threads=t, slice_bytes=s * MB, depth=d)
+               for t in threads for s in slice_mib for d in depth_n}
     host_readers = {t: ParallelReader(seam_for("cpu"), threads=t) for t in threads}
     want = torch.frombuffer(bytearray(model.read_bytes()), dtype=torch.uint8)  # warms the page cache too
+    want_dev = want.to(device) if device != "cpu" else want  # compared where the bytes are: seconds, not minutes
     exact = True
-    for r in readers.values():  # untimed: allocates the pinned rings once, as a source does in set-up
+    for name, r in readers.items():  # untimed: allocates the pinned rings once, as a source does in set-up
         reader_to(model, r, dev, device)
-        exact &= bool(torch.equal(dev.cpu(), want))
+        exact &= bool(torch.equal(dev, want_dev))
         dev.zero_()
-    staged_exact = exact_hwtui(hwtui_to_device(plan_path, device)[1], model)
+        progress(f"{name}: warmed, exact so far {exact}")
+    staged_exact = exact_hwtui(hwtui_to_device(plan_path, device)[1], want_dev)
+    progress(f"source path: exact {staged_exact}")
     times: dict[str, list[float]] = {}
 
     def add(name: str, dt: float) -> None:
         times.setdefault(name, []).append(dt)
 
-    for _ in range(rounds):
-        for t, r in readers.items():
-            add(f"hwtui reader T={t}", reader_to(model, r, dev, device))
+    for rnd in range(rounds):
+        progress(f"round {rnd + 1} of {rounds}")
+        for name, r in readers.items():
+            add(name, reader_to(model, r, dev, device))
         if device != "cpu":  # on CPU the source sends zero-copy from its mapping: there is nothing to time
             t_src, staged = hwtui_to_device(plan_path, device)
             add("hwtui source path (planned buckets)", t_src)
@@ -220,18 +244,25 @@ def exact_plain(dev: Any, model: Path) -> bool:
     return bool(torch.equal(dev.cpu(), want))
 
 
-def exact_hwtui(staged: Any, model: Path) -> bool:
+def exact_hwtui(staged: Any, want: Any) -> bool:
+    """Every planned item of every staged bucket equals the file's bytes (``want``, on the same device)."""
     import torch
 
-    data = model.read_bytes()
     (plan, bufs), = staged
     for b, buf in bufs:
         for it in plan.bucket_items[b]:
-            got = buf[it["offset"]:it["offset"] + it["nbytes"]].cpu()
-            want = torch.frombuffer(bytearray(data[it["file_offset"]:it["file_offset"] + it["nbytes"]]), dtype=torch.uint8)
-            if not torch.equal(got, want):
+            got = buf[it["offset"]:it["offset"] + it["nbytes"]]
+            if not torch.equal(got, want[it["file_offset"]:it["file_offset"] + it["nbytes"]].to(got.device)):
                 return False
     return True
+
+
+_T0 = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    """A line on stderr per stage: a run cut short by a time limit still says how far it got."""
+    print(f"[bench_gpu +{time.perf_counter() - _T0:6.1f}s] {what}", file=sys.stderr, flush=True)
 
 
 # -- GPU -> GPU ---------------------------------------------------------------------------------------
@@ -299,6 +330,10 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--readers", metavar="LIST", help="reader threads to measure, e.g. 1,2,8 (default: 1 and 2 on cpu; "
                                                       "1 and hwtui's default on a GPU)")
+    ap.add_argument("--depths", metavar="LIST", help="pinned buffers per reader thread to measure, e.g. 2,4 "
+                                                     "(default: the reader's default)")
+    ap.add_argument("--slices", metavar="LIST", help="reader slice sizes in MiB to measure, e.g. 16,64 (default: the "
+                                                     "reader's default)")
     args = ap.parse_args()
     import torch
 
@@ -314,6 +349,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hwtui-bench-gpu-") as tmp:
         model = Path(tmp) / "model.safetensors"
         make_model(model, args.mb)
+        progress(f"model written: {model.stat().st_size / 1e9:.2f} GB")
         plan_path = str(Path(tmp) / "plan.json")
         nbytes = model.stat().st_size
         # 64 MiB buckets (the engine's default order of magnitude); at toy sizes, still several buckets.
@@ -321,7 +357,10 @@ def main() -> int:
         write_json_atomic(plan_path, build_plan_from_files([str(model)], model="bench", version="v1", bucket_bytes=bucket))
         threads = [int(x) for x in args.readers.split(",")] if args.readers else (
             [1, 2] if args.device == "cpu" else sorted({1, default_readers()}))
-        res = results["file_to_device"] = file_to_device(model, plan_path, args.device, args.rounds, threads)
+        slices = [int(x) for x in args.slices.split(",")] if args.slices else None
+        depths = [int(x) for x in args.depths.split(",")] if args.depths else None
+        res = results["file_to_device"] = file_to_device(model, plan_path, args.device, args.rounds, threads, slices,
+                                                         depths)
         print(f"file -> {args.device}: {nbytes / 1e9:.2f} GB file, warm page cache, medians of {args.rounds} interleaved "
               f"rounds (x = speed / that of {res['reference']}); hwtui bit-exact: {res['exact']}")
         for name, row in res["methods"].items():

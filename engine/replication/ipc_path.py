@@ -63,7 +63,8 @@ class RankIpc(RankVerify):
     def _send_ipc(self, plan: Plan) -> None:
         sizes = [bk["size"] for bk in plan.buckets]
         ch = self._ipc_channel(plan)
-        src = IpcSource(ch, self._ipc_provider(plan), self._ipc_ranks(), max(1, self.settings.window))
+        src = IpcSource(ch, self._ipc_provider(plan), self._ipc_ranks(), max(1, self.settings.window),
+                        capacity=max(sizes, default=0))
         try:
             for b, size in enumerate(sizes):
                 self.faults.at_bucket(b)
@@ -124,3 +125,5 @@ class RankIpc(RankVerify):
         except IpcFailure as exc:
             ch.abort(f"rank {self.rank}: {exc}")
             raise TransportFailure(f"rank {self.rank}: {exc}") from None
+        finally:
+            rx.close()

@@ -214,6 +214,10 @@ class CudaIpc:
             raise OpenError(f"the handle names cuda:{handle.device}; this process sees {torch.cuda.device_count()} GPUs")
         if nbytes > handle.size:
             raise OpenError(f"the shared buffer ({handle.size} bytes) is smaller than the bucket ({nbytes} bytes)")
+        # CUDA must be initialised in this process before a handle is opened: a fresh consumer
+        # (a serving process opening the agent's export) segfaulted without it on an H200; torch's
+        # own consumer does the same (multiprocessing.reductions.rebuild_cuda_tensor).
+        torch.cuda.init()
         try:
             storage = torch.UntypedStorage._new_shared_cuda(
                 handle.device, handle.handle, handle.size, handle.offset, handle.ref_handle or None,

@@ -88,6 +88,12 @@ class CudaHandle:
     event_handle: bytes  # empty when the exporter recorded no event
     event_sync: bool
 
+    def memory(self) -> tuple[Any, ...]:
+        """What names the memory: each ``_share_cuda_()`` of one storage records a new event (and
+        may name a new ref-counter file), so two exports of the same buffer differ in those fields
+        only. torch's own consumer cache keys the same way (reductions.rebuild_cuda_tensor)."""
+        return ("cuda", self.device, self.handle, self.offset, self.size)
+
     def to_wire(self) -> dict[str, Any]:
         return {"device": self.device, "handle": _b64(self.handle), "size": self.size, "offset": self.offset,
                 "ref_handle": _b64(self.ref_handle), "ref_offset": self.ref_offset,
@@ -113,6 +119,9 @@ class HostHandle:
     pid: int
     fd: int
     size: int  # the file's length (the slot's capacity)
+
+    def memory(self) -> tuple[Any, ...]:
+        return ("host", self.pid, self.fd, self.size)
 
     def to_wire(self) -> dict[str, Any]:
         return {"pid": self.pid, "fd": self.fd, "size": self.size}

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from hwtui.core.errors import HwtuiError
 
-SLICE_BYTES = 64 << 20  # measured on an H200: 64 MiB slices, 2 per thread, ~31 GB/s at 8 threads
+SLICE_BYTES = 64 << 20  # H200, 16 threads: 39.5 GB/s with 64 MiB slices, 38.3 with 16 MiB (bench_gpu.py)
 MIN_SLICE = 1 << 20  # smaller slices cost more in syscalls and copy launches than they gain
 DEPTH = 2  # buffers per thread: one being read, one being copied
 ALIGN = 4096  # O_DIRECT: offset, length and buffer address aligned to this (covers 512 B and 4 KiB devices)
@@ -56,7 +56,8 @@ class ReadFailed(HwtuiError):
 def default_readers(cores: int | None = None, devices: int = 1) -> int:
     """Reader threads per rank: the cores shared among the ranks of this host's devices, 1..16.
 
-    16 because the measured curve flattens there (H200: 31.2 GB/s at 8 threads, 34.3 at 12)."""
+    At most 16: on an H200's 16-core host, a warm 4 GiB file went to the GPU at 29.9 / 35.8 / 39.5 GB/s
+    with 8 / 12 / 16 threads (64 MiB slices; the page cache alone gave 46.7 at 16; bench_gpu.py)."""
     cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                              else (os.cpu_count() or 1))
     return max(1, min(16, cores // max(1, devices)))

@@ -98,6 +98,7 @@ def test_a_push_into_a_resident_cuda_receiver(tmp_path: Path) -> None:
     from tests.agent.procs import Agents, push
 
     models = _versions(tmp_path / "models", 5, 1024)
+    (tmp_path / "agents").mkdir()
     world = Agents(tmp_path / "agents", 2)
     # Both agents GPU-resident, on one node: the push moves device buffers by hwtui's CUDA IPC path.
     world.start(0, "--device", "cuda")

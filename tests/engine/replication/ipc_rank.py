@@ -77,15 +77,21 @@ def main(spec: dict[str, Any]) -> int:
         else:
             rx = IpcReceiver(ch, provider, rank, spec["window"], hook=hook)
             good = 0
-            for b, n in enumerate(sizes):
-                dst = torch.empty(n, dtype=torch.uint8, device=device)
-                got = rx.receive(b, dst)
-                result.setdefault("copy_s", []).append(got.copy_s)
-                if not got.ok:
-                    result["errors"].append(got.error)
-                    vote = False
-                elif spec.get("check_bytes", True) and torch.equal(dst.cpu(), bucket_bytes(b, n)):
-                    good += 1
+            try:
+                for b, n in enumerate(sizes):
+                    dst = torch.empty(n, dtype=torch.uint8, device=device)
+                    got = rx.receive(b, dst)
+                    result.setdefault("copy_s", []).append(got.copy_s)
+                    result.setdefault("verify_s", []).append(got.verify_s)
+                    if not got.ok:
+                        result["errors"].append(got.error)
+                        vote = False
+                    elif spec.get("check_bytes", True) and torch.equal(dst.cpu(), bucket_bytes(b, n)):
+                        good += 1
+                result["opened_during"] = provider.opened
+            finally:
+                result["opens"] = rx.opens
+                rx.close()
             result["good"] = good
             result["device_bytes_after"] = _device_bytes(device)
     except IpcFailure as exc:

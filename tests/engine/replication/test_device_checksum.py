@@ -16,13 +16,14 @@ def _t(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 1021, 4096, 10_003])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 63, 64, 65, 1021, 4096, 10_003, 4 * 4096, 4 * 4096 * 3 + 5])
 def test_torch_digest_equals_the_reference_at_every_length_and_slice_size(n: Any) -> None:
     data = os.urandom(n)
     want = reference_digest(data)
     assert is_digest(want)
     assert device_digest(_t(data)) == want
-    assert device_digest(_t(data), slice_words=3) == want  # slicing must not change the sum
+    assert device_digest(_t(data), slice_words=3) == want  # slicing must not change the sums
+    assert device_digest(_t(data), slice_words=4096) == want
 
 
 def test_every_single_flipped_bit_changes_the_digest() -> None:
@@ -55,10 +56,21 @@ def test_every_changed_byte_value_and_word_swaps_change_it() -> None:
         assert reference_digest(bytes(words)) != base
 
 
-def test_zero_and_trailing_zero_byte_are_distinguished_by_length_only_through_the_plan() -> None:
-    # A zero tail pads like the padding itself: the digest is over words, so the plan's byte
-    # count (checked separately, ipc_wire) is what tells 4 zero bytes from 3.
-    assert reference_digest(b"\0\0\0") == reference_digest(b"\0\0\0\0")
+def test_a_zero_tail_is_told_from_the_padding_by_the_byte_count() -> None:
+    # A zero tail sums like the padding itself; the byte count in the digest tells 4 zero bytes from 3.
+    assert reference_digest(b"\0\0\0") != reference_digest(b"\0\0\0\0")
+    assert device_digest(_t(b"\0\0\0")) == reference_digest(b"\0\0\0")
+
+
+def test_words_moved_across_rows_and_columns_change_it() -> None:
+    """Swaps within a row (columns differ) and between rows (rows differ) of the 4096-word layout."""
+    data = bytearray(os.urandom(4 * 4096 * 2 + 12))
+    base = device_digest(_t(bytes(data)))
+    for a, b in ((0, 4), (0, 4 * 4096), (4 * 4095, 4 * 4096 * 2)):
+        moved = bytearray(data)
+        moved[a:a + 4], moved[b:b + 4] = data[b:b + 4], data[a:a + 4]
+        if moved != data:
+            assert device_digest(_t(bytes(moved))) != base, (a, b)
 
 
 def test_refuses_what_it_cannot_hash_in_place() -> None:

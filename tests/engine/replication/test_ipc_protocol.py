@@ -34,7 +34,7 @@ def _data(b: int, n: int) -> torch.Tensor:
 
 
 def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, int] | None = None,
-         timeout_s: float = 30.0) -> dict[str, Any]:
+         timeout_s: float = 30.0, capacity: int = 0) -> dict[str, Any]:
     store = dist.HashStore()
     run = secrets.token_hex(8)
     out: dict[str, Any] = {"rx": {}, "errors": []}
@@ -42,7 +42,8 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
 
     def source() -> None:
         prov = HostStandIn(run)
-        src = IpcSource(Channel(store, run, timeout_s), prov, list(range(1, receivers + 1)), window)
+        src = IpcSource(Channel(store, run, timeout_s), prov, list(range(1, receivers + 1)), window,
+                        capacity=capacity)
         try:
             for b, n in enumerate(sizes):
                 src.acquire(b, n).copy_(_data(b, n))
@@ -69,8 +70,12 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
                 dst = torch.empty(n, dtype=torch.uint8)
                 r = rx.receive(b, dst)
                 got.append((r.ok, r.error, torch.equal(dst, _data(b, n))))
+            out.setdefault("held", {})[rank] = prov.opened
         except IpcFailure as exc:
             out["errors"].append(str(exc))
+        finally:
+            rx.close()
+        out.setdefault("opens", {})[rank] = rx.opens
         out["rx"][rank] = (got, prov.opened)
 
     threads = [threading.Thread(target=source)] + [threading.Thread(target=receiver, args=(r,))
@@ -94,6 +99,29 @@ def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> Non
         assert opened == 0  # every handle closed
     assert out["stats"].exported == len(sizes)
     assert out["stats"].peak_exported <= 2 and out["live_max"] <= 2
+
+
+def test_a_receiver_maps_each_slot_once_while_the_source_keeps_its_buffers() -> None:
+    """Opening a CUDA IPC handle costs several copies' worth: with slots sized for the largest
+    bucket, each receiver opens one mapping per slot for the whole run and closes them at the end."""
+    sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
+    out = _run(sizes, receivers=2, window=2, capacity=max(sizes))
+    assert out["errors"] == []
+    for rank, (got, opened) in out["rx"].items():
+        assert all(g[0] and g[2] for g in got)
+        assert out["opens"][rank] == 2 and out["held"][rank] == 2 and opened == 0
+
+
+def test_a_slot_whose_buffer_the_source_replaced_is_mapped_again_not_read_stale() -> None:
+    """Growing buckets make the source replace slot buffers: the handle names the new buffer (its
+    size differs, and it is allocated before the old one is freed, so not even a memfd descriptor
+    number repeats), and every receiver re-opens and reads the new bytes, never the old mapping's."""
+    sizes = [16, 16, 4096, 4096, 70_001, 70_001, 8, 8]
+    out = _run(sizes, receivers=2, window=2)
+    assert out["errors"] == []
+    for rank, (got, opened) in out["rx"].items():
+        assert all(g[0] and g[2] for g in got), got
+        assert out["opens"][rank] == 6 and opened == 0  # 2 slots x 3 sizes
 
 
 def test_window_one_exports_one_bucket_at_a_time() -> None:
@@ -280,3 +308,54 @@ def test_a_wait_whose_deadline_is_a_hair_away_never_hands_the_store_a_zero_timeo
     with pytest.raises(IpcFailure, match="did not arrive within 0.5 s"):
         chan.take("k", "bucket 0")
     assert given and all(t > 0 for t in given), given
+
+
+class _CountingCudaOpener:
+    """A CUDA opener at the driver boundary: host tensors stand in for the mapped device memory."""
+
+    kind = "cuda"
+
+    def __init__(self, memory: torch.Tensor):
+        self.memory, self.opens, self.closes = memory, 0, 0
+
+    def open(self, handle: Any, nbytes: int) -> Any:
+        self.opens += 1
+        owner = self
+
+        class _Opened:
+            tensor = self.memory[:nbytes]
+
+            def close(self) -> None:
+                owner.closes += 1
+
+        return _Opened()
+
+
+def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fields_differ() -> None:
+    """Measured on an H200: each ``_share_cuda_()`` of the same slot recorded a new event, so a
+    receiver that compared whole handles opened every bucket again (4 opens for 4 buckets). What
+    names the memory is (device, handle, offset, size)."""
+    a = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_1", 0, b"\x01" * 64, True)
+    b = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_2", 8, b"\x02" * 64, True)
+    assert a != b and a.memory() == b.memory()
+    assert CudaHandle(0, b"h" * 64, 4096, 512, b"", 0, b"", False).memory() != a.memory()
+    assert HostHandle(1, 5, 64).memory() != HostHandle(1, 5, 128).memory()
+
+    store, run = dist.HashStore(), secrets.token_hex(8)
+    ch = Channel(store, run, 10.0)
+    data = _data(0, 4096)
+    opener = _CountingCudaOpener(data)
+    rx = IpcReceiver(ch, opener, 1, 1)
+    digest = device_digest(data)
+    for bucket, handle in enumerate((a, b, a)):
+        ch.put(f"x/{bucket}", Export(bucket, 0, 4096, digest, "cuda", handle).encode())
+        dst = torch.empty(4096, dtype=torch.uint8)
+        got = rx.receive(bucket, dst)
+        assert got.ok and torch.equal(dst, data)
+    assert opener.opens == 1 and opener.closes == 0
+    other = CudaHandle(0, b"g" * 64, 4096, 0, b"", 0, b"", False)  # the source replaced the slot's buffer
+    ch.put("x/3", Export(3, 0, 4096, digest, "cuda", other).encode())
+    assert rx.receive(3, torch.empty(4096, dtype=torch.uint8)).ok
+    assert opener.opens == 2 and opener.closes == 1
+    rx.close()
+    assert opener.closes == 2
