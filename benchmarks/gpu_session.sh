@@ -2,7 +2,8 @@
 # One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then bench_gpu.py
 # on a 4 GiB file, the page-cache registration experiment, then tests/gpu; every stage bounded by
 # `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs: BENCH_S,
-# EXP (0 skips the experiment), EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, TESTS.
+# EXP (0 skips the experiment), EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, TESTS. .whl/ is ignored by
+# git: name it in the device call's carry.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)

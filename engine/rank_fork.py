@@ -13,9 +13,10 @@ before every fork anyway.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from hwtui.core import forking
 
@@ -54,6 +55,26 @@ def quiet_numpy() -> None:
 
 # A launcher imports this module before its plan module, which imports numpy.
 quiet_numpy()
+
+
+@contextlib.contextmanager
+def no_intra_op_pool() -> Iterator[None]:
+    """Tensor work in a launcher that will fork, without starting torch's intra-op thread pool.
+
+    torch starts its OpenMP pool at the first op large enough to split (a clone of 33,606 bytes of
+    a --data corpus was enough), and the pool's threads make the launcher a process with threads,
+    which is never forked: every worker was exec'd and paid its own ``import torch``. One thread
+    for the duration, then the count as it was (a pool is only created by the next large op)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _after_fork() -> None:

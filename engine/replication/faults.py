@@ -7,6 +7,8 @@ Syntax: ``ACTION:key=value[,key=value]`` and several faults separated by ``;``:
 - ``kill:rank=1[,bucket=2][,phase=prepare]`` the rank SIGKILLs itself when it reaches bucket 2
   (default: its first bucket) or, with ``phase=prepare``, right after voting material is ready;
 - ``hang:rank=2[,bucket=1]`` the rank stops making progress (sleeps) at that bucket;
+- ``pause:rank=1,bucket=1,until=/path`` the rank waits there until ``/path`` exists (at most
+  ``PAUSE_MAX_S``): a test looks at the run in a state it chose, then lets it go on;
 - ``term:rank=1,phase=commit`` the rank sends itself SIGTERM there;
 - ``fail:rank=2,phase=load`` the rank's next file operation fails there (an OSError, as from a
   full or immutable disk).
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 ENV = "HWTUI_TEST_FAULT"
+PAUSE_MAX_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Fault:
     rank: int | None
     bucket: int | None
     phase: str | None
+    until: str | None = None
 
 
 def parse(spec: str | None) -> list[Fault]:
@@ -48,10 +52,12 @@ def parse(spec: str | None) -> list[Fault]:
             continue
         action, _, args = part.partition(":")
         kv = dict(a.split("=", 1) for a in args.split(",") if "=" in a)
-        if action not in ("corrupt", "kill", "hang", "term", "fail"):
+        if action not in ("corrupt", "kill", "hang", "term", "fail", "pause"):
             raise ValueError(f"{ENV}: unknown fault {action!r}")
+        if action == "pause" and not kv.get("until"):
+            raise ValueError(f"{ENV}: pause needs until=<path>")
         faults.append(Fault(action, int(kv["rank"]) if "rank" in kv else None,
-                            int(kv["bucket"]) if "bucket" in kv else None, kv.get("phase")))
+                            int(kv["bucket"]) if "bucket" in kv else None, kv.get("phase"), kv.get("until")))
     return faults
 
 
@@ -83,3 +89,7 @@ class Injector:
             raise OSError(28, f"injected by {ENV}: No space left on device")
         elif f.action == "hang":
             time.sleep(3600)
+        elif f.action == "pause" and f.until:
+            deadline = time.monotonic() + PAUSE_MAX_S
+            while not os.path.exists(f.until) and time.monotonic() < deadline:
+                time.sleep(0.02)

@@ -32,8 +32,11 @@ from hwtui.engine.replication.config import Timeouts
 from hwtui.engine.replication.coordinator import Coordinator, RankResult, failure_text, hung_text
 from hwtui.engine.replication.events import RANK_PHASES
 
-# A peer's transport error is acted on this long after it arrives: time for a dead rank to be reaped.
-TRANSPORT_GRACE_S = 0.5
+# A peer's transport error is acted on this long after it arrives: time for a dead rank to be reaped
+# and for a failing one to say why. 0.5 s was too short under load: a rank failing on purpose at
+# the commit (a test fault) said so 0.5-1 s after its peer's transport error, on a 2-core box running
+# four test processes, and was named "hung". A rank that reports or exits ends the wait sooner.
+TRANSPORT_GRACE_S = 2.0
 # After the first failure (or every rank's exit with a pipe still open), this long to drain reports.
 DRAIN_S = 1.0
 

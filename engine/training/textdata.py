@@ -109,6 +109,13 @@ def tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None) -
     """The Corpus of ``docs``: tokens (or bytes), split train / held-out, fingerprinted."""
     import torch
 
+    from hwtui.engine.rank_fork import no_intra_op_pool
+
+    with no_intra_op_pool():  # the launcher forks its CPU workers after this
+        return _tokenize(docs, tokenizer, context, vocab, torch)
+
+
+def _tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None, torch: Any) -> Any:
     from hwtui.engine.training.data import Corpus
 
     if tokenizer is None:

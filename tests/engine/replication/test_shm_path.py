@@ -64,16 +64,21 @@ def test_non_mappable_source_reaches_same_host_ranks_through_shared_memory(mixed
     shm = _shm(tmp_path)
     modes: dict[str, tuple[int, int, bool]] = {}
 
+    go = tmp_path / "go"
+
     def on_event(ev):
         events.append(ev)
         if isinstance(ev, ReplBucket) and ev.rank == 1 and ev.state == "done" and not seen_shm:
-            seen_shm.append(_leftovers(digest, shm))  # while the ranks run: the source's copy is there
+            # Rank 1 waits at bucket 1 until `go` exists, so the source's copy is surely still
+            # there (the run cannot end under a slow launcher before this looks).
+            seen_shm.append(_leftovers(digest, shm))
             for d in seen_shm[0]:
                 for p in [d, *glob.glob(f"{d}/*")]:
                     st = os.lstat(p)
                     modes[p] = (stat.S_IMODE(st.st_mode), st.st_uid, stat.S_ISLNK(st.st_mode))
+            go.touch()
 
-    result = _run(tmp_path, on_event=on_event)
+    result = _run(tmp_path, fault=f"pause:rank=1,bucket=1,until={go}", on_event=on_event)
     assert result.ok, result.error
     line = paths_line(events)
     assert "shm path: rank(s) 1, 2 copy each bucket from the source's staging copy in /dev/shm and verify it" in line

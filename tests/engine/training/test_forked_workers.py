@@ -149,3 +149,18 @@ def test_a_mixed_run_forks_only_its_cpu_workers(tmp_path: Path) -> None:
     assert {r: w["mode"] for r, w in started.items()} == {0: "exec'd", 1: "forked"}, (started, p.stderr)
     assert started[0]["text"].endswith("cuda:0 workers are exec'd (no device runtime near a fork)")
     assert f"worker 1 (cpu:0) forked from the launcher (pid {started[1]['pid']})" in p.stdout
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(240)
+def test_a_run_on_the_users_text_still_forks_its_cpu_workers(tmp_path: Path) -> None:
+    """Reading --data made the launcher split a tensor big enough to start torch's thread pool,
+    so every worker of a --data run was exec'd (and imported torch again); the corpus is now
+    built without the pool."""
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 1200)  # > 32 KiB: torch would split it
+    proc = _train("--data", str(text), "--steps", "5")
+    events = _watch(proc, lambda e, _: False, 200)
+    assert proc.wait(timeout=60) == 0
+    started = _started(events)
+    assert {r: s["mode"] for r, s in started.items()} == {0: "forked", 1: "forked"}, started
