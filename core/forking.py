@@ -11,7 +11,9 @@ the signal mask and atexit are reset, and it ends with ``os._exit``.
 
 Why fork rather than a zygote process relaying exit statuses over a socket: the ranks stay plain
 children, so every guarantee of :class:`Child` (group signals, exit_text, PDEATHSIG on the
-launcher) holds unchanged, with no second protocol and no fd passing to get wrong.
+launcher) holds unchanged, with no second protocol and no fd passing to get wrong. A process that
+has threads by design (the node agent) cannot fork so; it starts a zygote once, before its first
+thread (:mod:`hwtui.core.forkserver`), and ``Child(fork=True)`` goes through it.
 
 A fork is refused (and the child exec'd as before, the reason kept in :func:`refusal`) when:
 * ``HWTUI_FORK_RANKS=0`` in the environment;
@@ -108,15 +110,19 @@ def _env_with_prefixes(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_import_env_prefixes) and k not in _import_env_except}
 
 
-def refusal(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> str | None:
-    """Why a child with this argv and env would be exec'd rather than forked (None: it is forked)."""
+def refusal(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, *,
+            threads_ok: bool = False) -> str | None:
+    """Why a child with this argv and env would be exec'd rather than forked (None: it is forked).
+
+    ``threads_ok``: the fork happens in this process's fork server (core.forkserver), which was
+    single-threaded when it was forked, so our threads do not matter."""
     if not enabled_by_env() or (env is not None and not enabled_by_env(env)):
         return f"{ENV_SWITCH}=0"
     if _preload_error is not None:
         return _preload_error
     if not _preloaded:
         return "nothing was preloaded"
-    if (n := thread_count()) > 1:
+    if not threads_ok and (n := thread_count()) > 1:
         return f"the launcher has {n} threads (a fork copies only one)"
     # Paths as given, not resolved: another venv's bin/python links to the same base interpreter
     # as ours, but its site-packages (its torch) are its own.

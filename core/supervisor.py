@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from hwtui.core import forking
+from hwtui.core import forking, forkserver
 
 # A message line longer than this is dropped (and counted): no JSON message hwtui sends comes near.
 MAX_LINE_BYTES = 16 << 20
@@ -176,7 +176,7 @@ class Child:
         self._stderr = stderr
         self._cwd = cwd
         self._text = text
-        self.proc: subprocess.Popen[Any] | forking.ForkedProc | None = None
+        self.proc: subprocess.Popen[Any] | forking.ForkedProc | forkserver.ServedProc | None = None
         # fork=True: fork from this (preloaded) process instead of exec when core.forking allows;
         # why it did not is kept here (None: forked, or fork not asked).
         self._fork = fork
@@ -212,18 +212,26 @@ class Child:
         """The child process: forked where that was asked for and is safe, else exec'd."""
         env = child_env(self._env)
         if self._fork:
-            self.fork_refusal = forking.refusal(argv, env)
+            server = forkserver.server()  # a process with threads forks through its server, if it has one
+            self.fork_refusal = forking.refusal(argv, env, threads_ok=server is not None)
             if self.fork_refusal is None:
-                proc = self._start_forked(argv, env, wfd)
-                self.forked = True
-                return proc
+                try:
+                    proc = self._start_forked(argv, env, wfd, server)
+                except OSError as exc:
+                    if server is None:
+                        raise
+                    self.fork_refusal = f"the fork server failed ({exc})"  # exec'd below, as before
+                else:
+                    self.forked = True
+                    return proc
         kwargs: dict[str, Any] = {"text": True, "encoding": "utf-8", "errors": "replace", "bufsize": 1} if self._text else {}
         return subprocess.Popen(  # noqa: S603 - an argv list, never a shell
             argv, stdin=self._stream(self._stdin), stdout=self._stream(self._stdout), stderr=self._stream(self._stderr),
             pass_fds=(wfd,) if wfd is not None else (), start_new_session=True, env=env, cwd=self._cwd, **kwargs,
         )
 
-    def _start_forked(self, argv: list[str], env: dict[str, str], wfd: int | None) -> forking.ForkedProc:
+    def _start_forked(self, argv: list[str], env: dict[str, str], wfd: int | None,
+                      server: forkserver.ForkServer | None = None) -> forking.ForkedProc | forkserver.ServedProc:
         """The fork path of start(): the same fds, session and environment an exec'd child gets."""
         child_fds: list[int | None] = []
         parent_ends: list[tuple[int, int]] = []  # (stdio index, our end of its pipe)
@@ -242,7 +250,8 @@ class Child:
                     to_close.append(theirs)
                     parent_ends.append((i, ours))
                     child_fds.append(theirs)
-            proc = forking.fork_module(argv, env=env, cwd=self._cwd, stdio=(child_fds[0], child_fds[1], child_fds[2]), keep_fd=wfd)
+            fork = server.fork_module if server is not None else forking.fork_module
+            proc = fork(argv, env=env, cwd=self._cwd, stdio=(child_fds[0], child_fds[1], child_fds[2]), keep_fd=wfd)
         except BaseException:
             for _, ours in parent_ends:
                 os.close(ours)

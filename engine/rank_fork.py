@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from hwtui.core import forking
+from hwtui.core import forking, forkserver
 
 # What a rank imports first; the replication worker's heavy modules ride along with torch.
 RANK_MODULES = ("torch", "torch.distributed")
@@ -108,3 +108,19 @@ def preload_for_ranks(device: str = "cpu", env: dict[str, str] | None = None, *,
         return f"{forking.ENV_SWITCH}=0"
     return forking.preload(modules, import_env_prefixes=(*IMPORT_ENV_PREFIXES, *more_env_prefixes), import_env_except=PER_RANK_ENV,
                            quiet_env={"OPENBLAS_NUM_THREADS": "1"}, after_fork=_after_fork, fork_ok=_no_device_runtime)
+
+
+# What a resident rank (engine.resident.resident_child) imports: torch, and the replication worker.
+RESIDENT_MODULES = (*RANK_MODULES, "hwtui.engine.resident.resident_child")
+
+
+def start_fork_server(device: str | None) -> str | None:
+    """The node agent, before it starts a thread: preload what its resident ranks import and fork
+    its fork server (core.forkserver), so each resident rank is forked instead of exec'd and
+    importing torch again; returns why not (None: running). CPU agents only, as for launchers:
+    a GPU-resident agent's ranks keep exec."""
+    if device not in (None, "cpu", "host"):  # "host": the memfd stand-in of device slots (tests), host memory
+        return f"--device {device} resident ranks are exec'd (no device runtime near a fork)"
+    if (why := preload_for_ranks("cpu", modules=RESIDENT_MODULES)) is not None:
+        return why
+    return forkserver.start()

@@ -247,7 +247,13 @@ def run(args: argparse.Namespace) -> int:
     replication = None
     if args.out:
         from hwtui.app.node_api.push_routes import make_routes
+        from hwtui.engine.rank_fork import start_fork_server
         from hwtui.engine.resident.resident import ResidentRank
+
+        # Before any thread: the fork server is a single-threaded twin of this process with torch
+        # imported, which forks each resident rank (a process with threads must not fork one).
+        if (why := start_fork_server(slots)) is not None and getattr(args, "verbosity", 0) > 0:
+            print(f"hwtui agent: resident ranks are exec'd, not forked: {why}", file=sys.stderr)
 
         resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
                                 serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io,

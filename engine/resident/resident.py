@@ -646,8 +646,9 @@ class ResidentRank:
         if not fresh and self.child is not None and self.child.running and self.world_key == world_key:
             return True
         self._stop_child()
+        # fork=True: through the agent's fork server when it has one (engine.rank_fork), else exec'd.
         child = Child([sys.executable, "-m", "hwtui.engine.resident.resident_child", "{answer_fd}"], name=f"resident-{self.node}",
-                      answer_pipe=True, stdin="pipe", stdout="null", stderr="inherit")
+                      answer_pipe=True, stdin="pipe", stdout="null", stderr="inherit", fork=True)
         # Started from one long-lived thread: PR_SET_PDEATHSIG fires when the *thread* that forked the
         # child exits, and HTTP handler threads end with their request.
         self._spawner.submit(child.start).result()

@@ -47,6 +47,7 @@ class HostileAgent:
         self.port = self.sock.getsockname()[1]
         self.requests = 0
         self._closed = threading.Event()
+        self._conns: list[tuple[socket.socket, threading.Thread]] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -56,7 +57,9 @@ class HostileAgent:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+            t = threading.Thread(target=self._one, args=(conn,), daemon=True)
+            self._conns.append((conn, t))
+            t.start()
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
@@ -94,6 +97,14 @@ class HostileAgent:
             pass
         self.sock.close()
         self._thread.join(timeout=10)
+        # Each connection's thread too: one blocked in recv (a client that sent nothing) or between
+        # two drips would outlive the test and keep the next module's process threaded.
+        for conn, t in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            t.join(timeout=10)
 
     def __enter__(self) -> HostileAgent:
         return self

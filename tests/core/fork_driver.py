@@ -2,6 +2,8 @@
 
 ``python -m tests.core.fork_driver CASE``: preloads, starts tests.core.fork_probe with fork=True
 the way a rank launcher does, prints one JSON line with what the child reported and how it ended.
+``server_CASE``: the same case as the node agent runs it: a fork server started after the preload
+(core.forkserver), then a thread (the agent is threaded), then the child through the server.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import signal
 import sys
 import threading
 
-from hwtui.core import forking
+from hwtui.core import forking, forkserver
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
 
 
@@ -20,7 +22,7 @@ def stdin_case(case: str) -> None:
     """A child commanded on its stdin, as a training worker is: messages in, EOF when we close it
     (``stdin``) or when we die (``stdin_orphan``: a second child started after it must not hold
     its stdin open, nor may anything else of ours)."""
-    forking.preload(["json"])
+    preload(["json"])
     first = Child(python_module("tests.core.fork_probe", "{answer_fd}", "echo"), name="echo", answer_pipe=True,
                   stdin="pipe", stdout="null", stderr="null", fork=True).start()
     if case == "stdin_orphan":
@@ -51,7 +53,7 @@ def stdio_case() -> None:
     interpreter, not our replaced objects (which a fork would otherwise hand it)."""
     import io
 
-    forking.preload(["json"])
+    preload(["json"])
     real_stdout = sys.stdout
     sys.stdin, sys.stdout, sys.stderr = io.StringIO("not for the child\n"), io.StringIO(), io.StringIO()
     child = Child(python_module("tests.core.fork_probe", "{answer_fd}", "stdio"), name="stdio", answer_pipe=True,
@@ -66,8 +68,24 @@ def stdio_case() -> None:
     print(json.dumps(out), file=real_stdout, flush=True)
 
 
+VIA_SERVER = sys.argv[1].startswith("server_") if len(sys.argv) > 1 else False
+_threads: list[threading.Event] = []
+
+
+def preload(modules: list[str], **kw: object) -> None:
+    forking.preload(modules, **kw)  # type: ignore[arg-type]
+    if VIA_SERVER:
+        assert forkserver.start() is None
+        idle = threading.Event()  # a process with a thread, as the agent is: only the server may fork
+        threading.Thread(target=idle.wait, daemon=True).start()
+        _threads.append(idle)
+
+
 def main() -> None:
-    case = sys.argv[1]
+    case = sys.argv[1].removeprefix("server_")
+    if case == "orphans":
+        orphans_case()
+        return
     if case.startswith("stdin"):
         stdin_case(case)
         return
@@ -75,7 +93,7 @@ def main() -> None:
         stdio_case()
         return
     how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
-    forking.preload(["json"], import_env_prefixes=("ZYG_",))
+    preload(["json"], import_env_prefixes=("ZYG_",))
     leak = os.open(os.devnull, os.O_RDONLY)  # the launcher's own fd: must not reach the child
     os.set_inheritable(leak, True)
     env = {**os.environ, "RANK": "7"}
@@ -89,7 +107,8 @@ def main() -> None:
         argv[0] = os.environ["ZYG_OTHER_PYTHON"]
     child = Child(argv, name="probe", env=env,
                   answer_pipe=True, stdout="null", stderr="null", fork=True)
-    out: dict[str, object] = {"driver_pid": os.getpid(), "driver_pgid": os.getpgid(0), "leak_fd": leak}
+    out: dict[str, object] = {"driver_pid": os.getpid(), "driver_pgid": os.getpgid(0), "leak_fd": leak,
+                              "server_pid": server.pid if (server := forkserver.server()) else None}
     with Group() as group:
         group.add(child)
         report = None
@@ -105,6 +124,16 @@ def main() -> None:
     stop.set()
     out.update(forked=child.forked, refusal=child.fork_refusal, report=report, code=code, text=exit_text(code))
     print(json.dumps(out), flush=True)
+
+
+def orphans_case() -> None:
+    """The agent killed with its server and a child running: both must die with it."""
+    preload(["json"])
+    child = Child(python_module("tests.core.fork_probe", "{answer_fd}", "quiet"), name="quiet", answer_pipe=True,
+                  stdout="null", stderr="null", fork=True).start()
+    server = forkserver.server()
+    print(json.dumps({"forked": child.forked, "server": server.pid if server else None, "child": child.pid}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,47 @@ def test_the_launchers_death_is_eof_on_a_forked_childs_stdin(fork: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+# --- through the fork server (core.forkserver): a process with threads, as the node agent -------
+
+def test_a_threaded_process_forks_through_its_server_and_the_child_gets_what_an_exec_gets() -> None:
+    out = drive("server_exit3")
+    assert out["forked"] is True and out["refusal"] is None, out
+    r = out["report"]
+    assert r["ppid"] == out["server_pid"] != out["driver_pid"]  # the server's child, not ours
+    assert r["pid"] == r["pgid"] == r["sid"] != out["driver_pgid"]  # its own session: signal_group works
+    assert r["fds"] == sorted({0, 1, 2, r["answer_fd"]}) and r["rank"] == "7"
+    assert r["threads"] == 1 and r["sigterm_default"] is True
+    assert (out["code"], out["text"]) == (3, "exited with status 3")  # relayed by the server
+
+
+def test_through_the_server_stdio_terminate_and_exceptions_are_as_with_exec() -> None:
+    out = drive("server_stdio")
+    assert out["forked"] is True and (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\n")
+    out = drive("server_hang")
+    assert out["forked"] is True and out["terminate"] == -15 and out["text"] == "was killed by SIGTERM"
+    out = drive("server_raise")
+    assert out["forked"] is True and (out["code"], out["text"]) == (1, "exited with status 1")
+    out = drive("server_stdin")
+    assert out["forked"] is True and out["code"] == 0
+    assert out["messages"][1:] == [{"echo": {"kind": "config", "n": 1}}, {"echo": {"kind": "stop"}}, {"eof": True}]
+
+
+def test_a_killed_agent_takes_its_fork_server_and_every_child_with_it() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tests.core.fork_driver", "server_orphans"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["forked"] is True and out["server"]
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in (out["server"], out["child"])):
+        assert time.monotonic() < deadline, "the server or its child outlived the agent"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
