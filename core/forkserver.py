@@ -289,6 +289,7 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
     keep = req.get("keep")
     if len(argv) < 3 or argv[1] != "-m" or len(stdio) != 3:
         raise ValueError("a request is `python -m module args` with three stdio entries")
+    server = os.getpid()
     pid = os.fork()
     if pid:
         return pid
@@ -299,6 +300,8 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
         for fd in wake:
             os.close(fd)
         _pdeathsig()
+        if os.getppid() != server:  # the server died before the line above: nobody would kill us
+            return
         keep_fd = None
         if keep is not None:
             # Received fds sit at arbitrary numbers; copy every one above the wanted number first,

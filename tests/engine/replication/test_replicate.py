@@ -306,6 +306,10 @@ def test_sigterm_while_ranks_start_ends_every_rank_at_once(tmp_path):
     assert alive == [], f"ranks outlived the launcher: {alive}"
     lines += [json.loads(x) for x in out.splitlines() if x.strip()]
     stops = [x["message"] for x in lines if x["kind"] == "log" and x["message"].startswith("stop: ")]
-    assert stops == ["stop: rank(s) 0, 1 killed while starting"], stops
+    # Rank 1, held before its plan, is killed. Rank 0 too, unless it is already past the world's
+    # formation: rank 1's world forms on a thread of its own while its main thread is held, so
+    # under load rank 0 can have joined by the time the SIGTERM is acted on, and is then told.
+    assert stops in (["stop: rank(s) 0, 1 killed while starting"],
+                     ["stop: rank(s) 1 killed while starting; rank(s) 0 told to abort (SIGTERM)"]), stops
     assert lines[-1]["kind"] == "repl.done" and not lines[-1]["ok"]
     assert served(tmp_path / "out", 1)[0] is None
