@@ -23,6 +23,19 @@ from hwtui.engine.rank_fork import quiet_numpy  # noqa: E402
 
 quiet_numpy()
 
+# The property tests draw the same examples on every run (derandomize): a suite that passes must
+# pass again on the same tree, under any load. Exploring for new counter-examples is a separate,
+# deliberate run: `HWTUI_HYPOTHESIS=explore` (random draws, more of them), which found the chart
+# ticks' float bugs (tests/app/tui/test_chart_ticks.py).
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+    _hypothesis_settings.register_profile("explore", max_examples=5000, deadline=None)
+    _hypothesis_settings.load_profile("explore" if os.environ.get("HWTUI_HYPOTHESIS") == "explore" else "ci")
+except ImportError:  # a bare install runs no property test
+    pass
+
 
 # -- the order modules are claimed in -----------------------------------------------------------------
 # `make test` runs three pytest processes that claim whole modules from one queue (tests/shards.py),

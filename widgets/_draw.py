@@ -8,6 +8,7 @@ screens do not.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,6 +79,9 @@ def nice_ticks(lo: float, hi: float, max_ticks: int, integer: bool = False) -> l
     lo, hi = min(lo, hi), max(lo, hi)
     if (hi - lo) / max_ticks < 1e-300:  # one value (or two a denormal apart): an axis of one unit around it
         hi = lo + (abs(lo) if abs(lo) > 1e-290 else 1.0)
+    # A range narrower than a billionth of its size (1e9 and 1e9 + 1e-7) has no round ticks a float
+    # can tell apart: it gets an axis that wide (the property test found ticks collapsing to one value).
+    hi = max(hi, lo + 1e-9 * max(abs(lo), abs(hi)))
     mag = 10 ** math.floor(math.log10((hi - lo) / max_ticks))
     if integer:
         mag = max(mag, 1)  # whole steps only, however short the range
@@ -92,9 +96,14 @@ def nice_ticks(lo: float, hi: float, max_ticks: int, integer: bool = False) -> l
 
 
 def _whole(quotient: float, towards: Any) -> int:
-    """``floor``/``ceil`` of a quotient that float error left a hair off a whole number (2.0000000001)."""
+    """``floor``/``ceil`` of a quotient that float error left a hair off a whole number (2.0000000001).
+
+    The hair is absolute, a few units in the last place of the quotient: a tolerance relative to
+    its size (1e-9) let -399999997.6 pass for -399999998 (0.4 off at 4e8), and the axis of
+    [-999999999, -999999994] ended below its data (found by the property test)."""
     nearest = round(quotient)
-    return int(nearest) if math.isclose(quotient, nearest, rel_tol=1e-9, abs_tol=1e-9) else int(towards(quotient))
+    hair = max(1e-9, 8 * sys.float_info.epsilon * abs(quotient))
+    return int(nearest) if abs(quotient - nearest) <= hair else int(towards(quotient))
 
 
 def tick_label(value: float) -> str:
