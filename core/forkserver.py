@@ -301,7 +301,7 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
             os.close(fd)
         _pdeathsig()
         if os.getppid() != server:  # the server died before the line above: nobody would kill us
-            return
+            os._exit(1)
         keep_fd = None
         if keep is not None:
             # Received fds sit at arbitrary numbers; copy every one above the wanted number first,

@@ -10,11 +10,19 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.fixture(scope="module")
+def replication_run() -> subprocess.CompletedProcess[str]:
+    """One toy run of every method with --commit: both tests below read it (a second run of the
+    benchmark cost ~8 CPU-s of the suite and proved nothing the first did not)."""
+    return subprocess.run([sys.executable, str(BENCH / "bench_replication.py"), "--mb", "8", "--tensors", "40",
+                           "--rounds", "1", "--ranks", "2", "--commit", "--planner-tensors", "0"],
+                          capture_output=True, text=True, timeout=160)
+
+
 @pytest.mark.torch
-@pytest.mark.timeout(120)
-def test_replication_benchmark_runs_bit_exact_at_toy_size():
-    r = subprocess.run([sys.executable, str(BENCH / "bench_replication.py"), "--mb", "8", "--tensors", "40", "--rounds", "1",
-                        "--ranks", "2", "--planner-tensors", "0"], capture_output=True, text=True, timeout=110)
+@pytest.mark.timeout(170)
+def test_replication_benchmark_runs_bit_exact_at_toy_size(replication_run: subprocess.CompletedProcess[str]) -> None:
+    r = replication_run
     assert r.returncode == 0, r.stderr[-2000:]
     table = {row[0]: row[-1] for row in (line.split() for line in r.stdout.splitlines())
              if len(row) == 4 and row[-1] in ("True", "False")}
@@ -25,12 +33,11 @@ def test_replication_benchmark_runs_bit_exact_at_toy_size():
 
 @pytest.mark.torch
 @pytest.mark.timeout(170)
-def test_replication_benchmark_prints_each_must_show_with_its_verdict_and_the_disk_floor():
+def test_replication_benchmark_prints_each_must_show_with_its_verdict_and_the_disk_floor(
+        replication_run: subprocess.CompletedProcess[str]) -> None:
     """Issue 23: one run prints the commit path's two ratios and same-host / flat, each against its
     target with PASS/FAIL and the load beside it, and the disk's own durable write of the same bytes."""
-    r = subprocess.run([sys.executable, str(BENCH / "bench_replication.py"), "--mb", "8", "--tensors", "40", "--rounds", "1",
-                        "--ranks", "2", "--methods", "flat", "--commit", "--planner-tensors", "0"],
-                       capture_output=True, text=True, timeout=160)
+    r = replication_run
     assert r.returncode == 0, r.stderr[-2000:]
     tail = r.stdout.split("issue 23 must-shows of this run")[1].strip().splitlines()[1:]
     summary = [line for line in tail if line.startswith("MUST-SHOW")]
