@@ -236,7 +236,13 @@ def _serve_until_closed(sock: socket.socket, parent: int) -> None:
     _pdeathsig()
     if os.getppid() != parent:  # the client died before the line above
         return
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    # The server ends only when its agent does (EOF on the socket, or PR_SET_PDEATHSIG): a stop
+    # signal sent to every process of the agent's group or cgroup (Ctrl-C in a terminal, systemd's
+    # SIGTERM) must not kill it first, since its death would SIGKILL a resident rank in the middle
+    # of the switch that rank's own SIGTERM gate lets finish. Its children reset these to default.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)

@@ -86,6 +86,9 @@ def main() -> None:
     if case == "orphans":
         orphans_case()
         return
+    if case == "signals":
+        signals_case()
+        return
     if case.startswith("stdin"):
         stdin_case(case)
         return
@@ -124,6 +127,25 @@ def main() -> None:
     stop.set()
     out.update(forked=child.forked, refusal=child.fork_refusal, report=report, code=code, text=exit_text(code))
     print(json.dumps(out), flush=True)
+
+
+def signals_case() -> None:
+    """A stop signal for the whole group reaches the server too: it must outlive it (and keep
+    serving) until its agent goes, so the agent's own orderly stop decides when ranks end."""
+    preload(["json"])
+    server = forkserver.server()
+    assert server is not None
+    first = Child(python_module("tests.core.fork_probe", "{answer_fd}", "quiet"), name="quiet", answer_pipe=True,
+                  stdout="null", stderr="null", fork=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(server.pid, sig)
+    second = Child(python_module("tests.core.fork_probe", "{answer_fd}", "4"), name="after", answer_pipe=True,
+                   stdout="null", stderr="null", fork=True).start()
+    code = second.wait(timeout=60)
+    alive = first.poll() is None
+    first.terminate(grace_s=10.0)
+    print(json.dumps({"forked": [first.forked, second.forked], "code": code, "first_alive": alive,
+                      "server_alive": forkserver.server() is not None}), flush=True)
 
 
 def orphans_case() -> None:

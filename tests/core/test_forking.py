@@ -164,6 +164,12 @@ def test_a_killed_agent_takes_its_fork_server_and_every_child_with_it() -> None:
         time.sleep(0.05)
 
 
+def test_the_fork_server_outlives_a_stop_signal_sent_to_its_whole_group() -> None:
+    out = drive("server_signals")
+    # Both children forked by the same server, the second after SIGTERM, SIGINT and SIGHUP reached it.
+    assert out == {"forked": [True, True], "code": 4, "first_alive": True, "server_alive": True}, out
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
