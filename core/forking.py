@@ -44,6 +44,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
 ENV_SWITCH = "HWTUI_FORK_RANKS"
 
@@ -214,7 +215,13 @@ def fork_module(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
     pid = os.fork()
     if pid:
         return ForkedProc(pid, argv)
-    # The child. Nothing here may return into the launcher's stack: every path ends in os._exit.
+    run_in_child(module, args, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
+
+
+def run_in_child(module: str, args: list[str], *, env: Mapping[str, str], cwd: str | None,
+                 stdio: tuple[int | None, int | None, int | None], keep_fd: int | None) -> NoReturn:
+    """In a freshly forked child: become the child (see :func:`fork_module`) and run ``module`` as
+    ``__main__``. Nothing here may return into the forking process's stack: it ends in os._exit."""
     code = 1
     try:
         _become_child(module, args, env, cwd, stdio, keep_fd)
@@ -227,7 +234,6 @@ def fork_module(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str | None,

@@ -299,7 +299,7 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
     pid = os.fork()
     if pid:
         return pid
-    code = 1
+    keep_fd = None
     try:
         sock.close()
         signal.set_wakeup_fd(-1)
@@ -308,11 +308,10 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
         _pdeathsig()
         if os.getppid() != server:  # the server died before the line above: nobody would kill us
             os._exit(1)
-        keep_fd = None
         if keep is not None:
             # Received fds sit at arbitrary numbers; copy every one above the wanted number first,
             # so the answer pipe can be put exactly where argv says without clobbering another
-            # (the originals are closed with everything else in _become_child).
+            # (the originals are closed with everything else as the child sets itself up).
             import fcntl
 
             at = int(keep["at"])
@@ -320,15 +319,9 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
             os.dup2(moved[int(keep["index"])], at, inheritable=True)
             stdio = tuple(None if i is None else moved[int(i)] for i in req["stdio"])
             keep_fd = at
-        forking._become_child(argv[2], argv[3:], env, cwd, (stdio[0], stdio[1], stdio[2]), keep_fd)
-        code = forking._run_main(argv[2], argv[3:])
-    except BaseException:  # noqa: BLE001
+    except BaseException:  # noqa: BLE001 - set-up failed: say so on stderr, exit 1
         with contextlib.suppress(Exception):
             traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-    raise AssertionError("unreachable")  # pragma: no cover
+        os._exit(1)
+    forking.run_in_child(argv[2], argv[3:], env=env, cwd=cwd, stdio=(stdio[0], stdio[1], stdio[2]), keep_fd=keep_fd)
 
