@@ -25,9 +25,8 @@ def _cmdline(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
 
 
-def test_a_resident_rank_is_forked_by_the_agents_server_and_dies_with_the_agent(tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
+def _two_agents(tmp_path: Path) -> tuple[Agents, dict]:
+    """Two agents on loopback (node0 the source) and a small version to push: (world, its tensors)."""
     expected = make_model(tmp_path / "v1", seed=3, big=60_000, n=6)
     write_plan(tmp_path / "v1", tmp_path / "v1.plan", version="v1", bucket_kib=64)
     (tmp_path / "agents").mkdir()
@@ -35,11 +34,26 @@ def test_a_resident_rank_is_forked_by_the_agents_server_and_dies_with_the_agent(
     try:
         world.start(0)
         world.start(1)
-        done = push(tmp_path / "v1.plan", world.agents())
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        root = world.served(1)
-        meta = json.loads((root / "CURRENT").read_text())
-        assert_bytes_equal(load_file(str(root / meta["file"])), expected)
+    except BaseException:
+        world.close()
+        raise
+    return world, expected
+
+
+def _push_lands(world: Agents, plan: Path, expected: dict) -> None:
+    from safetensors.torch import load_file
+
+    done = push(plan, world.agents())
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    root = world.served(1)
+    meta = json.loads((root / "CURRENT").read_text())
+    assert_bytes_equal(load_file(str(root / meta["file"])), expected)
+
+
+def test_a_resident_rank_is_forked_by_the_agents_server_and_dies_with_the_agent(tmp_path: Path) -> None:
+    world, expected = _two_agents(tmp_path)
+    try:
+        _push_lands(world, tmp_path / "v1.plan", expected)
         agent = world.procs[1].pid
         rank = world.replication(1)["resident"]["pid"]
         server = ppid(rank)
@@ -58,19 +72,13 @@ def test_a_resident_rank_is_forked_by_the_agents_server_and_dies_with_the_agent(
 
 def test_an_agent_whose_fork_server_is_gone_execs_its_rank_and_still_serves(tmp_path: Path) -> None:
     """The server killed under a running agent: the next push's rank is exec'd, and the push lands."""
-    make_model(tmp_path / "v1", seed=4, big=60_000, n=6)
-    write_plan(tmp_path / "v1", tmp_path / "v1.plan", version="v1", bucket_kib=64)
-    (tmp_path / "agents").mkdir()
-    world = Agents(tmp_path / "agents", 2)
+    world, expected = _two_agents(tmp_path)
     try:
-        world.start(0)
-        world.start(1)
         agent = world.procs[1].pid
         servers = [int(p) for p in os.listdir("/proc") if p.isdigit() and alive(int(p)) and ppid(int(p)) == agent]
         assert len(servers) == 1, servers  # the agent's one child before any push: its fork server
         os.kill(servers[0], signal.SIGKILL)
-        done = push(tmp_path / "v1.plan", world.agents())
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        _push_lands(world, tmp_path / "v1.plan", expected)
         rank = world.replication(1)["resident"]["pid"]
         assert ppid(rank) == agent and "resident_child" in " ".join(_cmdline(rank))  # exec'd
     finally:
