@@ -78,11 +78,28 @@ def preallocate(fd: int, nbytes: int, what: str) -> bool:
         if exc.errno in NO_SPACE:
             raise no_space(what, nbytes, exc) from None
         if exc.errno in _UNSUPPORTED:
+            _room_for(fd, nbytes, what)
             return False
         raise
     except AttributeError:  # a libc without fallocate
+        _room_for(fd, nbytes, what)
         return False
     return True
+
+
+def _room_for(fd: int, nbytes: int, what: str) -> None:
+    """Where nothing can be reserved (ext2, some network filesystems), a disk that already lacks
+    the room is still one clear line before the transfer: the free space is checked. Without it a
+    receiver met the full disk through its mapping mid-transfer, and the run said "rank 2 hung".
+    A disk that another writer fills during the transfer is not covered (only a reservation is)."""
+    try:
+        st = os.fstatvfs(fd)
+        held = os.fstat(fd).st_blocks * 512  # blocks the file already has (a reused spare)
+    except OSError:
+        return
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize  # root may use the reserve
+    if free + held < nbytes:
+        raise no_space(what, nbytes, OSError(errno.ENOSPC, f"{free:,} bytes free there"))
 
 
 def start_write_out(fd: int, offset: int, nbytes: int) -> None:

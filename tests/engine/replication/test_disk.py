@@ -79,6 +79,29 @@ def test_no_space_to_preallocate_is_one_no_space_error_naming_the_file(tmp_path:
         Staging(meta, {"format": "pt"}, file=path)
 
 
+def test_where_nothing_can_be_reserved_a_disk_already_too_full_is_one_no_space_line(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ext2 cannot preallocate: a staging copy bigger than the free space used to meet the full disk
+    mid-transfer (through a receiver's mapping: "rank 2 hung"); the free space is checked first."""
+    monkeypatch.setattr(disk, "fallocate", lambda fd, off, n: (_ for _ in ()).throw(OSError(errno.EOPNOTSUPP, "no")))
+    real = os.fstatvfs
+
+    def little(fd: int) -> Any:
+        st = real(fd)
+        return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 3, 3, st.f_files, st.f_ffree, st.f_favail,
+                                  st.f_flag, st.f_namemax))
+
+    monkeypatch.setattr(os, "fstatvfs", little)  # 12 KiB free
+    meta, data = _tensors([70_000])
+    with pytest.raises(HwtuiError, match=r"no space left on device for the staging copy .*model\.safetensors "
+                                         r"\(\d[\d,]* bytes\): 12,288 bytes free there"):
+        Staging(meta, {"format": "pt"}, file=tmp_path / "model.safetensors")
+    small, small_data = _tensors([2_000])  # it fits: a sparse file, as before
+    st = Staging(small, {"format": "pt"}, file=tmp_path / "small.safetensors")
+    assert not st.preallocated
+    _fill_and_check(st, small_data, tmp_path / "small.safetensors")
+
+
 def test_another_preallocation_error_is_not_swallowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
