@@ -146,7 +146,7 @@ def _install_unit(args: argparse.Namespace) -> int:
     try:
         unit.check_interpreter(sys.executable)
         text = unit.unit_text(sys.executable, args.listen, node=args.node, advertise=args.advertise, cert=args.cert,
-                              key=args.key)
+                              key=args.key, readers=args.readers, direct_io=args.direct_io)
     except unit.UnitError as exc:
         raise HwtuiError(str(exc)) from None
     try:

@@ -95,8 +95,10 @@ def check_interpreter(python: str) -> None:
 
 
 def unit_text(python: str, listen: str, *, node: str | None = None, advertise: str | None = None,
-              cert: str | None = None, key: str | None = None) -> str:
-    """The unit for an agent run by ``python`` (absolute) serving ``listen``."""
+              cert: str | None = None, key: str | None = None, readers: int | None = None,
+              direct_io: str = "auto") -> str:
+    """The unit for an agent run by ``python`` (absolute) serving ``listen``; ``readers`` and
+    ``direct_io`` are the agent's defaults for the pushes it sources (given: carried into ExecStart)."""
     if not os.path.isabs(python):
         raise UnitError(f"the interpreter {python!r} must be an absolute path")
     argv = [python, "-m", "hwtui", "agent", "--listen", listen, "--token-file", TOKEN, "--out", SERVED]
@@ -105,6 +107,10 @@ def unit_text(python: str, listen: str, *, node: str | None = None, advertise: s
         argv += ["--node", node]
     if advertise:
         argv += ["--advertise", advertise]
+    if readers is not None:
+        argv += ["--readers", str(int(readers))]
+    if direct_io != "auto":
+        argv += ["--direct-io", direct_io]
     if cert and key:
         # The dynamic user cannot read the operator's key where it lies: systemd hands a copy to the
         # service in its private credentials directory (%d), readable by it alone.

@@ -40,6 +40,14 @@ def _install(tmp_path: Path, *extra: str) -> str:
     return path.read_text()
 
 
+def test_the_units_agent_reads_weights_as_this_command_was_told(tmp_path, opt_python):
+    """--readers and --direct-io went unsaid into the unit: its agent read with the defaults."""
+    [exec_start] = _directives(_install(tmp_path, "--readers", "8", "--direct-io", "on"))["ExecStart"]
+    assert exec_start.split()[-4:] == ["--readers", "8", "--direct-io", "on"]
+    assert main(["agent", "--install-unit", str(tmp_path / "bad.service"), "--readers", "0"]) == 2  # bounds first
+    assert not (tmp_path / "bad.service").exists()
+
+
 def test_unit_runs_this_interpreter_by_absolute_path_as_a_dynamic_user(tmp_path, capsys, opt_python):
     text = _install(tmp_path, "--listen", "0.0.0.0:9477", "--advertise", "127.0.0.1", "--node", "gpu-7")
     d = _directives(text)
