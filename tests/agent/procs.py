@@ -33,6 +33,18 @@ def env(**extra: str) -> dict[str, str]:
     return out
 
 
+def _die_with_us() -> list[str]:
+    """A test's agent gets SIGKILL when the test process dies (a SIGKILLed pytest left its agents
+    running, holding ports and CPU): ``setpriv --pdeathsig`` before the exec, where setpriv exists.
+    Only from the main thread: the signal fires when the *thread* that started the child ends."""
+    import shutil
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and (tool := shutil.which("setpriv")):
+        return [tool, "--pdeathsig", "KILL", "--"]
+    return []
+
+
 class Agents:
     """``n`` agents named node0..node<n-1> on 127.0.0.1, node0 the source of every push."""
 
@@ -64,8 +76,8 @@ class Agents:
                 str(self.token_file), "--node", f"node{i}", "--out", str(self.out(i)), "--check-interval", "3600",
                 "--interval", "0.5", *args]
         with open(self.logs[i], "w") as log:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env(**extra),
-                                    start_new_session=True)
+            proc = subprocess.Popen([*_die_with_us(), *argv], stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env=env(**extra), start_new_session=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the agent's one line: bounded by its own start (or its exit)
         assert "listening on" in line, self.logs[i].read_text()
