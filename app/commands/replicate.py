@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
                         help="read the weight files with O_DIRECT, skipping the page cache (auto: files larger than "
                              "the free memory; falls back with its reason where the filesystem refuses it)")
+    parser.add_argument("--net-streams", type=int, metavar="N",
+                        help="TCP streams per peer for the ranks that receive over the network, 1-8 (default: "
+                             "HWTUI_NET_STREAMS, else 2); used where GLOO_SOCKET_IFNAME names one interface")
     parser.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                         help="check every bucket's xxh3 on every receiver (default: on)")
     parser.add_argument("--same-host", action=argparse.BooleanOptionalAction, default=True,
@@ -200,6 +203,14 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.core.events import ErrorEvent, Fanout, JsonlWriter
     from hwtui.engine.replication.launcher import ReplicationOptions, joined_world, run_replication
 
+    if args.net_streams is not None:
+        from hwtui.engine.replication.net_streams import MAX_STREAMS, STREAMS_ENV
+
+        if not 1 <= args.net_streams <= MAX_STREAMS:
+            raise HwtuiError(f"--net-streams {args.net_streams}: the network streams must be a whole number 1 to "
+                             f"{MAX_STREAMS}")
+        # The flag wins over the environment, for this process (a torchrun rank) and the ranks it starts.
+        os.environ[STREAMS_ENV] = str(args.net_streams)
     # Under torchrun/srun/mpirun every rank runs this command: "{rank}" in a path keeps their files apart.
     try:
         joined = joined_world(dict(os.environ)) if args.nproc is None else None

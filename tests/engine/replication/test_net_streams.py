@@ -130,3 +130,34 @@ def test_the_network_group_gets_streams_only_where_every_network_rank_can_open_t
     assert answers == {streams}
     me, logs = _world(0, [0, 2], backend="nccl")
     assert RankWorld._net_streams(me, [{"net_devices": 2}] * 4) == 1 and logs == []  # type: ignore[arg-type]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_replicate_takes_the_stream_count_as_a_flag_that_wins_over_the_environment(tmp_path: Path) -> None:
+    """--net-streams N (it was HWTUI_NET_STREAMS only): the network ranks run on N streams and say so;
+    a count out of range is one line, exit 2, before any rank starts."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+    save_file({"w": torch.arange(40_000, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
+    write_json_atomic(tmp_path / "p.json", build_plan_from_files([str(tmp_path / "m.safetensors")], model="m",
+                                                                 version="v1", bucket_bytes=16 << 10))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_TEST_FAULT", "MASTER_", "RANK", "WORLD_SIZE"))}
+    env.update(GLOO_SOCKET_IFNAME="lo", HWTUI_NET_STREAMS="2")
+    base = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"), "--nproc", "2",
+            "--no-same-host"]
+    proc = subprocess.run([*base, "--net-streams", "3", "--report", str(tmp_path / "r.json")], capture_output=True,
+                          text=True, timeout=100, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["rank"]: r for r in json.loads((tmp_path / "r.json").read_text())["ranks"]}
+    assert {r: rows[r]["net_streams"] for r in rows} == {0: 3, 1: 3}, rows
+    assert "3 TCP streams per peer" in proc.stdout, proc.stdout
+    bad = subprocess.run([*base, "--net-streams", "9"], capture_output=True, text=True, timeout=100, env=env)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("hwtui: error:")]
+    assert bad.returncode == 2 and errors == ["hwtui: error: --net-streams 9: the network streams must be a whole "
+                                              "number 1 to 8"], bad.stderr
