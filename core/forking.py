@@ -196,6 +196,18 @@ class ForkedProc:
                 os.close(pidfd)
 
 
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent (the thread that forked it) dies, so no
+    orphan ever holds a port, a GPU or a resident rank's staging copy. One place for every process
+    hwtui starts: replication and training ranks, resident ranks, the fork server and its children."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
 def _null_fd(flags: int) -> int:
     return os.open(os.devnull, flags)
 

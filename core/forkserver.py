@@ -49,15 +49,6 @@ REPLY_TIMEOUT_S = 30.0
 _server: ForkServer | None = None
 
 
-def _pdeathsig() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
 class ServedProc:
     """The client's handle on a child the server forked: the part of ``Popen`` hwtui uses."""
 
@@ -171,18 +162,6 @@ class ForkServer:
             raise OSError(str(reply.get("error", "the fork server refused")))
         return ServedProc(self, int(reply["pid"]), argv)
 
-    def close(self) -> None:
-        """Stop the server (its children die with it); for tests and an orderly exit."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        if self._reader is not None:
-            self._reader.join(timeout=10)
-        else:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(self.pid, 0)
-        self.alive = False
-
 
 def server() -> ForkServer | None:
     """This process's fork server, while it runs."""
@@ -218,13 +197,6 @@ def start() -> str | None:
     return None
 
 
-def stop() -> None:
-    global _server
-    if _server is not None:
-        _server.close()
-        _server = None
-
-
 # --- the server process ------------------------------------------------------------------------
 
 def _serve(sock: socket.socket, parent: int) -> None:
@@ -233,7 +205,7 @@ def _serve(sock: socket.socket, parent: int) -> None:
 
 
 def _serve_until_closed(sock: socket.socket, parent: int) -> None:
-    _pdeathsig()
+    forking.die_with_parent()
     if os.getppid() != parent:  # the client died before the line above
         return
     # The server ends only when its agent does (EOF on the socket, or PR_SET_PDEATHSIG): a stop
@@ -305,7 +277,7 @@ def _fork_child(req: dict[str, Any], fds: list[int], sock: socket.socket, wake: 
         signal.set_wakeup_fd(-1)
         for fd in wake:
             os.close(fd)
-        _pdeathsig()
+        forking.die_with_parent()
         if os.getppid() != server:  # the server died before the line above: nobody would kill us
             os._exit(1)
         if keep is not None:

@@ -61,17 +61,6 @@ class SignalGate:
 GATE = SignalGate()
 
 
-def die_with_parent() -> None:
-    """Linux: get SIGKILL when the launcher dies, so no orphan ever holds a port or a GPU."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def install_signal_gate() -> list[int]:
     """SIGTERM/SIGINT go through :data:`GATE` (deferred over the vote and the switch); returns the
     list the handler appends the first signal to, so a loop between runs can see it came.

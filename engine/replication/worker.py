@@ -27,6 +27,7 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
+from hwtui.core.forking import die_with_parent
 from hwtui.core.supervisor import AnswerPipe
 from hwtui.engine.replication.commit import ServedDir
 from hwtui.engine.replication.config import WorkerConfig
@@ -43,7 +44,6 @@ from hwtui.engine.replication.rank_signals import (
     GATE,
     Interrupted,
     TransportFailure,
-    die_with_parent,
     install_signal_gate,
 )
 from hwtui.engine.replication.served_files import serve_modes

@@ -24,6 +24,7 @@ from typing import Any
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
+from hwtui.core.forking import die_with_parent
 from hwtui.core.supervisor import AnswerPipe, LineReader, decode_message
 from hwtui.engine.replication.config import WorkerConfig
 from hwtui.engine.replication.rank_base import SRC
@@ -34,7 +35,6 @@ from hwtui.engine.replication.rank_signals import (
     EXIT_OK,
     Interrupted,
     TransportFailure,
-    die_with_parent,
     install_signal_gate,
 )
 from hwtui.engine.replication.worker import Worker

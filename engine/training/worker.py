@@ -20,7 +20,6 @@ its own (``done``, no answer expected), otherwise the report rides on the next c
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import os
 import signal
@@ -30,6 +29,7 @@ import zlib
 from collections import deque
 from typing import Any
 
+from hwtui.core.forking import die_with_parent
 from hwtui.engine.training import knobs
 from hwtui.engine.training.channel import ChannelClosed, WorkerChannel
 from hwtui.engine.training.config import ConfigError, WorkerConfig
@@ -53,12 +53,6 @@ def first_non_finite(tensors: dict[str, Any]) -> str | None:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return name
     return None
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the coordinator dies, so no orphan keeps a GPU busy."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 AHEAD_SECONDS = 0.025  # work a worker holds granted beyond the chunk it trains (at least one chunk)
@@ -465,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     # Vendor libraries print on stdout; ours may be the user's --events stream. Point fd 1 at our
     # stderr before anything is imported that could print.
     os.dup2(2, 1)
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when we stop
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "--answer-fd" or not args[1].isdigit():
