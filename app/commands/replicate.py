@@ -204,13 +204,11 @@ def run(args: argparse.Namespace) -> int:
     from hwtui.engine.replication.launcher import ReplicationOptions, joined_world, run_replication
 
     if args.net_streams is not None:
-        from hwtui.engine.replication.net_streams import MAX_STREAMS, STREAMS_ENV
+        from hwtui.engine.replication.net_streams import STREAMS_ENV, check_streams
 
-        if not 1 <= args.net_streams <= MAX_STREAMS:
-            raise HwtuiError(f"--net-streams {args.net_streams}: the network streams must be a whole number 1 to "
-                             f"{MAX_STREAMS}")
+        n = check_streams(str(args.net_streams), f"--net-streams {args.net_streams}")
         # The flag wins over the environment, for this process (a torchrun rank) and the ranks it starts.
-        os.environ[STREAMS_ENV] = str(args.net_streams)
+        os.environ[STREAMS_ENV] = str(n)
     # Under torchrun/srun/mpirun every rank runs this command: "{rank}" in a path keeps their files apart.
     try:
         joined = joined_world(dict(os.environ)) if args.nproc is None else None

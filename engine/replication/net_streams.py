@@ -35,14 +35,17 @@ DEFAULT_STREAMS = 2
 MAX_STREAMS = 8
 
 
+def check_streams(raw: str, said: str) -> int:
+    """A stream count, 1 to 8, from the environment or ``--net-streams``; ``said`` names where it came from."""
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_STREAMS:
+        raise HwtuiError(f"{said}: the network streams must be a whole number 1 to {MAX_STREAMS}")
+    return int(raw)
+
+
 def requested_streams(env: Mapping[str, str]) -> int:
     """``HWTUI_NET_STREAMS``: a whole number 1 to 8, or the default when unset or empty."""
     raw = env.get(STREAMS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_STREAMS
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_STREAMS:
-        raise HwtuiError(f"{STREAMS_ENV}={raw!r}: the network streams must be a whole number 1 to {MAX_STREAMS}")
-    return int(raw)
+    return check_streams(raw, f"{STREAMS_ENV}={raw!r}") if raw else DEFAULT_STREAMS
 
 
 def interfaces(env: Mapping[str, str], present: set[str] | None = None) -> list[str]:
