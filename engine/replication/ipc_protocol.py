@@ -253,8 +253,9 @@ class IpcReceiver:
         if held is not None:  # the source replaced this slot's buffer
             del self._mapped[msg.slot]
             held[1].close()
-        # The whole buffer (its capacity), not this bucket's bytes: later buckets of the slot may be larger.
-        opened = self.opener.open(msg.handle, max(nbytes, int(msg.handle.size)))
+        # The whole buffer (its capacity, at least this bucket: decode_export checked), not this
+        # bucket's bytes: later buckets of the slot may be larger.
+        opened = self.opener.open(msg.handle, msg.handle.size)
         self.opens += 1
         self._mapped[msg.slot] = (msg.handle.memory(), opened)
         return opened
