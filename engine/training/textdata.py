@@ -107,15 +107,17 @@ def read_documents(where: str) -> Documents:
 
 def tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None) -> Any:
     """The Corpus of ``docs``: tokens (or bytes), split train / held-out, fingerprinted."""
-    import torch
+    import torch  # noqa: F401 - imported before the guard: no_intra_op_pool acts on an imported torch only
 
     from hwtui.engine.rank_fork import no_intra_op_pool
 
     with no_intra_op_pool():  # the launcher forks its CPU workers after this
-        return _tokenize(docs, tokenizer, context, vocab, torch)
+        return _tokenize(docs, tokenizer, context, vocab)
 
 
-def _tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None, torch: Any) -> Any:
+def _tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None) -> Any:
+    import torch
+
     from hwtui.engine.training.data import Corpus
 
     if tokenizer is None:
