@@ -64,11 +64,10 @@ def no_intra_op_pool() -> Iterator[None]:
     torch starts its OpenMP pool at the first op large enough to split (a clone of 33,606 bytes of
     a --data corpus was enough), and the pool's threads make the launcher a process with threads,
     which is never forked: every worker was exec'd and paid its own ``import torch``. One thread
-    for the duration, then the count as it was (a pool is only created by the next large op)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        yield
-        return
+    for the duration, then the count as it was (a pool is only created by the next large op).
+    torch is imported here if the work inside has not yet: the guard must hold whatever imports it."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

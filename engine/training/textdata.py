@@ -107,8 +107,6 @@ def read_documents(where: str) -> Documents:
 
 def tokenize(docs: Documents, tokenizer: Any, context: int, vocab: int | None) -> Any:
     """The Corpus of ``docs``: tokens (or bytes), split train / held-out, fingerprinted."""
-    import torch  # noqa: F401 - imported before the guard: no_intra_op_pool acts on an imported torch only
-
     from hwtui.engine.rank_fork import no_intra_op_pool
 
     with no_intra_op_pool():  # the launcher forks its CPU workers after this
