@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -20,3 +22,13 @@ def alive(pid: int) -> bool:
 
 def ppid(pid: int) -> int:
     return int(_stat_fields(pid)[1])
+
+
+def wait_gone(pids: Iterable[int], what: str, limit: float = 30.0) -> None:
+    """Wait (bounded) until none of ``pids`` is alive; ``what`` says who outlived whom on failure."""
+    pids = list(pids)
+    deadline = time.monotonic() + limit
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"{what} (still alive after {limit:.0f} s: " \
+                                            f"{[p for p in pids if alive(p)]})"
+        time.sleep(0.05)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ pytest.importorskip("torch")
 
 from tests.agent.procs import Agents, push  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, write_plan  # noqa: E402
-from tests.procfs import alive, ppid  # noqa: E402
+from tests.procfs import alive, ppid, wait_gone  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 
@@ -62,10 +61,7 @@ def test_a_resident_rank_is_forked_by_the_agents_server_and_dies_with_the_agent(
         assert server != agent and ppid(server) == agent
         assert _cmdline(rank) == _cmdline(agent) and "resident_child" not in " ".join(_cmdline(rank))
         world.kill(1)
-        deadline = time.monotonic() + 30
-        while alive(server) or alive(rank):
-            assert time.monotonic() < deadline, "the fork server or the resident rank outlived its agent"
-            time.sleep(0.05)
+        wait_gone([server, rank], "the fork server or the resident rank outlived its agent")
     finally:
         world.close()
 

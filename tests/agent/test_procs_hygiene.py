@@ -7,12 +7,11 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.procfs import alive
+from tests.procfs import wait_gone
 
 DRIVER = """
 import json, os, signal, sys
@@ -31,7 +30,4 @@ def test_an_agent_started_by_a_test_dies_with_the_killed_test_process(tmp_path: 
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == -9, proc.stderr[-2000:]
     agent = json.loads(proc.stdout.strip().splitlines()[-1])["agent"]
-    deadline = time.monotonic() + 30
-    while alive(agent):
-        assert time.monotonic() < deadline, "the agent outlived the test process that started it"
-        time.sleep(0.05)
+    wait_gone([agent], "the agent outlived the test process that started it")

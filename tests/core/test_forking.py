@@ -11,10 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.procfs import alive, wait_gone
 
 
 def drive(case: str, **env: str) -> dict:
@@ -96,13 +97,6 @@ def test_a_child_commanded_on_stdin_gets_every_message_then_eof_as_with_exec(for
     assert out["code"] == 0
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.parametrize("fork", ["1", "0"])
 def test_the_launchers_death_is_eof_on_a_forked_childs_stdin(fork: str) -> None:
     # The second child is forked while the launcher holds the first one's stdin: it must not keep
@@ -114,11 +108,8 @@ def test_the_launchers_death_is_eof_on_a_forked_childs_stdin(fork: str) -> None:
     assert out["forked"] == [fork == "1"] * 2, out["refusal"]
     first, second = out["pids"]
     try:
-        deadline = time.monotonic() + 60
-        while not _gone(first):
-            assert time.monotonic() < deadline, "the first child never saw EOF on its stdin"
-            time.sleep(0.05)
-        assert not _gone(second)  # it was only told nothing: it is still there (we clear it below)
+        wait_gone([first], "the first child never saw EOF on its stdin", limit=60)
+        assert alive(second)  # it was only told nothing: it is still there (we clear it below)
     finally:
         for pid in (first, second):
             try:
@@ -158,10 +149,7 @@ def test_a_killed_agent_takes_its_fork_server_and_every_child_with_it() -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["forked"] is True and out["server"]
-    deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in (out["server"], out["child"])):
-        assert time.monotonic() < deadline, "the server or its child outlived the agent"
-        time.sleep(0.05)
+    wait_gone([out["server"], out["child"]], "the server or its child outlived the agent")
 
 
 def test_the_fork_server_outlives_a_stop_signal_sent_to_its_whole_group() -> None:
@@ -169,9 +157,3 @@ def test_the_fork_server_outlives_a_stop_signal_sent_to_its_whole_group() -> Non
     # Both children forked by the same server, the second after SIGTERM, SIGINT and SIGHUP reached it.
     assert out == {"forked": [True, True], "code": 4, "first_alive": True, "server_alive": True}, out
 
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"

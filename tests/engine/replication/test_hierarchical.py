@@ -119,6 +119,12 @@ def _wait_for_state(done: Callable[[], bool], procs: list, what: str, limit: flo
         time.sleep(0.05)
 
 
+def _done(path: Path, rank: int) -> set[int]:
+    """The buckets ``rank`` has verified so far, from its events file (empty before it exists)."""
+    return {e["bucket_id"] for e in (_events(path) if path.exists() else [])
+            if e.get("kind") == "repl.bucket" and e.get("rank") == rank and e.get("state") == "done"}
+
+
 def _kill_all(procs: list) -> None:
     for p in procs:
         if p.poll() is None:
@@ -202,11 +208,7 @@ def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
     net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6",
                                                              "HWTUI_SHM_DIR": str(shm)})
     try:
-        path = tmp_path / "ev3.jsonl"
-        _wait_for_state(lambda: path.exists() and any(e.get("kind") == "repl.bucket" and e.get("rank") == 3
-                                                      and e.get("bucket_id") == 0 and e.get("state") == "done"
-                                                      for e in _events(path)),
-                        procs, "the follower verified bucket 0")
+        _wait_for_state(lambda: 0 in _done(tmp_path / "ev3.jsonl", 3), procs, "the follower verified bucket 0")
         leader = _events(tmp_path / "ev2.jsonl")
         arrived = {e["bucket_id"] for e in leader if e.get("rank") == 2 and e.get("state") == "verifying"}
         assert 0 in arrived and not {b for b in arrived if b >= 6}
@@ -261,11 +263,8 @@ def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_ma
     net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=8",
                                                              "HWTUI_SHM_DIR": str(shm)})
     try:
-        path = tmp_path / "ev2.jsonl"
-        _wait_for_state(lambda: set(range(8)) <= {e["bucket_id"] for e in (_events(path) if path.exists() else [])
-                                                  if e.get("kind") == "repl.bucket" and e.get("rank") == 2
-                                                  and e.get("state") == "done"},
-                        procs, "the leader verified buckets 0-7")
+        _wait_for_state(lambda: set(range(8)) <= _done(tmp_path / "ev2.jsonl", 2), procs,
+                        "the leader verified buckets 0-7")
         carried = sorted(_received_per_socket(net.node_ns[1], net.addresses[0]), reverse=True)
         assert len([n for n in carried if n > bucket]) >= 2, carried
         assert sum(carried) >= 8 * bucket

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.procfs import alive, ppid
+from tests.procfs import alive, ppid, wait_gone
 
 REPO = Path(__file__).resolve().parents[3]
 # A small model and short rounds: what is compared is how the workers start, not what they learn.
@@ -96,10 +96,7 @@ def test_a_forked_worker_killed_mid_round_is_lost_by_signal_and_the_launchers_de
         assert alive(survivor)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(30)
-        deadline = time.monotonic() + 60
-        while alive(survivor):
-            assert time.monotonic() < deadline, "worker 0 outlived its launcher"
-            time.sleep(0.05)
+        wait_gone([survivor], "worker 0 outlived its launcher", limit=60)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
