@@ -38,7 +38,7 @@ except ImportError:  # a bare install runs no property test
 
 
 # -- the order modules are claimed in -----------------------------------------------------------------
-# `make test` runs three pytest processes that claim whole modules from one queue (tests/shards.py),
+# `make test` runs four pytest processes that claim whole modules from one queue (tests/shards.py),
 # in the order collected here: the slowest modules first (longest first), so that the slow
 # few-test modules that run real process worlds (a push with agents killed mid-way, a training run)
 # start at once and the many short modules fill the other processes' time at the end. (Under

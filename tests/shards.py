@@ -1,6 +1,6 @@
 """Run the suite in N single-threaded pytest processes that take whole modules from a shared queue.
 
-``python -m tests.shards -n 3 [pytest args]`` is what ``make test`` runs.
+``python -m tests.shards -n 4 [pytest args]`` is what ``make test`` runs.
 
 Why not pytest-xdist: its workers carry execnet's I/O thread, and hwtui never forks a process
 that has a second thread (hwtui.core.forking), so every engine launcher a test runs in-process
@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from hwtui.core.forking import thread_count
 
 PROGRESS_FD_ENV = "HWTUI_SHARD_PROGRESS_FD"
 # A shard that runs this long is hung (each test has pytest-timeout's 300 s): stop them all.
@@ -104,13 +106,6 @@ def _progress(line: str) -> None:
             pass  # the runner went away; the shard's own log still has everything
 
 
-def _threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
-
-
 def _thread_names() -> str:
     """Python's names for its threads, the kernel's for native ones (a C library's pool)."""
     import threading
@@ -141,7 +136,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     group = next(groups, None)
     while group is not None:
         module, started = _module_of(group[0]), time.monotonic()
-        cpu0, failed0, threads = _cpu(), session.testsfailed, _threads()
+        cpu0, failed0, threads = _cpu(), session.testsfailed, thread_count()
         following = None
         for i, item in enumerate(group):
             if i == len(group) - 1:
@@ -158,8 +153,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         # Threads left behind by an earlier module make the launchers exec their ranks (slow,
         # still correct); the line names the module that started with them.
         extra = f", started with {threads} threads" if threads > 1 else ""
-        if _threads() > threads:
-            extra += f", left {_threads()} threads ({_thread_names()})"
+        if (left := thread_count()) > threads:
+            extra += f", left {left} threads ({_thread_names()})"
         _progress(f"[{name}] {module}: {len(group)} tests, {failed} failed, {time.monotonic() - started:.1f} s, "
                   f"{_cpu() - cpu0:.1f} CPU-s{extra}")
         if reporter is not None:
