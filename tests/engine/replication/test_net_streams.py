@@ -67,6 +67,21 @@ def test_the_list_is_in_the_environment_only_while_the_group_is_made(monkeypatch
         assert os.environ.get(ns.IFNAME_ENV) == before
 
 
+def _cli_plan(tmp_path: Path, numel: int) -> tuple[list[str], dict[str, str]]:
+    """A one-tensor plan in ``tmp_path`` (16 KiB buckets); the `hwtui replicate --nproc 2` argv for it
+    and an environment without a test fault or a torchrun world."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+    save_file({"w": torch.arange(numel, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
+    write_json_atomic(tmp_path / "p.json", build_plan_from_files([str(tmp_path / "m.safetensors")], model="m",
+                                                                 version="v1", bucket_bytes=16 << 10))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_TEST_FAULT", "MASTER_", "RANK", "WORLD_SIZE"))}
+    return [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"), "--nproc", "2"], env
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("var", "value", "says"), [
@@ -77,19 +92,10 @@ def test_the_list_is_in_the_environment_only_while_the_group_is_made(monkeypatch
 def test_replicate_refuses_a_bad_interface_list_or_stream_count_in_one_line(tmp_path: Path, var, value, says):
     """Exit 2, one line naming the variable, no traceback, nothing committed (it was a gloo error
     after the rendezvous: 'forming the world failed (GlooDeviceFactory::makeTCPDevice(): ...)', exit 1)."""
-    import torch
-    from safetensors.torch import save_file
-
-    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
-
-    save_file({"w": torch.arange(20_000, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
-    write_json_atomic(tmp_path / "p.json", build_plan_from_files([str(tmp_path / "m.safetensors")], model="m",
-                                                                 version="v1", bucket_bytes=16 << 10))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_TEST_FAULT", "MASTER_", "RANK", "WORLD_SIZE"))}
+    argv, env = _cli_plan(tmp_path, 20_000)
     env[var] = value
-    proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
-                           "--nproc", "2", "--commit", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=100, env=env)
+    proc = subprocess.run([*argv, "--commit", "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=100, env=env)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
     assert len(errors) == 1 and says in errors[0], proc.stderr
@@ -139,18 +145,9 @@ def test_replicate_takes_the_stream_count_as_a_flag_that_wins_over_the_environme
     a count out of range is one line, exit 2, before any rank starts."""
     import json
 
-    import torch
-    from safetensors.torch import save_file
-
-    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
-
-    save_file({"w": torch.arange(40_000, dtype=torch.float32)}, str(tmp_path / "m.safetensors"))
-    write_json_atomic(tmp_path / "p.json", build_plan_from_files([str(tmp_path / "m.safetensors")], model="m",
-                                                                 version="v1", bucket_bytes=16 << 10))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_TEST_FAULT", "MASTER_", "RANK", "WORLD_SIZE"))}
+    argv, env = _cli_plan(tmp_path, 40_000)
     env.update(GLOO_SOCKET_IFNAME="lo", HWTUI_NET_STREAMS="2")
-    base = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"), "--nproc", "2",
-            "--no-same-host"]
+    base = [*argv, "--no-same-host"]
     proc = subprocess.run([*base, "--net-streams", "3", "--report", str(tmp_path / "r.json")], capture_output=True,
                           text=True, timeout=100, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
