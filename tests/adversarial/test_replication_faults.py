@@ -387,40 +387,8 @@ def test_symlinks_planted_at_every_name_the_commit_chooses_are_never_followed(ba
     assert not [p for p in rank2.iterdir() if p.name.startswith(".CURRENT")]
 
 
-# As _FULL_DISK, and after the run, what is left of rank 2's staging/ (read inside the namespace,
-# where its tmpfs still exists) is printed as "LEFT: <name>" lines.
-_FULL_DISK_LEFT = _FULL_DISK.replace('shift 4; exec "$@"',
-                                     'd="$1"; shift 4; rc=0; "$@" || rc=$?; '
-                                     'ls -A "$d/staging" 2>/dev/null | sed "s/^/LEFT: /"; exit $rc')
-
-
-@pytest.mark.parametrize("path", ["same-host", "network"])
-def test_no_space_for_the_staging_copy_is_one_no_space_line_and_nothing_commits(base: dict[str, Any], out: Path, tmp_path: Path, path: str) -> None:
-    """Rank 2's disk has room for half the staging copy. It is reserved whole before the transfer
-    (fallocate), so the run stops at set-up with one line that says "no space", exit 2, and no rank
-    switches. On 7309e8d the sparse copy filled mid-transfer: on the same-host path the rank died
-    of an internal OSError ("rank 2 exited with status 3"), on the network path its stores
-    through the mapping hit the full disk and the run read it as "rank 2 hung"."""
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
-    v1 = out / "rank2" / "versions" / "v1"
-    pages = -(-(v1 / "model.safetensors").stat().st_size // 4096)
-    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_DISK_LEFT, "sh", str(out / "rank2"), str(tmp_path),
-            str(pages // 2), sys.executable]
-    proc = cli(base["root"] / "v2.json", out, wrap=wrap, extra=("--no-same-host",) if path == "network" else ())
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
-    assert len(errors) == 1 and "no space left on device for the staging copy" in errors[0], proc.stderr
-    assert "rank2/staging/v2/model.safetensors" in errors[0], errors[0]
-    assert "LEFT:" not in proc.stdout, proc.stdout  # rank 2's half-made copy went with the abort
-    assert not decision_path(out, "v2").exists()
-    assert serving(out, base, ranks=(1,)) == {1: "v1"}  # rank 2's tmpfs went with its namespace
-    assert not (out / "rank1" / "staging" / "v2").exists() and not (out / "rank1" / ".CURRENT.v2.pending").exists()
-
-
 # rank 2's directory on a loop-mounted ext2 of its own (no fallocate there: the staging copy stays
-# sparse, so a full disk is met by the writes, not by the reservation), FREE ($3) pages left free.
+# sparse, so a full disk can only be seen from the free space), FREE ($3) pages left free.
 _FULL_EXT2 = ('set -e; mount --make-rprivate /; mkdir "$2/save"; cp -a "$1/." "$2/save"; '
               'truncate -s 24M "$2/fs.img"; mkfs.ext2 -q -F -m 0 "$2/fs.img"; mount -o loop "$2/fs.img" "$1"; '
               'cp -a "$2/save/." "$1"; "$4" -c "import os,sys; d,free=sys.argv[1],int(sys.argv[2]); '
@@ -430,14 +398,16 @@ _FULL_EXT2 = ('set -e; mount --make-rprivate /; mkdir "$2/save"; cp -a "$1/." "$
               ' except OSError: break\n'
               'os.fsync(fd)" "$1" "$3"; '
               'shift 4; exec "$@"')
-# As _FULL_DISK_LEFT: what is left of rank 2's staging/ after the run, as "LEFT: <name>" lines.
-_FULL_EXT2_LEFT = _FULL_EXT2.replace('shift 4; exec "$@"', 'd="$1"; shift 4; rc=0; "$@" || rc=$?; '
-                                     'ls -A "$d/staging" 2>/dev/null | sed "s/^/LEFT: /"; exit $rc')
+
+
+def _with_leftovers(script: str) -> str:
+    """``script``, and after the run, what is left of rank 2's staging/ (read inside the namespace,
+    where its filesystem still exists) printed as "LEFT: <name>" lines."""
+    return script.replace('shift 4; exec "$@"', 'd="$1"; shift 4; rc=0; "$@" || rc=$?; '
+                                                'ls -A "$d/staging" 2>/dev/null | sed "s/^/LEFT: /"; exit $rc')
 
 
 def _loop_mounts_work(tmp_path: Path) -> bool:
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        return False
     probe = tmp_path / "loop-probe"
     probe.mkdir()
     script = ('set -e; mount --make-rprivate /; truncate -s 8M "$1/p.img"; mkfs.ext2 -q -F "$1/p.img"; '
@@ -450,26 +420,34 @@ def _loop_mounts_work(tmp_path: Path) -> bool:
     return ok
 
 
+@pytest.mark.parametrize("fs", ["tmpfs", "ext2"])
 @pytest.mark.parametrize("path", ["same-host", "network"])
-def test_a_real_full_disk_that_cannot_preallocate_is_one_no_space_line_before_the_transfer(
-        base: dict[str, Any], out: Path, tmp_path: Path, path: str) -> None:
-    """A filesystem that cannot preallocate (ext2), with room for half of rank 2's staging copy: one
-    line naming the file and the free space, no rank switches, nothing of v2 left. Before, the
-    network path met the full disk through rank 2's mapping mid-transfer and said "rank 2 hung"."""
-    if not _loop_mounts_work(tmp_path):
+def test_no_space_for_the_staging_copy_is_one_no_space_line_and_nothing_commits(base: dict[str, Any], out: Path,
+                                                                               tmp_path: Path, path: str, fs: str) -> None:
+    """Rank 2's disk has room for half the staging copy. The run stops at set-up with one line that
+    says "no space", names the file, exit 2, and no rank switches. On tmpfs the copy is reserved
+    whole (fallocate). ext2 cannot reserve: the free space is checked instead.
+
+    On 7309e8d the sparse copy filled mid-transfer: on the same-host path the rank died of an
+    internal OSError ("rank 2 exited with status 3"), on the network path its stores through the
+    mapping hit the full disk and the run read it as "rank 2 hung". On ext2 that stayed so on the
+    network path until the free space was checked."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    if fs == "ext2" and not _loop_mounts_work(tmp_path):
         pytest.skip("no loop-mounted ext2 in a private mount namespace here (needs root, unshare -m, mkfs.ext2)")
     pages = -(-(out / "rank2" / "versions" / "v1" / "model.safetensors").stat().st_size // 4096)
-    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_EXT2_LEFT, "sh", str(out / "rank2"), str(tmp_path), str(pages // 2),
+    script = _with_leftovers(_FULL_DISK if fs == "tmpfs" else _FULL_EXT2)
+    wrap = ["unshare", "-m", "--", "sh", "-c", script, "sh", str(out / "rank2"), str(tmp_path), str(pages // 2),
             sys.executable]
     proc = cli(base["root"] / "v2.json", out, wrap=wrap, extra=("--no-same-host",) if path == "network" else ())
     assert "Traceback" not in proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
-    assert len(errors) == 1, proc.stderr
-    assert "no space left on device for the staging copy" in errors[0], errors[0]
-    assert "rank2/staging/v2/model.safetensors" in errors[0] and "free" in errors[0], errors[0]
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "LEFT:" not in proc.stdout, proc.stdout  # nothing of v2 stays in rank 2's staging/
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
+    assert len(errors) == 1 and "no space left on device for the staging copy" in errors[0], proc.stderr
+    assert "rank2/staging/v2/model.safetensors" in errors[0] and "free" in errors[0], errors[0]
+    assert "LEFT:" not in proc.stdout, proc.stdout  # rank 2's half-made copy went with the abort
     assert proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
     assert not decision_path(out, "v2").exists()
-    assert serving(out, base, ranks=(1,)) == {1: "v1"}  # rank 2's ext2 went with its namespace
+    assert serving(out, base, ranks=(1,)) == {1: "v1"}  # rank 2's filesystem went with its namespace
     assert not (out / "rank1" / "staging" / "v2").exists() and not (out / "rank1" / ".CURRENT.v2.pending").exists()
