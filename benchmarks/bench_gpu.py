@@ -237,13 +237,6 @@ def file_to_device(model: Path, plan_path: str, device: str, rounds: int, thread
             "exact": bool(exact and staged_exact), "reference": ref}
 
 
-def exact_plain(dev: Any, model: Path) -> bool:
-    import torch
-
-    want = torch.frombuffer(bytearray(model.read_bytes()), dtype=torch.uint8)
-    return bool(torch.equal(dev.cpu(), want))
-
-
 def exact_hwtui(staged: Any, want: Any) -> bool:
     """Every planned item of every staged bucket equals the file's bytes (``want``, on the same device)."""
     import torch

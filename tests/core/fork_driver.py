@@ -69,16 +69,14 @@ def stdio_case() -> None:
 
 
 VIA_SERVER = sys.argv[1].startswith("server_") if len(sys.argv) > 1 else False
-_threads: list[threading.Event] = []
 
 
 def preload(modules: list[str], **kw: object) -> None:
     forking.preload(modules, **kw)  # type: ignore[arg-type]
     if VIA_SERVER:
         assert forkserver.start() is None
-        idle = threading.Event()  # a process with a thread, as the agent is: only the server may fork
-        threading.Thread(target=idle.wait, daemon=True).start()
-        _threads.append(idle)
+        # A thread for good, as the agent has: from now on only the server may fork.
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 
 def main() -> None:
