@@ -8,7 +8,8 @@ the file's bytes in device memory, hwtui's checked bit-exact against the file:
   pinned ring and copying each on the thread's own stream (on CPU: ``preadv`` straight into the
   destination), into a preallocated destination (a source reads into its pooled buffers);
 - ``hwtui source path``: the replication source's own staging of every planned bucket
-  (``SourceReader.stage``) into pooled device buffers;
+  (``SourceReader.stage``) into pooled device buffers, with the next bucket's read queued behind
+  each (as replicate's source does) and bucket by bucket (the reader drains between buckets);
 - ``safetensors load_file(device=...)`` and ``safetensors load_file`` to CPU then ``.to(device)``;
 - ``plain pinned copy``: one thread ``readinto`` a pinned buffer, one ``copy_`` to the device;
 - ``read-only T=N``: the reader into host memory only (the ceiling the disk / page cache allows);
@@ -19,7 +20,8 @@ NCCL's own ``dist.broadcast`` of one preallocated buffer of the same bytes, two 
 figure is bytes / its slowest rank's transfer phase, the baseline's the slowest rank's broadcast.
 
 ``--device cpu`` runs it without a GPU: the reader into host memory with 1 and 2 threads (or
-``--readers``) against a plain single read, safetensors and a memcpy, on this machine's page cache.
+``--readers``) and the source path reading every bucket into host buffers (as a source packing its
+buckets does), against a plain single read and a memcpy, on this machine's page cache.
 
     .venv/bin/python benchmarks/bench_gpu.py [--mb 1024] [--rounds 5] [--device cuda] [--readers 1,2,8]
 """
@@ -68,26 +70,33 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def hwtui_to_device(plan_path: str, device: str) -> tuple[float, list]:
-    """hwtui's source path: every planned bucket staged into a pooled device buffer."""
+def hwtui_to_device(plan_path: str, device: str, ahead: int = 1) -> tuple[float, list]:
+    """hwtui's source path: every planned bucket staged into a pooled device buffer, the next
+    bucket's read queued behind each (``ahead``, as replicate's source does) or bucket by bucket
+    (0). The pool and the reader's pinned ring are made before the clock, as a source's set-up does."""
     from hwtui.engine.replication.plan import load_plan
     from hwtui.engine.replication.pool import BufferPool
     from hwtui.engine.replication.source_reader import SourceReader
 
     plan = load_plan(plan_path)
     largest = max(b["size"] for b in plan.buckets)
-    pool = BufferPool(len(plan.buckets), largest, device)  # all buckets kept: the bytes end in device memory
+    # All buckets kept: the bytes end in device memory. On a CPU run the pool is named "cpu:0": host
+    # memory, but not the "cpu" pool whose contiguous buckets a source sends zero-copy from its
+    # mapping, so every bucket is read, as a source packing its buckets reads them.
+    pool = BufferPool(len(plan.buckets), largest, device if device != "cpu" else "cpu:0")
+    pool.warm(len(plan.buckets))
+    reader = SourceReader(plan)
+    reader.warm(device)
     sync(device)
     t0 = time.perf_counter()
-    reader = SourceReader(plan)
     bufs = []
     for b in range(len(plan.buckets)):
-        buf, _pooled = reader.stage(plan, b, pool)
-        if buf.device.type != device:  # a CPU run stages zero-copy views; copy them like the GPU path does
-            buf = buf.clone()
+        buf, _pooled = reader.stage(plan, b, pool, ahead=ahead)
         bufs.append((b, buf))
     sync(device)
-    return time.perf_counter() - t0, [(plan, bufs)]
+    dt = time.perf_counter() - t0
+    reader.release_readers()
+    return dt, [(plan, bufs)]
 
 
 def plain_to_device(model: Path, device: str) -> tuple[float, object]:
@@ -210,9 +219,10 @@ def file_to_device(model: Path, plan_path: str, device: str, rounds: int, thread
         progress(f"round {rnd + 1} of {rounds}")
         for name, r in readers.items():
             add(name, reader_to(model, r, dev, device))
-        if device != "cpu":  # on CPU the source sends zero-copy from its mapping: there is nothing to time
-            t_src, staged = hwtui_to_device(plan_path, device)
-            add("hwtui source path (planned buckets)", t_src)
+        for ahead in (1, 0):
+            t_src, staged = hwtui_to_device(plan_path, device, ahead)
+            add("hwtui source path (planned buckets, next read queued)" if ahead
+                else "hwtui source path (bucket by bucket, no read-ahead)", t_src)
             del staged
         if device != "cpu":  # on CPU load_file maps the file lazily: it moves no bytes, so it is no reference
             add(f"safetensors load_file(device={device!r})", safetensors_direct(model, device))
@@ -357,7 +367,7 @@ def main() -> int:
         print(f"file -> {args.device}: {nbytes / 1e9:.2f} GB file, warm page cache, medians of {args.rounds} interleaved "
               f"rounds (x = speed / that of {res['reference']}); hwtui bit-exact: {res['exact']}")
         for name, row in res["methods"].items():
-            print(f"  {name:<50} {row['gbps']:8.2f} GB/s  {row['median_s'] * 1e3:9.1f} ms  x{row['x_reference']:.2f}")
+            print(f"  {name:<56} {row['gbps']:8.2f} GB/s  {row['median_s'] * 1e3:9.1f} ms  x{row['x_reference']:.2f}")
         if args.device == "cuda" and torch.cuda.device_count() >= 2:
             reports = [hwtui_gpu_to_gpu(plan_path) for _ in range(args.rounds)]
             base = nccl_baseline(nbytes, args.rounds)

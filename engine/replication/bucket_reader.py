@@ -21,12 +21,40 @@ from hwtui.engine.replication.reader import (
     SLICE_BYTES,
     Extent,
     ParallelReader,
+    Reading,
     ReadStats,
     WeightFile,
     check_direct,
     default_readers,
     seam_for,
 )
+
+
+class BucketFill:
+    """A bucket being read: one queued read per file it draws on."""
+
+    def __init__(self) -> None:
+        self.readings: list[Reading] = []
+
+    def wait(self) -> None:
+        """Every byte in place, or the first read's error once every read has settled (none is
+        left writing into the buffer, so the caller may hand it back)."""
+        first: BaseException | None = None
+        for r in self.readings:
+            try:
+                r.wait()
+            except BaseException as exc:  # noqa: BLE001 - the first is raised once all have settled
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def settle(self) -> None:
+        """Wait for every read, keeping no error (a path that is already failing)."""
+        for r in self.readings:
+            try:
+                r.wait()
+            except BaseException:  # noqa: BLE001, S110 - the caller is raising its own error
+                pass
 
 
 class BucketReader:
@@ -68,6 +96,12 @@ class BucketReader:
     def fill(self, items: Sequence[dict[str, Any]], size: int, dst: Any,
              other: Callable[[dict[str, Any]], Any] | None = None) -> None:
         """Bucket bytes [0, size) into ``dst`` as the planner laid them out: pieces, zero padding."""
+        self.start(items, size, dst, other).wait()
+
+    def start(self, items: Sequence[dict[str, Any]], size: int, dst: Any,
+              other: Callable[[dict[str, Any]], Any] | None = None) -> BucketFill:
+        """:meth:`fill`, queued: padding and torch-file pieces are written now, the file pieces are
+        handed to the reader's threads; ``wait()`` on the result returns when every byte is in place."""
         reader = self._ready()
         by_file: dict[int, list[Extent]] = {}
         pos = 0
@@ -82,8 +116,14 @@ class BucketReader:
             pos = it["offset"] + it["nbytes"]
         if pos < size:
             dst[pos:size] = 0
-        for idx, extents in by_file.items():
-            reader.read(self._file(idx), extents, dst)
+        fill = BucketFill()
+        try:
+            for idx, extents in by_file.items():
+                fill.readings.append(reader.submit(self._file(idx), extents, dst))
+        except BaseException:
+            fill.settle()  # nothing queued is left writing into dst
+            raise
+        return fill
 
     @property
     def stats(self) -> ReadStats | None:

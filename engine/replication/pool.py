@@ -55,6 +55,10 @@ class BufferPool:
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
         return buf
 
+    def spare(self) -> bool:
+        """True when acquire() would hand out a buffer now (free, or not yet made) without exhausting the pool."""
+        return bool(self._free) or self._allocated < self.count
+
     def release(self, buf: Any) -> None:
         self.in_use_bytes -= self.buffer_bytes
         self._free.append(buf)

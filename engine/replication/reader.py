@@ -30,8 +30,8 @@ import mmap
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -402,11 +402,62 @@ class ReadStats:
     peak_host_bytes: int = 0
 
 
-class ParallelReader:
-    """T threads reading extents of one file into one destination (see the module docstring).
+class _Landing:
+    """One device copy a reader thread started: landed (waited on) once, by whoever needs it first
+    (the thread reusing its buffer, or the caller waiting for the read); a failure is kept for both."""
 
-    Host buffers are allocated once per reader and reused across calls (pinning is costly), so a
-    source keeps one reader for the whole transfer."""
+    __slots__ = ("_seam", "_token", "_lock", "_landed", "error")
+
+    def __init__(self, seam: DeviceSeam, token: Any):
+        self._seam, self._token = seam, token
+        self._lock = threading.Lock()
+        self._landed = token is None
+        self.error: BaseException | None = None
+
+    def land(self) -> BaseException | None:
+        with self._lock:
+            if not self._landed:
+                try:
+                    self._seam.wait(self._token)
+                except BaseException as exc:  # noqa: BLE001 - kept, and raised by the read that owns it
+                    self.error = exc
+                self._landed, self._token = True, None
+            return self.error
+
+
+class Reading:
+    """A read handed to the reader's threads (:meth:`ParallelReader.submit`); :meth:`wait` returns
+    when every byte is in place or raises the read's first error (a named ReadFailed first)."""
+
+    def __init__(self, wf: WeightFile, slices: list[_Slice], dst: Any, dview: memoryview | None, check: bool):
+        self.wf, self.slices, self.dst, self.dview, self.check = wf, slices, dst, dview, check
+        self.handed = 0  # slices handed to a thread (under the reader's lock)
+        self.open = len(slices)  # slices not yet finished: read and copy started, or abandoned
+        self.landings: list[_Landing] = []
+        self.errors: list[BaseException] = []
+        self.finished = threading.Event()
+        if not slices:
+            self.finished.set()
+
+    def wait(self) -> None:
+        self.finished.wait()  # each slice is one bounded read (a file's bytes) and one copy
+        for landing in self.landings:  # a buffer is never handed back (or freed) under a copy in flight
+            if (err := landing.land()) is not None:
+                self.errors.append(err)
+        if self.errors:
+            raise next((e for e in self.errors if isinstance(e, ReadFailed)), self.errors[0])
+        if self.check:
+            self.wf.check_unchanged()
+
+
+class ParallelReader:
+    """T threads reading extents of files into destinations (see the module docstring).
+
+    Reads are queued (:meth:`submit`) and the threads take slices from the oldest read first, so a
+    thread done with the last slices of one read goes straight on to the next: a source that queues
+    bucket b+1 before it waits for bucket b never drains the ring between buckets. Host buffers are
+    allocated once per reader and reused across reads (pinning is costly), so a source keeps one
+    reader for the whole transfer; :meth:`close` stops the threads."""
 
     def __init__(self, seam: DeviceSeam, *, threads: int = 1, slice_bytes: int = SLICE_BYTES, depth: int = DEPTH):
         if threads < 1 or slice_bytes < ALIGN or depth < 1:
@@ -416,8 +467,10 @@ class ParallelReader:
         self._rings: list[list[tuple[Any, memoryview]]] = [[] for _ in range(threads)]
         self._streams: list[Any] = [None] * threads
         self.stats = ReadStats(threads=threads)
-        self._pool: ThreadPoolExecutor | None = None
-        self._busy = threading.Lock()  # one read at a time: the rings and streams are per thread index
+        self._cond = threading.Condition()
+        self._queue: deque[Reading] = deque()
+        self._workers: list[threading.Thread] = []
+        self._closing = False
 
     def _ring(self, t: int) -> list[tuple[Any, memoryview]]:
         ring = self._rings[t]
@@ -454,10 +507,12 @@ class ParallelReader:
     def read(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, *, check: bool = True) -> None:
         """Every extent of ``wf`` into ``dst`` (a device tensor, or host memory for a CPU seam);
         returns when every byte is in place (device copies synchronised) or raises ReadFailed."""
-        with self._busy:
-            self._read(wf, extents, dst, check)
+        self.submit(wf, extents, dst, check=check).wait()
 
-    def _read(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, check: bool) -> None:
+    def submit(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, *, check: bool = True) -> Reading:
+        """Queue a read of every extent of ``wf`` into ``dst`` and return at once; the returned
+        :class:`Reading`'s ``wait()`` is :meth:`read`'s return. ``dst`` is not touched by anyone
+        else until then. Bad extents and a too-small destination are refused here, before any read."""
         for e in extents:
             if e.file_offset < 0 or e.nbytes < 0 or e.file_offset + e.nbytes > wf.size:
                 raise ReadFailed("short-read", f"weight file {wf.path} is {wf.size} bytes; bytes "
@@ -466,88 +521,120 @@ class ParallelReader:
         if min((e.dst_offset for e in extents), default=0) < 0 or _nbytes(dst) < need:
             raise ValueError(f"the destination holds {_nbytes(dst)} bytes; the extents need {need}")
         slices = self._slices(extents)
-        self.stats.slices += len(slices)
-        self.stats.direct, self.stats.direct_reason = wf.direct, wf.direct_reason
-        if not slices:
-            return
         straight = self.seam.on_host and not wf.direct
-        dview = host_view(dst) if straight else None
-        lock = threading.Lock()
-        nxt = [0]
-        errors: list[BaseException] = []
-        stop = threading.Event()
+        job = Reading(wf, slices, dst, host_view(dst) if straight and slices else None, check)
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the reader is closed")
+            self.stats.slices += len(slices)
+            self.stats.direct, self.stats.direct_reason = wf.direct, wf.direct_reason
+            if slices:
+                self._start_workers()
+                self._queue.append(job)
+                self._cond.notify_all()
+        return job
 
-        def take() -> _Slice | None:
-            with lock:
-                if stop.is_set() or nxt[0] >= len(slices):
+    def _start_workers(self) -> None:
+        # The threads live as long as the reader: a source reads bucket after bucket, and
+        # starting T threads per bucket would cost more than a small bucket's read.
+        while len(self._workers) < self.threads:
+            t = threading.Thread(target=self._work, args=(len(self._workers),), daemon=True,
+                                 name=f"hwtui-reader-{len(self._workers)}")
+            self._workers.append(t)
+            t.start()
+
+    def _take(self) -> tuple[Reading, _Slice] | None:
+        """The oldest read's next slice; None once the reader is closing and nothing is queued."""
+        with self._cond:
+            while True:
+                while self._queue and self._queue[0].handed >= len(self._queue[0].slices):
+                    self._queue.popleft()
+                if self._queue:
+                    job = self._queue[0]
+                    s = job.slices[job.handed]
+                    job.handed += 1
+                    return job, s
+                if self._closing:
                     return None
-                s = slices[nxt[0]]
-                nxt[0] += 1
-                return s
+                self._cond.wait()
 
-        def run(t: int) -> None:
-            tokens: list[Any] = []
-            try:
-                if dview is not None:  # CPU, page cache: preadv straight into the destination
-                    while (s := take()) is not None:
-                        wf.read_exact(dview[s.dst_offset:s.dst_offset + s.nbytes], s.file_offset)
-                    return
-                ring = self._ring(t)
-                stream = self._streams[t]
-                tokens = [None] * len(ring)
-                k = 0
-                while (s := take()) is not None:
+    def _finish(self, job: Reading, n: int = 1) -> None:
+        with self._cond:
+            job.open -= n
+            if job.open == 0:
+                job.finished.set()
+
+    def _fail(self, job: Reading, exc: BaseException) -> None:
+        with self._cond:
+            self._abandon(job, exc)
+
+    def _abandon(self, job: Reading, exc: BaseException) -> None:
+        """(Lock held.) A read's first error: its slices not yet handed out are dropped; the threads
+        go on to the next read, and the reads queued behind it are not affected."""
+        job.errors.append(exc)
+        left, job.handed = len(job.slices) - job.handed, len(job.slices)
+        job.open -= left
+        if left and job.open == 0:
+            job.finished.set()
+
+    def _work(self, t: int) -> None:
+        ring: list[tuple[Any, memoryview]] = []
+        landings: list[_Landing | None] = [None] * self.depth
+        k = 0
+        try:
+            while (got := self._take()) is not None:
+                job, s = got
+                try:
+                    if job.dview is not None:  # CPU, page cache: preadv straight into the destination
+                        job.wf.read_exact(job.dview[s.dst_offset:s.dst_offset + s.nbytes], s.file_offset)
+                        continue
+                    ring = ring or self._ring(t)
                     buf, view = ring[k]
-                    self.seam.wait(tokens[k])  # backpressure: this buffer's last copy has landed
-                    tokens[k] = None
-                    if wf.direct:
-                        skip = wf.read_direct(view, s.file_offset, s.nbytes)
+                    prev, landings[k] = landings[k], None
+                    if prev is not None:
+                        prev.land()  # backpressure; a failed copy is raised by the read that owns it
+                    if job.wf.direct:
+                        skip = job.wf.read_direct(view, s.file_offset, s.nbytes)
                     else:
                         skip = 0
-                        wf.read_exact(view[:s.nbytes], s.file_offset)
-                    tokens[k] = self.seam.copy(dst, s.dst_offset, buf, skip, s.nbytes, stream)
-                    k = (k + 1) % len(ring)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                with lock:
-                    errors.append(exc)
-                stop.set()
-            finally:
-                for tok in tokens:  # a buffer is never reused (or freed) under a copy in flight
-                    try:
-                        self.seam.wait(tok)
-                    except BaseException as exc:  # noqa: BLE001
-                        with lock:
-                            errors.append(exc)
-
-        n = min(self.threads, len(slices))
-        if n == 1:
-            run(0)
-        else:
-            # The threads live as long as the reader: a source reads bucket after bucket, and
-            # starting T threads per bucket would cost more than a small bucket's read.
-            pool = self._pool
-            if pool is None:
-                pool = self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="hwtui-reader")
-            futures = [pool.submit(run, t) for t in range(1, n)]
-            run(0)  # the caller's thread is reader 0
-            for f in futures:
-                f.result()  # run() keeps its errors; this only waits (each read is bounded by the file's size)
-        if errors:
-            first = next((e for e in errors if isinstance(e, ReadFailed)), errors[0])
-            raise first
-        if check:
-            wf.check_unchanged()
+                        job.wf.read_exact(view[:s.nbytes], s.file_offset)
+                    landing = landings[k] = _Landing(
+                        self.seam, self.seam.copy(job.dst, s.dst_offset, buf, skip, s.nbytes, self._streams[t]))
+                    with self._cond:
+                        job.landings.append(landing)
+                    k = (k + 1) % self.depth
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    self._fail(job, exc)
+                finally:
+                    self._finish(job)
+        finally:
+            for pending in landings:  # the ring is never freed under a copy in flight
+                if pending is not None:
+                    pending.land()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Stop the threads (a read still queued is abandoned and raises on wait) and free the ring."""
+        with self._cond:
+            self._closing = True
+            for job in self._queue:
+                if job.handed < len(job.slices):
+                    self._abandon(job, RuntimeError("the reader was closed before this read finished"))
+            self._queue.clear()
+            self._cond.notify_all()
+        for w in self._workers:
+            w.join()  # each finishes its current slice: one bounded read
+        self._workers.clear()
         for ring in self._rings:
             for buf, view in ring:
                 view.release()
                 if isinstance(buf, mmap.mmap):
-                    buf.close()
+                    try:
+                        buf.close()
+                    except BufferError:
+                        pass  # a failed read's traceback still holds a view of it: unmapped when that goes
             ring.clear()
+        with self._cond:
+            self._closing = False  # a closed reader may be used again: threads and rings come back
 
 
 def read_file(path: str | os.PathLike[str], dst: Any, *, device: Any = "cpu", threads: int | None = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwtui.core.errors import HwtuiError
-from hwtui.engine.replication.bucket_reader import BucketReader
+from hwtui.engine.replication.bucket_reader import BucketFill, BucketReader
 from hwtui.engine.replication.checksum import Streaming
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.pool import BufferPool
@@ -117,6 +117,9 @@ class SourceReader:
         self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
                                            "largest": max((b["size"] for b in plan.buckets), default=1)}
         self._readers: dict[str, BucketReader] = {}
+        # Buckets queued behind the one being staged (stage(ahead=...)), and the pool they came from.
+        self._ahead: dict[int, tuple[Any, BucketFill]] = {}
+        self._ahead_pool: BufferPool | None = None
         # Opened now, beside the mapping: each file's identity (device, inode, size, mtime) is pinned
         # here, and a file changed or replaced before any later read is named by that read.
         self._opened: dict[int, WeightFile] = {}
@@ -157,21 +160,65 @@ class SourceReader:
             raise HwtuiError(f"tensor {it['name']!r} is missing from {it['file']} (the weight file changed since planning)")
         return src[it["tensor_offset"]:it["tensor_offset"] + it["nbytes"]]
 
-    def stage(self, plan: Plan, b: int, pool: BufferPool | None) -> tuple[Any, bool]:
-        """(buffer holding bucket b, whether it came from the pool)."""
-        size = plan.buckets[b]["size"]
-        if self.contiguous(plan, b) and (pool is None or pool.device == "cpu"):
-            it = plan.bucket_items[b][0]
-            start = it["file_offset"] - it["offset"]
-            return self.mapped[it["file"]].tensor[start:start + size], False  # zero-copy: broadcast from the mapping
+    def stage(self, plan: Plan, b: int, pool: BufferPool | None, *, ahead: int = 0) -> tuple[Any, bool]:
+        """(buffer holding bucket b, whether it came from the pool).
+
+        With ``ahead`` > 0 the next ``ahead`` buckets that need a pooled copy are queued behind
+        bucket b's read, each into a buffer the pool has spare (never one it would have to make
+        beyond its count: the window's memory bound holds), so the reader's threads go from bucket
+        to bucket without draining their ring; staging one of them later takes the buffer already
+        filling. On an H200 the source path staged 64 MiB buckets at 11.6 GB/s bucket by bucket,
+        where the same reader took the whole file at 39.5 (bench_gpu.py)."""
+        view = self._zero_copy(plan, b, pool)
+        if view is not None:
+            self._read_ahead(plan, b, pool, ahead)
+            return view, False
         assert pool is not None, "setup() allocates the pool when a bucket must be packed"
-        buf = pool.acquire(size)
+        queued = self._ahead.pop(b, None)
+        buf, fill = queued if queued is not None else self._begin(plan, b, pool)
         try:
-            self.copy_into(plan, b, buf)
+            self._read_ahead(plan, b, pool, ahead)
+            fill.wait()
         except BaseException:
+            fill.settle()
             pool.release(buf)
             raise
         return buf, True
+
+    def _read_ahead(self, plan: Plan, b: int, pool: BufferPool | None, ahead: int) -> None:
+        if pool is None:
+            return
+        self._ahead_pool = pool
+        for stale in [x for x in self._ahead if x < b]:  # skipped over: its buffer must not be lost to the pool
+            self._drop(stale)
+        for nb in range(b + 1, min(len(plan.buckets), b + 1 + ahead)):
+            if nb not in self._ahead and pool.spare() and self._zero_copy(plan, nb, pool) is None:
+                self._ahead[nb] = self._begin(plan, nb, pool)
+
+    def _zero_copy(self, plan: Plan, b: int, pool: BufferPool | None) -> Any | None:
+        """Bucket b as a slice of the mapping, where it goes out from host memory as it is."""
+        return self.contiguous_view(plan, b) if pool is None or pool.device == "cpu" else None
+
+    def _begin(self, plan: Plan, b: int, pool: BufferPool) -> tuple[Any, BucketFill]:
+        """A pooled buffer with bucket b's read queued into it."""
+        buf = pool.acquire(plan.buckets[b]["size"])
+        try:
+            return buf, self.reader(buf.device).start(plan.bucket_items[b], plan.buckets[b]["size"], buf, self.piece)
+        except BaseException:
+            pool.release(buf)
+            raise
+
+    def drop_ahead(self) -> None:
+        """Buckets read ahead and never staged (a transfer that stopped early): their reads settled,
+        their buffers back in the pool."""
+        for b in list(self._ahead):
+            self._drop(b)
+
+    def _drop(self, b: int) -> None:
+        buf, fill = self._ahead.pop(b)
+        fill.settle()
+        assert self._ahead_pool is not None, "a bucket is read ahead only by stage(), which names its pool"
+        self._ahead_pool.release(buf)
 
     def contiguous_view(self, plan: Plan, b: int) -> Any | None:
         """Bucket b as a slice of the mapped file (no copy) when it is one byte range of it, else None."""
@@ -188,6 +235,7 @@ class SourceReader:
 
     def release_readers(self) -> None:
         """The readers' pinned rings, threads and descriptors, released (the mapping stays)."""
+        self.drop_ahead()
         for r in self._readers.values():
             r.close()
         self._readers.clear()

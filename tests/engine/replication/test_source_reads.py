@@ -172,3 +172,88 @@ def test_one_reader_per_device_whichever_way_it_is_named(tmp_path: Path) -> None
         assert src.reader("cpu") is src.reader(torch.device("cpu")) is src.reader(torch.zeros(1).device)
     finally:
         src.close()
+
+
+def _packed_run(src: SourceReader, plan: Plan) -> list[int]:
+    """Consecutive buckets the source must pack (no zero-copy view of the mapping)."""
+    return [b for b in range(len(plan.buckets)) if not src.contiguous(plan, b)]
+
+
+def test_reading_ahead_fills_the_next_bucket_into_a_spare_pool_buffer_only(tmp_path: Path) -> None:
+    """stage(b, ahead=1) queues bucket b+1's read into a buffer the pool has spare, and staging b+1
+    takes that buffer; with no spare buffer nothing is read ahead (the window's memory bound holds).
+    Every bucket is exact either way."""
+    from hwtui.engine.replication.checksum import xxh3_hex
+
+    plan = _plan(tmp_path)
+    largest = max(b["size"] for b in plan.buckets)
+    for count in (1, 2, 3):
+        src = SourceReader(plan, readers=2, direct="off")
+        pool = BufferPool(count, largest, "cpu")
+        try:
+            for b, bk in enumerate(plan.buckets):
+                ahead_before = b in src._ahead
+                buf, pooled = src.stage(plan, b, pool, ahead=1)
+                assert xxh3_hex(buf[:bk["size"]].numpy()) == bk["checksum"], (count, b)
+                nxt = b + 1 < len(plan.buckets) and not src.contiguous(plan, b + 1)
+                # One buffer staged plus the next bucket's, read ahead, when the pool has a spare one.
+                assert (b + 1 in src._ahead) == (nxt and count - int(pooled) >= 1)
+                assert pool.in_use_bytes == largest * (int(pooled) + int(b + 1 in src._ahead)) <= count * largest
+                if ahead_before:
+                    assert pooled
+                if pooled:
+                    pool.release(buf)
+            assert pool.peak_bytes <= count * largest
+        finally:
+            src.close()
+
+
+def test_a_bucket_read_ahead_that_fails_is_named_when_staged_and_its_buffer_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwtui.engine.replication import reader as rd
+
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    packed = _packed_run(src, plan)
+    first, victim = next((a, a + 1) for a in packed if a + 1 in packed)
+    lo = min(it["file_offset"] for it in plan.bucket_items[victim] if it["file"] == 0)
+    hi = max(it["file_offset"] + it["nbytes"] for it in plan.bucket_items[victim] if it["file"] == 0)
+    lo = max(lo, max(it["file_offset"] + it["nbytes"] for it in plan.bucket_items[first] if it["file"] == 0))
+    real = os.preadv
+
+    def eio_in_victim(fd: int, bufs: list[memoryview], offset: int) -> int:
+        if lo <= offset < hi:
+            raise OSError(5, "Input/output error")
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(rd.os, "preadv", eio_in_victim)
+    largest = max(b["size"] for b in plan.buckets)
+    pool = BufferPool(2, largest, "cpu")
+    try:
+        buf, pooled = src.stage(plan, first, pool, ahead=1)  # bucket `first` is fine; its successor is read ahead
+        assert pooled and victim in src._ahead
+        pool.release(buf)
+        with pytest.raises(ReadFailed, match="I/O error reading weight file"):
+            src.stage(plan, victim, pool, ahead=1)
+        # Its buffer is back; what was queued behind it is the pool's again when the readers go.
+        assert victim not in src._ahead and pool.in_use_bytes == largest * len(src._ahead)
+        src.release_readers()
+        assert pool.in_use_bytes == 0
+    finally:
+        src.close()
+
+
+def test_buckets_read_ahead_and_never_staged_go_back_to_the_pool(tmp_path: Path) -> None:
+    """A transfer that stops early (a peer failed) releases its readers: the read ahead settles and
+    its buffer is the pool's again."""
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    packed = _packed_run(src, plan)
+    first = next(a for a in packed if a + 1 in packed)
+    largest = max(b["size"] for b in plan.buckets)
+    pool = BufferPool(2, largest, "cpu")
+    buf, _ = src.stage(plan, first, pool, ahead=1)
+    assert pool.in_use_bytes == 2 * largest
+    src.release_readers()
+    assert pool.in_use_bytes == largest and not src._ahead
+    src.close()
