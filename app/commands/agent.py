@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="where the resident receiver keeps the versions it serves "
                    "(enables `hwtui push` into this node)")
     p.add_argument("--readers", type=int, metavar="N",
-                   help="threads reading weight files when this node is a push's source, 1-64 (default: from the cores)")
+                   help="threads reading weight files when this node is a push's source, and when --device "
+                        "loads the served version from disk, 1-64 (default: from the cores)")
     p.add_argument("--direct-io", choices=("auto", "on", "off"), default="auto",
                    help="read weight files with O_DIRECT as a push's source (auto: files larger than the free memory)")
     p.add_argument("--serve-group", metavar="GROUP",

@@ -21,7 +21,6 @@ version it serves at start), never at import.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 import time
@@ -31,7 +30,6 @@ from typing import Any
 from hwtui.engine.resident.device_slots import DeviceSlots, SlotError
 
 SLOT_KINDS = ("cuda", "host")
-LOAD_CHUNK = 64 << 20  # bytes read from the served file per copy when a version is loaded from disk
 
 
 class _Counting:
@@ -137,47 +135,37 @@ class DeviceServed:
 
     # ------------------------------------------------------------------ the version on disk
 
-    def load(self, version: str, path: Path) -> None:
+    def load(self, version: str, path: Path, *, readers: int | None = None) -> None:
         """Serve ``version`` from its safetensors file (``path``): the agent's start, or a switch
-        finished from a staged copy, put on disk a version no push filled a slot with."""
+        finished from a staged copy, put on disk a version no push filled a slot with.
+
+        The data section goes through the parallel reader a replicate source uses (T threads,
+        a pinned ring and one stream each on a GPU; engine.replication.reader), not one thread
+        and a 64 MiB pinned chunk synchronised per copy. The file is opened once: its header and
+        its bytes are read from the same descriptor's file, and one changed under the read is a
+        named error, never a mixed slot."""
+        from hwtui.engine.replication.reader import Extent, ParallelReader, WeightFile, default_readers, seam_for
         from hwtui.engine.replication.weights import read_safetensors_header
 
-        _, _, start = read_safetensors_header(path)
-        nbytes = os.path.getsize(path) - start
         t = time.perf_counter()
-        slots = self._ensure()
-        slots.rollback()
-        dst = slots.stage(version, nbytes)
-        try:
-            self._copy_file(path, start, nbytes, dst)
-        except BaseException:
-            slots.rollback(version)
-            raise
+        with WeightFile(path) as wf:
+            _, _, start = read_safetensors_header(path)
+            wf.check_unchanged()  # the header read is the opened file's
+            nbytes = wf.size - start
+            slots = self._ensure()
+            slots.rollback()
+            dst = slots.stage(version, nbytes)
+            reader = ParallelReader(seam_for(self.device if self.kind == "cuda" else "cpu"),
+                                    threads=readers or default_readers())
+            try:
+                reader.read(wf, [Extent(start, nbytes, 0)], dst)
+            except BaseException:
+                slots.rollback(version)
+                raise
+            finally:
+                reader.close()
         slots.commit(version)
         self.loaded = f"{version} loaded from disk in {time.perf_counter() - t:.3f} s"
-
-    def _copy_file(self, path: Path, start: int, nbytes: int, dst: Any) -> None:
-        import torch
-
-        from hwtui.core.bounded_read import open_regular
-
-        fd, _ = open_regular(str(path))
-        try:
-            host = torch.empty(min(LOAD_CHUNK, max(1, nbytes)), dtype=torch.uint8,
-                               pin_memory=self.kind == "cuda")
-            view: Any = host.numpy()  # a numpy view of the pinned chunk: preadv reads straight into it
-            done = 0
-            while done < nbytes:
-                n = min(LOAD_CHUNK, nbytes - done)
-                got = os.preadv(fd, [view[:n]], start + done)
-                if got != n:
-                    raise OSError(f"{path}: short read at {start + done}")
-                dst[done:done + n].copy_(host[:n])
-                if self.kind == "cuda":
-                    torch.cuda.synchronize()  # the pinned chunk is reused for the next read
-                done += n
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ what it serves
 

@@ -870,7 +870,7 @@ class ResidentRank:
         if not isinstance(version, str) or not isinstance(file, str) or self.device.served()[0] == version:
             return
         try:
-            self.device.load(version, self.served / file)
+            self.device.load(version, self.served / file, readers=self.readers)  # `hwtui agent --readers`
             self.device.error = None
         except (OSError, HwtuiError, RuntimeError) as exc:
             self.device.error = redact_text(f"{version} could not be loaded onto {self.device.device}: {exc}")[:300]

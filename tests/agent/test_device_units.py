@@ -244,3 +244,42 @@ def test_a_push_into_gpu_resident_agents_moves_device_buffers_ipc_in_a_node_nccl
         push_settings({"device": "xpu"}, "cuda")
     with pytest.raises(PushRefused, match="settings.nodes"):
         push_settings({"device": "cuda", "nodes": 0}, "cuda")
+
+
+def test_a_version_changed_on_disk_while_it_loads_is_named_and_not_served(tmp_path, monkeypatch):
+    """The load reads through the parallel reader (several threads): a file rewritten under it is
+    a named error, the slot it was filling is freed, nothing is served."""
+    from safetensors.torch import save_file
+
+    from hwtui.engine.replication import reader as rd
+    from hwtui.engine.replication.reader import ReadFailed
+    from hwtui.engine.resident.device_served import DeviceServed
+
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.arange(1 << 20, dtype=torch.float32)}, str(path))
+    real = os.preadv
+    calls = [0]
+
+    def rewrite_after_first(fd, bufs, offset):
+        calls[0] += 1
+        if calls[0] == 1:
+            with open(path, "r+b") as fh:
+                fh.seek(-8, os.SEEK_END)
+                fh.write(b"\x7f" * 8)
+            st = path.stat()
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        return real(fd, bufs, offset)
+
+    before = ipc_memfds()
+    d = DeviceServed("host")
+    monkeypatch.setattr(rd.os, "preadv", rewrite_after_first)
+    with pytest.raises(ReadFailed, match="was modified while it was read"):
+        d.load("v1", path, readers=3)
+    assert calls[0] > 1  # the read went on in slices
+    assert d.served() == (None, None) and d.state()["receiving"] is None and ipc_memfds() == before
+    monkeypatch.setattr(rd.os, "preadv", real)
+    d.load("v1", path, readers=3)  # the file as it is now: served, byte for byte
+    version, buf = d.served()
+    raw = path.read_bytes()
+    assert version == "v1" and bytes(buf.numpy()) == raw[len(raw) - buf.numel():]
+    d.close()

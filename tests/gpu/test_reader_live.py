@@ -97,3 +97,56 @@ def test_the_source_keeps_one_pinned_ring_per_gpu(tmp_path: Path) -> None:
         assert src.reader("cuda") is src.reader(torch.empty(1, device="cuda").device)
     finally:
         src.close()
+
+
+def test_queued_reads_to_cuda_are_exact_whatever_order_they_are_waited_in(weight_file: tuple[Path, np.ndarray]) -> None:
+    """The source's read-ahead: reads queued back to back into separate device buffers, the later
+    ones waited on first (their copies on the threads' streams, the earlier ones still landing)."""
+    import torch
+
+    from hwtui.engine.replication.reader import Extent, ParallelReader, TorchSeam, WeightFile
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA (a CPU build of torch on a GPU machine)")
+    p, data = weight_file
+    parts = [(0, 32 * MB), (32 * MB, 32 * MB), (64 * MB, len(data) - 64 * MB)]
+    dsts = [torch.full((n,), 0x5A, dtype=torch.uint8, device="cuda") for _, n in parts]
+    r = ParallelReader(TorchSeam("cuda"), threads=4, slice_bytes=8 * MB)
+    with WeightFile(p) as wf:
+        readings = [r.submit(wf, [Extent(off, n, 0)], d) for (off, n), d in zip(parts, dsts, strict=True)]
+        for reading in reversed(readings):
+            reading.wait()
+    r.close()
+    for (off, n), d in zip(parts, dsts, strict=True):
+        assert torch.equal(d.cpu(), torch.from_numpy(data[off:off + n])), off
+
+
+def test_an_agent_loads_its_served_version_onto_the_gpu_through_the_reader(tmp_path: Path) -> None:
+    """`hwtui agent --device cuda` serving a version from disk (its start, a switch finished from a
+    staged copy): the data section goes into the device slot through the parallel reader, exact."""
+    import time
+
+    import torch
+    from safetensors.torch import save_file
+
+    from hwtui.engine.resident.device_served import DeviceServed
+
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA (a CPU build of torch on a GPU machine)")
+    g = torch.Generator().manual_seed(7)
+    tensors = {f"w{i}": torch.randint(-(2**31), 2**31 - 1, (32 * MB,), dtype=torch.int32, generator=g) for i in range(4)}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    path.read_bytes()  # warm in the page cache, as a version the agent just staged is
+    d = DeviceServed("cuda")
+    try:
+        t = time.perf_counter()
+        d.load("v1", path)
+        dt = time.perf_counter() - t
+        version, buf = d.served()
+        raw = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
+        assert version == "v1" and torch.equal(buf.cpu(), raw[len(raw) - buf.numel():])
+        print(f"\nagent load from disk: {buf.numel() / 1e9:.2f} GB onto cuda in {dt * 1e3:.1f} ms "
+              f"({buf.numel() / dt / 1e9:.2f} GB/s, slot allocation included)")
+    finally:
+        d.close()
