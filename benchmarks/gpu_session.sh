@@ -1,9 +1,11 @@
 #!/bin/bash
-# One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then bench_gpu.py
-# on a 4 GiB file, the page-cache registration experiment, then tests/gpu; every stage bounded by
-# `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs: BENCH_S,
-# EXP (0 skips the experiment), EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, TESTS. .whl/ is ignored by
-# git: name it in the device call's carry.
+# One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then the IPC
+# receiver's copy + device checksum (bench_device_checksum.py), bench_gpu.py on a 4 GiB file (the
+# source path with and without read-ahead among its rows), optionally the page-cache registration
+# experiment (EXP=1; measured in round seven: <= 21.8 GB/s), then tests/gpu; every stage bounded by
+# `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs: CK_S,
+# BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, TESTS. .whl/ is ignored by git: name it
+# in the device call's carry.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -12,10 +14,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/smi.txt" 2>&1; nproc; free -g | head -2; df -h /tmp | tail -1
 python3 -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0))"
+el checksum
+timeout ${CK_S:-60} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
+cat "$OUT/checksum.txt" | tail -12
 el bench
 timeout ${BENCH_S:-150} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-1,8,12,16} --slices ${SLICES:-16,64} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
 cat "$OUT/bench.txt" | tail -30
-if [ "${EXP:-1}" = 1 ]; then
+if [ "${EXP:-0}" = 1 ]; then
 el exp
 python3 -c "
 import os
@@ -28,5 +33,5 @@ rm -f /tmp/w4.bin
 fi
 el tests
 timeout ${TEST_S:-220} python3 -m pytest ${TESTS:-tests/gpu/test_reader_live.py tests/gpu/test_ipc_live.py tests/gpu/test_resident_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
-grep -E "PASSED|FAILED|ERROR|SKIPPED|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi, agent|passed|failed" "$OUT/pytest.txt" | tail -40
+grep -E "PASSED|FAILED|ERROR|SKIPPED|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi, agent|agent load|passed|failed" "$OUT/pytest.txt" | tail -40
 el done

@@ -1,0 +1,131 @@
+"""The IPC receiver's copy and device checksum (issue 23.2): is 1 GiB copied *and verified* at
+>= 1,000 GB/s on one GPU, and which way gets there.
+
+An IPC receiver copies a bucket device to device out of the source's exported slot, then checks
+the device checksum of its copy (engine.replication.device_checksum): two reductions (row sums
+and column sums) that read the whole bucket back from device memory. Measured on an H200 (round
+seven): the copy 0.51 ms per GiB, the checksum 0.71 ms per GiB, so copied and verified ~880 GB/s.
+
+The fused way copies slice by slice and sums each slice right after its copy
+(``device_digest(dst, source=src, slice_words=...)``), so the sums read bytes that are still in
+the GPU's L2 cache (50 MB on an H100/H200) when a slice fits in it, at the price of three kernel
+launches per slice. This prints, rounds interleaved, medians:
+
+- the copy alone (the IPC copy's memory traffic: a same-process device-to-device copy);
+- the checksum alone;
+- copy, then checksum (what the receiver does today);
+- the copy fused into the checksum, for each slice size;
+
+each as ms and GB/s of bucket copied and verified, every digest checked equal and every copy exact.
+On CPU (``--device cpu``) the same code runs against the CPU's caches: the figures there say
+nothing about a GPU, only that the paths agree.
+
+    python3 benchmarks/bench_device_checksum.py [--device cuda] [--mb 1024] [--rounds 7] [--slices 4,8,16,32,64,128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MB = 1 << 20
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(device: str, fn: Any) -> tuple[float, Any]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def run(device: str, mb: int, rounds: int, slices: list[int]) -> dict[str, Any]:
+    import torch
+
+    from hwtui.engine.replication.device_checksum import device_digest
+
+    n = mb * MB
+    g = torch.Generator(device=device).manual_seed(23)
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=device, generator=g)
+    dst = torch.zeros(n, dtype=torch.uint8, device=device)
+    want = device_digest(src)
+    methods: dict[str, Any] = {
+        "copy alone": lambda: (dst.copy_(src), None)[1],
+        "checksum alone": lambda: device_digest(src),
+        "copy, then checksum (the receiver today)": lambda: (dst.copy_(src), device_digest(dst))[1],
+    }
+    for s in slices:
+        methods[f"copy fused into the checksum, {s} MiB slices"] = (
+            lambda s=s: device_digest(dst, source=src, slice_words=s * MB // 4))
+    for fn in methods.values():  # warm: kernels loaded, allocator primed
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    exact = True
+    for _ in range(rounds):
+        for name, fn in methods.items():
+            dst.zero_()
+            dt, digest = _timed(device, fn)
+            times[name].append(dt)
+            if digest is not None:
+                exact &= digest == want
+            if name != "checksum alone":
+                exact &= bool(torch.equal(dst, src))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = {k: {"ms": round(v * 1e3, 4), "gbps": round(n / v / 1e9, 1)} for k, v in med.items()}
+    verified = {k: v for k, v in med.items() if k not in ("copy alone", "checksum alone")}
+    best = min(verified, key=lambda k: verified[k])
+    return {"device": device, "bytes": n, "rounds": rounds, "methods": rows, "exact": exact, "best_verified": best,
+            "best_verified_gbps": rows[best]["gbps"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--mb", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--slices", default="4,8,16,32,64,128", help="fused slice sizes in MiB, comma-separated")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_device_checksum: no CUDA device here; --device cpu runs the same paths; nothing measured",
+              file=sys.stderr)
+        return 0
+    try:
+        slices = [int(x) for x in args.slices.split(",") if x.strip()]
+    except ValueError:
+        print(f"bench_device_checksum: --slices takes MiB counts like 4,16,64, not {args.slices[:40]!r}", file=sys.stderr)
+        return 2
+    if args.mb < 1 or args.rounds < 1 or not slices or min(slices) < 1:
+        print("bench_device_checksum: --mb, --rounds and every slice must be at least 1", file=sys.stderr)
+        return 2
+    res = run(args.device, args.mb, args.rounds, slices)
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    print(f"{args.mb} MiB on {name}, medians of {args.rounds} interleaved rounds; every digest equal and every copy "
+          f"exact: {res['exact']}")
+    for k, row in res["methods"].items():
+        print(f"  {k:<48} {row['ms']:9.3f} ms  {row['gbps']:9.1f} GB/s")
+    print(f"copied and verified, best way: {res['best_verified']}: {res['best_verified_gbps']:.1f} GB/s "
+          f"(issue 23: >= 1000 GB/s for 1 GiB on one GPU)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0 if res["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
