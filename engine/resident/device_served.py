@@ -24,10 +24,12 @@ import contextlib
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.resident.device_slots import DeviceSlots, SlotError
+from hwtui.engine.resident.device_slots import DeviceSlots, SlotError, SlotHeld
+from hwtui.engine.resident.slot_holds import Hold, SlotHolds
 
 SLOT_KINDS = ("cuda", "host")
 
@@ -62,6 +64,15 @@ def _cuda_release() -> None:
     torch.cuda.empty_cache()
 
 
+@dataclass(frozen=True)
+class Exported:
+    version: str
+    slot: str
+    nbytes: int
+    handle: dict[str, Any]
+    hold: Hold | None
+
+
 class DeviceServed:
     def __init__(self, kind: str, device_index: int = 0):
         if kind not in SLOT_KINDS:
@@ -74,6 +85,11 @@ class DeviceServed:
         self._slots: DeviceSlots | None = None
         self.error: str | None = None
         self.loaded: str | None = None  # the last version loaded from disk (not pushed), in words
+        # Consumers' holds on the slot they were exported (engine.resident.slot_holds). Checking a
+        # hold and staging a slot, and reading the served slot and holding it, are each one step
+        # under this lock: no push lands between an export and its hold.
+        self.holds = SlotHolds()
+        self._hold_lock = threading.Lock()
 
     @property
     def device(self) -> str:
@@ -102,9 +118,8 @@ class DeviceServed:
         """The slot ``version`` (``nbytes`` of tensor data) is received into, as the descriptor the
         resident rank opens it with (engine.resident.slot_fill.parse_descriptor)."""
         slots = self._ensure()
-        slots.rollback()  # a push the agent never heard the end of: its slot goes first
         try:
-            slots.stage(version, nbytes)
+            self._stage_unheld(slots, version, nbytes)
         except SlotError:
             raise
         except (RuntimeError, OSError, MemoryError) as exc:  # out of device memory: the push is refused
@@ -113,6 +128,28 @@ class DeviceServed:
         assert self._mem is not None
         handle = self._mem.inner.handle(buf)
         return {"kind": self.kind, "run": self.run, "nbytes": nbytes, "handle": handle.to_wire()}
+
+    def _stage_unheld(self, slots: DeviceSlots, version: str, nbytes: int) -> Any:
+        """Stage the slot not serving, unless a consumer holds it (SlotHeld, nothing changed)."""
+        with self._hold_lock:
+            slots.rollback()  # a push the agent never heard the end of: its slot goes first
+            why = self.holds.refusal(slots.next_slot())
+            if why is not None:
+                raise SlotHeld(why)
+            return slots.stage(version, nbytes)
+
+    def export(self, hold_s: float, holder: str) -> Exported:
+        """The served slot, read and held for ``hold_s`` seconds in one step (a commit or a push
+        landing between the two would hand out a slot nobody holds). Raises SlotError when nothing
+        is served, HoldError when no hold can be taken."""
+        with self._hold_lock:
+            slots = self._slots
+            got = slots.serving() if slots is not None else None
+            if got is None:
+                raise SlotError(f"no version is served on {self.device} yet")
+            slot, version, buf = got
+            return Exported(version, slot, int(buf.numel()), self.handle(buf),
+                            self.holds.hold(slot, version, hold_s, holder))
 
     def commit(self, version: str) -> str | None:
         """Serve the staged ``version``; None when it is not the one staged (nothing changes)."""
@@ -153,8 +190,7 @@ class DeviceServed:
             wf.check_unchanged()  # the header read is the opened file's
             nbytes = wf.size - start
             slots = self._ensure()
-            slots.rollback()
-            dst = slots.stage(version, nbytes)
+            dst = self._stage_unheld(slots, version, nbytes)
             reader = ParallelReader(seam_for(self.device if self.kind == "cuda" else "cpu"),
                                     threads=readers or default_readers())
             try:
@@ -178,7 +214,7 @@ class DeviceServed:
 
     def state(self) -> dict[str, Any]:
         out: dict[str, Any] = {"device": self.device, "kind": self.kind, "serving": None, "slot": None, "bytes": 0,
-                               "receiving": None, "slots": {}, "allocs": 0, "frees": 0}
+                               "receiving": None, "slots": {}, "allocs": 0, "frees": 0, "holds": []}
         if self.error:
             out["error"] = self.error
         if self.loaded:
@@ -193,6 +229,7 @@ class DeviceServed:
                    slots={n: {"version": st[n], "bytes": st["bytes"].get(n, 0)} for n in ("A", "B")})
         if self._mem is not None:
             out.update(allocs=self._mem.allocs, frees=self._mem.frees)
+        out["holds"] = self.holds.state()
         return out
 
 

@@ -30,6 +30,10 @@ class SlotError(Exception):
     """A slot operation out of order (a second push while one is staged, a commit of another version)."""
 
 
+class SlotHeld(SlotError):
+    """The slot a push would be received into is held by a consumer still reading it (slot_holds)."""
+
+
 @dataclass
 class _Slot:
     buf: Any = None
@@ -102,6 +106,21 @@ class DeviceSlots:
         """(version, whole buffer) of the slot a push is being received into, or (None, None)."""
         with self._lock:
             return self._view(self._staging)
+
+    def serving(self) -> tuple[str, str, Any] | None:
+        """(slot, version, buffer) being served, read in one step, or None."""
+        with self._lock:
+            if self._serving is None:
+                return None
+            slot = self._slots[self._serving]
+            if slot.version is None or slot.buf is None:
+                return None
+            return self._serving, slot.version, slot.buf
+
+    def next_slot(self) -> str:
+        """The slot the next push is received into (the one not serving)."""
+        with self._lock:
+            return self._other()
 
     def serving_slot(self) -> str | None:
         with self._lock:

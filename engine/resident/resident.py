@@ -850,10 +850,12 @@ class ResidentRank:
         if self.device is None:
             return None
         from hwtui.engine.resident.device_served import data_bytes
-        from hwtui.engine.resident.device_slots import SlotError
+        from hwtui.engine.resident.device_slots import SlotError, SlotHeld
 
         try:
             return self.device.stage(str(plan["version"]), data_bytes(plan))
+        except SlotHeld as exc:
+            raise PushRefused(409, f"node {self.node}: {exc}") from None
         except SlotError as exc:
             raise PushRefused(507, f"node {self.node}: {exc}") from None
 
@@ -875,18 +877,80 @@ class ResidentRank:
         except (OSError, HwtuiError, RuntimeError) as exc:
             self.device.error = redact_text(f"{version} could not be loaded onto {self.device.device}: {exc}")[:300]
 
-    def export(self) -> dict[str, Any]:
+    def export(self, body: dict[str, Any], holder: str) -> dict[str, Any]:
         """What a local serving process needs to consume the served version without a copy: the
-        served slot's IPC handle and each tensor's place in it (from the served file's header).
+        served slot's IPC handle, each tensor's place in it (from the served file's header), and
+        the hold that keeps a push from being received into that slot while the consumer reads it
+        (engine.resident.slot_holds: ``hold_s``, default 60 s, 0 for none).
         The caller checks who asks (app/node_api: the token, then the asking process's user)."""
+        from hwtui.engine.resident.device_slots import SlotError
+        from hwtui.engine.resident.slot_holds import HoldError
+
+        device = self._device_or_404()
+        hold_s = self._hold_s(body, {"hold_s"})
+        with self._lock:
+            try:
+                got = device.export(hold_s, holder)
+            except SlotError:
+                raise PushRefused(404, f"node {self.node} serves no version on {device.device} yet") from None
+            except HoldError as exc:
+                raise PushRefused(429, f"node {self.node}: {exc}") from None
+        try:
+            return self._export_doc(got, hold_s)
+        except BaseException:
+            if got.hold is not None:
+                device.holds.release(got.hold.lease)  # no document, no hold
+            raise
+
+    def _device_or_404(self) -> Any:
         if self.device is None:
             raise PushRefused(404, f"node {self.node} keeps no version in device memory (start it with --device cuda)")
-        with self._lock:
-            version, buf = self.device.served()
-            slot_state = self.device.state()
-            if version is None or buf is None:
-                raise PushRefused(404, f"node {self.node} serves no version on {self.device.device} yet")
-            handle = self.device.handle(buf)
+        return self.device
+
+    def _hold_s(self, body: dict[str, Any], allowed: set[str]) -> float:
+        from hwtui.engine.resident.slot_holds import HoldError, check_hold_s
+
+        try:
+            extra = set(body) - allowed
+            if extra:
+                raise HoldError(f"this call takes {', '.join(sorted(allowed))} only, not {sorted(extra)[0][:40]!r}")
+            return check_hold_s(body.get("hold_s"))
+        except HoldError as exc:
+            raise PushRefused(400, f"node {self.node}: {exc}") from None
+
+    def _lease(self, body: dict[str, Any]) -> str:
+        from hwtui.engine.resident.slot_holds import HoldError, check_lease
+
+        try:
+            return check_lease(body.get("lease"))
+        except HoldError as exc:
+            raise PushRefused(400, f"node {self.node}: {exc}") from None
+
+    def renew_hold(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A consumer still reading its slot keeps it held ``hold_s`` more seconds."""
+        from hwtui.engine.resident.slot_holds import HoldError
+
+        device = self._device_or_404()
+        hold_s, lease = self._hold_s(body, {"hold_s", "lease"}), self._lease(body)
+        try:
+            hold = device.holds.renew(lease, hold_s) if hold_s > 0 else None
+        except HoldError as exc:
+            raise PushRefused(404, f"node {self.node}: {exc}") from None
+        if hold is None:
+            return {"node": self.node, "hold": None, "released": device.holds.release(lease)}
+        return {"node": self.node, "hold": {"lease": hold.lease, "slot": hold.slot, "version": hold.version,
+                                            "hold_s": hold_s}}
+
+    def release_hold(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A consumer's hold released (it has moved to the served version, or stopped reading)."""
+        device = self._device_or_404()
+        if set(body) != {"lease"}:
+            raise PushRefused(400, f"node {self.node}: a release takes exactly the lease an export returned")
+        return {"node": self.node, "released": device.holds.release(self._lease(body))}
+
+    def _export_doc(self, got: Any, hold_s: float) -> dict[str, Any]:
+        assert self.device is not None
+        version = got.version
         try:
             cur = recovery.served_dir(self.served, self.modes).current() or {}
         except HwtuiError:
@@ -903,6 +967,7 @@ class ResidentRank:
             except (OSError, HwtuiError) as exc:
                 raise PushRefused(500, f"node {self.node}: the served file's header: {exc}") from None
             self._layouts = {version: layout}
+        held = {"lease": got.hold.lease, "slot": got.slot, "hold_s": hold_s} if got.hold is not None else None
         return {"node": self.node, "version": version, "device": self.device.device, "kind": self.device.kind,
-                "slot": slot_state["slot"], "bytes": slot_state["bytes"], "run": self.device.run,
-                "handle": handle, "layout": layout}
+                "slot": got.slot, "bytes": got.nbytes, "run": self.device.run,
+                "handle": got.handle, "layout": layout, "hold": held}

@@ -10,9 +10,11 @@ tensor views of the slot, without a copy.
 A document is untrusted input to its consumer: exact handle fields (ipc_wire), every tensor
 inside the slot, its byte count its dtype times its shape.
 
-The A/B slots rotate: after the next commit the slot a consumer holds becomes the one the push
-after that is received into. A consumer re-exports when ``version`` changes (``GET /v1/replication``
-says ``device.serving``) and drops its views of the old one before that next push.
+The A/B slots rotate: after the next commit the slot a consumer was given becomes the one the push
+after that is received into. An export holds its slot (engine.resident.slot_holds: the push that
+would overwrite it is refused while the hold lasts); a consumer renews the hold while it reads,
+re-exports when ``version`` changes (``GET /v1/replication`` says ``device.serving``), moves to the
+new slot and releases the old lease.
 """
 
 from __future__ import annotations

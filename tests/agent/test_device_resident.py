@@ -58,7 +58,7 @@ def models(tmp_path_factory):
     base["ids.int8"] = torch.randint(-128, 127, (77,), dtype=torch.int8, generator=g)
     out: dict[str, tuple[Path, dict[str, Any]]] = {}
     prev = None
-    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5", "v6"), start=1):
+    for i, v in enumerate(("v1", "v2", "v3", "v4", "v5", "v6", "v7"), start=1):
         t = {k: x.clone() for k, x in base.items()}
         t["layers.0.weight"] += i  # the rest unchanged: v2 on is a delta of the version before
         t["embed.big"][: 1000 * i] -= i
@@ -82,8 +82,12 @@ def world(tmp_path_factory):
         w.close()
 
 
-def export(world: Agents, i: int, token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{world.ports[i]}/v1/served/export", data=b"{}", method="POST",
+def export(world: Agents, i: int, token: str | None = TOKEN, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    return post(world, i, "/v1/served/export", {} if body is None else body, token)
+
+
+def post(world: Agents, i: int, path: str, body: dict[str, Any], token: str | None = TOKEN) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{world.ports[i]}{path}", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {token}"} if token else {})})
     try:
@@ -94,11 +98,12 @@ def export(world: Agents, i: int, token: str | None = TOKEN) -> tuple[int, dict[
 
 
 def served_tensors(world: Agents, i: int) -> tuple[str, dict[str, Any]]:
-    """What node ``i`` serves from its device slot, read through its export (copied out, then closed)."""
+    """What node ``i`` serves from its device slot, read through its export (copied out, then
+    closed: a one-shot reader takes no hold)."""
     from hwtui.engine.resident.served_export import open_served
 
-    status, doc = export(world, i)
-    assert status == 200, doc
+    status, doc = export(world, i, body={"hold_s": 0})
+    assert status == 200 and doc["hold"] is None, doc
     served = open_served(doc)
     try:
         return served.version, {k: t.clone() for k, t in served.tensors.items()}
@@ -187,6 +192,49 @@ def test_a_split_finished_by_resume_is_loaded_onto_the_device(world, models):
     assert dev["serving"] == "v5" and "v5 loaded from disk" in dev.get("loaded", ""), dev
     assert_bytes_equal(served_tensors(world, 1)[1], models["v5"][1])
     assert slot_memfds(world, 1) == 2  # v5 in the other slot; v4's stays allocated for the next push
+
+
+def test_a_push_is_refused_into_the_slot_a_consumer_holds_until_it_lets_go(world, models):
+    """A serving process exported v5's slot and holds it. v6 lands in the other slot; v7 would be
+    received into the held one: refused on that node with who holds it, nothing changed, the
+    consumer's weights intact. Renewed, then released: v7 lands there."""
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE)  # without the fault the test before started it with
+    for bad, why in (({"hold_s": "60"}, "hold_s must be a number"), ({"hold_s": -1}, "hold_s must be a number"),
+                     ({"lease": "0" * 32}, "takes hold_s only")):
+        status, doc = export(world, 1, body=bad)
+        assert status == 400 and why in doc["error"], doc
+    status, held = export(world, 1, body={"hold_s": 300})
+    assert status == 200 and held["version"] == "v5" and held["hold"]["slot"] == held["slot"], held
+    lease, slot = held["hold"]["lease"], held["slot"]
+    done = push(models["v6"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert device(world, 1)["serving"] == "v6" and device(world, 1)["slot"] != slot
+    refused = push(models["v7"][0], world.agents())
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and f"slot {slot} still serves v5 to 1 consumer(s) holding it (uid {os.geteuid()})" in out, out
+    dev = device(world, 1)
+    assert (dev["serving"], dev["receiving"]) == ("v6", None), dev
+    assert [(h["slot"], h["version"]) for h in dev["holds"]] == [(slot, "v5")] and "lease" not in dev["holds"][0]
+    from hwtui.engine.resident.served_export import open_served
+
+    served = open_served(held)  # the consumer's view of v5, still exact
+    try:
+        assert_bytes_equal({k: t.clone() for k, t in served.tensors.items()}, models["v5"][1])
+    finally:
+        served.close()
+    status, doc = post(world, 1, "/v1/served/hold", {"lease": lease, "hold_s": 300})
+    assert status == 200 and doc["hold"]["slot"] == slot and doc["hold"]["version"] == "v5", doc
+    assert post(world, 1, "/v1/served/hold", {"lease": "f" * 32, "hold_s": 5})[0] == 404
+    assert post(world, 1, "/v1/served/release", {"lease": lease, "extra": 1})[0] == 400
+    assert post(world, 1, "/v1/served/release", {"lease": lease}, token="wrong")[0] == 401
+    assert post(world, 1, "/v1/served/release", {"lease": lease}) == (200, {"node": "node1", "released": True})
+    assert post(world, 1, "/v1/served/release", {"lease": lease})[1]["released"] is False
+    done = push(models["v7"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    dev = device(world, 1)
+    assert (dev["serving"], dev["slot"], dev["holds"]) == ("v7", slot, []), dev
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v7"][1])
 
 
 def test_the_export_needs_the_token_and_the_agents_user(world):

@@ -43,6 +43,10 @@ for name in sorted(served.tensors):
     assert x.is_cuda, name
     h.update(name.encode()); h.update(x.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
 served.close()
+# Done reading: the hold the export took on this slot goes, so the push after next may land there.
+rel = urllib.request.Request(sys.argv[1].replace("/export", "/release"), data=json.dumps({"lease": doc["hold"]["lease"]}).encode(),
+                             method="POST", headers={"Authorization": "Bearer " + sys.argv[2]})
+assert json.loads(urllib.request.urlopen(rel, timeout=60).read())["released"] is True
 print(json.dumps({"version": doc["version"], "slot": doc["slot"], "sha": h.hexdigest(), "open_ms": opened * 1e3}))
 """
 
