@@ -75,7 +75,7 @@ def main(spec: dict[str, Any]) -> int:
                 result["failed"] = src.stats.failed
             vote = not src.stats.failed
         else:
-            rx = IpcReceiver(ch, provider, rank, spec["window"], hook=hook)
+            rx = IpcReceiver(ch, provider, rank, spec["window"], hook=hook, fuse_bytes=spec.get("fuse_bytes"))
             good = 0
             try:
                 for b, n in enumerate(sizes):

@@ -34,7 +34,8 @@ def _data(b: int, n: int) -> torch.Tensor:
 
 
 def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, int] | None = None,
-         timeout_s: float = 30.0, capacity: int = 0) -> dict[str, Any]:
+         timeout_s: float = 30.0, capacity: int = 0, fuse_bytes: int | None = None,
+         flip_after_publish: int | None = None) -> dict[str, Any]:
     store = dist.HashStore()
     run = secrets.token_hex(8)
     out: dict[str, Any] = {"rx": {}, "errors": []}
@@ -42,11 +43,19 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
 
     def source() -> None:
         prov = HostStandIn(run)
+        bufs: dict[int, Any] = {}
+
+        def flip(phase: str, b: int, _dst: Any = None) -> None:
+            # The exported memory changes after its digest was taken, before any receiver is told.
+            if phase == "exported" and b == flip_after_publish:
+                bufs[b][bufs[b].numel() // 2] ^= 0x10
+
         src = IpcSource(Channel(store, run, timeout_s), prov, list(range(1, receivers + 1)), window,
-                        capacity=capacity)
+                        capacity=capacity, hook=flip)
         try:
             for b, n in enumerate(sizes):
-                src.acquire(b, n).copy_(_data(b, n))
+                buf = bufs[b] = src.acquire(b, n)
+                buf.copy_(_data(b, n))
                 src.publish(b, n)
                 live_max[0] = max(live_max[0], sum(1 for s in src.slots if s is not None and s.bucket is not None))
             src.drain()
@@ -63,7 +72,7 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
             if corrupt == (rank, b) and phase == "copied":
                 dst[3] ^= 1
 
-        rx = IpcReceiver(Channel(store, run, timeout_s), prov, rank, window, hook=hook)
+        rx = IpcReceiver(Channel(store, run, timeout_s), prov, rank, window, hook=hook, fuse_bytes=fuse_bytes)
         got = []
         try:
             for b, n in enumerate(sizes):
@@ -89,9 +98,12 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
     return out
 
 
-def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> None:
+@pytest.mark.parametrize("fuse_bytes", [None, 16384, 40_000])
+def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported(fuse_bytes: int | None) -> None:
+    """The copy then the checksum, or the copy fused into the checksum's pass (slices of one row,
+    of several rows and a part): the same bytes, the same verdicts."""
     sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
-    out = _run(sizes, receivers=3, window=2)
+    out = _run(sizes, receivers=3, window=2, fuse_bytes=fuse_bytes)
     assert out["errors"] == []
     for _rank, (got, opened) in out["rx"].items():
         assert [g[0] for g in got] == [True] * len(sizes)
@@ -359,3 +371,15 @@ def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fie
     assert opener.opens == 2 and opener.closes == 1
     rx.close()
     assert opener.closes == 2
+
+
+@pytest.mark.parametrize("fuse_bytes", [None, 16384])
+def test_exported_memory_changed_after_its_digest_is_named_fused_or_not(fuse_bytes: int | None) -> None:
+    """The source's slot altered between its publish and the receivers' copy: every receiver names
+    the bucket (its copy is not what the source digested), the others arrive exact."""
+    sizes = [5000, 70_001, 4096]
+    out = _run(sizes, receivers=2, window=2, fuse_bytes=fuse_bytes, flip_after_publish=1)
+    for rank, (got, _opened) in out["rx"].items():
+        assert [g[0] for g in got] == [True, False, True], rank
+        assert f"rank {rank}: bucket 1 failed its device checksum after the IPC copy" in got[1][1]
+        assert got[0][2] and got[2][2]
