@@ -1,8 +1,8 @@
 """The ipc path of a replicate rank (engine.replication.paths): receivers on the source's node take
 each bucket by IPC handle (engine.replication.ipc_protocol) instead of a broadcast.
 
-Source: each bucket goes from its files (mapped) into a window slot of device memory, which it
-exports; its xxh3 against the plan is checked on the host beside it, as on the network path
+Source: each bucket goes from its files (the parallel reader, the next bucket's read queued into
+its slot behind this one's) into a window slot of device memory, which it exports; its xxh3 against the plan is checked on the host beside it, as on the network path
 (``_check_sources``), so the device digest the receivers compare with is a digest of planned bytes.
 Receivers: the copy lands in the staging copy's own region when the bucket is one contiguous range
 of it, else in a scratch buffer that is unpacked into it; a device-checksum mismatch names the
@@ -65,12 +65,29 @@ class RankIpc(RankVerify):
         ch = self._ipc_channel(plan)
         src = IpcSource(ch, self._ipc_provider(plan), self._ipc_ranks(), max(1, self.settings.window),
                         capacity=max(sizes, default=0))
+        # Bucket b+1's read is queued into its slot behind bucket b's (two slots or more): the
+        # reader's threads go from bucket to bucket without draining (source_reader.stage does
+        # the same on the network path). Never a slot that is still exported: acquire() waits for
+        # the receivers to release it.
+        ahead: tuple[int, Any, Any] | None = None
         try:
             for b, size in enumerate(sizes):
                 self.faults.at_bucket(b)
                 t0 = now()
-                slot = src.acquire(b, size)
-                self._sources.copy_into(plan, b, slot)
+                if ahead is not None and ahead[0] == b:
+                    _, slot, fill = ahead
+                    ahead = None
+                else:
+                    slot = src.acquire(b, size)
+                    fill = self._sources.start_into(plan, b, slot)
+                if src.window >= 2 and b + 1 < len(sizes):
+                    try:
+                        nxt = src.acquire(b + 1, sizes[b + 1])
+                        ahead = (b + 1, nxt, self._sources.start_into(plan, b + 1, nxt))
+                    except BaseException:
+                        fill.settle()
+                        raise
+                fill.wait()  # every read of the bucket settled, even when one failed
                 if self.settings.verify:
                     self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
                 self.bucket(b, "staged", size, now() - t0)
@@ -83,6 +100,8 @@ class RankIpc(RankVerify):
             ch.abort(f"rank {self.rank}: {exc}")
             raise TransportFailure(f"rank {self.rank}: {exc}") from None
         finally:
+            if ahead is not None:
+                ahead[2].settle()  # no reader thread is left copying into a slot about to be freed
             src.close()
             self.window_stats = {"peak_occupancy": src.stats.peak_exported, "peak_bytes": 0,
                                  "final_limit": src.window, "changes": 0}

@@ -203,7 +203,7 @@ class SourceReader:
         """A pooled buffer with bucket b's read queued into it."""
         buf = pool.acquire(plan.buckets[b]["size"])
         try:
-            return buf, self.reader(buf.device).start(plan.bucket_items[b], plan.buckets[b]["size"], buf, self.piece)
+            return buf, self.start_into(plan, b, buf)
         except BaseException:
             pool.release(buf)
             raise
@@ -231,7 +231,11 @@ class SourceReader:
     def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
         """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``,
         read from the files by the parallel reader of ``dst``'s device."""
-        self.reader(dst.device).fill(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece)
+        self.start_into(plan, b, dst).wait()
+
+    def start_into(self, plan: Plan, b: int, dst: Any) -> BucketFill:
+        """:meth:`copy_into`, queued behind the reads already queued; ``wait()`` on the result."""
+        return self.reader(dst.device).start(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece)
 
     def release_readers(self) -> None:
         """The readers' pinned rings, threads and descriptors, released (the mapping stays)."""
