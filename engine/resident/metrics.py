@@ -104,4 +104,13 @@ def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], repl
                 for name, info in sorted((dev.get("slots") or {}).items())))
         family("hwtui_resident_device_allocations_total", "Device slot allocations since the agent started", "counter",
                [({"node": node, "device": dev.get("device")}, dev.get("allocs"))])
+        # Consumers' holds (engine.resident.slot_holds): a slot held here refuses the push that
+        # would be received into it, so an alert on a hold that never ends finds a stuck consumer.
+        holds: dict[str, int] = {}
+        for h in dev.get("holds") or []:
+            if isinstance(h, dict) and isinstance(h.get("slot"), str):
+                holds[h["slot"]] = holds.get(h["slot"], 0) + 1
+        family("hwtui_resident_device_slot_holds", "Consumers holding each device slot (a push into it is refused)",
+               "gauge", (({"node": node, "device": dev.get("device"), "slot": name}, holds.get(name, 0))
+                         for name in sorted((dev.get("slots") or {}))))
     return "\n".join(lines) + "\n"

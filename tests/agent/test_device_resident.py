@@ -216,6 +216,10 @@ def test_a_push_is_refused_into_the_slot_a_consumer_holds_until_it_lets_go(world
     dev = device(world, 1)
     assert (dev["serving"], dev["receiving"]) == ("v6", None), dev
     assert [(h["slot"], h["version"]) for h in dev["holds"]] == [(slot, "v5")] and "lease" not in dev["holds"][0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{world.ports[1]}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert f'hwtui_resident_device_slot_holds{{node="node1",device="host",slot="{slot}"}} 1' in text
+    assert lease not in text
     from hwtui.engine.resident.served_export import open_served
 
     served = open_served(held)  # the consumer's view of v5, still exact
