@@ -112,5 +112,5 @@ def render(node: str, devices: Mapping[str, Any], check: Mapping[str, Any], repl
                 holds[h["slot"]] = holds.get(h["slot"], 0) + 1
         family("hwtui_resident_device_slot_holds", "Consumers holding each device slot (a push into it is refused)",
                "gauge", (({"node": node, "device": dev.get("device"), "slot": name}, holds.get(name, 0))
-                         for name in sorted((dev.get("slots") or {}))))
+                         for name in sorted(dev.get("slots") or {})))
     return "\n".join(lines) + "\n"
