@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="threads the source reads the weight files with, 1-64 (default: the source agent's)")
     p.add_argument("--direct-io", choices=("auto", "on", "off"),
                    help="the source reads with O_DIRECT (default: the source agent's setting)")
+    p.add_argument("--wait-holds", type=float, default=0.0, metavar="S",
+                   help="a GPU-resident receiver whose next slot a serving process still holds (POST "
+                        "/v1/served/export): wait up to S seconds for it to be released (default: refuse at once)")
     p.add_argument("--resume", action="store_true",
                    help="finish a push whose version was decided but not switched everywhere (a split); "
                         "refused when nothing was decided. A plain re-run does the same when there is a decision")
@@ -77,6 +80,8 @@ def options(args: argparse.Namespace) -> PushOptions:
             continue
         if not 0 < v <= MAX_TIMEOUT_S:
             raise HwtuiError(f"--{name.replace('_', '-')} {v}: expected 0 to {MAX_TIMEOUT_S:g} seconds")
+    if not 0 <= args.wait_holds <= MAX_TIMEOUT_S:
+        raise HwtuiError(f"--wait-holds {args.wait_holds}: expected 0 to {MAX_TIMEOUT_S:g} seconds")
     if not 1 <= args.inflight <= MAX_WINDOW or not 1 <= args.chunk_mb <= MAX_CHUNK_MB:
         raise HwtuiError(f"--inflight is 1 to {MAX_WINDOW} and --chunk-mb 1 to {MAX_CHUNK_MB:g}")
     if args.readers is not None:
@@ -86,7 +91,7 @@ def options(args: argparse.Namespace) -> PushOptions:
     return PushOptions(plan=args.plan, agents=args.agents, timeout=args.timeout, init_timeout=args.init_timeout,
                        deadline=args.deadline, inflight=args.inflight, chunk_mb=args.chunk_mb, resume=args.resume,
                        token_file=getattr(args, "token_file", None), cacert=getattr(args, "cacert", None),
-                       readers=args.readers, direct_io=args.direct_io)
+                       readers=args.readers, direct_io=args.direct_io, wait_holds=args.wait_holds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ class PushOptions:
     cacert: str | None = None
     readers: int | None = None  # --readers: the source's file reader threads (None: the source agent's setting)
     direct_io: str | None = None  # --direct-io: auto, on, off (None: the source agent's setting)
+    wait_holds: float = 0.0  # --wait-holds: how long to wait for consumers to release a held device slot (s)
 
     def deadline_for(self, total_bytes: int) -> float:
         """The push's deadline in seconds: the one given, else one that grows with the plan's size."""

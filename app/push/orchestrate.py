@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -154,9 +155,39 @@ class _Push:
         busy = [t.name for t, d in zip(self.targets, self.prepared, strict=True) if d.get("busy")]
         if busy:
             raise HwtuiError(f"agent(s) {', '.join(busy)} are busy with another push; try again when it ends")
+        await self.wait_for_holds()
         for t, d in zip(self.targets, self.prepared, strict=True):
             self.nodes[t.url].update(node=text(d.get("node") or t.name, 64),
                                      before=text(d.get("serving"), 128) if isinstance(d.get("serving"), str) else None)
+
+    async def wait_for_holds(self) -> None:
+        """A GPU-resident receiver whose next slot a serving process still holds (slot_holds) would
+        refuse the push at its start: say so now, before any rank starts, or wait up to
+        ``--wait-holds`` seconds, asking again each second, for the consumers to let go."""
+        deadline = time.monotonic() + self.opts.wait_holds
+        told = False
+        while True:
+            # Receivers only (the source stages no slot), and not one that serves this version already.
+            held = [(i, t) for i, (t, d) in enumerate(zip(self.targets, self.prepared, strict=True))
+                    if i > 0 and isinstance(d.get("slot_held"), str) and d.get("serving") != self.plan["version"]]
+            if not held:
+                return
+            if time.monotonic() >= deadline:
+                i, t = held[0]
+                waited = f" (waited {self.opts.wait_holds:g} s)" if self.opts.wait_holds else ""
+                node = text(self.prepared[i].get("node") or t.name, 64)
+                raise HwtuiError(f"agent {t.name} ({node}): {text(self.prepared[i]['slot_held'], 400)}{waited}",
+                                 EXIT_FAILED)
+            if not told:
+                # On stderr: --json's document stays the only thing on stdout.
+                names = ", ".join(t.name for _, t in held)
+                print(f"hwtui push: waiting up to {self.opts.wait_holds:g} s for the serving processes that hold the "
+                      f"next device slot on {names} to release it", file=sys.stderr, flush=True)
+                told = True
+            await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            answers = await asyncio.gather(*(self.prepare(t, self.world_key) for _, t in held))
+            for (i, _), answer in zip(held, answers, strict=True):
+                self.prepared[i] = answer
 
     # -- 1b. settle what the nodes hold ----------------------------------------------------------
     async def settle(self) -> dict[str, Any] | None:

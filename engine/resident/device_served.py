@@ -151,6 +151,11 @@ class DeviceServed:
             return Exported(version, slot, int(buf.numel()), self.handle(buf),
                             self.holds.hold(slot, version, hold_s, holder))
 
+    def slot_held(self) -> str | None:
+        """Why a push could not be received into the slot it would land in now, or None."""
+        with self._hold_lock:
+            return self.holds.refusal(self._slots.next_slot()) if self._slots is not None else None
+
     def commit(self, version: str) -> str | None:
         """Serve the staged ``version``; None when it is not the one staged (nothing changes)."""
         if self._slots is None:

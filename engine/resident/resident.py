@@ -258,6 +258,9 @@ class ResidentRank:
         answer = {"node": self.node, "warm": warm, "busy": busy, "advertise": self.advertise,
                   "port": free_port(self.advertise), "host": host_identity(),
                   "device": "cuda" if self.device is not None and self.device.kind == "cuda" else "cpu",
+                  # A consumer's hold on the slot this push would be received into (slot_holds):
+                  # the pusher refuses (or waits, --wait-holds) before any rank starts.
+                  "slot_held": self.device.slot_held() if self.device is not None else None,
                   **self._holds(version)}
         return answer
 

@@ -31,7 +31,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.agent.helpers import TOKEN, ipc_memfds  # noqa: E402
-from tests.agent.procs import Agents, push  # noqa: E402
+from tests.agent.procs import Agents, push, push_bg  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
@@ -212,7 +212,14 @@ def test_a_push_is_refused_into_the_slot_a_consumer_holds_until_it_lets_go(world
     assert device(world, 1)["serving"] == "v6" and device(world, 1)["slot"] != slot
     refused = push(models["v7"][0], world.agents())
     out = refused.stdout + refused.stderr
-    assert refused.returncode != 0 and f"slot {slot} still serves v5 to 1 consumer(s) holding it (uid {os.geteuid()})" in out, out
+    # Refused before any rank starts (the prepare says so), one line naming the node, slot and holder.
+    assert refused.returncode == 1 and out.count("\n") == 1, out
+    assert f"agent {world.agents().split(',')[1]} (node1): slot {slot} still serves v5 to 1 consumer(s) holding it " \
+           f"(uid {os.geteuid()})" in out, out
+    short = push(models["v7"][0], world.agents(), "--wait-holds", "1")
+    assert short.returncode == 1 and "(waited 1 s)" in short.stderr and "waiting up to 1 s" in short.stderr, short.stderr
+    bad = push(models["v7"][0], world.agents(), "--wait-holds", "-1")
+    assert bad.returncode == 2 and "--wait-holds -1.0: expected 0 to" in bad.stderr, bad.stderr
     dev = device(world, 1)
     assert (dev["serving"], dev["receiving"]) == ("v6", None), dev
     assert [(h["slot"], h["version"]) for h in dev["holds"]] == [(slot, "v5")] and "lease" not in dev["holds"][0]
@@ -232,10 +239,20 @@ def test_a_push_is_refused_into_the_slot_a_consumer_holds_until_it_lets_go(world
     assert post(world, 1, "/v1/served/hold", {"lease": "f" * 32, "hold_s": 5})[0] == 404
     assert post(world, 1, "/v1/served/release", {"lease": lease, "extra": 1})[0] == 400
     assert post(world, 1, "/v1/served/release", {"lease": lease}, token="wrong")[0] == 401
-    assert post(world, 1, "/v1/served/release", {"lease": lease}) == (200, {"node": "node1", "released": True})
+    # --wait-holds: the push waits (and says so on stderr) until the consumer lets go, then lands.
+    bg = push_bg(models["v7"][0], world.agents(), "--wait-holds", "120")
+    try:
+        assert bg.stderr is not None
+        line = bg.stderr.readline()  # bounded: the push gives up after 120 s and exits
+        assert "waiting up to 120 s for the serving processes that hold the next device slot on" in line, line
+        assert post(world, 1, "/v1/served/release", {"lease": lease}) == (200, {"node": "node1", "released": True})
+        out, err = bg.communicate(timeout=200)
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait(10)
+    assert bg.returncode == 0, out + err
     assert post(world, 1, "/v1/served/release", {"lease": lease})[1]["released"] is False
-    done = push(models["v7"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
     dev = device(world, 1)
     assert (dev["serving"], dev["slot"], dev["holds"]) == ("v7", slot, []), dev
     assert_bytes_equal(served_tensors(world, 1)[1], models["v7"][1])
