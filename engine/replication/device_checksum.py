@@ -33,7 +33,8 @@ import numpy as np
 import xxhash
 
 ROW_WORDS = 4096
-SLICE_WORDS = 1 << 30  # rows per reduction call (tests slice smaller: the sums do not depend on it)
+SLICE_WORDS = 1 << 30  # words per reduction call (tests slice smaller: the sums do not depend on it)
+MAX_SLICES = 256
 DIGEST_HEX = 32
 _TAG = b"hwtui-dd1"
 _M32 = (1 << 32) - 1
@@ -69,7 +70,9 @@ def device_digest(buf: Any, *, slice_words: int = SLICE_WORDS, source: Any = Non
     whole = n // 4
     full_rows = whole // ROW_WORDS
     rest = n - full_rows * ROW_WORDS * 4
-    step = max(1, slice_words // ROW_WORDS)
+    # At most MAX_SLICES slices: the column parts (16 KiB each) stay small, and a slice smaller
+    # than that costs more in kernel launches than any cache can give back.
+    step = max(1, slice_words // ROW_WORDS, -(-full_rows // MAX_SLICES))
     slices = -(-full_rows // step)
     # Written in place (out=): three kernels per slice (copy, row sums, column sums), no
     # accumulation kernel and no concatenation; one reduction of the column parts at the end.

@@ -67,8 +67,8 @@ class RankIpc(RankVerify):
                         capacity=max(sizes, default=0))
         # Bucket b+1's read is queued into its slot behind bucket b's (two slots or more): the
         # reader's threads go from bucket to bucket without draining (source_reader.stage does
-        # the same on the network path). Never a slot that is still exported: acquire() waits for
-        # the receivers to release it.
+        # the same on the network path). Only into a slot the receivers have already released:
+        # waiting for one here, before bucket b is published, would export one bucket fewer.
         ahead: tuple[int, Any, Any] | None = None
         try:
             for b, size in enumerate(sizes):
@@ -80,7 +80,7 @@ class RankIpc(RankVerify):
                 else:
                     slot = src.acquire(b, size)
                     fill = self._sources.start_into(plan, b, slot)
-                if src.window >= 2 and b + 1 < len(sizes):
+                if src.window >= 2 and b + 1 < len(sizes) and src.free_now(b + 1):
                     try:
                         nxt = src.acquire(b + 1, sizes[b + 1])
                         ahead = (b + 1, nxt, self._sources.start_into(plan, b + 1, nxt))

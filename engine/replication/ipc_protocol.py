@@ -77,6 +77,10 @@ class Channel:
     def put(self, key: str, value: bytes) -> None:
         self.store.set(self.prefix + key, value)
 
+    def ready(self, key: str) -> bool:
+        """Whether ``key`` is set now (no wait)."""
+        return bool(self.store.check([self.prefix + key]))
+
     def abort(self, reason: str) -> None:
         if not self.store.check([self.prefix + "abort"]):
             self.store.set(self.prefix + "abort", reason[:300].encode())
@@ -168,6 +172,14 @@ class IpcSource:
                 self.provider.free(slot.buf)
             slot = self.slots[i] = fresh
         return slot.buf[:nbytes]
+
+    def free_now(self, bucket: int) -> bool:
+        """Whether acquire(bucket) would return without waiting for any receiver: its slot is
+        unused, or every receiver has already released what it holds."""
+        slot = self.slots[bucket % self.window]
+        if slot is None or slot.bucket is None:
+            return True
+        return all(self.ch.ready(f"a/{pb}/{r}") for pb in self.pending if pb <= slot.bucket for r in self.receivers)
 
     def publish(self, bucket: int, nbytes: int) -> str:
         """Export the filled slot of ``bucket``; returns its device digest."""

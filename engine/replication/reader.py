@@ -450,6 +450,146 @@ class Reading:
             self.wf.check_unchanged()
 
 
+class _Crew:
+    """A reader's threads and everything they share: the queue of reads, each thread's ring of
+    host buffers and its stream. The threads hold this, never the reader, so a reader nobody
+    closes is still collected, and its finalizer stops them (a resident rank lives on across
+    pushes: a reader left open per push must not leave threads and pinned memory behind)."""
+
+    def __init__(self, seam: DeviceSeam, threads: int, slice_bytes: int, depth: int, stats: ReadStats):
+        self.seam, self.threads, self.slice_bytes, self.depth, self.stats = seam, threads, slice_bytes, depth, stats
+        self.rings: list[list[tuple[Any, memoryview]]] = [[] for _ in range(threads)]
+        self.streams: list[Any] = [None] * threads
+        self.cond = threading.Condition()
+        self.queue: deque[Reading] = deque()
+        self.workers: list[threading.Thread] = []
+        self.closing = False
+
+    def ring(self, t: int) -> list[tuple[Any, memoryview]]:
+        if not self.rings[t]:
+            # Built whole before it is kept: a failed allocation leaves no short ring behind.
+            # Room for a slice plus the alignment slack on both ends of an O_DIRECT read.
+            made: list[tuple[Any, memoryview]] = []
+            try:
+                for _ in range(self.depth):
+                    made.append(self.seam.host_buffer(self.slice_bytes + 2 * ALIGN))
+                stream = self.seam.stream()
+            except BaseException:
+                _free(made)
+                raise
+            with self.cond:  # the threads make their rings at once; the count is shared
+                self.stats.peak_host_bytes += self.depth * (self.slice_bytes + 2 * ALIGN)
+            self.rings[t], self.streams[t] = made, stream
+        return self.rings[t]
+
+    def start(self) -> None:
+        """(Lock held.) Every thread running: they live as long as the reader (a source reads
+        bucket after bucket, and starting T threads per bucket would cost more than a small read)."""
+        while len(self.workers) < self.threads:
+            t = threading.Thread(target=self._work, args=(len(self.workers),), daemon=True,
+                                 name=f"hwtui-reader-{len(self.workers)}")
+            self.workers.append(t)
+            t.start()
+
+    def _take(self) -> tuple[Reading, _Slice] | None:
+        """The oldest read's next slice; None once the reader is closing and nothing is queued."""
+        with self.cond:
+            while True:
+                while self.queue and self.queue[0].handed >= len(self.queue[0].slices):
+                    self.queue.popleft()
+                if self.queue:
+                    job = self.queue[0]
+                    s = job.slices[job.handed]
+                    job.handed += 1
+                    return job, s
+                if self.closing:
+                    return None
+                self.cond.wait()
+
+    def _finish(self, job: Reading, n: int = 1) -> None:
+        with self.cond:
+            job.open -= n
+            if job.open == 0:
+                job.finished.set()
+
+    def abandon(self, job: Reading, exc: BaseException) -> None:
+        """(Lock held.) A read's first error: its slices not yet handed out are dropped; the threads
+        go on to the next read, and the reads queued behind it are not affected."""
+        job.errors.append(exc)
+        left, job.handed = len(job.slices) - job.handed, len(job.slices)
+        job.open -= left
+        if left and job.open == 0:
+            job.finished.set()
+
+    def _work(self, t: int) -> None:
+        ring: list[tuple[Any, memoryview]] = []
+        landings: list[_Landing | None] = [None] * self.depth
+        k = 0
+        try:
+            while (got := self._take()) is not None:
+                job, s = got
+                try:
+                    if job.dview is not None:  # CPU, page cache: preadv straight into the destination
+                        job.wf.read_exact(job.dview[s.dst_offset:s.dst_offset + s.nbytes], s.file_offset)
+                        continue
+                    ring = ring or self.ring(t)
+                    buf, view = ring[k]
+                    prev, landings[k] = landings[k], None
+                    if prev is not None:
+                        prev.land()  # backpressure; a failed copy is raised by the read that owns it
+                    if job.wf.direct:
+                        skip = job.wf.read_direct(view, s.file_offset, s.nbytes)
+                    else:
+                        skip = 0
+                        job.wf.read_exact(view[:s.nbytes], s.file_offset)
+                    landing = landings[k] = _Landing(
+                        self.seam, self.seam.copy(job.dst, s.dst_offset, buf, skip, s.nbytes, self.streams[t]))
+                    with self.cond:
+                        job.landings.append(landing)
+                    k = (k + 1) % self.depth
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    with self.cond:
+                        self.abandon(job, exc)
+                finally:
+                    self._finish(job)
+        finally:
+            for pending in landings:  # the ring is never freed under a copy in flight
+                if pending is not None:
+                    pending.land()
+
+    def stop(self, join: bool) -> None:
+        """The threads told to end (a read still queued is abandoned and raises on wait); with
+        ``join``, waited for and the rings freed. The finalizer of a reader nobody closed does not
+        join (it may run on any thread): the threads end on their own, the rings go with them."""
+        with self.cond:
+            self.closing = True
+            for job in self.queue:
+                if job.handed < len(job.slices):
+                    self.abandon(job, RuntimeError("the reader was closed before this read finished"))
+            self.queue.clear()
+            self.cond.notify_all()
+        if not join:
+            return
+        for w in self.workers:
+            w.join()  # each finishes its current slice: one bounded read
+        self.workers.clear()
+        for ring in self.rings:
+            _free(ring)
+            ring.clear()
+        with self.cond:
+            self.closing = False  # a closed reader may be used again: threads and rings come back
+
+
+def _free(ring: list[tuple[Any, memoryview]]) -> None:
+    for buf, view in ring:
+        view.release()
+        if isinstance(buf, mmap.mmap):
+            try:
+                buf.close()
+            except BufferError:
+                pass  # a failed read's traceback still holds a view of it: unmapped when that goes
+
+
 class ParallelReader:
     """T threads reading extents of files into destinations (see the module docstring).
 
@@ -457,36 +597,23 @@ class ParallelReader:
     thread done with the last slices of one read goes straight on to the next: a source that queues
     bucket b+1 before it waits for bucket b never drains the ring between buckets. Host buffers are
     allocated once per reader and reused across reads (pinning is costly), so a source keeps one
-    reader for the whole transfer; :meth:`close` stops the threads."""
+    reader for the whole transfer; :meth:`close` stops the threads (and so does dropping the reader)."""
 
     def __init__(self, seam: DeviceSeam, *, threads: int = 1, slice_bytes: int = SLICE_BYTES, depth: int = DEPTH):
         if threads < 1 or slice_bytes < ALIGN or depth < 1:
             raise ValueError("a reader needs >= 1 thread, >= 1 buffer per thread and slices of >= 4 KiB")
         self.seam, self.threads, self.depth = seam, threads, depth
         self.slice_bytes = slice_bytes - slice_bytes % ALIGN
-        self._rings: list[list[tuple[Any, memoryview]]] = [[] for _ in range(threads)]
-        self._streams: list[Any] = [None] * threads
         self.stats = ReadStats(threads=threads)
-        self._cond = threading.Condition()
-        self._queue: deque[Reading] = deque()
-        self._workers: list[threading.Thread] = []
-        self._closing = False
-
-    def _ring(self, t: int) -> list[tuple[Any, memoryview]]:
-        ring = self._rings[t]
-        if not ring:
-            # Room for a slice plus the alignment slack on both ends of an O_DIRECT read.
-            ring.extend(self.seam.host_buffer(self.slice_bytes + 2 * ALIGN) for _ in range(self.depth))
-            self.stats.peak_host_bytes += self.depth * (self.slice_bytes + 2 * ALIGN)
-            self._streams[t] = self.seam.stream()
-        return ring
+        self._crew = _Crew(seam, threads, self.slice_bytes, depth, self.stats)
+        self._finalizer = weakref.finalize(self, self._crew.stop, False)
 
     def warm(self) -> None:
         """Allocate every thread's ring and stream now (pinning is slow: a source does it in set-up,
         before the clock starts, not inside its first bucket)."""
         if not self.seam.on_host:
             for t in range(self.threads):
-                self._ring(t)
+                self._crew.ring(t)
 
     def _slices(self, extents: Sequence[Extent]) -> list[_Slice]:
         out: list[_Slice] = []
@@ -523,118 +650,21 @@ class ParallelReader:
         slices = self._slices(extents)
         straight = self.seam.on_host and not wf.direct
         job = Reading(wf, slices, dst, host_view(dst) if straight and slices else None, check)
-        with self._cond:
-            if self._closing:
+        crew = self._crew
+        with crew.cond:
+            if crew.closing:
                 raise RuntimeError("the reader is closed")
             self.stats.slices += len(slices)
             self.stats.direct, self.stats.direct_reason = wf.direct, wf.direct_reason
             if slices:
-                self._start_workers()
-                self._queue.append(job)
-                self._cond.notify_all()
+                crew.start()
+                crew.queue.append(job)
+                crew.cond.notify_all()
         return job
-
-    def _start_workers(self) -> None:
-        # The threads live as long as the reader: a source reads bucket after bucket, and
-        # starting T threads per bucket would cost more than a small bucket's read.
-        while len(self._workers) < self.threads:
-            t = threading.Thread(target=self._work, args=(len(self._workers),), daemon=True,
-                                 name=f"hwtui-reader-{len(self._workers)}")
-            self._workers.append(t)
-            t.start()
-
-    def _take(self) -> tuple[Reading, _Slice] | None:
-        """The oldest read's next slice; None once the reader is closing and nothing is queued."""
-        with self._cond:
-            while True:
-                while self._queue and self._queue[0].handed >= len(self._queue[0].slices):
-                    self._queue.popleft()
-                if self._queue:
-                    job = self._queue[0]
-                    s = job.slices[job.handed]
-                    job.handed += 1
-                    return job, s
-                if self._closing:
-                    return None
-                self._cond.wait()
-
-    def _finish(self, job: Reading, n: int = 1) -> None:
-        with self._cond:
-            job.open -= n
-            if job.open == 0:
-                job.finished.set()
-
-    def _fail(self, job: Reading, exc: BaseException) -> None:
-        with self._cond:
-            self._abandon(job, exc)
-
-    def _abandon(self, job: Reading, exc: BaseException) -> None:
-        """(Lock held.) A read's first error: its slices not yet handed out are dropped; the threads
-        go on to the next read, and the reads queued behind it are not affected."""
-        job.errors.append(exc)
-        left, job.handed = len(job.slices) - job.handed, len(job.slices)
-        job.open -= left
-        if left and job.open == 0:
-            job.finished.set()
-
-    def _work(self, t: int) -> None:
-        ring: list[tuple[Any, memoryview]] = []
-        landings: list[_Landing | None] = [None] * self.depth
-        k = 0
-        try:
-            while (got := self._take()) is not None:
-                job, s = got
-                try:
-                    if job.dview is not None:  # CPU, page cache: preadv straight into the destination
-                        job.wf.read_exact(job.dview[s.dst_offset:s.dst_offset + s.nbytes], s.file_offset)
-                        continue
-                    ring = ring or self._ring(t)
-                    buf, view = ring[k]
-                    prev, landings[k] = landings[k], None
-                    if prev is not None:
-                        prev.land()  # backpressure; a failed copy is raised by the read that owns it
-                    if job.wf.direct:
-                        skip = job.wf.read_direct(view, s.file_offset, s.nbytes)
-                    else:
-                        skip = 0
-                        job.wf.read_exact(view[:s.nbytes], s.file_offset)
-                    landing = landings[k] = _Landing(
-                        self.seam, self.seam.copy(job.dst, s.dst_offset, buf, skip, s.nbytes, self._streams[t]))
-                    with self._cond:
-                        job.landings.append(landing)
-                    k = (k + 1) % self.depth
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                    self._fail(job, exc)
-                finally:
-                    self._finish(job)
-        finally:
-            for pending in landings:  # the ring is never freed under a copy in flight
-                if pending is not None:
-                    pending.land()
 
     def close(self) -> None:
         """Stop the threads (a read still queued is abandoned and raises on wait) and free the ring."""
-        with self._cond:
-            self._closing = True
-            for job in self._queue:
-                if job.handed < len(job.slices):
-                    self._abandon(job, RuntimeError("the reader was closed before this read finished"))
-            self._queue.clear()
-            self._cond.notify_all()
-        for w in self._workers:
-            w.join()  # each finishes its current slice: one bounded read
-        self._workers.clear()
-        for ring in self._rings:
-            for buf, view in ring:
-                view.release()
-                if isinstance(buf, mmap.mmap):
-                    try:
-                        buf.close()
-                    except BufferError:
-                        pass  # a failed read's traceback still holds a view of it: unmapped when that goes
-            ring.clear()
-        with self._cond:
-            self._closing = False  # a closed reader may be used again: threads and rings come back
+        self._crew.stop(join=True)
 
 
 def read_file(path: str | os.PathLike[str], dst: Any, *, device: Any = "cpu", threads: int | None = None,

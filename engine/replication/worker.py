@@ -208,17 +208,18 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         path = self.paths.get(self.rank, ("network", ""))[0]
         if self.rank == SRC:
             ipc = self._ipc_ranks()
-            if len(self.net_ranks) > 1:
-                try:
+            try:
+                if len(self.net_ranks) > 1:
                     self._send(plan)
-                finally:
-                    # Reads are over: the pinned ring, reader threads and descriptors go now (a
-                    # resident rank lives on after the push); the mapping stays for the digests.
-                    self._sources.release_readers()
-            elif not ipc:
-                self._serve_local(plan)
-            if ipc:
-                self._send_ipc(plan)
+                elif not ipc:
+                    self._serve_local(plan)
+                if ipc:
+                    self._send_ipc(plan)
+            finally:
+                # Reads are over, on every path (the ipc path's too): the pinned ring, reader
+                # threads and descriptors go now (a resident rank lives on after the push); the
+                # mapping stays for the digests.
+                self._sources.release_readers()
             if self.published is not None:
                 self._release_followers()
         elif path == "ipc":

@@ -196,15 +196,17 @@ class DeviceServed:
             nbytes = wf.size - start
             slots = self._ensure()
             dst = self._stage_unheld(slots, version, nbytes)
-            reader = ParallelReader(seam_for(self.device if self.kind == "cuda" else "cpu"),
-                                    threads=readers or default_readers())
+            reader = None
             try:
+                reader = ParallelReader(seam_for(self.device if self.kind == "cuda" else "cpu"),
+                                        threads=readers or default_readers())
                 reader.read(wf, [Extent(start, nbytes, 0)], dst)
             except BaseException:
                 slots.rollback(version)
                 raise
             finally:
-                reader.close()
+                if reader is not None:
+                    reader.close()
         slots.commit(version)
         self.loaded = f"{version} loaded from disk in {time.perf_counter() - t:.3f} s"
 

@@ -413,6 +413,11 @@ class ResidentRank:
             # node free mid-start, so an abort of this push found nothing to stop).
             self._flight_child = None
         try:
+            if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
+                # Before anything is discarded below: a push refused here leaves the node as it was.
+                with contextlib.suppress(OSError):
+                    incoming.unlink()
+                raise PushRefused(409, f"node {self.node}: {held}")
             # A new push supersedes whatever an earlier one left staged (an aborted push's copy, a
             # copy kept undecided or not yet switched to): a node holds its two slots and this
             # push's copy, never more. (A decided version whose copy goes here is sent again by
@@ -874,10 +879,12 @@ class ResidentRank:
         version, file = cur.get("version"), cur.get("file")
         if not isinstance(version, str) or not isinstance(file, str) or self.device.served()[0] == version:
             return
+        from hwtui.engine.resident.device_slots import SlotError
+
         try:
             self.device.load(version, self.served / file, readers=self.readers)  # `hwtui agent --readers`
             self.device.error = None
-        except (OSError, HwtuiError, RuntimeError) as exc:
+        except (OSError, HwtuiError, RuntimeError, SlotError) as exc:  # SlotError: a consumer holds the slot
             self.device.error = redact_text(f"{version} could not be loaded onto {self.device.device}: {exc}")[:300]
 
     def export(self, body: dict[str, Any], holder: str) -> dict[str, Any]:

@@ -383,3 +383,24 @@ def test_exported_memory_changed_after_its_digest_is_named_fused_or_not(fuse_byt
         assert [g[0] for g in got] == [True, False, True], rank
         assert f"rank {rank}: bucket 1 failed its device checksum after the IPC copy" in got[1][1]
         assert got[0][2] and got[2][2]
+
+
+def test_free_now_says_whether_acquire_would_wait_for_a_receiver() -> None:
+    """The IPC source reads bucket b+1 ahead only into a slot no receiver still holds: free_now
+    answers without waiting, and is true once every receiver has released the slot's bucket."""
+    store = dist.HashStore()
+    run = secrets.token_hex(8)
+    ch = Channel(store, run, 5.0)
+    src = IpcSource(ch, HostStandIn(run), [1, 2], 2)
+    try:
+        for b in (0, 1):
+            src.acquire(b, 64).fill_(b)
+            src.publish(b, 64)
+        assert not src.free_now(2)  # slot 0 holds bucket 0, released by nobody yet
+        ch.put("a/0/1", Ack(0, 1, released=True, ok=True, digest="", error="").encode())
+        assert not src.free_now(2)  # rank 2 still holds it
+        ch.put("a/0/2", Ack(0, 2, released=True, ok=True, digest="", error="").encode())
+        assert src.free_now(2) and not src.free_now(3)
+        src.acquire(2, 64)  # returns at once: the acks are there
+    finally:
+        src.close()

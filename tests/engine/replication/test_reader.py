@@ -473,15 +473,66 @@ def test_closing_abandons_a_queued_read_and_lands_every_copy(tmp_path: Path, mon
         assert entered.wait(30)
         closer = threading.Thread(target=r.close)
         closer.start()
-        with r._cond:
-            while not r._closing:
-                r._cond.wait(0.05)
+        crew = r._crew
+        with crew.cond:
+            while not crew.closing:
+                crew.cond.wait(0.05)
         release.set()
         closer.join(30)
         assert not closer.is_alive()
         with pytest.raises(RuntimeError, match="the reader was closed before this read finished"):
             reading.wait()
     assert len(seam.copies) == 1 and all(v == 0 for v in seam.pending.values())
-    assert not [t for t in threading.enumerate() if t.name.startswith("hwtui-reader") and t.is_alive()
-                and t in r._workers]
-    assert not r._workers
+    assert not crew.workers
+
+
+def test_a_reader_nobody_closes_leaves_no_thread_behind(tmp_path: Path) -> None:
+    """A resident rank lives on across pushes: a reader dropped without close() (a path that forgot
+    it) is collected, and its threads end; before, each such reader kept its threads for good."""
+    import gc
+    import weakref
+
+    p, data = _file(tmp_path, 64 * KB)
+    before = {t for t in threading.enumerate() if t.name.startswith("hwtui-reader")}
+    crews = []
+    for _ in range(3):
+        r = ParallelReader(HostSeam(), threads=3, slice_bytes=16 * KB)
+        out = np.zeros(len(data), np.uint8)
+        with WeightFile(p) as wf:
+            r.read(wf, [Extent(0, len(data), 0)], out)
+        assert np.array_equal(out, data)
+        crews.append(r._crew)
+        gone = weakref.ref(r)
+        del r
+        gc.collect()
+        assert gone() is None  # the threads hold the crew, not the reader
+    for crew in crews:
+        for w in crew.workers:
+            w.join(30)  # they were told to end when their reader went
+            assert not w.is_alive()
+    assert {t for t in threading.enumerate() if t.name.startswith("hwtui-reader")} <= before
+
+
+def test_a_ring_that_cannot_be_made_whole_is_not_kept(tmp_path: Path) -> None:
+    """The second buffer of a thread's ring cannot be had: that read fails with the allocation's
+    error, and a later read (memory back) makes the whole ring, never a short one."""
+    p, data = _file(tmp_path, 4 * 16 * KB)
+    seam = StandInSeam()
+    real = seam.host_buffer
+    fail = [True]
+
+    def second_fails(nbytes: int) -> Any:
+        if fail[0] and seam.buffers == 1:
+            raise MemoryError("pinned memory exhausted (stand-in)")
+        return real(nbytes)
+
+    seam.host_buffer = second_fails  # type: ignore[method-assign]
+    r = ParallelReader(seam, threads=1, slice_bytes=16 * KB, depth=2)
+    out = np.zeros(len(data), np.uint8)
+    with WeightFile(p) as wf:
+        with pytest.raises(MemoryError, match="stand-in"):
+            r.read(wf, [Extent(0, len(data), 0)], out)
+        fail[0] = False
+        r.read(wf, [Extent(0, len(data), 0)], out)
+    assert np.array_equal(out, data) and len(r._crew.rings[0]) == 2
+    r.close()
