@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -116,20 +117,52 @@ def slot_memfds(world: Agents, i: int) -> int:
     return ipc_memfds(world.procs[i].pid)
 
 
+def descendant_threads(world: Agents, i: int) -> int:
+    """Threads alive in agent ``i``'s descendants (its resident rank and what that runs)."""
+    def tree(pid: int) -> list[int]:
+        kids: list[int] = []
+        for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    kids += [int(x) for x in fh.read().split()]
+            except OSError:
+                continue  # a thread that ended while we looked
+        return [pid] + [d for k in kids for d in tree(k)]
+
+    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in tree(world.procs[i].pid)[1:]
+               if os.path.isdir(f"/proc/{pid}/task"))
+
+
+def _settled_threads(world: Agents, i: int, want: int | None) -> int:
+    """The descendant thread count once it is back to ``want`` (bounded: a thread still winding
+    down after the push's last answer gets 30 s), or what it is then."""
+    deadline = time.monotonic() + 30
+    n = descendant_threads(world, i)
+    while want is not None and n > want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        n = descendant_threads(world, i)
+    return n
+
+
 def device(world: Agents, i: int) -> dict[str, Any]:
     return world.replication(i)["device"]
 
 
 def test_pushes_switch_the_served_slot_and_serve_the_pushed_bytes(world, models):
+    threads: list[int] = []
     for v, slot in (("v1", "A"), ("v2", "B"), ("v3", "A")):
         done = push(models[v][0], world.agents())
         assert done.returncode == 0, done.stdout + done.stderr
+        # The source's resident rank lives on across pushes: what a push started there (its reader
+        # threads above all) ends with it. Before, each push left its readers' threads behind.
+        threads.append(_settled_threads(world, 0, threads[0] if threads else None))
         dev = device(world, 1)
         assert (dev["serving"], dev["slot"], dev["receiving"]) == (v, slot, None), dev
         assert dev["bytes"] > 0 and dev["device"] == "host"
         version, got = served_tensors(world, 1)
         assert version == v
         assert_bytes_equal(got, models[v][1])  # v2, v3: a delta; its unchanged tensors are in the slot too
+    assert threads == [threads[0]] * 3, threads
     dev = device(world, 1)
     assert dev["allocs"] == 2 and dev["frees"] == 0, dev  # v3 reused v1's slot: nothing new in steady state
     assert slot_memfds(world, 1) == 2
