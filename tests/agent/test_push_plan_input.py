@@ -181,3 +181,55 @@ def test_the_source_s_agent_validates_an_upload_before_any_rank_starts(node, pla
     assert list((node.out / "pushes").iterdir()) == []
     # A receiver's agent checks the digest only (its rank compares digests with rank 0's).
     assert node.upload_plan({"digest": digest}, len(raw), _reader(raw))["bytes"] == len(raw)
+
+
+def test_a_push_into_a_slot_a_consumer_holds_is_refused_by_the_agent_before_anything_is_discarded(tmp_path, plan_file):
+    """The pusher's prepare normally refuses first; a hold taken after it is refused at the start
+    itself (409), before the node discards a staged copy or starts a rank: the node is as it was."""
+    node = ResidentRank(node="n1", out=tmp_path / "agent", advertise="127.0.0.1", device_slots="host")
+    try:
+        dev = node.device
+        assert dev is not None
+        for v in ("v0", "v9"):  # A then B serve; the consumer holds A, the slot a push lands in next
+            dev.stage(v, 64)
+            assert dev.commit(v) is not None
+            if v == "v0":
+                assert dev.export(300, "uid 1000").hold is not None
+        staged = node.served / "staging" / "v8"
+        staged.mkdir(parents=True)
+        (staged / "model.safetensors").write_bytes(b"kept")
+        with pytest.raises(PushRefused) as info:
+            node.start(_body(plan_file.read_bytes(), load_plan(plan_file).digest))
+        assert info.value.status == 409 and "slot A still serves v0 to 1 consumer(s) holding it (uid 1000)" in str(info.value)
+        assert not node.busy and node.child is None and node.in_flight is None
+        assert list((node.out / "pushes").iterdir()) == []  # the plan it came with is not kept
+        assert (staged / "model.safetensors").read_bytes() == b"kept"  # nothing discarded
+        assert dev.state()["receiving"] is None and dev.served()[0] == "v9"
+    finally:
+        node.close()
+
+
+def test_a_version_on_disk_that_cannot_be_loaded_into_a_held_slot_is_reported_not_raised(tmp_path):
+    """The disk switched to v3 (a switch finished from a staged copy) while a consumer holds the
+    slot it would load into: the device keeps serving what it did, the state says why, the agent
+    does not fail the request that finished the switch."""
+    import torch
+    from safetensors.torch import save_file
+
+    node = ResidentRank(node="n1", out=tmp_path / "agent", advertise="127.0.0.1", device_slots="host")
+    try:
+        dev = node.device
+        assert dev is not None
+        for v in ("v1", "v2"):
+            dev.stage(v, 64)
+            assert dev.commit(v) is not None
+            if v == "v1":
+                dev.export(300, "uid 1000")
+        (node.served / "versions" / "v3").mkdir(parents=True)
+        save_file({"a": torch.arange(16, dtype=torch.float32)}, str(node.served / "versions" / "v3" / "model.safetensors"))
+        (node.served / "CURRENT").write_text('{"version": "v3", "file": "versions/v3/model.safetensors"}')
+        node._device_follow_disk()
+        assert dev.served()[0] == "v2"
+        assert "v3 could not be loaded onto host: slot A still serves v1" in (dev.error or ""), dev.error
+    finally:
+        node.close()
