@@ -56,7 +56,7 @@ def _timed(device: str, fn: Any) -> tuple[float, Any]:
 def run(device: str, mb: int, rounds: int, slices: list[int]) -> dict[str, Any]:
     import torch
 
-    from hwtui.engine.replication.device_checksum import device_digest
+    from hwtui.engine.replication.device_checksum import MAX_SLICES, device_digest
 
     n = mb * MB
     g = torch.Generator(device=device).manual_seed(23)
@@ -69,8 +69,11 @@ def run(device: str, mb: int, rounds: int, slices: list[int]) -> dict[str, Any]:
         "copy, then checksum (the receiver today)": lambda: (dst.copy_(src), device_digest(dst))[1],
     }
     for s in slices:
-        methods[f"copy fused into the checksum, {s} MiB slices"] = (
-            lambda s=s: device_digest(dst, source=src, slice_words=s * MB // 4))
+        # device_digest makes at most MAX_SLICES slices: a smaller slice asked for is that size.
+        mib = max(s * MB, -(-n // MAX_SLICES)) / MB
+        name = f"copy fused into the checksum, {mib:g} MiB slices"
+        if name not in methods:
+            methods[name] = lambda s=s: device_digest(dst, source=src, slice_words=s * MB // 4)
     for fn in methods.values():  # warm: kernels loaded, allocator primed
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
