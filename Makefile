@@ -57,10 +57,11 @@ bench: $(TEST_STAMP)
 
 # Every GPU path on a machine that has one (issue 17): the check against NVML and torch.cuda,
 # snapshot/replay, replicate into GPU memory, mixed cuda+cpu training, the device panel against
-# nvidia-smi; then the GPU benchmark. Without a GPU the tests skip and say why.
+# nvidia-smi; then the GPU benchmarks. Without a GPU the tests skip and say why.
 gpu-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
 	$(BIN)/python benchmarks/bench_gpu.py --json gpu-bench.json
+	$(BIN)/python benchmarks/bench_device_checksum.py --json gpu-checksum.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
