@@ -95,7 +95,7 @@ def hwtui_to_device(plan_path: str, device: str, ahead: int = 1) -> tuple[float,
         bufs.append((b, buf))
     sync(device)
     dt = time.perf_counter() - t0
-    reader.release_readers()
+    reader.close()  # the staged buckets are pool buffers, not views of the mapping: it can go now
     return dt, [(plan, bufs)]
 
 
