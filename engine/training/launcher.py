@@ -129,6 +129,7 @@ class Coordinator:
         self.merge_started = 0.0
         self.halves_knob = knobs.halves()
         self.saved_hf: dict[str, Any] | None = None  # --save-hf: what the last round's writer reported
+        self.configured = False  # every worker was sent its config (so each may hold work to finish)
 
     # -- public -----------------------------------------------------------------------------------
     def request_stop(self, reason: str) -> None:
@@ -212,6 +213,7 @@ class Coordinator:
         self._start_store(store_timeout)
         for w in self.workers:
             w.send(WorkerConfig.for_rank(self.cfg, w.rank, w.ref, self.store.port, self.init_from).to_message())
+        self.configured = True
 
     # -- plumbing ---------------------------------------------------------------------------------
     def alive(self) -> list[WorkerState]:
@@ -614,8 +616,12 @@ class Coordinator:
                     return True
 
     def _shutdown(self) -> None:
-        """Ask every worker to stop, let the last writer finish its report, then clear every group."""
-        deadline = time.monotonic() + self.cfg.stop_grace
+        """Ask every worker to stop, let the last writer finish its report, then clear every group.
+
+        Workers that never got their config (the store could not start: torch.distributed missing,
+        no port) have nothing to finish: they are not given the grace, which made such an error
+        line wait 15 s."""
+        deadline = time.monotonic() + (self.cfg.stop_grace if self.configured else 0.0)
         for w in self.workers:
             if w.pending is not None:
                 w.reply({"kind": "stop"})
