@@ -528,6 +528,7 @@ class _Crew:
         try:
             while (got := self._take()) is not None:
                 job, s = got
+                del got
                 try:
                     if job.dview is not None:  # CPU, page cache: preadv straight into the destination
                         job.wf.read_exact(job.dview[s.dst_offset:s.dst_offset + s.nbytes], s.file_offset)
@@ -552,6 +553,9 @@ class _Crew:
                         self.abandon(job, exc)
                 finally:
                     self._finish(job)
+                    # An idle thread pins no read: a failed one's error holds its traceback, and so
+                    # the caller's frames and the reader itself, which then is never collected.
+                    del job, s
         finally:
             for pending in landings:  # the ring is never freed under a copy in flight
                 if pending is not None:

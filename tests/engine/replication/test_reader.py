@@ -536,3 +536,24 @@ def test_a_ring_that_cannot_be_made_whole_is_not_kept(tmp_path: Path) -> None:
         r.read(wf, [Extent(0, len(data), 0)], out)
     assert np.array_equal(out, data) and len(r._crew.rings[0]) == 2
     r.close()
+
+
+def test_a_reader_whose_read_failed_is_still_collected_and_its_threads_end(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed read's error holds its traceback (the caller's frames, the reader in them): an idle
+    thread must not pin that error, or the reader is never collected and its threads never end."""
+    import gc
+    import weakref
+
+    p, data = _file(tmp_path, 64 * KB)
+    _inject(monkeypatch, lambda real, fd, bufs, offset, n: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    r = ParallelReader(StandInSeam(), threads=2, slice_bytes=16 * KB)
+    with WeightFile(p) as wf, pytest.raises(ReadFailed, match="I/O error"):
+        r.read(wf, [Extent(0, len(data), 0)], np.zeros(len(data), np.uint8))
+    crew, gone = r._crew, weakref.ref(r)
+    del r
+    gc.collect()  # the error and its traceback form a cycle: collected, not pinned by a live thread
+    assert gone() is None
+    for w in crew.workers:
+        w.join(30)
+        assert not w.is_alive()
