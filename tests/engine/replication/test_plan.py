@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import subprocess
 import sys
@@ -112,9 +113,17 @@ def _synthetic(n: int, bucket: int) -> float:
     inputs = PlanInputs([{"path": "/x", "format": "safetensors", "size": 8 + 4 * n}], tensors,
                         lambda s: data[(s.info.file_offset % 200):(s.info.file_offset % 200) + 4])
     del payload
-    t = time.process_time()
-    plan = build_plan(inputs, model="m", version="v1", bucket_bytes=bucket)
-    dt = time.process_time() - t
+    # The collector off while timed: a full collection of whatever the shard process has built up
+    # by then lands in one run or the other and says nothing about the planner (it failed the ratio
+    # once at 11x, in a shard process late in the suite).
+    gc.collect()
+    gc.disable()
+    try:
+        t = time.process_time()
+        plan = build_plan(inputs, model="m", version="v1", bucket_bytes=bucket)
+        dt = time.process_time() - t
+    finally:
+        gc.enable()
     assert len(plan["tensors"]) == n and plan["total_bytes"] == 4 * n
     return dt
 
@@ -122,9 +131,9 @@ def _synthetic(n: int, bucket: int) -> float:
 @pytest.mark.timeout(60)
 def test_planner_scales_n_log_n() -> None:
     # 4x the tensors must cost well under 4^2 = 16x the time (the public tool was quadratic); measured
-    # ~4.7x. Process CPU time, best of two: the box is shared, and a stall makes one run slow, never fast.
-    small = min(_synthetic(10_000, 4096) for _ in range(2))
-    large = min(_synthetic(40_000, 4096) for _ in range(2))
+    # ~4.7x. Process CPU time, best of three: the box is shared, and a stall makes one run slow, never fast.
+    small = min(_synthetic(10_000, 4096) for _ in range(3))
+    large = min(_synthetic(40_000, 4096) for _ in range(3))
     assert large < 10 * max(small, 0.005), (small, large)
 
 
