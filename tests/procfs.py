@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,26 @@ def alive(pid: int) -> bool:
 
 def ppid(pid: int) -> int:
     return int(_stat_fields(pid)[1])
+
+
+def children(pid: int) -> list[int]:
+    """Children of ``pid``, whichever of its threads forked them (each thread has its own list)."""
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            kids += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue  # a thread that ended while we looked
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...)."""
+    return [d for c in children(pid) for d in (c, *descendants(c))]
 
 
 def wait_gone(pids: Iterable[int], what: str, limit: float = 30.0) -> None:

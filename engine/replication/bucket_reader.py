@@ -12,6 +12,7 @@ transfer; :meth:`close` releases them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,11 +51,8 @@ class BucketFill:
 
     def settle(self) -> None:
         """Wait for every read, keeping no error (a path that is already failing)."""
-        for r in self.readings:
-            try:
-                r.wait()
-            except BaseException:  # noqa: BLE001, S110 - the caller is raising its own error
-                pass
+        with contextlib.suppress(BaseException):  # wait() raises only once every read has settled
+            self.wait()
 
 
 class BucketReader:

@@ -269,7 +269,7 @@ class IpcReceiver:
         self._mapped: dict[int, tuple[Any, Opened]] = {}  # slot -> (the memory its handle names, our mapping)
         self.opens = 0  # handles opened (once per slot while the source keeps its buffers)
 
-    def _open(self, msg: Export, nbytes: int) -> Opened:
+    def _open(self, msg: Export) -> Opened:
         held = self._mapped.get(msg.slot)
         if held is not None and held[0] == msg.handle.memory():
             return held[1]
@@ -301,19 +301,18 @@ class IpcReceiver:
         t0 = time.perf_counter()
         try:
             msg = decode_export(raw, bucket=bucket, nbytes=nbytes, window=self.window, kind=self.opener.kind)
-            opened = self._open(msg, nbytes)
+            opened = self._open(msg)
         except (WireError, OpenError) as exc:
             why = f"rank {self.rank}: bucket {bucket}: rejected the IPC handle: {exc}"
             self.close()
             self._ack(Ack(bucket, self.rank, released=True, ok=False, digest="", error=why))
             self.ch.abort(why)
             raise IpcFailure(why) from exc
-        fused = fuse and self.fuse_bytes is not None
+        fuse_bytes = self.fuse_bytes if fuse else None
         try:
             self._hook("opened", bucket, dst)
-            if fused:
-                assert self.fuse_bytes is not None
-                got = device_digest(dst, source=opened.tensor[:nbytes], slice_words=max(1, self.fuse_bytes // 4))
+            if fuse_bytes is not None:
+                got = device_digest(dst, source=opened.tensor[:nbytes], slice_words=max(1, fuse_bytes // 4))
             else:
                 dst.copy_(opened.tensor[:nbytes])
             _sync(dst)
@@ -322,7 +321,7 @@ class IpcReceiver:
             self.close()
             raise
         copy_s = time.perf_counter() - t0  # fused: the copy and its checksum, one figure
-        if not fused:
+        if fuse_bytes is None:
             got = device_digest(dst)
         verify_s = time.perf_counter() - t0 - copy_s
         ok = got == msg.digest

@@ -506,20 +506,20 @@ class _Crew:
                     return None
                 self.cond.wait()
 
-    def _finish(self, job: Reading, n: int = 1) -> None:
-        with self.cond:
-            job.open -= n
-            if job.open == 0:
-                job.finished.set()
+    @staticmethod
+    def _done(job: Reading, n: int) -> None:
+        """(Lock held.) ``n`` of a read's slices finished (or dropped); the last one ends the read."""
+        job.open -= n
+        if job.open == 0:
+            job.finished.set()
 
     def abandon(self, job: Reading, exc: BaseException) -> None:
         """(Lock held.) A read's first error: its slices not yet handed out are dropped; the threads
         go on to the next read, and the reads queued behind it are not affected."""
         job.errors.append(exc)
         left, job.handed = len(job.slices) - job.handed, len(job.slices)
-        job.open -= left
-        if left and job.open == 0:
-            job.finished.set()
+        if left:
+            self._done(job, left)
 
     def _work(self, t: int) -> None:
         ring: list[tuple[Any, memoryview]] = []
@@ -552,7 +552,8 @@ class _Crew:
                     with self.cond:
                         self.abandon(job, exc)
                 finally:
-                    self._finish(job)
+                    with self.cond:
+                        self._done(job, 1)
                     # An idle thread pins no read: a failed one's error holds its traceback, and so
                     # the caller's frames and the reader itself, which then is never collected.
                     del job, s
@@ -676,10 +677,18 @@ def read_file(path: str | os.PathLike[str], dst: Any, *, device: Any = "cpu", th
               slice_bytes: int = SLICE_BYTES) -> ReadStats:
     """Convenience: bytes [offset, offset+nbytes) of one file into ``dst`` on ``device``."""
     with WeightFile(path, direct) as wf:
-        n = wf.size - offset if nbytes is None else nbytes
-        reader = ParallelReader(seam_for(device), threads=threads or default_readers(), slice_bytes=slice_bytes)
-        try:
-            reader.read(wf, [Extent(offset, n, 0)], dst)
-        finally:
-            reader.close()
-        return reader.stats
+        return read_range(wf, dst, device=device, threads=threads, offset=offset, nbytes=nbytes,
+                          slice_bytes=slice_bytes)
+
+
+def read_range(wf: WeightFile, dst: Any, *, device: Any = "cpu", threads: int | None = None, offset: int = 0,
+               nbytes: int | None = None, slice_bytes: int = SLICE_BYTES) -> ReadStats:
+    """Bytes [offset, offset+nbytes) of an open weight file into ``dst`` on ``device``, by a reader
+    made for this one read (its threads and ring gone when it returns)."""
+    n = wf.size - offset if nbytes is None else nbytes
+    reader = ParallelReader(seam_for(device), threads=threads or default_readers(), slice_bytes=slice_bytes)
+    try:
+        reader.read(wf, [Extent(offset, n, 0)], dst)
+    finally:
+        reader.close()
+    return reader.stats

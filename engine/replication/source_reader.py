@@ -117,9 +117,8 @@ class SourceReader:
         self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
                                            "largest": max((b["size"] for b in plan.buckets), default=1)}
         self._readers: dict[str, BucketReader] = {}
-        # Buckets queued behind the one being staged (stage(ahead=...)), and the pool they came from.
-        self._ahead: dict[int, tuple[Any, BucketFill]] = {}
-        self._ahead_pool: BufferPool | None = None
+        # Buckets queued behind the one being staged (stage(ahead=...)): buffer, its read, its pool.
+        self._ahead: dict[int, tuple[Any, BucketFill, BufferPool]] = {}
         # Opened now, beside the mapping: each file's identity (device, inode, size, mtime) is pinned
         # here, and a file changed or replaced before any later read is named by that read.
         self._opened: dict[int, WeightFile] = {}
@@ -179,7 +178,7 @@ class SourceReader:
             return view, False
         assert pool is not None, "setup() allocates the pool when a bucket must be packed"
         queued = self._ahead.pop(b, None)
-        buf, fill = queued if queued is not None else self._begin(plan, b, pool)
+        buf, fill = queued[:2] if queued is not None else self._begin(plan, b, pool)
         try:
             self._read_ahead(plan, b, pool, ahead)
             fill.wait()
@@ -192,10 +191,9 @@ class SourceReader:
     def _read_ahead(self, plan: Plan, b: int, pool: BufferPool | None, ahead: int) -> None:
         if pool is None:
             return
-        self._ahead_pool = pool
         for nb in range(b + 1, min(len(plan.buckets), b + 1 + ahead)):
             if nb not in self._ahead and pool.spare() and self._zero_copy(plan, nb, pool) is None:
-                self._ahead[nb] = self._begin(plan, nb, pool)
+                self._ahead[nb] = (*self._begin(plan, nb, pool), pool)
 
     def _zero_copy(self, plan: Plan, b: int, pool: BufferPool | None) -> Any | None:
         """Bucket b as a slice of the mapping, where it goes out from host memory as it is."""
@@ -217,10 +215,9 @@ class SourceReader:
             self._drop(b)
 
     def _drop(self, b: int) -> None:
-        buf, fill = self._ahead.pop(b)
+        buf, fill, pool = self._ahead.pop(b)
         fill.settle()
-        assert self._ahead_pool is not None, "a bucket is read ahead only by stage(), which names its pool"
-        self._ahead_pool.release(buf)
+        pool.release(buf)
 
     def contiguous_view(self, plan: Plan, b: int) -> Any | None:
         """Bucket b as a slice of the mapped file (no copy) when it is one byte range of it, else None."""

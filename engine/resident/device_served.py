@@ -186,7 +186,7 @@ class DeviceServed:
         and a 64 MiB pinned chunk synchronised per copy. The file is opened once: its header and
         its bytes are read from the same descriptor's file, and one changed under the read is a
         named error, never a mixed slot."""
-        from hwtui.engine.replication.reader import Extent, ParallelReader, WeightFile, default_readers, seam_for
+        from hwtui.engine.replication.reader import WeightFile, read_range
         from hwtui.engine.replication.weights import read_safetensors_header
 
         t = time.perf_counter()
@@ -196,17 +196,12 @@ class DeviceServed:
             nbytes = wf.size - start
             slots = self._ensure()
             dst = self._stage_unheld(slots, version, nbytes)
-            reader = None
             try:
-                reader = ParallelReader(seam_for(self.device if self.kind == "cuda" else "cpu"),
-                                        threads=readers or default_readers())
-                reader.read(wf, [Extent(start, nbytes, 0)], dst)
+                read_range(wf, dst, device=self.device if self.kind == "cuda" else "cpu", threads=readers,
+                           offset=start, nbytes=nbytes)
             except BaseException:
                 slots.rollback(version)
                 raise
-            finally:
-                if reader is not None:
-                    reader.close()
         slots.commit(version)
         self.loaded = f"{version} loaded from disk in {time.perf_counter() - t:.3f} s"
 

@@ -62,7 +62,7 @@ from hwtui.probes.distributed.replication_defaults import (
 if TYPE_CHECKING:
     from hwtui.engine.replication.config import Timeouts, WorkerConfig
     from hwtui.engine.replication.settings import ReplicationSettings
-    from hwtui.engine.resident.device_served import DeviceServed
+    from hwtui.engine.resident.device_served import DeviceServed, Exported
 
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -415,8 +415,6 @@ class ResidentRank:
         try:
             if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
                 # Before anything is discarded below: a push refused here leaves the node as it was.
-                with contextlib.suppress(OSError):
-                    incoming.unlink()
                 raise PushRefused(409, f"node {self.node}: {held}")
             # A new push supersedes whatever an earlier one left staged (an aborted push's copy, a
             # copy kept undecided or not yet switched to): a node holds its two slots and this
@@ -456,8 +454,9 @@ class ResidentRank:
             with self._lock:
                 self.busy = False
                 self.in_flight = None
-            with contextlib.suppress(OSError):
-                plan_path.unlink()
+            for kept in (incoming, plan_path):  # the plan as it came, or where it was moved to
+                with contextlib.suppress(OSError):
+                    kept.unlink()
             raise
         return {"node": self.node, "accepted": True, "warm": warm}
 
@@ -912,7 +911,7 @@ class ResidentRank:
                 device.holds.release(got.hold.lease)  # no document, no hold
             raise
 
-    def _device_or_404(self) -> Any:
+    def _device_or_404(self) -> DeviceServed:
         if self.device is None:
             raise PushRefused(404, f"node {self.node} keeps no version in device memory (start it with --device cuda)")
         return self.device
@@ -958,7 +957,7 @@ class ResidentRank:
             raise PushRefused(400, f"node {self.node}: a release takes exactly the lease an export returned")
         return {"node": self.node, "released": device.holds.release(self._lease(body))}
 
-    def _export_doc(self, got: Any, hold_s: float) -> dict[str, Any]:
+    def _export_doc(self, got: Exported, hold_s: float) -> dict[str, Any]:
         assert self.device is not None
         version = got.version
         try:

@@ -34,6 +34,7 @@ torch = pytest.importorskip("torch")
 from tests.agent.helpers import TOKEN, ipc_memfds  # noqa: E402
 from tests.agent.procs import Agents, push, push_bg  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
+from tests.procfs import descendants  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -119,17 +120,7 @@ def slot_memfds(world: Agents, i: int) -> int:
 
 def descendant_threads(world: Agents, i: int) -> int:
     """Threads alive in agent ``i``'s descendants (its resident rank and what that runs)."""
-    def tree(pid: int) -> list[int]:
-        kids: list[int] = []
-        for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
-            try:
-                with open(f"/proc/{pid}/task/{task}/children") as fh:
-                    kids += [int(x) for x in fh.read().split()]
-            except OSError:
-                continue  # a thread that ended while we looked
-        return [pid] + [d for k in kids for d in tree(k)]
-
-    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in tree(world.procs[i].pid)[1:]
+    return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in descendants(world.procs[i].pid)
                if os.path.isdir(f"/proc/{pid}/task"))
 
 

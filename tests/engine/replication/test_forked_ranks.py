@@ -13,16 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.engine.replication.helpers import make_model, write_plan
-from tests.procfs import alive
+from tests.procfs import alive, children
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def torch_loaded(pid: int) -> bool:
@@ -49,7 +42,7 @@ def test_sigkill_of_the_launcher_takes_every_rank(tmp_path: Path, fork: str) -> 
     launcher = subprocess.Popen([sys.executable, "-m", "hwtui", "replicate", "--plan", str(tmp_path / "p.plan"), "--nproc", "3"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        ranks = wait_for(lambda: (c := children_of(launcher.pid)) and len(c) == 3 and c, 120, "3 ranks")
+        ranks = wait_for(lambda: (c := children(launcher.pid)) and len(c) == 3 and c, 120, "3 ranks")
         cmd = Path(f"/proc/{launcher.pid}/cmdline").read_bytes()
         # Settled: torch is mapped (an exec'd rank has exec'd by then) and setsid is done.
         wait_for(lambda: all(torch_loaded(p) for p in ranks), 120, "torch in every rank")
