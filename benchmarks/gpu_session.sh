@@ -2,9 +2,9 @@
 # One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then the IPC
 # receiver's copy + device checksum (bench_device_checksum.py), bench_gpu.py on a 4 GiB file (the
 # source path with and without read-ahead among its rows), optionally the page-cache registration
-# experiment (EXP=1; measured in round seven: <= 21.8 GB/s), then tests/gpu; every stage bounded by
+# experiment (EXP=1; measured in round seven: <= 21.8 GB/s), then tests/gpu (the IPC leg alone, bench_ipc_leg.py, after the checksum); every stage bounded by
 # `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs: CK_S,
-# BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. .whl/ is ignored by git: name it
+# BENCH_S, LEG_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. .whl/ is ignored by git: name it
 # in the device call's carry.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,8 +15,14 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/smi.txt" 2>&1; nproc; free -g | head -2; df -h /tmp | tail -1
 python3 -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0))"
 el checksum
-timeout ${CK_S:-60} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
+# Round nine: the fused slices lost at every size on an H200 (4 MiB 104 GB/s .. 128 MiB 759), so one
+# fused row stays for the record beside the one-read Triton sums and the torch reductions.
+timeout ${CK_S:-60} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --slices 128 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
 cat "$OUT/checksum.txt" | tail -12
+el ipc-leg
+# The receiver's copy + verify with the source idle, 1/4/16 buckets per GiB (round nine: 610/307/90 GB/s).
+timeout ${LEG_S:-45} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,4,16 --rounds 5 --json "$OUT/ipc-leg.json" >"$OUT/ipc-leg.txt" 2>&1; echo "ipc-leg rc=$?"
+grep -v "^\[W" "$OUT/ipc-leg.txt" | tail -7
 el bench
 # Round seven measured 1/8/12/16 threads at 16/64 MiB (39.47 GB/s best, at 16 x 64 MiB x depth 2):
 # this grid looks for the last 1.3 % to 40 GB/s around that point (oversubscribed threads, a third
@@ -36,5 +42,5 @@ rm -f /tmp/w4.bin
 fi
 el tests
 timeout ${TEST_S:-260} python3 -m pytest ${TESTS:-tests/gpu/test_reader_live.py tests/gpu/test_ipc_live.py tests/gpu/test_resident_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
-grep -E "PASSED|FAILED|ERROR|SKIPPED|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi, agent|agent load|passed|failed" "$OUT/pytest.txt" | tail -40
+grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|agent load|passed|failed" "$OUT/pytest.txt" | tail -40
 el done

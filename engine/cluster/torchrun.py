@@ -41,15 +41,27 @@ def main(argv: list[str] | None = None) -> int:
         print("hwtui: torchrun: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - ChildFailedError, DistStoreError, RendezvousError ...
-        name = type(exc).__name__
-        if name == "ChildFailedError":
-            print("hwtui: torchrun: a rank on this node failed; its output above says why", file=sys.stderr)
-        else:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            print(f"hwtui: torchrun: the rendezvous or launch failed ({name}: {first}); the cluster test's own lines "
-                  "on the master name the nodes", file=sys.stderr)
+        print(ending(exc), file=sys.stderr)
         return 1
     return 0
+
+
+def ending(exc: BaseException) -> str:
+    """The one line for how torchrun ended. A rank that failed comes first even when it is not
+    what torchrun raised last: its agent shuts the rendezvous down in a ``finally``, and on a
+    node whose master has already exited that shutdown raises RendezvousConnectionError over
+    the ChildFailedError (seen under load in the netns cluster test: the node's last line then
+    blamed the rendezvous)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if type(cur).__name__ == "ChildFailedError":
+            return "hwtui: torchrun: a rank on this node failed; its output above says why"
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (f"hwtui: torchrun: the rendezvous or launch failed ({type(exc).__name__}: {first}); the cluster test's "
+            "own lines on the master name the nodes")
 
 
 def _late(args: argparse.Namespace) -> str | None:

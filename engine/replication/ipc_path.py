@@ -51,14 +51,27 @@ class RankIpc(RankVerify):
         store = dist.distributed_c10d._get_default_store()
         return Channel(store, self._ipc_run(plan), float(self.cfg.timeouts.bucket))
 
-    def _ipc_provider(self, plan: Plan) -> Any:
-        if self.settings.device == "cuda":
-            import torch
+    def _ipc_gpu(self) -> int | None:
+        """This rank's GPU on the ipc path (made current), or None on the host stand-in."""
+        if self.settings.device != "cuda":
+            return None
+        import torch
 
-            dev = self.cfg.local_rank % max(1, torch.cuda.device_count())
-            torch.cuda.set_device(dev)
-            return CudaIpc(dev)
-        return HostStandIn(self._ipc_run(plan))
+        dev = self.cfg.local_rank % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        return dev
+
+    def _ipc_provider(self, plan: Plan) -> Any:
+        dev = self._ipc_gpu()
+        return CudaIpc(dev) if dev is not None else HostStandIn(self._ipc_run(plan))
+
+    def _ipc_warm(self) -> None:
+        """Set-up, on a rank of the ipc path: the device checksum's kernels loaded before the clock
+        (the source digests each bucket it exports, a receiver each copy)."""
+        from hwtui.engine.replication.device_checksum import warm
+
+        dev = self._ipc_gpu()
+        warm(f"cuda:{dev}" if dev is not None else "cpu")
 
     def _send_ipc(self, plan: Plan) -> None:
         sizes = [bk["size"] for bk in plan.buckets]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,14 @@ MAX_MESSAGE = 16 * 1024  # a message is a few hundred bytes; anything bigger is 
 MAX_BUCKET_BYTES = 1 << 44  # 16 TiB: far above any bucket, far below an overflow
 MAX_HANDLE_BYTES = 1024  # a cudaIpcMemHandle_t is 64 bytes; torch's expandable-segment form is longer
 MAX_NAME_BYTES = 512  # torch's ref-counter file name
+# torch's ref counters: a shared file of this many int64 counters (CUDA_IPC_REF_COUNTER_FILE_SIZE in
+# torch/csrc/CudaIPCTypes.h), named "/torch_<pid>_<random>_<n>" (at::NewProcessWideShmHandle; older
+# torch: "/torch_<pid>_<random>"). A receiver closing its mapping decrements the counter at
+# ref_offset of the file so named, with no bounds check of torch's own: a hostile offset would be
+# a write anywhere in the receiver, so the wire bounds it and the name's form (and the H200 run
+# that met the three-part name is why both forms pass).
+REF_COUNTERS = 10_000
+_REF_NAME = re.compile(rb"/torch_[0-9]{1,10}_[0-9]{1,20}(_[0-9]{1,20})?")
 KINDS = ("cuda", "host")
 
 
@@ -50,6 +59,12 @@ def _unb64(value: object, what: str, limit: int, *, empty_ok: bool = False) -> b
     if not data and not empty_ok:
         raise WireError(f"{what} is empty")
     return data
+
+
+def _ref_name(name: bytes) -> bytes:
+    if name and not _REF_NAME.fullmatch(name):
+        raise WireError("ref_handle is not a torch ref-counter file name (/torch_<pid>_<random>_<n>)")
+    return name
 
 
 def _int(obj: dict[str, Any], key: str, lo: int, hi: int) -> int:
@@ -105,8 +120,8 @@ class CudaHandle:
                               "event_sync"}, "cuda handle")
         return cls(device=_int(o, "device", 0, 255), handle=_unb64(o["handle"], "handle", MAX_HANDLE_BYTES),
                    size=_int(o, "size", 0, MAX_BUCKET_BYTES), offset=_int(o, "offset", 0, MAX_BUCKET_BYTES),
-                   ref_handle=_unb64(o["ref_handle"], "ref_handle", MAX_NAME_BYTES, empty_ok=True),
-                   ref_offset=_int(o, "ref_offset", 0, 1 << 32),
+                   ref_handle=_ref_name(_unb64(o["ref_handle"], "ref_handle", MAX_NAME_BYTES, empty_ok=True)),
+                   ref_offset=_int(o, "ref_offset", 0, REF_COUNTERS - 1),
                    event_handle=_unb64(o["event_handle"], "event_handle", MAX_HANDLE_BYTES, empty_ok=True),
                    event_sync=_bool(o, "event_sync"))
 

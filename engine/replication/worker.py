@@ -126,6 +126,8 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         if needs_pool:
             self.pool = BufferPool(k, largest, comm)
             self.pool.warm(min(k, n))
+        if self._ipc_ranks() and (self.rank == SRC or self.rank in self._ipc_ranks()):
+            self._ipc_warm()
         self.phases["setup"] = now() - t
         self.phase("ready")  # set up; the start barrier waits for the others
 
@@ -249,12 +251,24 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
                               "pool": self.pool.stats() if self.pool else None,
                               "host_pool": self.host_pool.stats() if self.host_pool else None,
                               "staging_bytes": self.staging.data_bytes if self.staging is not None else 0,
-                              "staging_disk": self.staging.disk_stats() if self.staging is not None else None},
+                              "staging_disk": self.staging.disk_stats() if self.staging is not None else None,
+                              "device": self._device_memory()},
                       window=self.window_stats, collectives=self.collectives, transfer_cpu=self.transfer_cpu,
                       net_streams=self.net_streams,
                       shared_staging=self.shared_staging,
                       direct_buckets=len(self.direct) if self.rank != SRC else None,
                       path=self.paths.get(self.rank, ("network", ""))[0])
+
+    def _device_memory(self) -> dict[str, int] | None:
+        """What torch's allocator holds on this rank's GPU once the transfer is over: a resident
+        rank serves push after push, and anything a push leaves allocated shows here first."""
+        if self.settings.device != "cuda":
+            return None
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return None
+        return {"allocated_bytes": int(torch.cuda.memory_allocated()), "reserved_bytes": int(torch.cuda.memory_reserved())}
 
     def remove_shm(self) -> None:
         self._unmap_leader_copy()  # a follower's view of its leader's copy: done with it after the vote

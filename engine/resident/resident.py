@@ -778,7 +778,7 @@ class ResidentRank:
         self.pushes[outcome] += 1
         self.last = {"push_id": flight.get("push_id"), "version": flight.get("version"), "rank": flight.get("rank"),
                      "outcome": outcome, "code": msg.get("code"), "warm": flight.get("warm"),
-                     "phases": result.get("phases") or {},
+                     "phases": result.get("phases") or {}, "memory": result.get("memory") or {},
                      "failures": ([f"stopped: {flight['stopped']}"] if flight.get("stopped") else [])
                                  + (result.get("failures") or flight.get("errors") or []),
                      "serving": self.serving(), "ended": time.time(),

@@ -32,12 +32,23 @@ def _smi_pids() -> set[int]:
 
 
 def test_device_digest_on_the_gpu_equals_the_reference_and_sees_a_flipped_bit() -> None:
-    code = ("import os, time, torch; from hwtui.engine.replication.device_checksum import device_digest, reference_digest; "
-            "d = os.urandom((1 << 20) + 3); t = torch.frombuffer(bytearray(d), dtype=torch.uint8).cuda(); "
-            "a = device_digest(t); assert a == reference_digest(d), 'differs'; t[12345] ^= 4; "
-            "assert device_digest(t) != a; big = torch.randint(0, 256, (1 << 30,), dtype=torch.uint8, device='cuda'); "
+    # On a GPU with Triton the sums come from one kernel (device_sums_triton), else from two torch
+    # reductions: both equal the plain-integer reference at every shape of bucket (a short last
+    # row, fewer rows than a program's block, many blocks), and each other at 64 MiB + 5.
+    code = ("import os, time, torch; import hwtui.engine.replication.device_checksum as dc; "
+            "from hwtui.engine.replication.device_checksum import device_digest, reference_digest\n"
+            "for n in (1, 5, 4095, 16384, 16387, 300 * 16384 + 7, (1 << 20) + 3):\n"
+            "    d = os.urandom(n); t = torch.frombuffer(bytearray(d), dtype=torch.uint8).cuda()\n"
+            "    a = device_digest(t); assert a == reference_digest(d), ('differs', n); t[n // 2] ^= 4\n"
+            "    assert device_digest(t) != a, ('blind', n)\n"
+            "m = torch.randint(0, 256, ((64 << 20) + 5,), dtype=torch.uint8, device='cuda'); one = device_digest(m)\n"
+            "os.environ['HWTUI_DEVICE_CHECKSUM'] = 'torch'; assert device_digest(m) == one, 'paths differ'; "
+            "del os.environ['HWTUI_DEVICE_CHECKSUM']\n"
+            "assert not dc._ONE_READ_BROKEN, dc._ONE_READ_BROKEN\n"
+            "big = torch.randint(0, 256, (1 << 30,), dtype=torch.uint8, device='cuda'); "
             "device_digest(big); torch.cuda.synchronize(); t0 = time.perf_counter(); [device_digest(big) for _ in range(5)]; "
-            "print('ok', 'device checksum of 1 GiB: %.3f ms' % ((time.perf_counter() - t0) / 5 * 1e3))")
+            "print('ok', 'device checksum of 1 GiB: %.3f ms' % ((time.perf_counter() - t0) / 5 * 1e3), "
+            "'(one read: %s)' % (dc._one_read_sums(big) is not None))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
     print("\n" + proc.stdout.strip())
@@ -72,6 +83,29 @@ def test_two_ranks_on_one_gpu_move_1_gib_in_16_buckets(tmp_path: Path, fuse_mib:
     how = f"fused in {fuse_mib} MiB slices" if fuse_mib else "copy, then checksum"
     print(f"\nIPC: 1 GiB in 16 buckets ({how}; the first left out: its slot's open): copy {moved / seconds / 1e9:.0f} GB/s, "
           f"copied and verified {moved / (seconds + verify) / 1e9:.0f} GB/s")
+
+
+@pytest.mark.xfail(strict=True, reason="open (H200, round nine): a source process keeps part of each run's "
+                   "window allocated after the run: torch.cuda.memory_allocated after 4 runs of 16 x 64 MiB "
+                   "320/640/768/1024 MiB; settling torch's per-export ref counters from the source "
+                   "(_release_ipc_counter_cuda) did not change it, so the holder is not yet known")
+def test_a_long_lived_source_frees_each_runs_window(tmp_path: Path) -> None:
+    """A resident rank is a source push after push, so what a run leaves allocated adds up: on an
+    H200 the pushing agent's rank grew by ~256 MiB (its window) per push. Four whole source runs
+    in one process (benchmarks/bench_ipc_leg.py --runs 4) must leave the allocator where the first
+    left it. Strict xfail: once the holder is found and fixed, this passes and the mark goes."""
+    import json
+
+    res = tmp_path / "leg.json"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ipc_leg.py"
+    proc = subprocess.run([sys.executable, str(bench), "--mb", "1024", "--buckets", "16", "--rounds", "2",
+                           "--runs", "4", "--json", str(res)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held = json.loads(res.read_text())["by_buckets"]["16"]["source_after_each_run"]
+    reserved = [h["reserved_bytes"] >> 20 for h in held]
+    print(f"\nthe source's allocator after each of 4 runs, MiB reserved: {reserved}, allocated: "
+          f"{[h['allocated_bytes'] >> 20 for h in held]}")
+    assert reserved[-1] <= reserved[0] + 64, reserved
 
 
 def test_a_corrupted_bucket_is_named_on_its_rank_on_the_gpu(tmp_path: Path) -> None:
@@ -118,5 +152,5 @@ def test_replicate_two_ranks_on_one_gpu_by_ipc_with_no_flag(tmp_path: Path) -> N
     served = (out / "rank1" / "versions")
     files = list(served.rglob("model.safetensors"))
     assert files and files[0].read_bytes() == model.read_bytes()
-    print(f"\nreplicate 1 GiB, 2 ranks on one GPU by IPC: report {json.dumps(rep.get('phases', {}))[:300]}; "
-          f"CLI wall {wall:.2f} s")
+    print(f"\nreplicate 1 GiB, 2 ranks on one GPU by IPC: transfer {rep['phases_s'].get('transfer', 0):.4f} s, "
+          f"phases {json.dumps(rep['phases_s'])[:400]}; CLI wall {wall:.2f} s")

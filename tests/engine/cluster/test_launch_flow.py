@@ -191,3 +191,31 @@ def test_a_node_that_comes_after_the_test_began_is_refused_by_name_in_one_line(t
                                                                                      launchfiles.rdzv_id(spec), "c", 30)
     assert preflight.mark_started(spec, ["a"], 1)
     assert _json.loads(store.get(preflight.started_key(spec)))["nodes"] == ["a"]
+
+
+def test_torchrun_ends_on_the_failed_rank_even_when_the_rendezvous_shutdown_fails_after_it():
+    """torchrun's agent shuts the rendezvous down in a ``finally``: on a node whose master already
+    exited, that raises over the ChildFailedError of the rank that failed. The line still names the
+    rank; a rendezvous that broke on its own still names the rendezvous."""
+    from hwtui.engine.cluster.torchrun import ending
+
+    class ChildFailedError(Exception):  # torch.distributed.elastic.multiprocessing.errors' name
+        pass
+
+    class RendezvousConnectionError(Exception):
+        pass
+
+    try:
+        try:
+            raise ChildFailedError("hwtui.engine.cluster.test FAILED")
+        finally:
+            raise RendezvousConnectionError("The connection to the C10d store has failed.")
+    except RendezvousConnectionError as exc:
+        assert ending(exc) == "hwtui: torchrun: a rank on this node failed; its output above says why"
+    alone = RendezvousConnectionError("The connection to the C10d store has failed.\nmore")
+    assert ending(alone) == ("hwtui: torchrun: the rendezvous or launch failed (RendezvousConnectionError: The "
+                             "connection to the C10d store has failed.); the cluster test's own lines on the master "
+                             "name the nodes")
+    looped = RendezvousConnectionError("x")
+    looped.__context__ = looped  # a cycle ends the walk
+    assert "rendezvous or launch failed" in ending(looped)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hwtui.engine.replication.device_checksum import warm
 from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
 from hwtui.engine.replication.ipc_provider import CudaIpc, HostStandIn
 from hwtui.engine.replication.ipc_wire import Export, HostHandle
@@ -53,6 +54,7 @@ def main(spec: dict[str, Any]) -> int:
             dst[min(7, dst.numel() - 1)] ^= 0x10
 
     provider: Any = CudaIpc(0) if device == "cuda" else HostStandIn(spec["run"])
+    warm(device)  # as the replication worker's set-up does: the checksum's kernels before any clock
     ch = Channel(store, spec["run"], spec.get("timeout_s", 60.0))
     sizes: list[int] = spec["sizes"]
     result: dict[str, Any] = {"rank": rank, "ok": True, "errors": []}

@@ -3,7 +3,10 @@ equals the plain-integer definition, and every single flipped bit of a buffer ch
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -96,3 +99,19 @@ def test_a_fused_copy_refuses_a_source_of_another_size_or_type() -> None:
     for bad in (torch.zeros(7, dtype=torch.uint8), torch.zeros(2, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.uint8)):
         with pytest.raises(ValueError, match="the copy's source"):
             device_digest(torch.zeros(8, dtype=torch.uint8), source=bad)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed here: the one-read kernel runs live in tests/gpu/test_ipc_live.py")
+def test_the_triton_kernel_gives_the_two_reductions_sums_in_its_interpreter() -> None:
+    """device_sums_triton under Triton's interpreter (CPU tensors): the same row and column sums as
+    torch's two reductions, mod 2^32, for fewer rows than a block, a partial block and many blocks."""
+    code = ("import torch; from hwtui.engine.replication.device_sums_triton import row_col_sums\n"
+            "for rows in (1, 17, 300):\n"
+            "    x = torch.randint(-2**31, 2**31 - 1, (rows, 4096), dtype=torch.int32)\n"
+            "    r, c = row_col_sums(x)\n"
+            "    assert torch.equal(r, x.sum(1, dtype=torch.int32)) and torch.equal(c, x.sum(0, dtype=torch.int32)), rows\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

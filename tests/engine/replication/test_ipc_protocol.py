@@ -4,6 +4,7 @@ Deaths and hostile sources across real processes are in test_ipc_processes.py.""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -200,7 +201,7 @@ def _mutate(**changes: Any) -> bytes:
 def test_a_good_message_round_trips() -> None:
     msg = decode_export(_good().encode(), bucket=3, nbytes=16, window=2, kind="host")
     assert msg == _good()
-    cuda = CudaHandle(0, bytes(range(64)), 1 << 30, 512, b"/torch_123", 8, b"\x01" * 64, True)
+    cuda = CudaHandle(0, bytes(range(64)), 1 << 30, 512, b"/torch_123_4567_0", 9_999, b"\x01" * 64, True)
     raw = Export(3, 1, 16, "b" * 32, "cuda", cuda).encode()
     assert decode_export(raw, bucket=3, nbytes=16, window=2, kind="cuda").handle == cuda
     ack = Ack(3, 2, True, False, "c" * 32, "rank 2: bad")
@@ -238,8 +239,15 @@ def test_malformed_or_lying_export_messages_are_refused(raw: Any, why: Any) -> N
         decode_export(raw, bucket=3, nbytes=16, window=2, kind="host")
 
 
-@pytest.mark.parametrize("field, value", [("handle", "!!!"), ("handle", ""), ("handle", "A" * 5000),
-                                          ("event_sync", 1), ("device", 256), ("ref_handle", 7)])
+@pytest.mark.parametrize("field, value", [
+    ("handle", "!!!"), ("handle", ""), ("handle", "A" * 5000), ("event_sync", 1), ("device", 256), ("ref_handle", 7),
+    # torch decrements the counter at ref_offset of the file ref_handle names, with no bounds check
+    # of its own, when the mapping is closed: a write anywhere in the receiver, unless refused here.
+    ("ref_offset", 10_000), ("ref_offset", 1 << 32), ("ref_offset", -1),
+    ("ref_handle", base64.b64encode(b"/dev/shm/hwtui").decode()),
+    ("ref_handle", base64.b64encode(b"/torch_1_2/../../etc/passwd").decode()),
+    ("ref_handle", base64.b64encode(b"/torch_1_2\n").decode()),
+])
 def test_malformed_cuda_handles_are_refused(field: Any, value: Any) -> None:
     obj = json.loads(Export(3, 1, 16, "b" * 32, "cuda", CudaHandle(0, b"h" * 64, 64, 0, b"", 0, b"", False)).encode())
     obj["handle"][field] = value
@@ -347,8 +355,8 @@ def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fie
     """Measured on an H200: each ``_share_cuda_()`` of the same slot recorded a new event, so a
     receiver that compared whole handles opened every bucket again (4 opens for 4 buckets). What
     names the memory is (device, handle, offset, size)."""
-    a = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_1", 0, b"\x01" * 64, True)
-    b = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_2", 8, b"\x02" * 64, True)
+    a = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_1_10", 0, b"\x01" * 64, True)
+    b = CudaHandle(0, b"h" * 64, 4096, 0, b"/torch_1_20", 8, b"\x02" * 64, True)
     assert a != b and a.memory() == b.memory()
     assert CudaHandle(0, b"h" * 64, 4096, 512, b"", 0, b"", False).memory() != a.memory()
     assert HostHandle(1, 5, 64).memory() != HostHandle(1, 5, 128).memory()

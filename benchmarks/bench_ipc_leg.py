@@ -1,0 +1,220 @@
+"""The IPC leg alone (issue 23.2): how fast a receiver copies and verifies buckets a source on the
+same GPU has already exported, with nothing else on the GPU.
+
+In a replicate the receiver's copy runs while the source reads the next bucket from its file onto
+the same GPU, and two processes on one GPU share it by time slices: the live test
+(tests/gpu/test_ipc_live.py) measured the receiver's copy of 64 MiB buckets at 139 GB/s there,
+where a device-to-device copy alone runs at ~2,000 GB/s. This separates the two: the source fills
+``--buckets`` slots of the window once, then for each round publishes all of them and the
+receiver, once every export of the round is there, times its ``IpcReceiver.receive`` of each
+(open on a slot's first use only, the copy, the device checksum, the ack). Rounds after the first
+reuse the mappings, as a resident receiver does. Printed: medians over rounds of the receiver's
+wall per round and its copy and verify shares, in GB/s of bucket copied and verified, for each
+bucket count.
+
+    python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--device cuda]
+
+``--device cpu`` runs the same protocol on the memfd stand-in (what this says about a GPU: nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MB = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _provider(device: str, run: str) -> Any:
+    from hwtui.engine.replication.ipc_provider import CudaIpc, HostStandIn
+
+    return CudaIpc(0) if device == "cuda" else HostStandIn(run)
+
+
+def _store(port: int, master: bool) -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=master, timeout=datetime.timedelta(seconds=120),
+                         wait_for_workers=False)
+
+
+def _run_id(run: str, k: int) -> str:
+    return f"{run}{k:02x}"  # one channel (and memfd name) per run
+
+
+def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: int, runs: int, out: Path) -> None:
+    """``runs`` whole source lifetimes in one process, as a resident rank serves push after push:
+    after each, what torch's allocator still holds (a run's window must not stay behind)."""
+    import torch
+
+    from hwtui.engine.replication.ipc_protocol import Channel, IpcSource
+
+    store = _store(port, master=True)
+    size = nbytes // buckets
+    g = torch.Generator(device=device).manual_seed(7)
+    held = []
+    buf: Any = None
+    for k in range(runs):
+        ch = Channel(store, _run_id(run, k), 120.0)
+        src = IpcSource(ch, _provider(device, _run_id(run, k)), [1], window=buckets, capacity=size)
+        try:
+            for r in range(rounds):
+                for i in range(buckets):
+                    b = r * buckets + i
+                    buf = src.acquire(b, size)  # round r > 0: waits for the receiver's ack of round r - 1
+                    if r == 0:
+                        buf.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8, device=device, generator=g))
+                    src.publish(b, size)
+            src.drain()
+            ch.take("done", "the receiver's end")
+        finally:
+            src.close()
+        buf = None  # the last slot view: the run holds nothing once it is over
+        if device == "cuda":
+            torch.cuda.synchronize()
+            held.append({"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()})
+    out.write_text(json.dumps(held))
+
+
+def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: int, runs: int, out: Path) -> None:
+    import torch
+
+    from hwtui.engine.replication.device_checksum import warm
+
+    store = _store(port, master=False)
+    size = nbytes // buckets
+    dsts = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(buckets)]
+    warm(device)  # the checksum's kernels loaded before any clock
+    rows: list[dict[str, float]] = []
+    opens = 0
+    for k in range(runs):
+        opens += _receive_run(store, _run_id(run, k), device, size, buckets, rounds, dsts, rows if k == 0 else [])
+    out.write_text(json.dumps({"rows": rows, "opens": opens}))
+
+
+def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rounds: int, dsts: list[Any],
+                 rows: list[dict[str, float]]) -> int:
+    from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver
+
+    ch = Channel(store, run, 120.0)
+    rx = IpcReceiver(ch, _provider(device, run), 1, window=buckets)
+    try:
+        for r in range(rounds):
+            first = r * buckets
+            deadline = time.monotonic() + 120
+            while not all(ch.ready(f"x/{first + i}") for i in range(buckets)):  # the whole round exported
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the source did not export a round in 120 s")
+                time.sleep(0.001)
+            t0 = time.perf_counter()
+            got = [rx.receive(first + i, dsts[i]) for i in range(buckets)]
+            wall = time.perf_counter() - t0
+            if not all(x.ok for x in got):
+                raise RuntimeError(f"a bucket failed its check: {[x.error for x in got if not x.ok]}")
+            rows.append({"wall": wall, "copy": sum(x.copy_s for x in got), "verify": sum(x.verify_s for x in got)})
+        ch.put("done", b"1")
+    finally:
+        rx.close()
+    return int(rx.opens)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--mb", type=int, default=1024)
+    ap.add_argument("--buckets", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=1, help="whole source lifetimes per bucket count (the allocator after each)")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--role", choices=("source", "receiver"), help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--run", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    try:
+        counts = [int(x) for x in args.buckets.split(",") if x.strip()]
+    except ValueError:
+        print(f"bench_ipc_leg: --buckets takes counts like 1,4,16, not {args.buckets[:40]!r}", file=sys.stderr)
+        return 2
+    if args.mb < 1 or args.rounds < 2 or args.runs < 1 or not counts or min(counts) < 1:
+        print("bench_ipc_leg: --mb, --runs and every bucket count must be at least 1, --rounds at least 2", file=sys.stderr)
+        return 2
+    nbytes = args.mb * MB
+    if args.role == "source":
+        source(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out))
+        return 0
+    if args.role == "receiver":
+        receiver(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out))
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_ipc_leg: no CUDA device here; --device cpu runs the same protocol; nothing measured", file=sys.stderr)
+        return 0
+    results: dict[str, Any] = {"device": args.device, "bytes": nbytes, "rounds": args.rounds, "by_buckets": {}}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    for n in counts:
+        port, run = _free_port(), secrets.token_hex(8)
+        out = Path(f"/tmp/bench_ipc_leg.{os.getpid()}.{n}.json")
+        common = [sys.executable, __file__, "--device", args.device, "--mb", str(args.mb), "--buckets", str(n),
+                  "--rounds", str(args.rounds), "--runs", str(args.runs), "--port", str(port), "--run", run]
+        held = out.with_suffix(".source.json")
+        src = subprocess.Popen([*common, "--role", "source", "--out", str(held)], env=env)
+        rx = subprocess.Popen([*common, "--role", "receiver", "--out", str(out)], env=env)
+        try:
+            codes = (rx.wait(timeout=300), src.wait(timeout=60))
+        except subprocess.TimeoutExpired:
+            src.kill()
+            rx.kill()
+            print(f"bench_ipc_leg: {n} bucket(s) did not finish in 300 s", file=sys.stderr)
+            return 1
+        if codes != (0, 0):
+            print(f"bench_ipc_leg: {n} bucket(s): receiver exit {codes[0]}, source exit {codes[1]}", file=sys.stderr)
+            return 1
+        doc = json.loads(out.read_text())
+        source_held = json.loads(held.read_text())
+        out.unlink()
+        held.unlink()
+        warm = doc["rows"][1:]  # the first round opens each slot's mapping
+        med = {k: statistics.median(r[k] for r in warm) for k in ("wall", "copy", "verify")}
+        results["by_buckets"][n] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
+                                    "gbps": round(nbytes / med["wall"] / 1e9, 1), "opens": doc["opens"],
+                                    "first_round_ms": round(doc["rows"][0]["wall"] * 1e3, 3),
+                                    "source_after_each_run": source_held}
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    print(f"IPC leg on {name}: {args.mb} MiB per round, medians of {args.rounds - 1} warm rounds "
+          f"(the first opens the mappings), the source idle while the receiver copies and verifies")
+    for n, row in results["by_buckets"].items():
+        print(f"  {n:3d} bucket(s) of {args.mb / n:g} MiB: {row['wall_ms']:8.3f} ms = {row['gbps']:7.1f} GB/s copied and "
+              f"verified (copy {row['copy_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms; first round "
+              f"{row['first_round_ms']:.3f} ms, {row['opens']} opens)")
+        if row["source_after_each_run"]:
+            print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "
+                  f"{[round(h['reserved_bytes'] / MB) for h in row['source_after_each_run']]}, allocated: "
+                  f"{[round(h['allocated_bytes'] / MB) for h in row['source_after_each_run']]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
