@@ -98,6 +98,16 @@ def _host_cells(node: NodeStatus) -> dict[str, str]:
     return {"device": "host", "util": util_text(host), "mem": mem_text(host), "temp": "", "power": ""}
 
 
+def held_text(node: NodeStatus) -> str:
+    """`` [2 held: v5]`` after the version of a GPU-resident node whose slots serving processes hold
+    (a push that would land in a held slot is refused there); ``""`` when none does or the node
+    serves from host memory."""
+    d = node.replication.device
+    if "replication.device.holds" in node.unknown:
+        return " [? held]"
+    return f" [{d.holds} held: {', '.join(d.held)}]" if d is not None and d.holds else ""
+
+
 def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]:
     """The rows of one node, as cells by column key."""
     verdict, reason = verdict_styles(no_color)
@@ -114,7 +124,7 @@ def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]
 
     rep = node.replication
     flight = rep.in_flight
-    version = "?" if "replication.serving" in node.unknown else (rep.serving or "-")
+    version = ("?" if "replication.serving" in node.unknown else (rep.serving or "-")) + held_text(node)
     push = "-"
     if flight is not None:
         p = flight.progress
@@ -134,6 +144,8 @@ def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]
         first["note"] = node.error or "no fresh answer"
     elif node.unknown:
         first["note"] = f"{len(node.unknown)} invalid field(s)"
+    elif rep.device is not None and rep.device.error:
+        first["note"] = f"device: {rep.device.error}"
     style = STALE_STYLE if node.stale else ""
     rows = [{k: Text(v, style=style) for k, v in c.items()} for c in cells]
     rows[0]["state"] = Text(state_text(node), style=verdict if node.stale else "")

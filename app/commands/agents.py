@@ -62,6 +62,24 @@ def _host(n: NodeStatus) -> str:
     return f"host cpu {_util(h)} mem {mem}"
 
 
+def _device_served(n: NodeStatus) -> str:
+    """`` on cuda:0 slot A, 2 hold(s) on v5, the last ends in 280 s``: where a GPU-resident node
+    serves from and what serving processes hold (a push that would land in a held slot is refused
+    there); ``""`` for host memory."""
+    d = n.replication.device
+    if d is None:
+        return ""
+    out = f" on {d.device or '?'}" + (f" slot {d.slot}" if d.slot else "")
+    if "replication.device.holds" in n.unknown:
+        out += ", holds ?"
+    elif d.holds:
+        left = "" if d.hold_left_s is None else f", the last ends in {d.hold_left_s:.0f} s"
+        out += f", {d.holds} hold(s) on {', '.join(d.held)}{left}"
+    if d.error:
+        out += f", device error: {d.error}"
+    return out
+
+
 def _compose(n: NodeStatus) -> str:
     if not n.answered:
         if n.age_s is None:
@@ -82,6 +100,7 @@ def _compose(n: NodeStatus) -> str:
     unknown = n.unknown
     flight = rep.in_flight
     ver = " serving ?" if "replication.serving" in unknown else (f" serving {rep.serving}" if rep.serving else "")
+    ver += _device_served(n)
     if flight is not None:
         pct = "?" if flight.progress is None else f"{100 * flight.progress:.0f}%"
         ver += f", pushing {flight.version or '?'} {pct}"

@@ -25,6 +25,10 @@ MAX_LABEL = 128
 MAX_DEVICES = 256
 MAX_BYTES = float(1 << 60)  # 1 EiB of device memory
 MAX_AGE_S = 1e9
+MAX_HOLDS = 64  # engine.resident.slot_holds.MAX_HOLDS: an agent keeps no more live holds than this
+MAX_HOLD_S = 3600.0  # engine.resident.slot_holds.MAX_HOLD_S
+MAX_ERROR = 300  # the agent cuts its device error to this
+SLOTS = frozenset({"A", "B"})
 WORST = frozenset({"pass", "warn", "fail", "error", "skip"})
 
 # Range of each numeric device field: (low, high), both inclusive.
@@ -109,14 +113,33 @@ class InFlight:
 
 
 @dataclass(frozen=True)
+class DeviceServed:
+    """A GPU-resident agent's served slot (``hwtui agent --device cuda``): where the version lives,
+    and how many serving processes hold that slot (a push landing in a held slot is refused)."""
+
+    device: str | None = None  # "cuda:0"
+    slot: str | None = None  # "A" / "B"
+    holds: int | None = None  # live holds (either slot: one on the slot not serving refuses the next push)
+    held: tuple[str, ...] = ()  # the versions they hold, each once, in the agent's order
+    hold_left_s: float | None = None  # until the last of them ends, unless renewed
+    error: str | None = None  # why the version on disk could not be loaded onto the device
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "slot": self.slot, "holds": self.holds, "held": list(self.held),
+                "hold_left_s": self.hold_left_s, "error": self.error}
+
+
+@dataclass(frozen=True)
 class Replication:
     serving: str | None = None
     in_flight: InFlight | None = None
+    device: DeviceServed | None = None  # None: the agent serves from host memory (no --device)
 
     def to_dict(self) -> dict[str, Any]:
         f = self.in_flight
         return {"serving": self.serving,
-                "in_flight": None if f is None else {"version": f.version, "progress": f.progress}}
+                "in_flight": None if f is None else {"version": f.version, "progress": f.progress},
+                "device": None if self.device is None else self.device.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -186,12 +209,44 @@ def parse_summary(doc: Any) -> Summary:
             r.unknown.extend(fl.unknown)
         elif flight_raw is not None:
             r.unknown.append("replication.in_flight")
-        replication = Replication(serving, flight)
+        device = None
+        dev_raw = rep_raw.get("device")
+        if isinstance(dev_raw, Mapping):
+            device = _device_served(dev_raw, r.unknown)
+        elif dev_raw is not None:
+            r.unknown.append("replication.device")
+        replication = Replication(serving, flight, device)
         f.unknown.extend(r.unknown)
     elif rep_raw is not None:
         f.unknown.append("replication")
     return Summary(node=node, devices=tuple(devices), devices_age_s=age, worst=worst, replication=replication,
                    unknown=tuple(f.unknown))
+
+
+def _device_served(doc: Mapping[str, Any], unknown: list[str]) -> DeviceServed:
+    d = _Fields(doc, "replication.device.")
+    device, slot, error = d.text("device", MAX_LABEL), d.text("slot", 1), d.text("error", MAX_ERROR)
+    if slot is not None and slot not in SLOTS:
+        d.unknown.append("replication.device.slot")
+        slot = None
+    holds: int | None = None
+    held: tuple[str, ...] = ()
+    left: float | None = None
+    raw = doc.get("holds")
+    if isinstance(raw, list) and len(raw) <= MAX_HOLDS:
+        checked = [_Fields(h) for h in raw]
+        lefts = [c.number("left_s", 0.0, MAX_HOLD_S) for c in checked]
+        versions = [c.text("version", MAX_LABEL) for c in checked]
+        if all(isinstance(h, Mapping) for h in raw) and all(x is not None for x in lefts + versions):
+            holds = len(raw)
+            held = tuple(dict.fromkeys(v for v in versions if v is not None))
+            left = max((x for x in lefts if x is not None), default=None)
+        else:
+            d.unknown.append("replication.device.holds")
+    elif raw is not None:
+        d.unknown.append("replication.device.holds")
+    unknown.extend(d.unknown)
+    return DeviceServed(device, slot, holds, held, left, error)
 
 
 # Processes listed from one node's ``/v1/processes`` (the node's detail view): an honest node has

@@ -251,6 +251,21 @@ def test_a_push_is_refused_into_the_slot_a_consumer_holds_until_it_lets_go(world
         text = r.read().decode()
     assert f'hwtui_resident_device_slot_holds{{node="node1",device="host",slot="{slot}"}} 1' in text
     assert lease not in text
+    # The live view and `hwtui agents` show the same hold, from the node's /v1/summary.
+    from hwtui.app.commands.agents import _line
+    from hwtui.engine.resident.summary import NodeStatus, parse_summary
+    from hwtui.widgets.cluster_nodes import node_rows
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{world.ports[1]}/v1/summary", timeout=10) as r:
+        summary = parse_summary(json.loads(r.read()))
+    shown = summary.replication.device
+    assert summary.unknown == () and shown is not None
+    assert (shown.device, shown.slot, shown.holds) == (dev["device"], dev["slot"], len(dev["holds"])), (shown, dev)
+    assert shown.hold_left_s is not None and abs(shown.hold_left_s - dev["holds"][0]["left_s"]) < 30
+    status = NodeStatus(agent=f"127.0.0.1:{world.ports[1]}", url="", stale=False, age_s=0.1, summary=summary)
+    assert shown.held == ("v5",)
+    assert str(node_rows(status)[0]["version"]) == "v6 [1 held: v5]"
+    assert f"serving v6 on host slot {dev['slot']}, 1 hold(s) on v5, the last ends in" in _line(status), _line(status)
     from hwtui.engine.resident.served_export import open_served
 
     served = open_served(held)  # the consumer's view of v5, still exact

@@ -22,11 +22,18 @@ JSON = st.recursive(
 GOOD_DEVICE = {"device": "cuda:0", "name": "H100", "util": 50.0, "mem_used": 1 << 30, "mem_total": 80 << 30,
                "temp_c": 40, "power_w": 300.0, "power_limit_w": 700.0}
 GOOD = {"node": "n1", "devices": [dict(GOOD_DEVICE), {"device": "cpu", "util": 3.0}], "devices_age_s": 0.2,
-        "worst": "pass", "replication": {"serving": "v1", "in_flight": {"version": "v2", "progress": 0.5}}}
+        "worst": "pass", "replication": {"serving": "v1", "in_flight": {"version": "v2", "progress": 0.5},
+                                         "device": {"device": "cuda:0", "slot": "A", "error": None,
+                                                    "holds": [{"slot": "A", "version": "v1", "left_s": 280.5,
+                                                               "holder": "uid 0"}]}}}
 # Every field a view reads, as a path into GOOD.
 FIELDS = [("node",), ("devices",), ("devices_age_s",), ("worst",), ("replication",),
           ("replication", "serving"), ("replication", "in_flight"), ("replication", "in_flight", "version"),
-          ("replication", "in_flight", "progress"), ("devices", 0), *[("devices", 0, k) for k in GOOD_DEVICE]]
+          ("replication", "in_flight", "progress"), ("replication", "device"), ("replication", "device", "device"),
+          ("replication", "device", "slot"), ("replication", "device", "error"), ("replication", "device", "holds"),
+          ("replication", "device", "holds", 0), ("replication", "device", "holds", 0, "left_s"),
+          ("replication", "device", "holds", 0, "version"),
+          ("devices", 0), *[("devices", 0, k) for k in GOOD_DEVICE]]
 RANGES = {"util": (0, 100), "mem_used": (0, MAX_BYTES), "mem_total": (0, MAX_BYTES), "temp_c": (0, 200),
           "power_w": (0, 1e5), "power_limit_w": (0, 1e5)}
 
@@ -63,6 +70,11 @@ def _check(doc) -> None:
             assert v is None or (isinstance(v, float) and math.isfinite(v) and lo <= v <= hi), (key, v)
     p = s.replication.in_flight.progress if s.replication.in_flight else None
     assert p is None or 0 <= p <= 1
+    d = s.replication.device
+    if d is not None:
+        assert d.holds is None or (type(d.holds) is int and 0 <= d.holds <= 64), d.holds
+        assert d.hold_left_s is None or (math.isfinite(d.hold_left_s) and 0 <= d.hold_left_s <= 3600)
+        assert d.slot in (None, "A", "B")
     for stale in (False, True):
         status = NodeStatus(agent="a:1", url="http://a:1", stale=stale, age_s=1.0, summary=s)
         out = status.to_dict()
@@ -89,6 +101,45 @@ def test_a_good_summary_keeps_every_value():
     s = parse_summary(GOOD)
     assert s.unknown == () and s.node == "n1" and s.devices[0].mem_total == 80 << 30
     assert s.replication.serving == "v1" and s.replication.in_flight.progress == 0.5
+
+
+def test_a_gpu_resident_nodes_slot_and_holds_are_kept_and_shown():
+    from hwtui.app.commands.agents import _line
+    from hwtui.widgets.cluster_nodes import node_rows
+
+    d = parse_summary(GOOD).replication.device
+    assert (d.device, d.slot, d.holds, d.held, d.hold_left_s, d.error) == ("cuda:0", "A", 1, ("v1",), 280.5, None)
+    status = NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=parse_summary(GOOD))
+    assert str(node_rows(status)[0]["version"]) == "v1 [1 held: v1]"
+    assert "serving v1 on cuda:0 slot A, 1 hold(s) on v1, the last ends in 280 s, pushing v2 50%" in _line(status)
+    no_device = json.loads(json.dumps(GOOD))
+    del no_device["replication"]["device"]
+    plain = NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=parse_summary(no_device))
+    assert str(node_rows(plain)[0]["version"]) == "v1" and " on " not in _line(plain)
+    broken = parse_summary(_replace(("replication", "device", "error"), "v3 could not be loaded onto cuda:0: OOM"))
+    row = node_rows(NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=broken))[0]
+    assert str(row["note"]) == "device: v3 could not be loaded onto cuda:0: OOM"
+
+
+def test_bad_device_served_values_are_unknown_and_named():
+    from hwtui.widgets.cluster_nodes import node_rows
+
+    for path, bad, name in (
+            (("replication", "device", "slot"), "C", "replication.device.slot"),
+            (("replication", "device", "holds"), "1", "replication.device.holds"),
+            (("replication", "device", "holds"), [{"left_s": 1.0}] * 65, "replication.device.holds"),
+            (("replication", "device", "holds", 0, "left_s"), -1, "replication.device.holds"),
+            (("replication", "device", "holds", 0, "left_s"), float("nan"), "replication.device.holds"),
+            (("replication", "device", "holds", 0, "left_s"), 3601, "replication.device.holds"),
+            (("replication", "device", "holds", 0), "x", "replication.device.holds"),
+            (("replication", "device", "holds", 0, "version"), "\x1b[2J", "replication.device.holds"),
+            (("replication", "device"), [], "replication.device")):
+        s = parse_summary(_replace(path, bad))
+        assert name in s.unknown, (path, bad, s.unknown)
+        status = NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=s)
+        if name == "replication.device.holds":
+            assert s.replication.device.holds is None
+            assert str(node_rows(status)[0]["version"]) == "v1 [? held]"
 
 
 def test_bad_values_are_unknown_and_named():
