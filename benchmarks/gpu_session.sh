@@ -1,11 +1,13 @@
 #!/bin/bash
 # One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then the IPC
-# receiver's copy + device checksum (bench_device_checksum.py), bench_gpu.py on a 4 GiB file (the
-# source path with and without read-ahead among its rows), optionally the page-cache registration
-# experiment (EXP=1; measured in round seven: <= 21.8 GB/s), then tests/gpu (the IPC leg alone, bench_ipc_leg.py, after the checksum); every stage bounded by
-# `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs: CK_S,
-# BENCH_S, LEG_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. .whl/ is ignored by git: name it
-# in the device call's carry.
+# receiver's copy + device checksum (bench_device_checksum.py), the IPC leg alone (bench_ipc_leg.py),
+# bench_gpu.py on a 4 GiB file (the source path with and without read-ahead among its rows),
+# optionally the page-cache registration experiment (EXP=1; measured in round seven: <= 21.8 GB/s),
+# then tests/gpu. Every stage is bounded by `timeout` and logged under $OUT, so a call cut short
+# still says how far it got. Knobs: CK_S, LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS,
+# SLICES, DEPTHS, TESTS. The default bounds add to 535 s (round nine: the bench took 79 s, the tests
+# 260+ s), so a call with a 560 s limit holds them. .whl/ is ignored by git: name it in the device
+# call's carry.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -27,7 +29,7 @@ el bench
 # Round seven measured 1/8/12/16 threads at 16/64 MiB (39.47 GB/s best, at 16 x 64 MiB x depth 2):
 # this grid looks for the last 1.3 % to 40 GB/s around that point (oversubscribed threads, a third
 # buffer per thread).
-timeout ${BENCH_S:-170} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-12,16,24} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
+timeout ${BENCH_S:-100} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-12,16,24} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
 cat "$OUT/bench.txt" | tail -30
 if [ "${EXP:-0}" = 1 ]; then
 el exp
@@ -41,6 +43,6 @@ timeout ${EXP_S:-80} python3 benchmarks/bench_gpu_register.py /tmp/w4.bin >"$OUT
 rm -f /tmp/w4.bin
 fi
 el tests
-timeout ${TEST_S:-260} python3 -m pytest ${TESTS:-tests/gpu/test_reader_live.py tests/gpu/test_ipc_live.py tests/gpu/test_resident_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
+timeout ${TEST_S:-330} python3 -m pytest ${TESTS:-tests/gpu/test_reader_live.py tests/gpu/test_ipc_live.py tests/gpu/test_resident_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|agent load|passed|failed" "$OUT/pytest.txt" | tail -40
 el done
