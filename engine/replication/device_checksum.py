@@ -81,7 +81,7 @@ def device_digest(buf: Any, *, slice_words: int = SLICE_WORDS, source: Any = Non
     # At most MAX_SLICES slices: the column parts (16 KiB each) stay small, and a slice smaller
     # than that costs more in kernel launches than any cache can give back.
     step = full_rows if one_read is not None else max(1, slice_words // ROW_WORDS, -(-full_rows // MAX_SLICES))
-    slices = -(-full_rows // step) if full_rows else 0
+    slices = -(-full_rows // step)
     # Written in place (out=): three kernels per slice (copy, row sums, column sums), no
     # accumulation kernel and no concatenation; one reduction of the column parts at the end.
     rows = torch.zeros(full_rows + (1 if rest else 0), dtype=torch.int32, device=buf.device)

@@ -3,7 +3,8 @@ each bucket by IPC handle (engine.replication.ipc_protocol) instead of a broadca
 
 Source: each bucket goes from its files (the parallel reader, the next bucket's read queued into
 its slot behind this one's) into a window slot of device memory, which it exports; its xxh3
-against the plan is checked on the host beside it, as on the network path (``_check_sources``), so the device digest the receivers compare with is a digest of planned bytes.
+against the plan is checked on the host beside it, as on the network path (``_check_sources``),
+so the device digest the receivers compare with is a digest of planned bytes.
 Receivers: the copy lands in the staging copy's own region when the bucket is one contiguous range
 of it, else in a scratch buffer that is unpacked into it; a device-checksum mismatch names the
 bucket on this rank and the rank votes no.

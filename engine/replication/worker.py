@@ -126,7 +126,7 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
         if needs_pool:
             self.pool = BufferPool(k, largest, comm)
             self.pool.warm(min(k, n))
-        if self._ipc_ranks() and (self.rank == SRC or self.rank in self._ipc_ranks()):
+        if self.paths.get(self.rank, ("", ""))[0] == "ipc" or (self.rank == SRC and self._ipc_ranks()):
             self._ipc_warm()
         self.phases["setup"] = now() - t
         self.phase("ready")  # set up; the start barrier waits for the others

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwtui.core.terminal_text import clean
+from hwtui.engine.resident.device_slots import DeviceSlots
+from hwtui.engine.resident.slot_holds import MAX_HOLD_S, MAX_HOLDS
 
 # Caps: beyond these a value is not an agent's honest answer (a node name is a host name, at most
 # 253 characters; a node with more than 256 devices does not exist).
@@ -25,10 +27,7 @@ MAX_LABEL = 128
 MAX_DEVICES = 256
 MAX_BYTES = float(1 << 60)  # 1 EiB of device memory
 MAX_AGE_S = 1e9
-MAX_HOLDS = 64  # engine.resident.slot_holds.MAX_HOLDS: an agent keeps no more live holds than this
-MAX_HOLD_S = 3600.0  # engine.resident.slot_holds.MAX_HOLD_S
 MAX_ERROR = 300  # the agent cuts its device error to this
-SLOTS = frozenset({"A", "B"})
 WORST = frozenset({"pass", "warn", "fail", "error", "skip"})
 
 # Range of each numeric device field: (low, high), both inclusive.
@@ -226,7 +225,7 @@ def parse_summary(doc: Any) -> Summary:
 def _device_served(doc: Mapping[str, Any], unknown: list[str]) -> DeviceServed:
     d = _Fields(doc, "replication.device.")
     device, slot, error = d.text("device", MAX_LABEL), d.text("slot", 1), d.text("error", MAX_ERROR)
-    if slot is not None and slot not in SLOTS:
+    if slot is not None and slot not in DeviceSlots.NAMES:
         d.unknown.append("replication.device.slot")
         slot = None
     holds: int | None = None
@@ -234,10 +233,10 @@ def _device_served(doc: Mapping[str, Any], unknown: list[str]) -> DeviceServed:
     left: float | None = None
     raw = doc.get("holds")
     if isinstance(raw, list) and len(raw) <= MAX_HOLDS:
-        checked = [_Fields(h) for h in raw]
+        checked = [_Fields(h) for h in raw]  # an item that is no object has neither field
         lefts = [c.number("left_s", 0.0, MAX_HOLD_S) for c in checked]
         versions = [c.text("version", MAX_LABEL) for c in checked]
-        if all(isinstance(h, Mapping) for h in raw) and all(x is not None for x in lefts + versions):
+        if all(x is not None for x in lefts + versions):
             holds = len(raw)
             held = tuple(dict.fromkeys(v for v in versions if v is not None))
             left = max((x for x in lefts if x is not None), default=None)
