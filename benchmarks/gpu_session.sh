@@ -17,9 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/smi.txt" 2>&1; nproc; free -g | head -2; df -h /tmp | tail -1
 python3 -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0))"
 el checksum
-# Round nine: the fused slices lost at every size on an H200 (4 MiB 104 GB/s .. 128 MiB 759), so one
-# fused row stays for the record beside the one-read Triton sums and the torch reductions.
-timeout ${CK_S:-60} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --slices 128 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
+timeout ${CK_S:-60} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
 cat "$OUT/checksum.txt" | tail -12
 el ipc-leg
 # The receiver's copy + verify with the source idle, 1/4/16 buckets per GiB (round nine: 610/307/90 GB/s).

@@ -144,9 +144,7 @@ class RankIpc(RankVerify):
                     dst = scratch[:size]
                 else:
                     dst = region[:size]
-                # A bucket the test fault corrupts between its copy and its check is copied, then
-                # checked, in two passes (a fused pass would check it before the fault flips it).
-                got = rx.receive(b, dst, fuse=b not in corrupt)
+                got = rx.receive(b, dst)
                 self.bucket(b, "verifying", size, got.copy_s)
                 t1 = now()
                 ok = got.ok or not self.settings.verify

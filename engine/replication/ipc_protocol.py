@@ -237,13 +237,6 @@ class IpcSource:
             self.hook(phase, bucket, None)
 
 
-# The receiver's copy fused into the device checksum, in slices of this many bytes; None: the copy,
-# then the checksum. The fused pass reads back bytes still in the cache (1.8x on a CPU,
-# bench_device_checksum.py); on a GPU kernel launches may eat that, so it stays off until that
-# benchmark has run on one (issue 23: >= 1,000 GB/s copied and verified).
-FUSE_BYTES: int | None = None
-
-
 @dataclass(frozen=True)
 class Received:
     bucket: int
@@ -251,21 +244,17 @@ class Received:
     digest: str
     want: str
     error: str = ""
-    copy_s: float = 0.0  # open (first use of a slot) + device-to-device copy + sync (+ the checksum when fused)
-    verify_s: float = 0.0  # the device checksum of the copy (~0 when fused into the copy)
+    copy_s: float = 0.0  # open (first use of a slot) + device-to-device copy + sync: the transfer
+    verify_s: float = 0.0  # the device checksum of the copy
 
 
 class IpcReceiver:
-    def __init__(self, channel: Channel, opener: Opener, rank: int, window: int, *, hook: Hook | None = None,
-                 fuse_bytes: int | None = FUSE_BYTES):
+    def __init__(self, channel: Channel, opener: Opener, rank: int, window: int, *, hook: Hook | None = None):
         self.ch = channel
         self.opener = opener
         self.rank = rank
         self.window = window
         self.hook = hook
-        # Copy and checksum in one pass, slice by slice (device_checksum.device_digest's source=),
-        # or the copy then the checksum (None).
-        self.fuse_bytes = fuse_bytes
         self._mapped: dict[int, tuple[Any, Opened]] = {}  # slot -> (the memory its handle names, our mapping)
         self.opens = 0  # handles opened (once per slot while the source keeps its buffers)
 
@@ -289,7 +278,7 @@ class IpcReceiver:
             _, (_, opened) = self._mapped.popitem()
             opened.close()
 
-    def receive(self, bucket: int, dst: Any, *, fuse: bool = True) -> Received:
+    def receive(self, bucket: int, dst: Any) -> Received:
         """Copy bucket ``bucket`` into ``dst`` (1-D uint8 of the bucket's size) and verify it there.
 
         A checksum mismatch is returned (named), not raised: the rank finishes and votes no. A
@@ -308,21 +297,16 @@ class IpcReceiver:
             self._ack(Ack(bucket, self.rank, released=True, ok=False, digest="", error=why))
             self.ch.abort(why)
             raise IpcFailure(why) from exc
-        fuse_bytes = self.fuse_bytes if fuse else None
         try:
             self._hook("opened", bucket, dst)
-            if fuse_bytes is not None:
-                got = device_digest(dst, source=opened.tensor[:nbytes], slice_words=max(1, fuse_bytes // 4))
-            else:
-                dst.copy_(opened.tensor[:nbytes])
+            dst.copy_(opened.tensor[:nbytes])
             _sync(dst)
             self._hook("copied", bucket, dst)
         except BaseException:
             self.close()
             raise
-        copy_s = time.perf_counter() - t0  # fused: the copy and its checksum, one figure
-        if fuse_bytes is None:
-            got = device_digest(dst)
+        copy_s = time.perf_counter() - t0
+        got = device_digest(dst)
         verify_s = time.perf_counter() - t0 - copy_s
         ok = got == msg.digest
         error = "" if ok else (f"rank {self.rank}: bucket {bucket} failed its device checksum after the IPC copy "

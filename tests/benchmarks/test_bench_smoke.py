@@ -90,12 +90,13 @@ def test_training_benchmark_runs_at_toy_size():
 @pytest.mark.timeout(120)
 def test_gpu_benchmarks_run_their_cpu_paths_exact():
     """What a lent GPU's one prepared call runs (benchmarks/gpu_session.sh) works before it gets
-    there: the reader and the source path both ways, the fused copy + checksum, every byte checked."""
+    there: the reader and the source path both ways, the copy + device checksum both ways, the IPC
+    leg, every byte checked."""
     out = _run("bench_gpu.py", "--device", "cpu", "--mb", "16", "--rounds", "1")
     assert "hwtui bit-exact: True" in out, out[-2000:]
     assert "source path (planned buckets, next read queued)" in out and "bucket by bucket, no read-ahead" in out
-    out = _run("bench_device_checksum.py", "--device", "cpu", "--mb", "4", "--rounds", "1", "--slices", "1,2")
-    assert "every copy exact: True" in out and "copy fused into the checksum, 1 MiB slices" in out, out[-2000:]
+    out = _run("bench_device_checksum.py", "--device", "cpu", "--mb", "4", "--rounds", "1")
+    assert "every copy exact: True" in out and "copy, then checksum, torch reductions" in out, out[-2000:]
     assert "copied and verified, best way:" in out
     assert "checksum alone, torch reductions" in out and "rows only (one pass)" in out
     # The IPC leg: a source and a receiver process over the memfd stand-in, two whole runs.

@@ -77,7 +77,7 @@ def main(spec: dict[str, Any]) -> int:
                 result["failed"] = src.stats.failed
             vote = not src.stats.failed
         else:
-            rx = IpcReceiver(ch, provider, rank, spec["window"], hook=hook, fuse_bytes=spec.get("fuse_bytes"))
+            rx = IpcReceiver(ch, provider, rank, spec["window"], hook=hook)
             good = 0
             try:
                 for b, n in enumerate(sizes):

@@ -83,24 +83,6 @@ def test_refuses_what_it_cannot_hash_in_place() -> None:
         device_digest(torch.zeros(8, dtype=torch.uint8)[::2])
 
 
-@pytest.mark.parametrize("n", [0, 3, 4, 4096 * 4 - 1, 4096 * 4 * 5 + 7, 4096 * 4 * 9])
-def test_a_copy_fused_into_the_pass_lands_every_byte_and_hashes_the_same(n: Any) -> None:
-    """device_digest(dst, source=src): dst ends as src, byte for byte, and the digest is the one of
-    dst computed after a plain copy, whatever the slice (the tail included)."""
-    data = os.urandom(n)
-    want = reference_digest(data)
-    for slice_words in (3, 4096, 4096 * 2, 1 << 30):
-        dst = torch.full((n,), 0xA5, dtype=torch.uint8)
-        assert device_digest(dst, source=_t(data), slice_words=slice_words) == want, slice_words
-        assert bytes(dst.numpy()) == data
-
-
-def test_a_fused_copy_refuses_a_source_of_another_size_or_type() -> None:
-    for bad in (torch.zeros(7, dtype=torch.uint8), torch.zeros(2, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.uint8)):
-        with pytest.raises(ValueError, match="the copy's source"):
-            device_digest(torch.zeros(8, dtype=torch.uint8), source=bad)
-
-
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed here: the one-read kernel runs live in tests/gpu/test_ipc_live.py")
 def test_the_triton_kernel_gives_the_two_reductions_sums_in_its_interpreter() -> None:

@@ -30,7 +30,7 @@ SIZES = [5000, 4096, 777, 6000, 3]
 
 def _world(tmp_path: Path, *, world: int = 3, window: int = 2, fault: dict[str, Any] | None = None,
            timeout_s: float = 120.0, device: str = "cpu", sizes: list[int] | None = None,
-           check_bytes: bool = True, fuse_bytes: int | None = None) -> dict[str, Any]:
+           check_bytes: bool = True) -> dict[str, Any]:
     # The ranks are forked from this process (torch imported once, hwtui.core.forking) before the
     # store starts its server thread, then each gets its spec, the store's port in it, on stdin; a
     # GPU world execs them (no device runtime near a fork).
@@ -42,7 +42,7 @@ def _world(tmp_path: Path, *, world: int = 3, window: int = 2, fault: dict[str, 
     for r, child in enumerate(procs):
         spec = {"rank": r, "world": world, "port": store.port, "run": run, "window": window, "sizes": sizes or SIZES,
                 "out": str(tmp_path), "fault": fault, "timeout_s": timeout_s, "device": device,
-                "check_bytes": check_bytes, "fuse_bytes": fuse_bytes}
+                "check_bytes": check_bytes}
         assert child.proc is not None and child.proc.stdin is not None and child.proc.stderr is not None
         try:
             child.proc.stdin.write(json.dumps(spec) + "\n")

@@ -35,7 +35,7 @@ def _data(b: int, n: int) -> torch.Tensor:
 
 
 def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, int] | None = None,
-         timeout_s: float = 30.0, capacity: int = 0, fuse_bytes: int | None = None,
+         timeout_s: float = 30.0, capacity: int = 0,
          flip_after_publish: int | None = None) -> dict[str, Any]:
     store = dist.HashStore()
     run = secrets.token_hex(8)
@@ -73,7 +73,7 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
             if corrupt == (rank, b) and phase == "copied":
                 dst[3] ^= 1
 
-        rx = IpcReceiver(Channel(store, run, timeout_s), prov, rank, window, hook=hook, fuse_bytes=fuse_bytes)
+        rx = IpcReceiver(Channel(store, run, timeout_s), prov, rank, window, hook=hook)
         got = []
         try:
             for b, n in enumerate(sizes):
@@ -99,12 +99,9 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
     return out
 
 
-@pytest.mark.parametrize("fuse_bytes", [None, 16384, 40_000])
-def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported(fuse_bytes: int | None) -> None:
-    """The copy then the checksum, or the copy fused into the checksum's pass (slices of one row,
-    of several rows and a part): the same bytes, the same verdicts."""
+def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> None:
     sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
-    out = _run(sizes, receivers=3, window=2, fuse_bytes=fuse_bytes)
+    out = _run(sizes, receivers=3, window=2)
     assert out["errors"] == []
     for _rank, (got, opened) in out["rx"].items():
         assert [g[0] for g in got] == [True] * len(sizes)
@@ -381,12 +378,11 @@ def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fie
     assert opener.closes == 2
 
 
-@pytest.mark.parametrize("fuse_bytes", [None, 16384])
-def test_exported_memory_changed_after_its_digest_is_named_fused_or_not(fuse_bytes: int | None) -> None:
+def test_exported_memory_changed_after_its_digest_is_named() -> None:
     """The source's slot altered between its publish and the receivers' copy: every receiver names
     the bucket (its copy is not what the source digested), the others arrive exact."""
     sizes = [5000, 70_001, 4096]
-    out = _run(sizes, receivers=2, window=2, fuse_bytes=fuse_bytes, flip_after_publish=1)
+    out = _run(sizes, receivers=2, window=2, flip_after_publish=1)
     for rank, (got, _opened) in out["rx"].items():
         assert [g[0] for g in got] == [True, False, True], rank
         assert f"rank {rank}: bucket 1 failed its device checksum after the IPC copy" in got[1][1]
