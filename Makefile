@@ -36,9 +36,9 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	# Four pytest processes on two cores, each taking whole modules from one queue (tests/shards.py):
 	# most tests wait on child interpreters, sockets and deadlines, and the extra processes fill those
-	# waits (on 2 cores, warm: 394.5 s with three, 352.5 s with four). Not pytest-xdist: its workers carry an I/O thread, and hwtui forks ranks only from a
-	# single-threaded launcher, so under xdist every in-process launch exec'd its ranks and paid
-	# `import torch` per rank. A module stays in one process (its module-scoped worlds start once);
+	# waits (on 2 cores, warm: 394.5 s with three, 352.5 s with four). Not pytest-xdist: its workers
+	# carry an I/O thread, and hwtui forks ranks only from a single-threaded launcher, so under
+	# xdist every in-process launch exec'd its ranks and paid `import torch` per rank. A module stays in one process (its module-scoped worlds start once);
 	# modules are claimed slowest first (tests/module_seconds.txt).
 	# The layer contracts and mypy run beside the shards (--also), not before them: each is
 	# single-threaded and left a core idle for its ~25 s; a failure still fails `make test`.
@@ -62,6 +62,7 @@ gpu-check: $(TEST_STAMP)
 	$(BIN)/python -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
 	$(BIN)/python benchmarks/bench_gpu.py --json gpu-bench.json
 	$(BIN)/python benchmarks/bench_device_checksum.py --json gpu-checksum.json
+	$(BIN)/python benchmarks/bench_ipc_leg.py --json gpu-ipc-leg.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

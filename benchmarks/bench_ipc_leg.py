@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,12 +34,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MB = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _provider(device: str, run: str) -> Any:
@@ -172,8 +165,10 @@ def main() -> int:
     results: dict[str, Any] = {"device": args.device, "bytes": nbytes, "rounds": args.rounds, "by_buckets": {}}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                         os.environ.get("PYTHONPATH", "")])}
+    from hwtui.engine.resident.resident import free_port
+
     for n in counts:
-        port, run = _free_port(), secrets.token_hex(8)
+        port, run = free_port("127.0.0.1"), secrets.token_hex(8)
         out = Path(f"/tmp/bench_ipc_leg.{os.getpid()}.{n}.json")
         common = [sys.executable, __file__, "--device", args.device, "--mb", str(args.mb), "--buckets", str(n),
                   "--rounds", str(args.rounds), "--runs", str(args.runs), "--port", str(port), "--run", run]

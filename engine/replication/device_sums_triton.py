@@ -2,14 +2,14 @@
 
 engine.replication.device_checksum defines the digest by every row's and every column's sum
 (mod 2^32) of the bucket as int32 words in rows of 4096. Two torch reductions read the bucket
-twice, and torch's column reduction parallelises poorly over few rows: on an H200, 1 GiB took
-0.39 + 0.36 ms, and a 64 MiB bucket ~0.38 ms in all (175 GB/s), where the IPC copy it checks takes
-0.03 ms. This kernel reads each tile once and writes both kinds of partial sums: program
-(i, j) takes the rows of block i and the columns of block j, SUB_R rows at a time, and stores the
-tile's row sums (one per row and column block) and its column sums (one per column and row
-block); two small torch reductions finish them. The sums are the same, so the digest is: the
-source and a receiver may each take either path. Measured there, 1 GiB: 0.60 ms (the copy, then
-this: 1,039 GB/s copied and verified, against 820 with the two reductions).
+twice. This kernel reads each tile once and writes both kinds of partial sums: program (i, j)
+takes the rows of block i and the columns of block j, SUB_R rows at a time, and stores the tile's
+row sums (one per row and column block) and its column sums (one per column and row block); two
+small torch reductions finish them. The sums are the same, so the digest is: the source and a
+receiver may each take either path. Measured on an H200, 1 GiB (bench_device_checksum.py, round
+nine): the digest 0.61 ms against 0.80 with the two reductions; the copy, then the digest, 1,098
+GB/s copied and verified against 877. (Per 64 MiB bucket of the IPC protocol, about 0.4 ms goes
+either way: a fixed cost outside the sums.)
 
 Triton is optional: it comes with torch's CUDA wheels on Linux, and where it cannot be imported
 (CPU, some AMD and Intel stacks) device_checksum keeps the torch reductions. Imported on first
@@ -18,6 +18,7 @@ use only.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ def available() -> bool:
     return triton is not None
 
 
+@functools.cache  # made on first use, where Triton imports
 def _kernel() -> Any:
     @triton.jit
     def _row_col_sums(x_ptr, rows_ptr, colp_ptr, n_rows, W: tl.constexpr, BLOCK_R: tl.constexpr,  # type: ignore[no-untyped-def]
@@ -56,9 +58,6 @@ def _kernel() -> Any:
     return _row_col_sums
 
 
-_KERNEL: list[Any] = []  # made on first use, where Triton imports
-
-
 def row_col_sums(words: Any) -> tuple[Any, Any]:
     """(row sums, column sums), int32 mod 2^32, of a contiguous [rows, W] int32 tensor on a GPU."""
     if triton is None:
@@ -73,8 +72,6 @@ def row_col_sums(words: Any) -> tuple[Any, Any]:
     row_blocks = triton.cdiv(n_rows, block_r)
     rows_part = torch.empty(n_rows, col_blocks, dtype=torch.int32, device=words.device)
     col_part = torch.empty(row_blocks, w, dtype=torch.int32, device=words.device)
-    if not _KERNEL:
-        _KERNEL.append(_kernel())
-    _KERNEL[0][(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, W=w, BLOCK_R=block_r, SUB_R=SUB_R,
-                                         BLOCK_C=BLOCK_C)
+    _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, W=w, BLOCK_R=block_r, SUB_R=SUB_R,
+                                        BLOCK_C=BLOCK_C)
     return rows_part.sum(1, dtype=torch.int32), col_part.sum(0, dtype=torch.int32)
