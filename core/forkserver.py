@@ -28,6 +28,7 @@ core never imports torch: the engine preloads (``forking.preload``) before :func
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import queue
@@ -185,6 +186,7 @@ def start() -> str | None:
         code = 0
         try:
             ours.close()
+            gc.freeze()  # as forking.fork_module does for each fork: the server's heap is its preload
             _serve(theirs, parent)
         except BaseException:  # noqa: BLE001
             code = 1

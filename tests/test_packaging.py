@@ -114,6 +114,12 @@ def test_make_run_installs_only_what_hwtui_needs_and_shows_progress(tmp_path):
         assert test_only not in joined, joined
     assert "engine,nvidia,amd,agent" in joined
     assert not [line for line in installs if " -q" in line], "pip -q hides minutes of progress"
+    # README: no bytecode for every file of every package (23 CPU-s of set-up), then one interpreter
+    # writes the caches of what hwtui imports.
+    package_installs = [line for line in installs if "-e " in line]
+    assert all("--no-compile" in line for line in package_installs), package_installs
+    after = cmds[cmds.index(package_installs[-1]):]
+    assert "PYTHONDONTWRITEBYTECODE= " in after and "import torch" in after and "hwtui.app.cli" in after, after
 
 
 def test_make_test_after_make_run_adds_the_test_tools(tmp_path):

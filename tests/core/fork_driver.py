@@ -8,11 +8,13 @@ the way a rank launcher does, prints one JSON line with what the child reported 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import sys
 import threading
+import time
 
 from hwtui.core import forking, forkserver
 from hwtui.core.supervisor import Child, Group, exit_text, python_module
@@ -94,6 +96,18 @@ def main() -> None:
         stdio_case()
         return
     how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
+    first_refusal = None
+    if case == "passing_thread":  # a preload refused for a thread that then ends, and a second one
+        gone = threading.Event()
+        passing = threading.Thread(target=gone.wait)
+        passing.start()
+        first_refusal = forking.preload(["json"], import_env_prefixes=("ZYG_",))
+        gone.set()
+        passing.join()
+        for _ in range(1000):  # bounded: 10 s; a joined thread's task leaves /proc a moment later
+            if forking.thread_count() == 1:
+                break
+            time.sleep(0.01)
     preload(["json"], import_env_prefixes=("ZYG_",))
     leak = os.open(os.devnull, os.O_RDONLY)  # the launcher's own fd: must not reach the child
     os.set_inheritable(leak, True)
@@ -123,7 +137,8 @@ def main() -> None:
             out["terminate"] = child.terminate(grace_s=10.0)
         code = child.wait(timeout=60)
     stop.set()
-    out.update(forked=child.forked, refusal=child.fork_refusal, report=report, code=code, text=exit_text(code))
+    out.update(forked=child.forked, refusal=child.fork_refusal, report=report, code=code, text=exit_text(code),
+               driver_frozen=gc.get_freeze_count(), first_refusal=first_refusal)
     print(json.dumps(out), flush=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -28,7 +29,8 @@ def main() -> None:
     fds.sort()
     report = {"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0), "ppid": os.getppid(),
               "rank": os.environ.get("RANK"), "fds": fds, "answer_fd": fd, "argv": sys.argv,
-              "threads": threading.active_count(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
+              "threads": threading.active_count(), "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+              "frozen": gc.get_freeze_count()}
     os.write(fd, (json.dumps(report) + "\n").encode())
     if how == "echo":  # each stdin line back on the answer pipe, then "eof" when stdin closes
         buf = b""

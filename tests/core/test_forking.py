@@ -36,6 +36,9 @@ def test_a_forked_child_has_its_own_session_env_and_only_its_own_fds() -> None:
     assert r["fds"] == sorted({0, 1, 2, r["answer_fd"]})  # the launcher's own fd (leak_fd) is not there
     assert r["threads"] == 1 and r["sigterm_default"] is True
     assert r["argv"][0].endswith("fork_probe.py")  # as `python -m` sets it
+    # The preloaded heap is frozen in the child (its collections skip it, its pages stay shared)
+    # and back in the launcher's own collections.
+    assert r["frozen"] > 1000 and out["driver_frozen"] == 0
     assert (out["code"], out["text"]) == (3, "exited with status 3")
 
 
@@ -61,6 +64,14 @@ def test_a_launcher_with_a_thread_execs_instead_and_says_why() -> None:
     out = drive("thread")
     assert out["forked"] is False and "threads" in out["refusal"]
     assert out["report"]["rank"] == "7" and out["code"] == 0  # exec'd, and it still ran
+
+
+def test_a_thread_that_has_ended_no_longer_stops_the_fork() -> None:
+    # The first preload met a passing thread (a library's, ending a moment later) and was refused;
+    # that refusal stuck, and every later launch in the process exec'd its ranks.
+    out = drive("passing_thread")
+    assert "threads" in out["first_refusal"]
+    assert out["forked"] is True and out["refusal"] is None and out["code"] == 0
 
 
 def test_an_import_time_variable_that_differs_makes_the_child_exec() -> None:
@@ -127,7 +138,7 @@ def test_a_threaded_process_forks_through_its_server_and_the_child_gets_what_an_
     assert r["ppid"] == out["server_pid"] != out["driver_pid"]  # the server's child, not ours
     assert r["pid"] == r["pgid"] == r["sid"] != out["driver_pgid"]  # its own session: signal_group works
     assert r["fds"] == sorted({0, 1, 2, r["answer_fd"]}) and r["rank"] == "7"
-    assert r["threads"] == 1 and r["sigterm_default"] is True
+    assert r["threads"] == 1 and r["sigterm_default"] is True and r["frozen"] > 1000
     assert (out["code"], out["text"]) == (3, "exited with status 3")  # relayed by the server
 
 

@@ -57,6 +57,18 @@ def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture
+def unbudgeted_charts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread-built chart builds as soon as its data changes, not when its CPU budget allows.
+
+    Why: the budget (plot_chart.CPU_BUDGET, 0.6 % of a core) spaces builds by cost / budget, so on a
+    loaded 2-core CI box a 200x60 build of 0.2 CPU-s held the next one 33 s, and two or three
+    chained builds ran a snapshot past its 90 s wait (CI, round nine). A snapshot is of the final
+    picture: how often a chart is redrawn is tested by the budget's own tests, not here.
+    """
+    monkeypatch.setattr("hwtui.widgets.plot_chart.CPU_BUDGET", 1.0)
+
+
 @dataclass
 class RecordedEngine:
     """Stages that run tests/app/tui/stream_engine.py over a recorded stream instead of the engine."""

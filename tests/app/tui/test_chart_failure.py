@@ -54,3 +54,29 @@ async def test_a_chart_that_fails_to_draw_says_why_and_draws_again_on_new_data()
         await wait_for(pilot, lambda: not chart.pending and chart._built_key == chart._key(), timeout=60)
         text = _text(chart)
         assert "flaky 4 points" in text and "not drawn" not in text, text
+
+
+async def test_builds_are_spaced_by_their_cost_over_the_cpu_budget(monkeypatch) -> None:
+    """The budget the snapshot tests lift (conftest.unbudgeted_charts): a build that cost C CPU-s
+    holds the next one until C / CPU_BUDGET after it started, with the newest data, then builds."""
+    import time
+
+    from hwtui.widgets import plot_chart
+
+    monkeypatch.setattr(plot_chart, "CPU_BUDGET", 0.01)
+    app = _App()
+    async with app.run_test(size=(80, 20)) as pilot:
+        chart = app.query_one(_Flaky)
+        chart.fail = False
+        await wait_for(pilot, lambda: not chart.pending and chart._built_key == chart._key(), timeout=60)  # its first
+        chart._last_build = (time.monotonic(), 0.005)  # a build of 5 ms just started: the next waits ~0.5 s
+        chart.data_changed()
+        assert chart.pending and chart._build_timer is not None and not chart._building
+        chart.points.append(4.0)
+        chart.data_changed()  # newer data while held: still one timer, and it takes the newest
+        await wait_for(pilot, lambda: not chart.pending and chart._built_key == chart._key(), timeout=60)
+        assert time.monotonic() >= chart._last_build[0] and "flaky 4 points" in _text(chart)
+        chart._last_build = (time.monotonic() - 10.0, 0.005)  # its spacing has passed: builds at once
+        chart.data_changed()
+        assert chart._building and chart._build_timer is None
+        await wait_for(pilot, lambda: not chart.pending and chart._built_key == chart._key(), timeout=60)

@@ -86,7 +86,7 @@ class FixedPoller:
 
 
 @pytest.fixture
-def make(snapshots):
+def make(snapshots, unbudgeted_charts):
     def build():
         from hwtui.app.tui.screens.nodes import NodesScreen
 

@@ -40,7 +40,7 @@ class ConstantSampler:
 
 
 @pytest.fixture
-def make(snapshots, monkeypatch):
+def make(snapshots, monkeypatch, unbudgeted_charts):
     # Relative stream paths keep the command line in the log the same on every machine.
     monkeypatch.chdir(REPO)
     monkeypatch.setattr("tests.app.tui.conftest.DATA", Path("tests/app/tui/data"))
@@ -65,8 +65,8 @@ async def _charts_built(pilot) -> None:
         charts = [c for c in pilot.app.screen.query(PlotChart) if c.display and c.size.area]
         return all(not c.pending and (not c.BUILD_IN_THREAD or c._built_key == c._key()) for c in charts)
 
-    # Bounded, and generous: the chart's CPU budget (plot_chart.CPU_BUDGET, 0.6 % of a core) spaces
-    # builds by their cost / budget, so a 0.1 s build on a loaded box holds the next one ~17 s.
+    # Bounded: the snapshot fixtures lift the chart's CPU budget (conftest.unbudgeted_charts), so
+    # each build follows its data at once and this waits only on the builds themselves.
     await wait_for(pilot, built, timeout=90)
     await settle(pilot)
 

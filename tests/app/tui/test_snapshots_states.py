@@ -24,7 +24,7 @@ IDS = ["80x24", "120x36", "200x60"]
 
 
 @pytest.fixture
-def make(snapshots, monkeypatch):
+def make(snapshots, monkeypatch, unbudgeted_charts):
     monkeypatch.chdir(REPO)  # relative stream paths: the logged command line is the same everywhere
     monkeypatch.setattr("tests.app.tui.conftest.DATA", Path("tests/app/tui/data"))
 

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -277,6 +278,60 @@ WAIT_FOR_MARK = textwrap.dedent("""
 """)
 
 
+def _descendants(roots: list[int]) -> dict[int, int]:
+    """Every live process below ``roots``, with its parent (from /proc: torch elastic starts its
+    ranks in sessions of their own, so the launch script's process group does not reach them)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found: dict[int, int] = {}
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        kids = [child for child, ppid in parent.items() if ppid == pid]
+        found.update(dict.fromkeys(kids, pid))
+        todo += kids
+    return found
+
+
+def _stop_ranks(roots: list[int], count: int = 2, bound_s: float = 60.0) -> list[int]:
+    """SIGSTOP the ``count`` torchrun ranks below ``roots`` (torch elastic gives each a LOCAL_RANK;
+    its agent has none) once they all exist, and return them. By state: rank 0 marks the store
+    first thing, when the other node's torchrun may not have started its rank yet (a CI run
+    stopped one rank of two); both then wait out the join timeout in the roll call."""
+    def has_local_rank(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return any(v.startswith(b"LOCAL_RANK=") for v in f.read().split(b"\0"))
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        below = _descendants(roots)
+        # A rank's own children (a probe it runs) inherit LOCAL_RANK: only the agent's children count.
+        ranks = [pid for pid, ppid in below.items() if has_local_rank(pid) and not has_local_rank(ppid)]
+        if len(ranks) >= count:
+            break
+        assert time.monotonic() < deadline, f"expected {count} ranks below {roots} within {bound_s:g} s, found {ranks}"
+        time.sleep(0.05)
+    assert len(ranks) == count, f"expected {count} ranks below {roots}, found {ranks}"
+    return [pid for pid in ranks if _signal(pid, signal.SIGSTOP)]
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 # a and b wait out this join timeout for c on purpose (c comes only once the test began): short,
 # yet room for a's and b's torchrun, started together, to both join on a loaded box (20 s before).
 JOIN_S = "12"
@@ -291,15 +346,22 @@ def test_a_node_started_after_the_join_timeout_is_refused_and_no_node_shows_a_tr
     nodes = ",".join(f"{n}=10.77.0.{i + 1}" for i, n in enumerate(NODES))
     assert cli_main(["cluster", "init", "--nodes", nodes, "--interface", "eth0", "--python", sys.executable,
                      "--join-timeout", JOIN_S, "--master-port", "29900", "-o", str(out)]) == 0
-    first = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "32M", "--iters", "20"], env=_env())
+    first = [cluster.popen(i, ["sh", str(out / f"launch-{n}.sh"), "--max-bytes", "64K", "--iters", "2"], env=_env())
              for i, n in enumerate(NODES[:2])]
+    held: list[int] = []
     try:
         mark = cluster.popen(2, [sys.executable, "-c", WAIT_FOR_MARK, str(out / "cluster.json")], env=_env())
         assert mark.stdout.readline().strip() == "marked", mark.communicate(timeout=10)
         mark.wait(10)
+        # a's and b's ranks are held (SIGSTOP) while c comes: their torchrun agents, which keep the
+        # rendezvous store c asks, run on. A state, not a time: before, a and b swept 32M x 20 so
+        # as to still run when c asked (8 CPU-s of the suite, and a race on a slow enough box).
+        held = _stop_ranks([p.pid for p in first])
         late = cluster.popen(2, ["sh", str(out / "launch-c.sh")], env=_env())
         (rc_c, out_c, err_c), = finish([late], timeout=90)
     finally:
+        for pid in held:
+            _signal(pid, signal.SIGCONT)
         results = finish(first, timeout=120)
     assert rc_c == 1 and out_c == "", err_c
     [line] = err_c.splitlines()

@@ -198,26 +198,6 @@ def test_leader_stages_in_shared_memory_and_the_timeline_is_its_events(tmp_path)
     assert not list(shm.iterdir())  # the leader's shared memory is gone with the run
 
 
-def test_follower_copies_while_the_leader_still_waits_for_the_network(tmp_path):
-    """By state: the source stops before bucket 6 reaches the wire; by then the follower has
-    copied and verified bucket 0 from its leader, which has not received bucket 6 (nothing is
-    committed: the run is then stopped)."""
-    plan = _model(tmp_path)
-    assert len(plan["buckets"]) > 6
-    shm = _shm_dir(tmp_path)
-    net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=6",
-                                                             "HWTUI_SHM_DIR": str(shm)})
-    try:
-        _wait_for_state(lambda: 0 in _done(tmp_path / "ev3.jsonl", 3), procs, "the follower verified bucket 0")
-        leader = _events(tmp_path / "ev2.jsonl")
-        arrived = {e["bucket_id"] for e in leader if e.get("rank") == 2 and e.get("state") == "verifying"}
-        assert 0 in arrived and not {b for b in arrived if b >= 6}
-    finally:
-        _kill_all(procs)
-        finish(procs, timeout=30)
-        net.down()
-
-
 def _big_model(tmp_path: Path, bucket_bytes: int) -> dict:
     return _model(tmp_path, bucket_bytes, seed=29, numel=250_000, version="x3")
 
@@ -250,12 +230,14 @@ def _mappers(directory: Path) -> set[int]:
     return pids
 
 
-def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_made_at_setup(tmp_path):
-    """By state, with the source stopped before bucket 8: the leader has verified buckets 0-7, and
-    they reached it on two TCP connections from the source, each carrying more than a whole
-    256 KiB bucket (on one stream, one connection carried them all); the follower reads its
-    leader's shared memory through a mapping of its own, made before the transfer (it read the
-    file by preadv before: only the leader mapped it)."""
+def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_while_the_leader_waits(tmp_path):
+    """By state, with the source stopped before bucket 8 reaches the wire: the leader has verified
+    buckets 0-7, and they reached it on two TCP connections from the source, each carrying more
+    than a whole 256 KiB bucket (on one stream, one connection carried them all); the follower
+    reads its leader's shared memory through a mapping of its own, made before the transfer (it
+    read the file by preadv before: only the leader mapped it), and has copied and verified bucket
+    0 while its leader still waits for the network (nothing is committed: the run is then
+    stopped). One run: the follower's overlap and the two streams were two runs of 4 processes."""
     bucket = 256 << 10
     plan = _big_model(tmp_path, bucket)
     assert len(plan["buckets"]) > 10
@@ -263,12 +245,14 @@ def test_two_streams_carry_the_buckets_and_the_follower_copies_from_a_mapping_ma
     net, procs = _run(tmp_path, plan, ["--timeout", "60"], {"HWTUI_TEST_FAULT": "hang:rank=0,bucket=8",
                                                              "HWTUI_SHM_DIR": str(shm)})
     try:
-        _wait_for_state(lambda: set(range(8)) <= _done(tmp_path / "ev2.jsonl", 2), procs,
-                        "the leader verified buckets 0-7")
+        _wait_for_state(lambda: set(range(8)) <= _done(tmp_path / "ev2.jsonl", 2) and 0 in _done(tmp_path / "ev3.jsonl", 3),
+                        procs, "the leader verified buckets 0-7 and the follower bucket 0")
         carried = sorted(_received_per_socket(net.node_ns[1], net.addresses[0]), reverse=True)
         assert len([n for n in carried if n > bucket]) >= 2, carried
         assert sum(carried) >= 8 * bucket
         assert len(_mappers(shm)) == 2  # the leader, and its follower
+        arrived = {e["bucket_id"] for e in _events(tmp_path / "ev2.jsonl") if e.get("rank") == 2 and e.get("state") == "verifying"}
+        assert set(range(8)) <= arrived and not {b for b in arrived if b >= 8}, arrived
     finally:
         _kill_all(procs)
         finish(procs, timeout=30)

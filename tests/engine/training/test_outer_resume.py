@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hwtui.app.cli import main  # noqa: E402
 from hwtui.engine.training import checkpoint, resume  # noqa: E402
 from hwtui.engine.training.config import (  # noqa: E402
     CONFIG_VERSION,
@@ -141,15 +142,20 @@ def test_read_assignments_refuses_what_is_not_one(tmp_path):
 
 # -- real runs: a recorded assignment reproduces a dynamic run bit for bit ---------------------------
 
+# HWTUI_TEST_HALVES: every round's last chunk goes out in two halves (the finer tail), so the
+# recorded assignment surely holds pieces, whatever this machine's timing makes of the tail.
+KNOBS = {"HWTUI_TEST_SLOWDOWN": "1:2", "HWTUI_TEST_HALVES": "1"}
+
+
+def _train_argv(tmp: Path, name: str, *extra: str) -> list[str]:
+    return ["train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "10", "--batch-size", "5", "--merge-every", "5",
+            "--eval-every", "100", "--merge", "outer-nesterov", "--context", "32", "--d-model", "32",
+            "--checkpoint-dir", str(tmp / name), "--report", str(tmp / f"{name}.json"), *extra]
+
+
 def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    # HWTUI_TEST_HALVES: every round's last chunk goes out in two halves (the finer tail), so the
-    # recorded assignment surely holds pieces, whatever this machine's timing makes of the tail.
-    return subprocess.run(
-        [sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "10", "--batch-size", "5",
-         "--merge-every", "5", "--eval-every", "100", "--merge", "outer-nesterov", "--context", "32", "--d-model", "32",
-         "--checkpoint-dir", str(tmp / name), "--report", str(tmp / f"{name}.json"), *extra],
-        cwd=REPO, env={**os.environ, "HWTUI_TEST_SLOWDOWN": "1:2", "HWTUI_TEST_HALVES": "1", **(env or {})},
-        capture_output=True, text=True, timeout=170)
+    return subprocess.run([sys.executable, "-m", "hwtui.app", *_train_argv(tmp, name, *extra)],
+                          cwd=REPO, env={**os.environ, **KNOBS, **(env or {})}, capture_output=True, text=True, timeout=170)
 
 
 def _sha(path: Path) -> str:
@@ -172,16 +178,22 @@ def _every_sample_once(rep: dict, batch: int) -> None:
 
 @pytest.mark.torch
 @pytest.mark.timeout(240)
-def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hyperparameters(tmp_path):
+def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hyperparameters(tmp_path, monkeypatch, capsys):
     # a's workers are forked from the launcher (the default), b's exec'd (HWTUI_FORK_RANKS=0): -v
-    # says which and why, and the bytes below show both start the same training.
+    # says which and why, and the bytes below show both start the same training. a is the CLI (a
+    # test process may hold a thread another test left, and then forks nothing); b and what follows
+    # run in-process with the same command line and knobs (each CLI start costs an `import torch`).
     a = _train(tmp_path, "a", "-v")
     assert a.returncode == 0, a.stderr
-    b = _train(tmp_path, "b", "-v", "--replay-assignment", str(tmp_path / "a.json"), env={"HWTUI_FORK_RANKS": "0"})
-    assert b.returncode == 0, b.stderr
+    for knob, value in {**KNOBS, "HWTUI_FORK_RANKS": "0"}.items():
+        monkeypatch.setenv(knob, value)
+    capsys.readouterr()
+    assert main(_train_argv(tmp_path, "b", "-v", "--replay-assignment", str(tmp_path / "a.json"))) == 0
+    b_out = capsys.readouterr().out
+    monkeypatch.delenv("HWTUI_FORK_RANKS")
     for rank in (0, 1):
         assert f"worker {rank} (cpu:{rank}) forked from the launcher (pid " in a.stdout, a.stdout
-        assert re.search(rf"worker {rank} \(cpu:{rank}\) exec'd, not forked \(pid \d+\): HWTUI_FORK_RANKS=0\n", b.stdout), b.stdout
+        assert re.search(rf"worker {rank} \(cpu:{rank}\) exec'd, not forked \(pid \d+\): HWTUI_FORK_RANKS=0\n", b_out), b_out
     rep_a, rep_b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
     # Every round ended on a chunk cut in two (batch 5: rows 0-1 and 2-4; the tail rule may cut
     # others too), recorded and replayed.
@@ -198,16 +210,17 @@ def test_replayed_assignment_reproduces_the_run_bit_for_bit_and_resume_guards_hy
     # included, and lands on the same weights as the run that recorded it.
     shutil.copytree(tmp_path / "a", tmp_path / "c")
     shutil.rmtree(tmp_path / "c" / "ckpt-00000010")
-    c = _train(tmp_path, "c", "--resume")
-    assert c.returncode == 0, c.stderr
+    assert main(_train_argv(tmp_path, "c", "--resume")) == 0, capsys.readouterr().err[-2000:]
     rep_c = json.loads((tmp_path / "c.json").read_text())
     assert [r["round"] for r in rep_c["rounds"]] == [2] and rep_c["rounds"][0]["replayed"]
     assert rep_c["rounds"][0]["assignment"] == rep_a["rounds"][1]["assignment"]
     for f in (checkpoint.MODEL_FILE, checkpoint.OPTIMIZER_FILE, checkpoint.OUTER_FILE):
         assert _sha(ck_a / f) == _sha(tmp_path / "c" / "ckpt-00000010" / f), f
     # --resume with another --lr is refused before any worker starts, and says how to allow it.
-    c = _train(tmp_path, "a", "--resume", "--steps", "15", "--lr", "0.01")
-    assert c.returncode == 2 and c.stderr.count("\n") == 1 and "--override lr" in c.stderr, c.stderr
+    capsys.readouterr()
+    assert main(_train_argv(tmp_path, "a", "--resume", "--steps", "15", "--lr", "0.01")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--override lr" in err, err
 
 
 def test_cli_and_engine_agree_on_the_default_merge():

@@ -156,13 +156,15 @@ def test_a_function_returning_a_module_trains_merges_and_checkpoints_by_name(tmp
     ("tests.engine.training._models:nowhere", "cannot import it"),
     ("tests.engine.training._models:small_vocab", "vocabulary holds 100 ids; bytes need 256"),
 ])
-def test_a_bad_function_is_one_line_exit_2_before_training(tmp_path, target, needle):
+def test_a_bad_function_is_one_line_exit_2_before_training(tmp_path, capsys, target, needle):
+    # In-process, as test_bad_model_and_data_... below: the check runs in the launcher before any
+    # worker, and a CLI process per case cost the suite an `import torch` each.
     ck, report = tmp_path / "ck", tmp_path / "report.json"
-    proc = hwtui("train", "--model", target, "--gpu-ids", "cpu:0", "--steps", "5", "--checkpoint-dir", str(ck),
-                 "--report", str(report))
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    err = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert needle in err[-1] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    code = main(["train", "--model", target, "--gpu-ids", "cpu:0", "--steps", "5", "--checkpoint-dir", str(ck),
+                 "--report", str(report)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err[-2000:]
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err[-2000:]
     assert not ck.exists() and not report.exists()
 
 
@@ -252,21 +254,22 @@ def test_jsonl_and_a_directory_of_txt_read_in_a_fixed_order(tmp_path):
     assert textdata.read_documents(str(jl)).texts == ("one", "two")
 
 
-def test_resume_of_a_hugging_face_model_is_exact(tmp_path):
+def test_resume_of_a_hugging_face_model_is_exact(tmp_path, capsys):
     """A run stopped after round 1 and resumed writes round 2's checkpoint bit for bit as the
     uninterrupted run did: weights, AdamW state (fused: its step counts too) and outer momentum."""
     gpt, text = model_dir(tmp_path / "gpt"), write_text(tmp_path / "t.txt")
     common = ["--model", str(gpt), "--data", str(text), "--gpu-ids", "cpu:0", "--steps", "20", "--merge-every", "10",
               "--batch-size", "4", "--keep-checkpoints", "5", "--eval-windows", "8"]
-    whole = hwtui("train", *common, "--checkpoint-dir", str(tmp_path / "a"))
-    assert whole.returncode == 0, whole.stderr[-2000:]
+    # In-process (the worker forked from this process): the CLI's own start is the gpt2_run's
+    # business; two more of them cost the suite `import torch, transformers` twice.
+    assert main(["train", *common, "--checkpoint-dir", str(tmp_path / "a")]) == 0, capsys.readouterr().err[-2000:]
     import shutil
 
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "ckpt-00000020")
     (tmp_path / "b" / "latest.json").write_text(json.dumps({"dir": "ckpt-00000010", "step": 10}))
-    resumed = hwtui("train", *common, "--checkpoint-dir", str(tmp_path / "b"), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert main(["train", *common, "--checkpoint-dir", str(tmp_path / "b"), "--resume"]) == 0, \
+        capsys.readouterr().err[-2000:]
     for name in ("model.safetensors", "optimizer.safetensors", "outer.safetensors"):
         a = (tmp_path / "a" / "ckpt-00000020" / name).read_bytes()
         assert a == (tmp_path / "b" / "ckpt-00000020" / name).read_bytes(), name
