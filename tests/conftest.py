@@ -121,10 +121,11 @@ def _outlive_transient_threads(bound_s: float = 1.0) -> None:
     """Before a test, wait (bounded) until threads an earlier test left behind have ended.
 
     Why: a test's library threads (an event loop's executor, a server's handler) end a moment after
-    the test does, and a launch that comes meanwhile sees a process with threads: it execs every
-    rank instead of forking it (hwtui.core.forking) and pays `import torch` per rank. A fresh-clone
-    run paid 50 CPU-s for that in three modules (test_shm_path: 29.5 CPU-s against 6.4). By state:
-    /proc/self/task is polled; threads still there after ``bound_s`` are remembered as lasting.
+    the test does (a per-test thread count showed them in 30 modules), and a launch that comes
+    meanwhile sees a process with threads: it execs every rank instead of forking it
+    (hwtui.core.forking) and pays `import torch` per rank. (The 50 CPU-s a fresh clone paid in three
+    modules was worse: forking's refusal stuck for good after one such launch, fixed there.) By
+    state: /proc/self/task is polled; threads still there after ``bound_s`` are remembered as lasting.
     """
     me = str(os.getpid())
     deadline = time.monotonic() + bound_s

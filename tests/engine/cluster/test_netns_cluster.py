@@ -24,6 +24,7 @@ from hwtui.app.cli import main as cli_main
 from hwtui.core.events import iter_events
 from hwtui.engine.cluster import events as cluster_events  # noqa: F401 - registers the cluster.* kinds
 from tests.engine.cluster.netns import NetnsCluster, finish, unavailable_reason
+from tests.procfs import descendants, ppid
 
 pytestmark = [pytest.mark.torch, pytest.mark.netns, pytest.mark.timeout(150)]
 
@@ -278,27 +279,6 @@ WAIT_FOR_MARK = textwrap.dedent("""
 """)
 
 
-def _descendants(roots: list[int]) -> dict[int, int]:
-    """Every live process below ``roots``, with its parent (from /proc: torch elastic starts its
-    ranks in sessions of their own, so the launch script's process group does not reach them)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found: dict[int, int] = {}
-    todo = list(roots)
-    while todo:
-        pid = todo.pop()
-        kids = [child for child, ppid in parent.items() if ppid == pid]
-        found.update(dict.fromkeys(kids, pid))
-        todo += kids
-    return found
-
-
 def _stop_ranks(roots: list[int], count: int = 2, bound_s: float = 60.0) -> list[int]:
     """SIGSTOP the ``count`` torchrun ranks below ``roots`` (torch elastic gives each a LOCAL_RANK;
     its agent has none) once they all exist, and return them. By state: rank 0 marks the store
@@ -311,11 +291,19 @@ def _stop_ranks(roots: list[int], count: int = 2, bound_s: float = 60.0) -> list
         except OSError:
             return False
 
+    def parent(pid: int) -> int:
+        try:
+            return ppid(pid)
+        except OSError:  # gone while we looked
+            return pid
+
     deadline = time.monotonic() + bound_s
     while True:
-        below = _descendants(roots)
-        # A rank's own children (a probe it runs) inherit LOCAL_RANK: only the agent's children count.
-        ranks = [pid for pid, ppid in below.items() if has_local_rank(pid) and not has_local_rank(ppid)]
+        # torch elastic starts its ranks in sessions of their own: found from /proc, not the launch
+        # script's process group. A rank's own children (a probe it runs) inherit LOCAL_RANK: only
+        # the agent's children count.
+        below = [pid for root in roots for pid in descendants(root)]
+        ranks = [pid for pid in below if has_local_rank(pid) and not has_local_rank(parent(pid))]
         if len(ranks) >= count:
             break
         assert time.monotonic() < deadline, f"expected {count} ranks below {roots} within {bound_s:g} s, found {ranks}"
