@@ -67,7 +67,8 @@ def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: 
     buf: Any = None
     for k in range(runs):
         ch = Channel(store, _run_id(run, k), 120.0)
-        src = IpcSource(ch, _provider(device, _run_id(run, k)), [1], window=buckets, capacity=size)
+        provider = _provider(device, _run_id(run, k))
+        src = IpcSource(ch, provider, [1], window=buckets, capacity=size)
         try:
             for r in range(rounds):
                 for i in range(buckets):
@@ -83,7 +84,9 @@ def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: 
         buf = None  # the last slot view: the run holds nothing once it is over
         if device == "cuda":
             torch.cuda.synchronize()
-            held.append({"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved()})
+            # shares: torch IPC shares the run made (one per slot: CudaIpc.handle), not one per export
+            held.append({"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
+                         "shares": provider.shares})
     out.write_text(json.dumps(held))
 
 
@@ -205,7 +208,8 @@ def main() -> int:
         if row["source_after_each_run"]:
             print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "
                   f"{[round(h['reserved_bytes'] / MB) for h in row['source_after_each_run']]}, allocated: "
-                  f"{[round(h['allocated_bytes'] / MB) for h in row['source_after_each_run']]}")
+                  f"{[round(h['allocated_bytes'] / MB) for h in row['source_after_each_run']]}, torch IPC shares: "
+                  f"{[h['shares'] for h in row['source_after_each_run']]}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -284,10 +284,20 @@ def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str
     if keep_fd is not None:
         os.set_inheritable(keep_fd, True)  # as Popen's pass_fds: a process the child execs keeps it
     keep = {0, 1, 2} | ({keep_fd} if keep_fd is not None else set())
-    # Close everything else of the launcher's: its pipes to other ranks, sockets, selectors.
-    for fd in sorted(_open_fds() - keep):
+    # Everything else of the launcher's (its pipes to other ranks, sockets, selectors) is let go,
+    # but its numbers stay taken, by /dev/null, for the child's life. Why not close them: the
+    # launcher's Python objects that own those numbers were copied with its heap, and one that is
+    # freed here (a socket or a TCPStore in a garbage cycle of an earlier run, collected by the
+    # child's gc) closes its number. Closed, that number went to the child's next socket: in a
+    # test shard, rank 0's own c10d store connection was closed under it ("Broken pipe") by a
+    # training launcher's store left from the test before. Now such a close hits a /dev/null copy.
+    # And the heap the child was forked with is frozen: its garbage is never collected here.
+    gc.freeze()
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for fd in sorted(_open_fds() - keep - {null}):
         with contextlib.suppress(OSError):
-            os.close(fd)
+            os.dup2(null, fd, inheritable=False)
+    os.close(null)
     if cwd is not None:
         os.chdir(cwd)
     os.environ.clear()

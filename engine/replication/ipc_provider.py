@@ -187,6 +187,8 @@ class CudaIpc:
     def __init__(self, device: int):
         self.device = device
         self.opened = 0
+        self.shares = 0  # torch shares made (one per buffer, whatever the number of exports)
+        self._shared: dict[int, CudaHandle] = {}  # the buffer's storage address -> its handle
 
     def alloc(self, nbytes: int) -> Any:
         import torch
@@ -194,16 +196,43 @@ class CudaIpc:
         return torch.empty(max(1, nbytes), dtype=torch.uint8, device=f"cuda:{self.device}")[:nbytes]
 
     def handle(self, buf: Any) -> Handle:
+        """The buffer's handle, shared with torch once for the buffer's life.
+
+        Why once, and why torch's counter is released at once: every ``_share_cuda_()`` wraps the
+        storage in a new ref-counted record whose shared counter starts at 1 ("one consumer"), and
+        torch keeps the memory allocated (its "limbo") until a consumer's close brings that count
+        to 0. A receiver keeps its mapping of a slot between buckets (ipc_protocol), so it closes
+        one mapping however many times the slot was exported: each export after the first left a
+        count of 1 that nobody decremented, and the slot's memory outlived the run (an H200 source
+        kept 320-1024 MiB after 4 runs; a resident rank grew by its window per push). A consumer
+        killed before its close does the same. When the memory may be reused is decided here,
+        not by torch's count: the source frees a slot only after every receiver acked it, and the
+        agent a slot only when no consumer holds it (engine.resident.slot_holds); a mapping left
+        open after that is never read."""
         storage = buf.untyped_storage()
         if buf.storage_offset() != 0:
             raise ValueError("an exported buffer starts its storage")
+        known = self._shared.get(int(storage.data_ptr()))
+        if known is not None:
+            return known
         (device, handle, size, offset, ref_handle, ref_offset, event_handle, event_sync) = storage._share_cuda_()
-        return CudaHandle(device=int(device), handle=bytes(handle), size=int(size), offset=int(offset),
-                          ref_handle=bytes(ref_handle or b""), ref_offset=int(ref_offset),
-                          event_handle=bytes(event_handle or b""), event_sync=bool(event_sync))
+        self.shares += 1
+        if ref_handle:
+            import torch
+
+            torch.UntypedStorage._release_ipc_counter_cuda(bytes(ref_handle), int(ref_offset))
+        shared = CudaHandle(device=int(device), handle=bytes(handle), size=int(size), offset=int(offset),
+                            ref_handle=bytes(ref_handle or b""), ref_offset=int(ref_offset),
+                            event_handle=bytes(event_handle or b""), event_sync=bool(event_sync))
+        self._shared[int(storage.data_ptr())] = shared
+        return shared
 
     def free(self, buf: Any) -> None:
-        del buf  # the caching allocator keeps the block; torch frees it once consumers dropped their refs
+        # Forget the handle: a later buffer at this address is new memory and gets its own share.
+        # The block goes back to the caching allocator when the last reference goes (no count of
+        # torch's holds it: handle() released it).
+        self._shared.pop(int(buf.untyped_storage().data_ptr()), None)
+        del buf
 
     def open(self, handle: Handle, nbytes: int) -> Opened:
         import torch

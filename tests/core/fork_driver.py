@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -81,6 +82,11 @@ def preload(modules: list[str], **kw: object) -> None:
         threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 
+class _Owner:
+    me: object
+    sock: socket.socket
+
+
 def main() -> None:
     case = sys.argv[1].removeprefix("server_")
     if case == "orphans":
@@ -95,7 +101,7 @@ def main() -> None:
     if case == "stdio":
         stdio_case()
         return
-    how = {"exit3": "3", "hang": "hang", "raise": "raise"}.get(case, "0")
+    how = {"exit3": "3", "hang": "hang", "raise": "raise", "owned_garbage": "reuse"}.get(case, "0")
     first_refusal = None
     if case == "passing_thread":  # a preload refused for a thread that then ends, and a second one
         gone = threading.Event()
@@ -109,9 +115,18 @@ def main() -> None:
                 break
             time.sleep(0.01)
     preload(["json"], import_env_prefixes=("ZYG_",))
-    leak = os.open(os.devnull, os.O_RDONLY)  # the launcher's own fd: must not reach the child
+    leak = os.open(__file__, os.O_RDONLY)  # the launcher's own fd: must not reach the child
     os.set_inheritable(leak, True)
     env = {**os.environ, "RANK": "7"}
+    if case == "owned_garbage":
+        # As in a test shard after a training run: the heap frozen before, then a socket that only
+        # a garbage cycle holds (its launcher's store, in the shard), not yet collected.
+        gc.freeze()
+        gc.disable()
+        owner = _Owner()
+        owner.me, owner.sock = owner, socket.socket()
+        env["PROBE_OWNED_FD"] = str(owner.sock.fileno())
+        del owner
     if case == "env_mismatch":
         env["ZYG_IMPORT_TIME"] = "child"
     stop = threading.Event()

@@ -42,6 +42,23 @@ def test_a_forked_child_has_its_own_session_env_and_only_its_own_fds() -> None:
     assert (out["code"], out["text"]) == (3, "exited with status 3")
 
 
+def test_the_launchers_garbage_never_closes_a_childs_fd() -> None:
+    """Once in a full suite run, rank 0 of a replicate lost its own c10d store connection mid-run
+    ("Broken pipe"): forked from a test shard, its copy of the shard's heap held a TCPStore left in
+    a garbage cycle by the training run before, and the rank's gc freed it, closing that store's fd
+    numbers, which the child had given to its own sockets. Here the launcher (its heap frozen before,
+    as the shards do) leaves a socket in a cycle; the child opens fds until one has the socket's
+    number, collects, and every fd of its own must still be open. (A fork server's children go
+    through the same set-up, forking.run_in_child; its own heap is its preload.)"""
+    out = drive("owned_garbage")
+    assert out["forked"] is True
+    reuse = out["report"]["reuse"]
+    assert reuse["mine"] and reuse["alive"] == reuse["mine"], reuse
+    assert reuse["target"] not in reuse["mine"]  # the launcher's number stays taken (by /dev/null)
+    assert out["report"]["placeholders"] >= 1
+    assert out["report"]["fds"] == sorted({0, 1, 2, out["report"]["answer_fd"], *reuse["mine"]})
+
+
 def test_a_forked_child_prints_and_reads_on_its_own_fds_whatever_the_launcher_did_to_its_streams() -> None:
     out = drive("stdio")
     assert out["forked"] is True, out

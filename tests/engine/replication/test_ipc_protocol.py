@@ -408,3 +408,52 @@ def test_free_now_says_whether_acquire_would_wait_for_a_receiver() -> None:
         src.acquire(2, 64)  # returns at once: the acks are there
     finally:
         src.close()
+
+
+class _CudaStorage:
+    """torch's CUDA storage at the IPC boundary: ``_share_cuda_()`` as torch returns it, counted (each
+    call is a new ref-counted record in torch, its shared counter at 1)."""
+
+    def __init__(self, address: int):
+        self.address, self.shares = address, 0
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def _share_cuda_(self) -> tuple[Any, ...]:
+        self.shares += 1
+        return (0, b"h" * 64, 1 << 20, 0, b"/torch_7_1", 10 + self.shares, b"e" * 64, True)
+
+
+class _CudaBuffer:
+    def __init__(self, storage: _CudaStorage):
+        self.storage = storage
+
+    def untyped_storage(self) -> _CudaStorage:
+        return self.storage
+
+    def storage_offset(self) -> int:
+        return 0
+
+
+def test_a_cuda_buffer_is_shared_once_and_torch_keeps_no_count_of_it(monkeypatch) -> None:
+    """The H200 leak (a source kept 320-1024 MiB after 4 runs, a resident rank its window per push):
+    each export of a slot was a new ``_share_cuda_()`` whose counter torch holds the memory on until
+    a consumer closes it, and a receiver that keeps its mapping closes one. Now a buffer is shared
+    once whatever the number of exports, its counter released at the share (this process's protocol
+    says when the memory may be reused), and a freed buffer's address shared again is new memory."""
+    from hwtui.engine.replication.ipc_provider import CudaIpc
+
+    released: list[tuple[bytes, int]] = []
+    monkeypatch.setattr(torch.UntypedStorage, "_release_ipc_counter_cuda",
+                        classmethod(lambda cls, name, offset: released.append((name, offset))), raising=False)
+    cuda = CudaIpc(0)
+    slot = _CudaBuffer(_CudaStorage(0x7000_0000))
+    handles = [cuda.handle(slot) for _ in range(16)]  # 16 buckets through one slot
+    assert slot.storage.shares == 1 and cuda.shares == 1
+    assert len({h.memory() for h in handles}) == 1 and handles[0] is handles[-1]
+    assert released == [(b"/torch_7_1", 11)]  # the one count torch made, given back at once
+    cuda.free(slot)
+    again = _CudaBuffer(_CudaStorage(0x7000_0000))  # the allocator hands the address out again
+    assert cuda.handle(again).ref_offset == 11 and again.storage.shares == 1
+    assert released == [(b"/torch_7_1", 11), (b"/torch_7_1", 11)] and cuda.shares == 2
