@@ -188,11 +188,18 @@ def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base: dict[
     if chattr is None:
         pytest.skip("chattr is not permitted here (needs CAP_LINUX_IMMUTABLE on a filesystem with inode flags)")
     chattr(out / "rank2" / target, flag)
-    proc = cli(base["root"] / "v2.json", out)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert "rank 2 cannot switch to 'v2'" in proc.stderr, proc.stderr
-    assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
+    if (target, flag) == ("versions", "+i"):  # the CLI's lines, once; the other flags in-process
+        proc = cli(base["root"] / "v2.json", out)
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert "rank 2 cannot switch to 'v2'" in proc.stderr, proc.stderr
+        assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
+    else:
+        result, events = replicate(base["root"] / "v2.json", out, nproc=3)
+        assert not result.ok and result.exit_code == 1
+        assert "rank 2 cannot switch to 'v2'" in result.error, result.error
+        assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+        assert result.report["serving"] == {"1": "v1", "2": "v1"}
     assert_aborted_everywhere(out, base)
     # The flag removed, the same run again (in-process: the CLI's lines were checked above, and a
     # CLI start costs the suite an `import torch`): every rank switches.
@@ -314,9 +321,14 @@ def test_a_fault_after_the_decision_is_finished_by_the_rerun_it_names(base: dict
         assert serving(out, base) == {1: "v2", 2: "v1"}
         subprocess.run(["chattr", "-i", str(out / "rank2" / "versions")], check=True)
 
-    again = cli(plan, out)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+    if fault == "fail:rank=2,phase=commit":  # the named command, as the user runs it, once
+        again = cli(plan, out)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert again.stdout.strip().splitlines()[-1] == "serving: rank 1 v2, rank 2 v2"
+    else:  # the same run in-process (a CLI start costs the suite an `import torch`)
+        finished, _ = replicate(plan, out, nproc=3)
+        assert finished.ok, finished.error
+        assert finished.report["serving"] == {"1": "v2", "2": "v2"}
     assert serving(out, base) == {1: "v2", 2: "v2"}  # every byte, on every rank
     assert not (out / "rank2" / ".CURRENT.v2.pending").exists() and not (out / "rank2" / "staging").exists()
 

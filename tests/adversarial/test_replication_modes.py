@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hwtui.engine.replication.commit import decision_path
+from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -105,7 +106,10 @@ def test_a_version_is_published_with_its_final_modes_never_changed_after(base, t
     """The rank stops right after the rename that publishes v2: nothing runs after it, so any mode
     seen there was given before the rename. The re-run finishes the switch with the same modes."""
     out = tmp_path / "out"
-    assert cli(base["root"] / "v1.json", out).returncode == 0
+    # v1 in-process (the set-up: its modes are the umask test's), then the runs under test by the CLI.
+    first = run_replication(ReplicationOptions(plan=str(base["root"] / "v1.json"), nproc=3, commit=True, out=str(out),
+                                               env={k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}))
+    assert first.ok, first.error
     proc = cli(base["root"] / "v2.json", out, "--serve-group", str(group.gr_gid), fault="kill:rank=1,phase=switched")
     assert proc.returncode == 1 and "re-run the same command to finish the switch" in proc.stderr, proc.stderr[-2000:]
     dirs, files = served_paths(out, 1, "v2")
