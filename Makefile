@@ -47,8 +47,9 @@ test: $(TEST_STAMP)
 	# most tests wait on child interpreters, sockets and deadlines, and the extra processes fill those
 	# waits (on 2 cores, warm: 394.5 s with three, 352.5 s with four). Not pytest-xdist: its workers
 	# carry an I/O thread, and hwtui forks ranks only from a single-threaded launcher, so under
-	# xdist every in-process launch exec'd its ranks and paid `import torch` per rank. A module stays in one process (its module-scoped worlds start once);
-	# modules are claimed slowest first (tests/module_seconds.txt).
+	# xdist every in-process launch exec'd its ranks and paid `import torch` per rank. A module stays
+	# in one process (its module-scoped worlds start once); modules are claimed slowest first
+	# (tests/module_seconds.txt).
 	# The layer contracts and mypy run beside the shards (--also), not before them: each is
 	# single-threaded and left a core idle for its ~25 s; a failure still fails `make test`.
 	# PYTHONDONTWRITEBYTECODE= : the hundreds of interpreters the suite starts read this tree's

@@ -221,27 +221,16 @@ def fork_module(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
     """Fork a child that runs ``argv`` (``python -m module args``) in this interpreter.
 
     ``stdio``: for fd 0, 1, 2 the fd to put there (``None``: inherit ours). ``keep_fd`` (the answer
-    pipe's write end) stays open at its number; every other fd is closed in the child.
+    pipe's write end) stays open at its number; every other fd of ours is let go in the child (its
+    number held by /dev/null: _become_child).
     """
     module, args = argv[2], list(argv[3:])
     # Buffered output of ours must not be written twice (once by us, once by the child's flush).
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    # The preloaded heap (torch: ~400k objects) goes to the permanent generation for the fork, as
-    # the gc module's docs advise: the child's collections never walk it (nor touch its pages, which
-    # stay shared), and the launcher takes it back at once. A 2-worker `hwtui train` start cost
-    # 0.45 CPU-s less (3.3 -> 2.9), the workers' lazy imports (torch._dynamo) no longer paying a full
-    # collection of torch each.
-    # A process that froze its heap itself (the test shards) keeps its own freeze: freezing again
-    # here, with no unfreeze, would make each fork's garbage permanent.
-    freeze_here = gc.get_freeze_count() == 0
-    if freeze_here:
-        gc.freeze()
     pid = os.fork()
     if pid:
-        if freeze_here:
-            gc.unfreeze()
         return ForkedProc(pid, argv)
     run_in_child(module, args, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
 
@@ -250,6 +239,14 @@ def run_in_child(module: str, args: list[str], *, env: Mapping[str, str], cwd: s
                  stdio: tuple[int | None, int | None, int | None], keep_fd: int | None) -> NoReturn:
     """In a freshly forked child: become the child (see :func:`fork_module`) and run ``module`` as
     ``__main__``. Nothing here may return into the forking process's stack: it ends in os._exit."""
+    # First, the heap the child was forked with (the preload, torch: ~400k objects, and whatever
+    # else the launcher holds) goes to the permanent generation, as the gc module's docs advise for
+    # a fork. The child's collections never walk it (nor touch its pages, which stay shared): a
+    # 2-worker `hwtui train` start cost 0.45 CPU-s less (3.3 -> 2.9), the workers' lazy imports
+    # (torch._dynamo) no longer paying a full collection of torch each. And the launcher's garbage
+    # is never collected here, where freeing it would close fd numbers the child has reused (see
+    # _become_child). The launcher's own heap is untouched.
+    gc.freeze()
     code = 1
     try:
         _become_child(module, args, env, cwd, stdio, keep_fd)
@@ -290,9 +287,8 @@ def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str
     # freed here (a socket or a TCPStore in a garbage cycle of an earlier run, collected by the
     # child's gc) closes its number. Closed, that number went to the child's next socket: in a
     # test shard, rank 0's own c10d store connection was closed under it ("Broken pipe") by a
-    # training launcher's store left from the test before. Now such a close hits a /dev/null copy.
-    # And the heap the child was forked with is frozen: its garbage is never collected here.
-    gc.freeze()
+    # training launcher's store left from the test before. Now such a close hits a /dev/null copy
+    # (and run_in_child froze that heap: a garbage cycle of the launcher's is never collected here).
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for fd in sorted(_open_fds() - keep - {null}):
         with contextlib.suppress(OSError):

@@ -186,7 +186,7 @@ def start() -> str | None:
         code = 0
         try:
             ours.close()
-            gc.freeze()  # as forking.fork_module does for each fork: the server's heap is its preload
+            gc.freeze()  # as forking.run_in_child does in each child: the server's heap is its preload
             _serve(theirs, parent)
         except BaseException:  # noqa: BLE001
             code = 1

@@ -73,7 +73,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     instead of 700. Why: the TUI tests allocate a lot in a process that holds all of that, and
     py-spy put 27 % of a snapshot module's CPU in the collector; the two together took the module
     from 17.5 to 13.3 CPU-s. What the tests create afterwards is still collected; ranks forked from
-    here inherit both (hwtui.core.forking keeps a caller's freeze), and nothing a test asserts
+    here freeze the whole heap they inherit (hwtui.core.forking), and nothing a test asserts
     depends on when a cycle is collected."""
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)

@@ -212,7 +212,8 @@ class CudaIpc:
         storage = buf.untyped_storage()
         if buf.storage_offset() != 0:
             raise ValueError("an exported buffer starts its storage")
-        known = self._shared.get(int(storage.data_ptr()))
+        key = int(storage.data_ptr())
+        known = self._shared.get(key)
         if known is not None:
             return known
         (device, handle, size, offset, ref_handle, ref_offset, event_handle, event_sync) = storage._share_cuda_()
@@ -224,7 +225,7 @@ class CudaIpc:
         shared = CudaHandle(device=int(device), handle=bytes(handle), size=int(size), offset=int(offset),
                             ref_handle=bytes(ref_handle or b""), ref_offset=int(ref_offset),
                             event_handle=bytes(event_handle or b""), event_sync=bool(event_sync))
-        self._shared[int(storage.data_ptr())] = shared
+        self._shared[key] = shared
         return shared
 
     def free(self, buf: Any) -> None:

@@ -146,6 +146,14 @@ def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | No
     return subprocess.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def assert_rank_2_voted_no(result: Any, events: list[Any]) -> None:
+    """Rank 2 could not switch and said so before the decision: exit 1, its line, and the commit
+    went prepare (refused) then abort."""
+    assert not result.ok and result.exit_code == 1
+    assert "rank 2 cannot switch to 'v2'" in result.error, result.error
+    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+
+
 def assert_aborted_everywhere(out: Path, base: dict[str, Any]) -> None:
     """Nobody switched, nothing of v2 is left: no decision, no staging copy, no pending CURRENT."""
     assert not decision_path(out, "v2").exists()
@@ -196,9 +204,7 @@ def test_a_rank_whose_switch_would_fail_votes_no_and_nobody_switches(base: dict[
         assert "commit abort: ok" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "serving: rank 1 v1, rank 2 v1"
     else:
         result, events = replicate(base["root"] / "v2.json", out, nproc=3)
-        assert not result.ok and result.exit_code == 1
-        assert "rank 2 cannot switch to 'v2'" in result.error, result.error
-        assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+        assert_rank_2_voted_no(result, events)
         assert result.report["serving"] == {"1": "v1", "2": "v1"}
     assert_aborted_everywhere(out, base)
     # The flag removed, the same run again (in-process: the CLI's lines were checked above, and a
@@ -215,9 +221,7 @@ def test_something_in_the_way_of_the_new_current_votes_no(base: dict[str, Any], 
     blocker.mkdir()
     (blocker / "x").write_text("in the way")
     result, events = replicate(base["root"] / "v2.json", out, nproc=3)
-    assert not result.ok and result.exit_code == 1
-    assert "rank 2 cannot switch to 'v2'" in result.error, result.error
-    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+    assert_rank_2_voted_no(result, events)
     assert_aborted_everywhere(out, base)
     (blocker / "x").unlink()
     blocker.rmdir()
@@ -252,9 +256,8 @@ def test_versions_on_another_or_read_only_mount_votes_no(base: dict[str, Any], o
 def test_no_space_for_the_new_current_is_caught_before_the_vote(base: dict[str, Any], out: Path) -> None:
     # On 769874d CURRENT was written after the decision: a full disk there left a split.
     result, events = replicate(base["root"] / "v2.json", out, nproc=3, fault="fail:rank=2,phase=current")
-    assert not result.ok and result.exit_code == 1
-    assert "rank 2 cannot switch to 'v2'" in result.error and "No space left on device" in result.error, result.error
-    assert [(c.phase, c.ok) for c in events if isinstance(c, ReplCommit)] == [("prepare", False), ("abort", True)]
+    assert_rank_2_voted_no(result, events)
+    assert "No space left on device" in result.error, result.error
     assert_aborted_everywhere(out, base)
     again, _ = replicate(base["root"] / "v2.json", out, nproc=3)
     assert again.ok, again.error
