@@ -328,12 +328,35 @@ def _fresh_stdio(env: Mapping[str, str]) -> None:
             streams.append(None)  # as CPython: a closed standard fd gives a None stream
             continue
         buffered: io.BufferedReader | io.BufferedWriter = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
+        # newline="\n": CPython's standard streams translate nothing (a "\r\n" read stays one).
         streams.append(io.TextIOWrapper(buffered, encoding=encoding, errors="backslashreplace" if fd == 2 else "strict",
-                                        line_buffering=fd == 2 or raw.isatty(), write_through=unbuffered and fd != 0))
+                                        newline="\n", line_buffering=fd == 2 or raw.isatty(),
+                                        write_through=unbuffered and fd != 0))
+    # logging handlers made before the fork (a preloaded library's: transformers' logger binds the
+    # sys.stderr of its import) write to the launcher's stream object; an exec'd child would have
+    # bound its own. Seen when the launcher's stderr was pytest's capture: "--- Logging error ---".
+    moved = {id(old): new for old, new in ((sys.stdout, streams[1]), (sys.__stdout__, streams[1]),
+                                          (sys.stderr, streams[2]), (sys.__stderr__, streams[2])) if old is not None}
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
+    _rebind_log_handlers(moved)
     if env.get("PYTHONFAULTHANDLER") and sys.stderr is not None:
         faulthandler.enable(sys.stderr)
+
+
+def _rebind_log_handlers(moved: Mapping[int, object]) -> None:
+    """Point each logging.StreamHandler at the child's stream where it held one the fork replaced."""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return
+    for ref in list(getattr(logging, "_handlerList", [])):
+        handler = ref()
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and id(stream) in moved:
+            new = moved[id(stream)]
+            if new is None:  # the child has no such stream: nothing, as a closed fd gives a fresh interpreter
+                new = open(os.devnull, "w")  # noqa: SIM115 - the handler owns it for the child's life
+            handler.stream = new  # not setStream: it flushes the old stream, the launcher's
 
 
 def _open_fds() -> set[int]:

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hwtui.core import forking
@@ -144,15 +144,7 @@ class ForkServer:
         if not self.alive:
             raise OSError("the fork server is gone")
         self._ensure_reader()
-        fds = [fd for fd in stdio if fd is not None]
-        where = [None if fd is None else fds.index(fd) for fd in stdio]
-        keep = None
-        if keep_fd is not None:
-            keep = {"index": len(fds), "at": keep_fd}
-            fds.append(keep_fd)
-        req = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "stdio": where, "keep": keep}).encode()
-        if len(req) > MAX_MESSAGE:
-            raise OSError("the child's argv and environment are too large for the fork server")
+        req, fds = encode_request(argv, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
         with self._send_lock:
             socket.send_fds(self._sock, [req], fds)
             try:
@@ -162,6 +154,21 @@ class ForkServer:
         if "pid" not in reply:
             raise OSError(str(reply.get("error", "the fork server refused")))
         return ServedProc(self, int(reply["pid"]), argv)
+
+
+def encode_request(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
+                   stdio: tuple[int | None, int | None, int | None], keep_fd: int | None) -> tuple[bytes, list[int]]:
+    """One request of the protocol (the module docstring): the message and the fds to pass with it."""
+    fds = [fd for fd in stdio if fd is not None]
+    where = [None if fd is None else fds.index(fd) for fd in stdio]
+    keep = None
+    if keep_fd is not None:
+        keep = {"index": len(fds), "at": keep_fd}
+        fds.append(keep_fd)
+    req = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd, "stdio": where, "keep": keep}).encode()
+    if len(req) > MAX_MESSAGE:
+        raise OSError("the child's argv and environment are too large for the fork server")
+    return req, fds
 
 
 def server() -> ForkServer | None:
@@ -174,8 +181,21 @@ def start() -> str | None:
     global _server
     if (why := forking.refusal()) is not None:
         return why
-    if _server is not None:
-        return None
+    if _server is None:
+        pid, sock = spawn()
+        _server = ForkServer(pid, sock)
+    return None
+
+
+def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket]:
+    """Fork a server from this process; its pid and the client's end of the socket.
+
+    The caller is single-threaded (a fork copies one thread). ``prepare`` runs first in the server,
+    before its heap is frozen: imports its children should find done. :func:`start` wraps the
+    socket in a :class:`ForkServer` (whose reader thread files the answers); a caller that must
+    stay single-threaded reads the same protocol itself."""
+    if (threads := forking.thread_count()) > 1:
+        raise OSError(f"this process has {threads} threads: a fork server is forked from a single-threaded one")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -186,6 +206,8 @@ def start() -> str | None:
         code = 0
         try:
             ours.close()
+            if prepare is not None:
+                prepare()
             gc.freeze()  # as forking.run_in_child does in each child: the server's heap is its preload
             _serve(theirs, parent)
         except BaseException:  # noqa: BLE001
@@ -195,8 +217,7 @@ def start() -> str | None:
         finally:
             os._exit(code)
     theirs.close()
-    _server = ForkServer(pid, ours)
-    return None
+    return pid, ours
 
 
 # --- the server process ------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from hwtui.engine.rank_fork import quiet_numpy  # noqa: E402
 
 quiet_numpy()
 
+from tests import cli_proc  # noqa: E402
+
 # The property tests draw the same examples on every run (derandomize): a suite that passes must
 # pass again on the same tree, under any load. Exploring for new counter-examples is a separate,
 # deliberate run: `HWTUI_HYPOTHESIS=explore` (random draws, more of them), which found the chart
@@ -77,6 +79,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     depends on when a cycle is collected."""
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    # Now, collected and single-threaded, with no test run yet: the twin that forks the tests' CLI
+    # processes (tests/cli_proc.py) instead of each exec'ing and importing torch again.
+    cli_proc.start()
 
 
 # -- no thread of torch's in the test process ---------------------------------------------------------

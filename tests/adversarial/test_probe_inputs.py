@@ -25,7 +25,7 @@ from hwtui.probes.distributed import parsers
 from hwtui.probes.gpu_ids import GpuIdError, parse_cuda_ids, parse_gpu_ids
 from hwtui.probes.host import SNAPSHOT_SCHEMA, FsHost, ReplayHost, validate_snapshot
 from hwtui.probes.inventory import detect_devices
-from tests import machines
+from tests import cli_proc, machines
 
 # -- bounded, non-blocking reads ---------------------------------------------------------------------------
 
@@ -244,8 +244,8 @@ def test_gpu_ids_edge_cases_are_errors(devices, spec):
 def _hwtui(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "MASTER_", "WORLD_", "RANK", "LOCAL_"))}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
-                          timeout=120, errors="replace")
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
+                        timeout=120, errors="replace")
 
 
 def _one_line_exit_2(r: subprocess.CompletedProcess[str]) -> str:

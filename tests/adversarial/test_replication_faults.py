@@ -22,6 +22,7 @@ from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.commit import OutLock, decision_path
 from hwtui.engine.replication.events import ReplCommit
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+from tests import cli_proc
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -110,9 +111,9 @@ def test_sigkill_between_decision_and_switch_is_finished_by_a_rerun(base: dict[s
 
 def test_sigterm_during_commit_cannot_split_the_world_and_prints_no_traceback(base: dict[str, Any], out: Path) -> None:
     env = dict(os.environ, HWTUI_TEST_FAULT="term:rank=2,phase=commit")
-    proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
-                           "--nproc", "3", "--commit", "--out", str(out), "--report", str(out / "report.json")],
-                          capture_output=True, text=True, timeout=90, env=env)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                         "--nproc", "3", "--commit", "--out", str(out), "--report", str(out / "report.json")],
+                        capture_output=True, text=True, timeout=90, env=env)
     assert "Traceback" not in proc.stderr + proc.stdout
     # The signal arrived after the decision: the switch finishes, then the rank stops.
     assert serving(out, base) == {1: "v2", 2: "v2"}
@@ -143,7 +144,7 @@ def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | No
         env["HWTUI_TEST_FAULT"] = fault
     argv = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3", "--commit",
             "--out", str(out), "--timeout", "10", *extra]
-    return subprocess.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    return cli_proc.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def assert_rank_2_voted_no(result: Any, events: list[Any]) -> None:
@@ -348,8 +349,8 @@ def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base: dict[s
     blocked = tmp_path / "out"
     blocked.write_text("a file, not a directory")
     for target in (blocked, blocked / "sub"):
-        proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
-                               "--nproc", "3", "--commit", "--out", str(target)], capture_output=True, text=True, timeout=30)
+        proc = cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                             "--nproc", "3", "--commit", "--out", str(target)], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "--out" in proc.stderr, proc.stderr
     (tmp_path / "o2").mkdir()
@@ -360,8 +361,8 @@ def test_out_that_is_a_file_or_blocked_is_exit_2_before_any_process(base: dict[s
 
 def test_second_concurrent_run_is_refused_naming_the_holder(base: dict[str, Any], out: Path) -> None:
     with OutLock(out, [0, 1, 2]):  # this test process plays the first run
-        proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
-                               "--nproc", "3", "--commit", "--out", str(out)], capture_output=True, text=True, timeout=30)
+        proc = cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v2.json"),
+                             "--nproc", "3", "--commit", "--out", str(out)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert f"in use by pid {os.getpid()}" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert serving(out, base) == {1: "v1", 2: "v1"}

@@ -19,6 +19,7 @@ import pytest
 
 from hwtui.engine.replication.commit import decision_path
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
+from tests import cli_proc
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -48,9 +49,9 @@ def cli(plan: Path, out: Path, *extra: str, fault: str | None = None, umask: int
     env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
     if fault:
         env["HWTUI_TEST_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3",
-                           "--commit", "--out", str(out), "--timeout", "10", *extra],
-                          capture_output=True, text=True, timeout=90, env=env, umask=umask)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3",
+                         "--commit", "--out", str(out), "--timeout", "10", *extra],
+                        capture_output=True, text=True, timeout=90, env=env, umask=umask)
 
 
 def mode(path: Path) -> tuple[int, int]:
@@ -142,8 +143,8 @@ def test_a_serve_group_that_is_not_a_group_is_one_line_exit_2_and_writes_nothing
 
 
 def test_serve_group_without_commit_is_exit_2(base, tmp_path, group):
-    proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v1.json"),
-                           "--nproc", "2", "--serve-group", group.gr_name], capture_output=True, text=True, timeout=60)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(base["root"] / "v1.json"),
+                         "--nproc", "2", "--serve-group", group.gr_name], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--commit" in proc.stderr, proc.stderr
 
 

@@ -25,7 +25,7 @@ from hwtui.probes.catalog import catalog
 from hwtui.probes.envnames import PROBE_ENV_NAMES, PROBE_ENV_PREFIXES, probe_reads
 from hwtui.probes.framework import run_checks
 from hwtui.probes.host import RecordingHost, ReplayHost
-from tests import machines
+from tests import cli_proc, machines
 
 ROOT = Path(__file__).resolve().parents[2]
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
@@ -200,8 +200,8 @@ def test_the_allow_list_is_documented_exactly():
 def _hwtui(*args: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "MASTER_", "WORLD_", "RANK", "LOCAL_"))}
     env.update(env_extra)
-    return subprocess.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
+                        timeout=120)
 
 
 def test_check_json_junit_and_text_mask_master_addr_credentials(tmp_path):

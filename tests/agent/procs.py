@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests import cli_proc
 from tests.agent.helpers import TOKEN
 
 # An agent that imports torch for its resident rank on a loaded box: generous, and only a bound.
@@ -75,9 +76,12 @@ class Agents:
         argv = [sys.executable, "-m", "hwtui.app", "agent", "--listen", f"127.0.0.1:{port}", "--token-file",
                 str(self.token_file), "--node", f"node{i}", "--out", str(self.out(i)), "--check-interval", "3600",
                 "--interval", "0.5", *args]
+        kw: dict[str, Any] = {"env": env(**extra), "start_new_session": True}
         with open(self.logs[i], "w") as log:
-            proc = subprocess.Popen([*_die_with_us(), *argv], stdout=subprocess.PIPE, stderr=log, text=True,
-                                    env=env(**extra), start_new_session=True)
+            # Forked from the tests' zygote where it can be (it dies with the shard, and so do its
+            # children), else exec'd under setpriv so that it dies with the test.
+            wrap = [] if cli_proc.why_exec(argv, kw["env"], kw) is None else _die_with_us()
+            proc = cli_proc.Popen([*wrap, *argv], stdout=subprocess.PIPE, stderr=log, text=True, **kw)
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the agent's one line: bounded by its own start (or its exit)
         assert "listening on" in line, self.logs[i].read_text()
@@ -119,16 +123,16 @@ class Agents:
 # --timeout 15: the tests kill a rank mid-push, and its peers wait out this timeout in a collective
 # that never completes (30 s cost 100 s of the suite); 15 s still leaves a live rank room on a busy box.
 def push(plan: Path, agents: str, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
-                           "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
-                          capture_output=True, text=True, timeout=timeout, env=env())
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
+                         "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
+                        capture_output=True, text=True, timeout=timeout, env=env())
 
 
 def push_bg(plan: Path, agents: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
-                             "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            start_new_session=True)
+    return cli_proc.Popen([sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", agents,
+                           "--timeout", "15", "--init-timeout", "60", "--deadline", "200", *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                          start_new_session=True)
 
 
 def push_and_stop(world: Agents, plan: Path, victim: int, phase: str, *extra: str, sig: int = signal.SIGKILL,

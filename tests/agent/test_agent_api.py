@@ -19,6 +19,7 @@ import pytest
 from hwtui.app.node_api import token as tokens
 from hwtui.app.node_api.server import MAX_BODY, AgentServer, is_loopback, serve_in_thread
 from hwtui.engine.resident.state import NodeState
+from tests import cli_proc
 
 TOKEN = "t0k3n-for-tests"
 
@@ -198,9 +199,9 @@ def test_the_agent_process_serves_a_recorded_machine_and_stops_on_sigterm(tmp_pa
     rtx4090_rx7800xt_arc_a750(root)
     token_file = tmp_path / "tok"
     env = {**os.environ, "HWTUI_AGENT_TOKEN": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "hwtui.app", "agent", "--sysroot", str(root), "--listen", "127.0.0.1:0",
-                             "--token-file", str(token_file), "--node", "rec", "--interval", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = cli_proc.Popen([sys.executable, "-m", "hwtui.app", "agent", "--sysroot", str(root), "--listen", "127.0.0.1:0",
+                           "--token-file", str(token_file), "--node", "rec", "--interval", "0.2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, proc.stderr.read() if proc.poll() is not None else line
@@ -222,8 +223,8 @@ def test_the_agent_process_serves_a_recorded_machine_and_stops_on_sigterm(tmp_pa
 
 
 def test_bad_listen_address_is_one_line_exit_2():
-    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "nowhere"], capture_output=True,
-                          text=True, timeout=60)
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "nowhere"], capture_output=True,
+                        text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "--listen" in done.stderr
 

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hwtui.app.node_api.server import Limits, StreamRoute
+from tests import cli_proc
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 
 # Short deadlines: an example that holds its connection open ends when one fires (a fifth of them),
@@ -212,9 +213,9 @@ def agent_process(tmp_path_factory):
     token_file.chmod(0o600)
     log = open(tmp / "agent.log", "w+")  # noqa: SIM115 - read at the end
     env = {**os.environ, "HWTUI_AGENT_TOKEN": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "hwtui.app", "agent", "--sysroot", str(tmp / "root"), "--node", "fuzz",
-                             "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--interval", "1"],
-                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+    proc = cli_proc.Popen([sys.executable, "-m", "hwtui.app", "agent", "--sysroot", str(tmp / "root"), "--node", "fuzz",
+                           "--listen", "127.0.0.1:0", "--token-file", str(token_file), "--interval", "1"],
+                          stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, line

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hwtui.app.node_api.ifname import IfnameError, derive, interface_holding
+from tests import cli_proc
 
 IFACES = {"lo": {"addresses": ["127.0.0.1", "::1"]}, "eth0": {"addresses": ["10.77.0.1", "fe80::1"]},
           "ib0": {"addresses": []}}
@@ -44,8 +45,8 @@ def test_no_usable_address_is_refused_naming_the_fix(host, words):
 
 def _agent(tmp_path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
-    return subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--token-file", str(tmp_path / "t"), "--out",
-                           str(tmp_path / "served"), *args], capture_output=True, text=True, timeout=60, env=env)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--token-file", str(tmp_path / "t"), "--out",
+                         str(tmp_path / "served"), *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.mark.parametrize("args, words", [

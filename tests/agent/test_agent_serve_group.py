@@ -12,10 +12,11 @@ import grp
 import json
 import os
 import stat
-import subprocess
 import sys
 
 import pytest
+
+from tests import cli_proc
 
 pytest.importorskip("torch")
 
@@ -88,9 +89,9 @@ def test_pushed_files_stay_owner_only_without_the_option(tmp_path):
 def test_an_unknown_serve_group_is_one_line_exit_2_nothing_written(tmp_path, group):
     out = tmp_path / "out"
     token = tmp_path / "agent.token"
-    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--out", str(out),
-                           "--token-file", str(token), "--serve-group", group, "--check-interval", "3600"],
-                          capture_output=True, text=True, timeout=120, env=env())
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--out", str(out),
+                         "--token-file", str(token), "--serve-group", group, "--check-interval", "3600"],
+                        capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--serve-group" in lines[0] and "Traceback" not in done.stderr, done.stderr
@@ -98,16 +99,16 @@ def test_an_unknown_serve_group_is_one_line_exit_2_nothing_written(tmp_path, gro
 
 
 def test_serve_group_without_out_is_refused(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0",
-                           "--token-file", str(tmp_path / "t"), "--serve-group", "daemon"],
-                          capture_output=True, text=True, timeout=120, env=env())
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0",
+                         "--token-file", str(tmp_path / "t"), "--serve-group", "daemon"],
+                        capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 2 and "--out" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_serve_group_with_install_unit_is_refused_not_dropped(tmp_path):
     unit = tmp_path / "hwtui-agent.service"
-    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--install-unit", str(unit),
-                           "--serve-group", "daemon"], capture_output=True, text=True, timeout=120, env=env())
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--install-unit", str(unit),
+                         "--serve-group", "daemon"], capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 2 and "--install-unit" in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
         done.stderr
     assert not unit.exists()

@@ -12,6 +12,7 @@ from hwtui.app.commands import agents as agents_cmd
 from hwtui.app.commands.agents import compare_agents
 from hwtui.app.node_api.client import parse_agents
 from hwtui.core.terminal_text import is_clean
+from tests import cli_proc
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 from tests.agent.hostile import HostileAgent, answer
 from tests.agent.test_cluster_view import _facts
@@ -138,15 +139,14 @@ def test_a_drip_feeding_agent_cannot_hold_the_check(tmp_path):
     time (200 s for its answer) is named unreachable and the check ends. The bounded subprocess wait
     is the proof, no timing assertion."""
     import os
-    import subprocess
     import sys
 
     drip = HostileAgent(answer(json.dumps({"node": "d", "facts": _facts("2.5.1"), "pad": "x" * 4000}).encode()),
                         drip_s=0.05, drip_from=90)
     try:
-        out = subprocess.run([sys.executable, "-m", "hwtui", "--check", "--json", "--agents", f"127.0.0.1:{drip.port}"],
-                             capture_output=True, text=True, timeout=90, cwd=tmp_path,
-                             env={**os.environ, "HWTUI_AGENT_TOKEN": TOKEN})
+        out = cli_proc.run([sys.executable, "-m", "hwtui", "--check", "--json", "--agents", f"127.0.0.1:{drip.port}"],
+                           capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                           env={**os.environ, "HWTUI_AGENT_TOKEN": TOKEN})
         doc = json.loads(out.stdout)
         found = {f["id"]: f for f in doc["findings"]}
         assert out.returncode == 1

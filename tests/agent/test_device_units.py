@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from hwtui.app.commands.agent import device_slots
 from hwtui.app.node_api.peer import export_refusal, may_consume, peer_uid
 from hwtui.core.errors import HwtuiError
+from tests import cli_proc
 from tests.agent.helpers import ipc_memfds
 
 CUDA_BUILD = {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None, "xpu": None}
@@ -22,9 +22,9 @@ CUDA_BUILD = {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None, "xpu":
 
 def test_agent_device_cuda_without_a_cuda_torch_is_one_line_exit_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWTUI_")}
-    done = subprocess.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--out",
-                           str(tmp_path / "out"), "--device", "cuda", "--token-file", str(tmp_path / "tok")],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--listen", "127.0.0.1:0", "--out",
+                         str(tmp_path / "out"), "--device", "cuda", "--token-file", str(tmp_path / "tok")],
+                        capture_output=True, text=True, timeout=120, env=env)
     from hwtui.engine.replication.transport import torch_build
 
     build = torch_build()

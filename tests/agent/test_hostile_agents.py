@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from hwtui.app.node_api.client import Poller, parse_agents
 from hwtui.core.terminal_text import is_clean
+from tests import cli_proc
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
 from tests.agent.hostile import HostileAgent, answer, summary_bytes
 
@@ -70,8 +70,8 @@ def test_hwtui_agents_strips_controls_and_returns_by_the_deadline_whatever_the_a
         spec = _agent_args(good.port, *(h.port for h in hostile))
         env = {**os.environ, "HWTUI_AGENT_TOKEN": TOKEN, "NO_COLOR": "1"}
         # The bound: the drip alone would take 200 s per dripping agent; the deadline is 5 s.
-        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--agents", spec, "--interval", "5"],
-                             capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+        out = cli_proc.run([sys.executable, "-m", "hwtui", "agents", "--agents", spec, "--interval", "5"],
+                           capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
         _assert_clean(out.stdout)
         _assert_clean(out.stderr)
         assert "PWNED" not in out.stdout + out.stderr
@@ -100,9 +100,9 @@ def test_the_json_output_names_every_bad_field_unknown(tmp_path):
     hostile = {label: HostileAgent(answer(body)) for label, body in BAD_FIELDS.items()}
     try:
         env = {**os.environ, "HWTUI_AGENT_TOKEN": TOKEN}
-        out = subprocess.run([sys.executable, "-m", "hwtui", "agents", "--json", "--interval", "5",
-                              "--agents", _agent_args(*(h.port for h in hostile.values()))],
-                             capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
+        out = cli_proc.run([sys.executable, "-m", "hwtui", "agents", "--json", "--interval", "5",
+                            "--agents", _agent_args(*(h.port for h in hostile.values()))],
+                           capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         by = {n["node"]: n for n in doc["nodes"]}

@@ -28,6 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests import cli_proc
 from tests.agent.procs import Agents, env, push, push_and_stop  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, write_plan  # noqa: E402
 
@@ -135,8 +136,8 @@ def test_a_split_is_named_with_its_command_and_that_command_finishes_it(world, m
     assert argv[:2] == ["hwtui", "push"] and argv[-1] == "--resume" and str(plan) in argv, command
     assert world.served(1).joinpath("staging", "v2", "manifest.json").is_file()  # kept: decided
 
-    resumed = subprocess.run([*env_python(), "-m", "hwtui.app", *argv[1:], "--json"], capture_output=True,
-                             text=True, timeout=240, env=env())
+    resumed = cli_proc.run([*env_python(), "-m", "hwtui.app", *argv[1:], "--json"], capture_output=True,
+                           text=True, timeout=240, env=env())
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     doc = json.loads(resumed.stdout)
     by = {n["node"]: n for n in doc["nodes"]}

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_proc
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -60,8 +62,8 @@ def test_a_receiver_that_dies_mid_push_never_loses_the_training_run(tmp_path):
             world.start(i)
         world.start(2, HWTUI_TEST_FAULT="kill:rank=2,phase=prepare")  # its rank dies in every push
         argv = _train_argv(tmp_path, world.agents(), world.token_file)
-        done = subprocess.run([sys.executable, "-m", "hwtui.app", *argv], capture_output=True, text=True, timeout=240,
-                              env={**env(), **HF_ENV})
+        done = cli_proc.run([sys.executable, "-m", "hwtui.app", *argv], capture_output=True, text=True, timeout=240,
+                            env={**env(), **HF_ENV})
     finally:
         world.close()
     assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]

@@ -8,15 +8,15 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests import machines
+from tests import cli_proc, machines
 
 
 def hwtui(*args, env_extra=None, timeout=120):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "MASTER_", "WORLD_", "RANK", "LOCAL_"))}
     env.pop("NO_COLOR", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", *args], capture_output=True, text=True, env=env,
+                        timeout=timeout)
 
 
 @pytest.fixture

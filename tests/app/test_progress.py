@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
 import sys
 
 import pytest
@@ -26,6 +25,7 @@ from hwtui.app.output.progress import (
     mode_for,
 )
 from hwtui.core.events import parse_line
+from tests import cli_proc
 
 
 class Tty(io.StringIO):
@@ -163,7 +163,7 @@ def test_plan_progress_lines_are_the_events_figures(tmp_path, monkeypatch):
 
 
 def _cli(*argv, cwd):
-    return subprocess.run([sys.executable, "-m", "hwtui", *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return cli_proc.run([sys.executable, "-m", "hwtui", *argv], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def test_plan_cli_shows_progress_and_quiet_only_the_result(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_proc
 from tests.agent.helpers import TOKEN
 from tests.agent.hostile import HostileAgent, answer
 from tests.app.test_train_push_options import GPT2
@@ -70,9 +71,9 @@ def test_ctrl_c_during_the_last_push_stops_the_wait_and_keeps_the_report(tmp_pat
         argv = ["train", "--gpu-ids", "cpu:0", "--steps", "4", "--model", str(model),
                 "--report", str(tmp_path / "r.json"), "--save-hf", str(tmp_path / "hf"),
                 "--push-to", ",".join(f"127.0.0.1:{a.port}" for a in agents), "--token-file", str(token)]
-        proc = subprocess.Popen([sys.executable, "-m", "hwtui.app", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        proc = cli_proc.Popen([sys.executable, "-m", "hwtui.app", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         # Each pipe has one reader, a thread of its own (communicate() would race the stderr reader
         # for the last lines: a loaded run lost the FAILED line that way).
         lines: list[str] = []

@@ -59,6 +59,12 @@ def stdio_case() -> None:
     preload(["json"])
     real_stdout = sys.stdout
     sys.stdin, sys.stdout, sys.stderr = io.StringIO("not for the child\n"), io.StringIO(), io.StringIO()
+    # A library's logger set up at import (transformers' is): its handler holds our sys.stderr.
+    import logging
+
+    lib = logging.getLogger("launcher-lib")
+    lib.addHandler(logging.StreamHandler())
+    lib.propagate = False
     child = Child(python_module("tests.core.fork_probe", "{answer_fd}", "stdio"), name="stdio", answer_pipe=True,
                   stdin="pipe", stdout="pipe", stderr="pipe", text=True, fork=True).start()
     assert child.proc is not None and child.proc.stdin and child.proc.stdout and child.proc.stderr

@@ -37,6 +37,9 @@ def main() -> None:
     if how == "stdio":  # Python's own streams: print, stderr, a line read with input()
         print("out-line")
         print("err-line", file=sys.stderr)
+        import logging
+
+        logging.getLogger("launcher-lib").warning("log-line")  # a handler the launcher made (fork_driver)
         print("echo:" + input())
         sys.exit(0)
     reuse = _reuse() if how == "reuse" else None

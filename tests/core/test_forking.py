@@ -62,7 +62,7 @@ def test_the_launchers_garbage_never_closes_a_childs_fd() -> None:
 def test_a_forked_child_prints_and_reads_on_its_own_fds_whatever_the_launcher_did_to_its_streams() -> None:
     out = drive("stdio")
     assert out["forked"] is True, out
-    assert (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\n"), out
+    assert (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\nlog-line\n"), out
     assert out["ours"] == {"stdout": "", "stderr": ""}  # nothing landed in the launcher's replaced streams
 
 
@@ -161,7 +161,7 @@ def test_a_threaded_process_forks_through_its_server_and_the_child_gets_what_an_
 
 def test_through_the_server_stdio_terminate_and_exceptions_are_as_with_exec() -> None:
     out = drive("server_stdio")
-    assert out["forked"] is True and (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\n")
+    assert out["forked"] is True and (out["code"], out["stdout"], out["stderr"]) == (0, "out-line\necho:hello\n", "err-line\nlog-line\n")
     out = drive("server_hang")
     assert out["forked"] is True and out["terminate"] == -15 and out["text"] == "was killed by SIGTERM"
     out = drive("server_raise")

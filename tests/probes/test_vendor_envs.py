@@ -15,6 +15,7 @@ from hwtui.core.finding import Status
 from hwtui.probes import vendor_envs as ve
 from hwtui.probes.catalog import catalog
 from hwtui.probes.framework import collect, run_checks
+from tests import cli_proc
 from tests.probes import recorded
 from tests.probes.recorded import PYTHON, version_py_text
 
@@ -182,8 +183,8 @@ def test_setup_installs_the_exact_vendor_build_whatever_the_users_pip_configurat
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_CONFIG_FILE": str(pip_conf), "PIP_FIND_LINKS": str(links / "torch"),
            "PIP_EXTRA_INDEX_URL": extra.as_uri(), "UV_FIND_LINKS": str(links / "torch"), "UV_EXTRA_INDEX_URL": extra.as_uri()}
-    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri()],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri()],
+                        env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     python = str(tmp_path / "envs" / "xpu" / "bin" / "python")
     recorded_envs = ve.load_environments({"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
@@ -248,11 +249,11 @@ def test_index_url_credentials_reach_pip_but_no_output_or_record(tmp_path, auth_
     args = fake_indexes(tmp_path)
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
            "PIP_NO_INPUT": "1"}
-    dry = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url, "--dry-run"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    dry = cli_proc.run([sys.executable, "-m", "hwtui", *args, "--index-url", url, "--dry-run"],
+                       env=env, capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0 and "***REDACTED***@127.0.0.1" in dry.stdout, dry.stderr[-800:]
-    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url], env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui", *args, "--index-url", url], env=env, capture_output=True,
+                        text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert want in seen, "pip was given the real URL, credentials included"
     config = (tmp_path / "cfg" / "hwtui" / "config.json").read_text()
@@ -266,8 +267,8 @@ def test_a_failed_step_names_no_credentials(tmp_path, auth_index):
     url, _, _ = auth_index
     args = fake_indexes(tmp_path)
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_NO_INPUT": "1"}
-    proc = subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", url.replace(SECRET, "wrong" + SECRET)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui", *args, "--index-url", url.replace(SECRET, "wrong" + SECRET)],
+                        env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1 and "nothing was recorded" in proc.stderr.strip().splitlines()[-1]
     assert SECRET not in proc.stdout + proc.stderr
 
@@ -306,9 +307,9 @@ def test_a_failed_install_step_is_one_line_exit_1_and_records_nothing(tmp_path):
     tree = tmp_path / "tree"
     recorded.arc_a770(tree)
     cfg = tmp_path / "cfg"
-    proc = subprocess.run([sys.executable, "-m", "hwtui", "setup", "--sysroot", str(tree), "--tool", "pip",
-                           "--dir", str(tmp_path / "envs"), "--index-url", (tmp_path / "whl").as_uri()],
-                          env={**os.environ, "XDG_CONFIG_HOME": str(cfg)}, capture_output=True, text=True, timeout=240)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui", "setup", "--sysroot", str(tree), "--tool", "pip",
+                         "--dir", str(tmp_path / "envs"), "--index-url", (tmp_path / "whl").as_uri()],
+                        env={**os.environ, "XDG_CONFIG_HOME": str(cfg)}, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("hwtui: error: `") and "exited with status" in last and "nothing was recorded" in last
@@ -332,8 +333,8 @@ def run_setup(tmp_path, *extra):
     args = fake_indexes(tmp_path)
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     env.pop("NO_COLOR", None)
-    return subprocess.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri(), *extra],
-                          env=env, capture_output=True, text=True, timeout=240)
+    return cli_proc.run([sys.executable, "-m", "hwtui", *args, "--index-url", (tmp_path / "whl").as_uri(), *extra],
+                        env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_setup_progress_counts_the_steps_it_runs_in_plain_lines(tmp_path):

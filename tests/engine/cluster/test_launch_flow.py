@@ -18,6 +18,7 @@ from hwtui.core.net import free_loopback_port
 from hwtui.core.redact import MASK
 from hwtui.engine.cluster import launchfiles
 from hwtui.engine.cluster.smoke import ClusterNodeRow, ClusterReport
+from tests import cli_proc
 from tests.engine.cluster.netns import finish
 from tests.typed_shape import assert_shape
 
@@ -36,8 +37,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _rank(argv_tail: list[str], **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hwtui.app", "cluster", "test", *argv_tail], env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return cli_proc.Popen([sys.executable, "-m", "hwtui.app", "cluster", "test", *argv_tail], env=_env(**env),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _init(out: Path, nodes: str, *extra: str) -> Path:
@@ -126,7 +127,7 @@ def test_preflight_outside_the_env_file_checks_the_specs_interface(tmp_path):
                      "c=ens5", "--master-port", str(port), "--join-timeout", "5", "-o", str(out)]) == 0
     store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)  # node a's
     argv = [sys.executable, "-m", "hwtui.app", "cluster", "preflight", "--spec", str(out / "cluster.json")]
-    done = subprocess.run([*argv, "--node", "c"], env=_env(), capture_output=True, text=True, timeout=120)
+    done = cli_proc.run([*argv, "--node", "c"], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     first = done.stderr.splitlines()[0]
     assert first.startswith("hwtui: node c cannot join: NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: "), first
@@ -134,10 +135,10 @@ def test_preflight_outside_the_env_file_checks_the_specs_interface(tmp_path):
     said = store.get(preflight_key("c")).decode()
     assert said.startswith("NCCL_SOCKET_IFNAME=ens5 matches no interface that is up; fix: ")
     # Node a's interface (lo) exists: it may join.
-    ok = subprocess.run([*argv, "--node", "a"], env=_env(), capture_output=True, text=True, timeout=120)
+    ok = cli_proc.run([*argv, "--node", "a"], env=_env(), capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
     # A node the spec does not list: one line, exit 2.
-    bad = subprocess.run([*argv, "--node", "zz"], env=_env(), capture_output=True, text=True, timeout=120)
+    bad = cli_proc.run([*argv, "--node", "zz"], env=_env(), capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"hwtui: error: node 'zz' is not in {out / 'cluster.json'} (it lists a, c): pass --node NAME, or source that "
         "node's env file first"]

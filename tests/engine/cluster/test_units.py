@@ -15,6 +15,7 @@ from hwtui.core.finding import Status
 from hwtui.engine.cluster.bandwidth import BandwidthResult, algbw, bus_factor, busbw, floor_failures, parse_size, size_series
 from hwtui.engine.cluster.smoke import ClusterFailure, _bandwidth_findings, detect_launch, probe_port
 from hwtui.engine.cluster.spec import ClusterSpec, Node
+from tests import cli_proc
 
 
 def test_nccl_tests_bus_factors():
@@ -166,10 +167,10 @@ def test_min_busbw_floor_fails_a_real_run_and_json_report(tmp_path):
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "HWTUI_CLUSTER_NODE": f"n{rank}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "hwtui.app", "cluster", "test", "--json", "--min-bytes", "4K",
-                                       "--max-bytes", "64K", "--iters", "3", "--warmup", "1", "--min-busbw", "100000",
-                                       "--join-timeout", "30", "--timeout", "30"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(cli_proc.Popen([sys.executable, "-m", "hwtui.app", "cluster", "test", "--json", "--min-bytes", "4K",
+                                     "--max-bytes", "64K", "--iters", "3", "--warmup", "1", "--min-busbw", "100000",
+                                     "--join-timeout", "30", "--timeout", "30"],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=80) for p in procs]
     assert [p.returncode for p in procs] == [1, 1], outs
     report = json.loads(outs[0][0])  # rank 0's stdout is exactly one JSON document

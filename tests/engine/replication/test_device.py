@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.transport import torch_build, validate_device
+from tests import cli_proc
 from tests.engine.replication.helpers import make_model, write_plan
 
 CPU = {"__version__": "2.13.0+cpu", "cuda": None, "hip": None, "xpu": None}
@@ -42,8 +42,8 @@ def test_cli_device_cuda_on_this_torch_is_exit_2_before_any_transport_line(tmp_p
         pytest.skip("this torch can drive CUDA")
     make_model(tmp_path / "src", seed=3, big=100, n=2)
     write_plan(tmp_path / "src", tmp_path / "p.json", version="d1")
-    proc = subprocess.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
-                           "--device", "cuda", "--nproc", "2"], capture_output=True, text=True, timeout=60)
+    proc = cli_proc.run([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                         "--device", "cuda", "--nproc", "2"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "download.pytorch.org/whl/cu128" in proc.stderr
     assert "Using" not in proc.stderr and "Traceback" not in proc.stderr

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from hwtui.core.net import free_loopback_port
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import build_plan_from_files, load_plan, manifest_of, write_json_atomic
+from tests import cli_proc
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -103,9 +104,9 @@ def test_ranks_with_different_settings_stop_before_any_byte_moves(tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in ("HWTUI_TEST_FAULT", "HOTWEIGHTS_BCAST_CHUNK_MB")}
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, HOTWEIGHTS_BCAST_CHUNK_MB=chunk)
-        procs.append(subprocess.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
-                                       "--events", str(tmp_path / f"ev{rank}.jsonl"), "--init-timeout", "30"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        procs.append(cli_proc.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                                     "--events", str(tmp_path / f"ev{rank}.jsonl"), "--init-timeout", "30"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     outs = [p.communicate(timeout=90) for p in procs]
     for rank, (p, (_out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 2, (rank, err)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_proc
 from tests.engine.replication.helpers import make_model, write_plan
 from tests.procfs import alive, children
 
@@ -39,8 +40,8 @@ def test_sigkill_of_the_launcher_takes_every_rank(tmp_path: Path, fork: str) -> 
     make_model(tmp_path / "m", n=4, big=1000)
     write_plan(tmp_path / "m", tmp_path / "p.plan", version="v1")
     env = {**os.environ, "HWTUI_TEST_FAULT": "hang:rank=2", "HWTUI_FORK_RANKS": fork}
-    launcher = subprocess.Popen([sys.executable, "-m", "hwtui", "replicate", "--plan", str(tmp_path / "p.plan"), "--nproc", "3"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    launcher = cli_proc.Popen([sys.executable, "-m", "hwtui", "replicate", "--plan", str(tmp_path / "p.plan"), "--nproc", "3"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         ranks = wait_for(lambda: (c := children(launcher.pid)) and len(c) == 3 and c, 120, "3 ranks")
         cmd = Path(f"/proc/{launcher.pid}/cmdline").read_bytes()

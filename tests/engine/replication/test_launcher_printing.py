@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from hwtui.core.net import free_loopback_port
+from tests import cli_proc
 from tests.engine.cluster.netns import finish
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 
@@ -68,10 +69,10 @@ def test_an_out_per_node_rank_0_still_counts_every_receiver(tmp_path, plan, laun
                    "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}
         return _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **ids)
 
-    procs = [subprocess.Popen([sys.executable, "-m", "hwtui.app", "replicate", "--plan", str(path), "--commit", "--out",
-                               str(tmp_path / f"node{rank}"), "--init-timeout", "60", "--report",
-                               str(tmp_path / "rep{rank}.json")], env=env(rank), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for rank in range(3)]
+    procs = [cli_proc.Popen([sys.executable, "-m", "hwtui.app", "replicate", "--plan", str(path), "--commit", "--out",
+                             str(tmp_path / f"node{rank}"), "--init-timeout", "60", "--report",
+                             str(tmp_path / "rep{rank}.json")], env=env(rank), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True) for rank in range(3)]
     results = finish(procs, timeout=120)
     assert [rc for rc, _, _ in results] == [0, 0, 0], results
     (_, out0, _), *others = results

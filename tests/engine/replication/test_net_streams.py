@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication import net_streams as ns
+from tests import cli_proc
 
 HERE = {"lo", "eth0"}
 
@@ -94,8 +94,8 @@ def test_replicate_refuses_a_bad_interface_list_or_stream_count_in_one_line(tmp_
     after the rendezvous: 'forming the world failed (GlooDeviceFactory::makeTCPDevice(): ...)', exit 1)."""
     argv, env = _cli_plan(tmp_path, 20_000)
     env[var] = value
-    proc = subprocess.run([*argv, "--commit", "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=100, env=env)
+    proc = cli_proc.run([*argv, "--commit", "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                        timeout=100, env=env)
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
     assert len(errors) == 1 and says in errors[0], proc.stderr
@@ -148,13 +148,13 @@ def test_replicate_takes_the_stream_count_as_a_flag_that_wins_over_the_environme
     argv, env = _cli_plan(tmp_path, 40_000)
     env.update(GLOO_SOCKET_IFNAME="lo", HWTUI_NET_STREAMS="2")
     base = [*argv, "--no-same-host"]
-    proc = subprocess.run([*base, "--net-streams", "3", "--report", str(tmp_path / "r.json")], capture_output=True,
-                          text=True, timeout=100, env=env)
+    proc = cli_proc.run([*base, "--net-streams", "3", "--report", str(tmp_path / "r.json")], capture_output=True,
+                        text=True, timeout=100, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["rank"]: r for r in json.loads((tmp_path / "r.json").read_text())["ranks"]}
     assert {r: rows[r]["net_streams"] for r in rows} == {0: 3, 1: 3}, rows
     assert "3 TCP streams per peer" in proc.stdout, proc.stdout
-    bad = subprocess.run([*base, "--net-streams", "9"], capture_output=True, text=True, timeout=100, env=env)
+    bad = cli_proc.run([*base, "--net-streams", "9"], capture_output=True, text=True, timeout=100, env=env)
     errors = [line for line in bad.stderr.splitlines() if line.startswith("hwtui: error:")]
     assert bad.returncode == 2 and errors == ["hwtui: error: --net-streams 9: the network streams must be a whole "
                                               "number 1 to 8"], bad.stderr

@@ -22,6 +22,7 @@ from hwtui.engine.replication.events import ReplBucket, ReplCommit, ReplDone, Re
 from hwtui.engine.replication.launcher import ReplicationOptions, run_replication
 from hwtui.engine.replication.plan import manifest_of, write_json_atomic
 from hwtui.engine.replication.report import PeakMemory, ReplicationReport
+from tests import cli_proc
 from tests.engine.replication.helpers import assert_bytes_equal, make_model, served, write_plan
 from tests.typed_shape import assert_shape
 
@@ -226,9 +227,9 @@ def test_cli_events_on_stdout_and_sigterm_aborts(tmp_path):
     make_model(tmp_path / "src", seed=9, big=50_000, n=5)
     write_plan(tmp_path / "src", tmp_path / "p.json", version="s1", bucket_kib=16)
     env = dict(os.environ, HWTUI_TEST_FAULT="hang:rank=1,bucket=2")
-    proc = subprocess.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
-                             "--nproc", "2", "--events", "-", "--commit", "--out", str(tmp_path / "out"), "--timeout", "60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = cli_proc.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                           "--nproc", "2", "--events", "-", "--commit", "--out", str(tmp_path / "out"), "--timeout", "60"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -283,9 +284,9 @@ def test_sigterm_while_ranks_start_ends_every_rank_at_once(tmp_path):
     write_plan(tmp_path / "src", tmp_path / "p.json", version="q1", bucket_kib=16)
     # Rank 1 sleeps before its world forms; rank 0 then waits in the rendezvous for it.
     env = dict(os.environ, HWTUI_TEST_FAULT="hang:rank=1,phase=load")
-    proc = subprocess.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
-                             "--nproc", "2", "--events", "-", "--commit", "--out", str(tmp_path / "out"), "--timeout", "120"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = cli_proc.Popen([sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(tmp_path / "p.json"),
+                           "--nproc", "2", "--events", "-", "--commit", "--out", str(tmp_path / "out"), "--timeout", "120"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

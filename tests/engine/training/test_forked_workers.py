@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests import cli_proc
 from tests.procfs import alive, ppid, wait_gone
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,9 +35,9 @@ def _train(*args: str, env: dict[str, str] | None = None, err: Path | None = Non
     reads stdout as it goes (an undrained stderr pipe could fill and block the launcher)."""
     with contextlib.ExitStack() as stack:
         stderr = stack.enter_context(err.open("w")) if err is not None else subprocess.PIPE
-        return subprocess.Popen([sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", *SMALL, "-v",
-                                 "--events", "-", *args], cwd=REPO, env={**os.environ, **(env or {})},
-                                stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+        return cli_proc.Popen([sys.executable, "-m", "hwtui.app", "train", "--gpu-ids", "cpu:0,cpu:1", *SMALL, "-v",
+                               "--events", "-", *args], cwd=REPO, env={**os.environ, **(env or {})},
+                              stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
 
 
 def _started(events: list[dict]) -> dict[int, dict]:
@@ -138,9 +139,9 @@ def test_a_mixed_run_forks_only_its_cpu_workers(tmp_path: Path) -> None:
     from tests import machines
 
     machines.rtx3090_arc_a770(tmp_path / "sys")
-    p = subprocess.run([sys.executable, "-m", "hwtui.app", "train", "--sysroot", str(tmp_path / "sys"), "--gpu-ids", "0,cpu",
-                        *SMALL, "--steps", "5", "-v", "--events", str(tmp_path / "ev.jsonl")],
-                       cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
+    p = cli_proc.run([sys.executable, "-m", "hwtui.app", "train", "--sysroot", str(tmp_path / "sys"), "--gpu-ids", "0,cpu",
+                      *SMALL, "--steps", "5", "-v", "--events", str(tmp_path / "ev.jsonl")],
+                     cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
     events = [json.loads(x) for x in (tmp_path / "ev.jsonl").read_text().splitlines()]
     started = _started(events)
     assert {r: w["mode"] for r, w in started.items()} == {0: "exec'd", 1: "forked"}, (started, p.stderr)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli_proc
+
 torch = pytest.importorskip("torch")
 
 from hwtui.app.cli import main  # noqa: E402
@@ -154,8 +156,8 @@ def _train_argv(tmp: Path, name: str, *extra: str) -> list[str]:
 
 
 def _train(tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hwtui.app", *_train_argv(tmp, name, *extra)],
-                          cwd=REPO, env={**os.environ, **KNOBS, **(env or {})}, capture_output=True, text=True, timeout=170)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", *_train_argv(tmp, name, *extra)],
+                        cwd=REPO, env={**os.environ, **KNOBS, **(env or {})}, capture_output=True, text=True, timeout=170)
 
 
 def _sha(path: Path) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hwtui.app.cli import main
-from tests import machines
+from tests import cli_proc, machines
 
 REPO = Path(__file__).resolve().parents[3]
 BATCH = 8
@@ -28,8 +28,8 @@ AVERAGE = [*COMMON, "--merge", "average"]
 
 
 def hwtui(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hwtui.app", *args], cwd=REPO, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return cli_proc.Popen([sys.executable, "-m", "hwtui.app", *args], cwd=REPO, env={**os.environ, **(env or {})},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
 def events_of(text: str) -> list[dict]:

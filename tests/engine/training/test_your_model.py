@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hwtui.app.cli import main
+from tests import cli_proc
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,8 +44,8 @@ def model_dir(path: Path, **config) -> Path:
 
 
 def hwtui(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hwtui.app", *args], cwd=REPO, env={**os.environ, **ENV},
-                          capture_output=True, text=True, timeout=timeout)
+    return cli_proc.run([sys.executable, "-m", "hwtui.app", *args], cwd=REPO, env={**os.environ, **ENV},
+                        capture_output=True, text=True, timeout=timeout)
 
 
 def heldout_loss(model, text: bytes, context: int = 64) -> float:

@@ -1,0 +1,424 @@
+"""Start hwtui's CLI from a test as a process forked from a preloaded twin of the test process.
+
+Why: every ``python -m hwtui.app ...`` a test started was a fresh interpreter whose first act is
+``import torch`` (1.2 CPU-s on the 2-core boxes the suite runs on). Process accounting over one
+full run put ~250 such starts at about half of the suite's 527 CPU-s, and CI's wall sat at the
+six-minute limit. Here a test's CLI is forked from a *zygote*: a twin of the test process forked
+once, right after collection (everything imported, no test run yet: no cache or global a test
+filled), which forks each CLI on request with ``hwtui.core.forkserver``'s protocol, the one the
+node agent uses for its resident ranks.
+
+What the CLI process gets is what an exec'd one gets: its own process running ``python -m
+<module>`` (runpy, as the interpreter does), the test's argv, environment, cwd and stdio (the
+test's fds 0-2 where a stream is not redirected), fresh signal handlers, and nothing else of the
+test process. Its launchers fork or exec their ranks from it as from an exec'd CLI. The handle is
+the part of ``subprocess.Popen`` the tests use (pid, poll, wait, communicate, signals, pipes), and
+its ``returncode`` is the child's wait status as Popen reports it (-9 for SIGKILL). Differences,
+none of which a test here depends on: the child always has its own session (as with
+``start_new_session=True``), its parent is the zygote, its ``/proc/<pid>/cmdline`` is pytest's.
+
+The CLI is exec'd as before (``subprocess``) when a fork could differ from an exec:
+* ``HWTUI_TEST_CLI_EXEC=1`` in the test process's environment (every CLI exec'd: the old way);
+* the zygote is not running (it needs a single-threaded test process to fork from);
+* argv is not ``[sys.executable, "-m", <hwtui's CLI module>, ...]`` (a wrapper such as ``unshare``
+  or ``ip netns exec``, interpreter flags, another Python);
+* a variable that is read once, at import or interpreter start, differs between the child's
+  environment and the zygote's (torch's and its libraries', Hugging Face's, ``PYTHON*``, the
+  locale): the child would silently keep the zygote's value;
+* an argument this module does not implement (``preexec_fn``, several ``pass_fds``, ...).
+
+The zygote is a child of the test process with ``PR_SET_PDEATHSIG``, and so is each CLI of the
+zygote: nothing outlives the shard. No thread is ever started here (the shard stays forkable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import locale
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from hwtui.core import forkserver
+
+EXEC_ENV = "HWTUI_TEST_CLI_EXEC"
+CLI_MODULES = ("hwtui", "hwtui.app", "hwtui.app.cli")
+# What the zygote imports before its heap is frozen: the CLI and what its commands' launchers
+# preload for their ranks (most of it is imported by collection already).
+ZYGOTE_MODULES = ("hwtui.app.cli", "hwtui.engine.rank_fork", "hwtui.engine.replication.launcher",
+                  "hwtui.engine.resident.resident_child", "hwtui.engine.training.worker_fork")
+# Read once at import or at interpreter start: a child whose value differs is exec'd.
+_ALLOWED_TO_DIFFER = frozenset({"PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
+_SUPPORTED = frozenset({"stdin", "stdout", "stderr", "env", "cwd", "text", "universal_newlines", "encoding", "errors",
+                        "start_new_session", "pass_fds", "bufsize", "close_fds"})
+REPLY_TIMEOUT_S = 30.0
+
+
+def _import_env_prefixes() -> tuple[str, ...]:
+    from hwtui.engine.rank_fork import IMPORT_ENV_PREFIXES
+    from hwtui.engine.training.worker_fork import HF_ENV_PREFIXES
+
+    return (*IMPORT_ENV_PREFIXES, *HF_ENV_PREFIXES, "PYTHON", "LC_", "LANG")
+
+
+class _Zygote:
+    """The client of the zygote (forkserver's protocol), read in the caller's thread."""
+
+    def __init__(self, pid: int, sock: socket.socket, env: Mapping[str, str]):
+        self.pid = pid
+        self.alive = True
+        self._sock = sock
+        self._codes: dict[int, int] = {}
+        self._pending: set[int] = set()
+        self._prefixes = _import_env_prefixes()
+        self._env = self._import_env(env)
+
+    def _import_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {k: v for k, v in env.items() if k.startswith(self._prefixes) and k not in _ALLOWED_TO_DIFFER}
+
+    def env_differs(self, env: Mapping[str, str]) -> list[str]:
+        theirs = self._import_env(env)
+        return sorted(k for k in set(theirs) | set(self._env) if theirs.get(k) != self._env.get(k))
+
+    def _gone(self) -> None:
+        # The zygote died, and with it (PR_SET_PDEATHSIG) every CLI it had.
+        self.alive = False
+        for pid in self._pending:
+            self._codes.setdefault(pid, -signal.SIGKILL)
+        self._pending.clear()
+
+    def _take(self, timeout: float | None) -> dict[str, Any] | None:
+        """One message, None when none came within ``timeout``; files exit notices as they come."""
+        if not self.alive:
+            return None
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            data = self._sock.recv(forkserver.MAX_MESSAGE)
+        except OSError:
+            data = b""
+        if not data:
+            self._gone()
+            return None
+        msg: dict[str, Any] = json.loads(data)
+        if "exit" in msg:
+            self._codes[int(msg["exit"])] = int(msg["code"])
+            self._pending.discard(int(msg["exit"]))
+        return msg
+
+    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, stdio: tuple[int, int, int],
+             keep_fd: int | None) -> int:
+        req, fds = forkserver.encode_request(argv, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
+        socket.send_fds(self._sock, [req], fds)
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while True:
+            left = deadline - time.monotonic()
+            msg = self._take(max(left, 0.0))
+            if msg is None:
+                if not self.alive or left <= 0:
+                    raise OSError("the CLI zygote did not answer")
+                continue
+            if "exit" in msg:
+                continue
+            if "pid" in msg:
+                pid = int(msg["pid"])
+                self._codes.pop(pid, None)  # a reused pid: the old child's status is not this one's
+                self._pending.add(pid)
+                return pid
+            raise OSError(str(msg.get("error", "the CLI zygote refused")))
+
+    def code(self, pid: int, timeout: float | None) -> int | None:
+        """The child's ``Popen.returncode``; None if it has not exited within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            while self._take(0) is not None:  # every notice already here, first
+                pass
+            if pid in self._codes:
+                return self._codes[pid]
+            if not self.alive:
+                return self._codes.setdefault(pid, -signal.SIGKILL)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self._take(left)
+
+
+_zygote: _Zygote | None = None
+
+
+def _prepare_zygote() -> None:
+    import importlib
+
+    for name in ZYGOTE_MODULES:
+        importlib.import_module(name)
+    # Library loggers set up during collection (transformers', and a few dozen more) hold pytest's
+    # capture of the test process's stderr, a temporary file the zygote does not keep open ("Bad
+    # file descriptor" in every CLI that logged), where an exec'd CLI's hold its own stderr. Pointed
+    # at this process's stderr, they are moved to each CLI's own by the fork (hwtui.core.forking).
+    import logging
+
+    for ref in list(logging._handlerList):  # type: ignore[attr-defined]
+        handler = ref()
+        if isinstance(handler, logging.StreamHandler) and type(handler.stream).__module__.startswith("_pytest"):
+            handler.stream = sys.__stderr__
+    if (threads := forkserver.forking.thread_count()) > 1:  # an import started one: forking here is unsafe
+        raise RuntimeError(f"the CLI zygote has {threads} threads after its imports: every CLI is exec'd")
+
+
+def start() -> str | None:
+    """Fork the zygote from this (single-threaded, collected) test process; why not (None: running)."""
+    global _zygote
+    if os.environ.get(EXEC_ENV, "").strip() not in ("", "0"):
+        return f"{EXEC_ENV} is set"
+    if _zygote is not None and _zygote.alive:
+        return None
+    try:
+        _zygote = spawn_zygote()
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: Mapping[str, Any] | None = None) -> str | None:
+    """Why this CLI would be exec'd rather than forked from the zygote (None: forked)."""
+    if os.environ.get(EXEC_ENV, "").strip() not in ("", "0"):
+        return f"{EXEC_ENV} is set"
+    if _zygote is None or not _zygote.alive:
+        return "the zygote is not running"
+    argv = [str(a) for a in argv]
+    if len(argv) < 3 or argv[1] != "-m" or argv[2] not in CLI_MODULES or os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
+        return "not `python -m hwtui...` with this interpreter"
+    unsupported = sorted(set(kwargs or {}) - _SUPPORTED)
+    if unsupported:
+        return f"{', '.join(unsupported)} is not implemented here"
+    if len(tuple((kwargs or {}).get("pass_fds", ()))) > 1:
+        return "more than one pass_fds"
+    if (kwargs or {}).get("close_fds") is False:
+        return "close_fds=False"
+    if diff := _zygote.env_differs(os.environ if env is None else env):
+        return f"the child's {', '.join(diff)} differ from the zygote's"
+    return None
+
+
+class ForkedCli:
+    """A CLI forked by the zygote: the part of ``subprocess.Popen`` the tests use."""
+
+    def __init__(self, zygote: _Zygote, pid: int, args: Sequence[str], stdin: IO[Any] | None, stdout: IO[Any] | None,
+                 stderr: IO[Any] | None, text: tuple[str, str] | None):
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self._zygote = zygote
+        self._text = text  # (encoding, errors) in text mode
+        self._out_fd = None if stdout is None else stdout.fileno()
+        self._err_fd = None if stderr is None else stderr.fileno()
+        self._chunks: dict[int, list[bytes]] = {}
+        self._input = b""
+        self._communication_started = False
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._zygote.code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            code = self._zygote.code(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self.returncode = code
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> ForkedCli:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr, self.stdin):
+            if stream is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    stream.close()
+        self.wait()
+
+    def communicate(self, input: str | bytes | None = None, timeout: float | None = None) -> tuple[Any, Any]:  # noqa: A002 - Popen's name
+        """As ``Popen.communicate``: feed ``input`` while reading both pipes to EOF, then wait.
+        TimeoutExpired carries what was read so far, and a later call goes on from there."""
+        if self._communication_started and input:
+            raise ValueError("Cannot send input after starting communication")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        writer: int | None = None
+        if not self._communication_started:
+            self._communication_started = True
+            if self.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    self.stdin.flush()
+                if input:
+                    self._input = input.encode(*(self._text or ("utf-8", "strict"))) if isinstance(input, str) else bytes(input)
+                    writer = self.stdin.fileno()
+                else:
+                    self.stdin.close()
+        elif self.stdin is not None and not self.stdin.closed:
+            writer = self.stdin.fileno()
+        readers = {s.fileno(): s for s in (self.stdout, self.stderr) if s is not None and not s.closed}
+        for fd in readers:
+            self._chunks.setdefault(fd, [])
+        while readers or writer is not None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise self._timeout_expired(timeout)
+            readable, writable, _ = select.select(list(readers), [] if writer is None else [writer], [], left)
+            if writable:
+                try:
+                    self._input = self._input[os.write(writer, self._input[:1 << 16]):]  # type: ignore[arg-type]
+                except BrokenPipeError:
+                    self._input = b""
+                if not self._input:
+                    assert self.stdin is not None
+                    with contextlib.suppress(BrokenPipeError):
+                        self.stdin.close()
+                    writer = None
+            for fd in readable:
+                data = os.read(fd, 1 << 16)
+                if data:
+                    self._chunks[fd].append(data)
+                else:
+                    readers.pop(fd).close()
+        try:
+            self.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            raise self._timeout_expired(timeout) from None
+        return self._output(self._out_fd), self._output(self._err_fd)
+
+    def _output(self, fd: int | None) -> Any:
+        if fd is None:
+            return None
+        data = b"".join(self._chunks.get(fd, []))
+        if self._text is None:
+            return data
+        return data.decode(*self._text).replace("\r\n", "\n").replace("\r", "\n")
+
+    def _timeout_expired(self, timeout: float | None) -> subprocess.TimeoutExpired:
+        return subprocess.TimeoutExpired(self.args, timeout or 0, output=self._output(self._out_fd),
+                                         stderr=self._output(self._err_fd))
+
+
+def _stdio(spec: Any, default: int, reading_side: bool) -> tuple[int, int | None, int | None]:
+    """(the child's fd, our end of a pipe or None, an fd of ours to close once the child has it)."""
+    if spec is None:
+        return default, None, None
+    if spec == subprocess.PIPE:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        return (r, w, r) if reading_side else (w, r, w)
+    if spec == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_RDONLY if reading_side else os.O_WRONLY)
+        return fd, None, fd
+    if isinstance(spec, int):
+        return spec, None, None
+    return spec.fileno(), None, None
+
+
+def _wrap(fd: int | None, mode: str, text: tuple[str, str] | None) -> IO[Any] | None:
+    if fd is None:
+        return None
+    if text is None:
+        return open(fd, mode + "b")  # noqa: SIM115 - the handle owns it, as Popen's pipes
+    if mode == "w":  # as Popen's text stdin: every write goes through
+        return io.TextIOWrapper(open(fd, "wb"), encoding=text[0], errors=text[1], write_through=True)  # noqa: SIM115
+    return open(fd, mode, encoding=text[0], errors=text[1])  # noqa: SIM115
+
+
+def Popen(argv: Sequence[str], **kwargs: Any) -> ForkedCli | subprocess.Popen[Any]:  # noqa: N802 - subprocess's name
+    """``subprocess.Popen(argv, **kwargs)`` for a hwtui CLI: forked from the zygote where it can be."""
+    if why_exec(argv, kwargs.get("env"), kwargs) is not None:
+        return subprocess.Popen(argv, **kwargs)
+    assert _zygote is not None
+    return forked(_zygote, argv, **kwargs)
+
+
+def forked(zygote: _Zygote, argv: Sequence[str], **kwargs: Any) -> ForkedCli:
+    """Fork ``argv`` (``python -m module ...``) from ``zygote`` with Popen's ``kwargs``, unchecked
+    (:func:`why_exec` is the caller's)."""
+    text_mode = bool(kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") or kwargs.get("errors"))
+    text = (kwargs.get("encoding") or locale.getpreferredencoding(False), kwargs.get("errors") or "strict") if text_mode else None
+    child_in, our_in, close_in = _stdio(kwargs.get("stdin"), 0, True)
+    child_out, our_out, close_out = _stdio(kwargs.get("stdout"), 1, False)
+    if kwargs.get("stderr") == subprocess.STDOUT:
+        child_err, our_err, close_err = child_out, None, None
+    else:
+        child_err, our_err, close_err = _stdio(kwargs.get("stderr"), 2, False)
+    env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+    cwd = None if kwargs.get("cwd") is None else os.fspath(kwargs["cwd"])
+    pass_fds = tuple(kwargs.get("pass_fds", ()))
+    for stream in (sys.stdout, sys.stderr):  # ours, written before the child's (as with exec)
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        pid = zygote.fork([str(a) for a in argv], env, cwd, (child_in, child_out, child_err),
+                          pass_fds[0] if pass_fds else None)
+    except BaseException:
+        for fd in (our_in, our_out, our_err):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        raise
+    finally:
+        for fd in {close_in, close_out, close_err} - {None}:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # type: ignore[arg-type]
+    return ForkedCli(zygote, pid, argv, _wrap(our_in, "w", text), _wrap(our_out, "r", text), _wrap(our_err, "r", text), text)
+
+
+def spawn_zygote() -> _Zygote:
+    """A zygote of this (single-threaded) process: :func:`start` keeps one for the session."""
+    pid, sock = forkserver.spawn(_prepare_zygote)
+    return _Zygote(pid, sock, os.environ)
+
+
+def zygote() -> _Zygote | None:
+    """The session's zygote, while it runs."""
+    return _zygote if _zygote is not None and _zygote.alive else None
+
+
+def run(argv: Sequence[str], *, input: str | bytes | None = None, capture_output: bool = False,  # noqa: A002 - subprocess's name
+        timeout: float | None = None, check: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for a hwtui CLI: forked from the zygote where it can be."""
+    if why_exec(argv, kwargs.get("env"), kwargs) is not None:
+        return subprocess.run(argv, input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs)
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    with Popen(argv, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            exc.stdout, exc.stderr = proc.communicate()
+            raise
+        code = proc.poll()
+        assert code is not None
+    if check and code:
+        raise subprocess.CalledProcessError(code, proc.args, out, err)
+    return subprocess.CompletedProcess(proc.args, code, out, err)
+
+

@@ -1,0 +1,29 @@
+"""``python -m tests.cli_proc_target MODE ...``: a child that shows what it was given (tests/test_cli_proc.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "show":  # what it got: argv, env, cwd, stdin; a CRLF on stderr; exit with argv[2]
+        got = sys.stdin.read()
+        print(json.dumps({"argv": sys.argv[1:], "env": os.environ.get("CLI_PROC_PROBE"), "cwd": os.getcwd(),
+                          "stdin": got, "path0": os.environ.get("PATH", "").split(os.pathsep)[0]}))
+        sys.stderr.write("err\r\nline\n")
+        sys.exit(int(sys.argv[2]))
+    if mode == "hang":  # says it is ready, then waits to be killed
+        print("ready", flush=True)
+        signal.pause()
+    if mode == "big":  # 1 MiB out before reading any input: a parent that writes all input first deadlocks
+        sys.stdout.buffer.write(b"x" * (1 << 20))
+        sys.stdout.buffer.flush()
+        print(len(sys.stdin.buffer.read()), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
