@@ -70,6 +70,34 @@ def thread_count() -> int:
         return threading.active_count()
 
 
+# A Python thread that has finished (``threading`` no longer counts it) is still in /proc/self/task
+# while it exits: microseconds, a few ms on a loaded box. A launcher that reached its fork right
+# after one exec'd every rank: `hwtui train` checks the devices with the probes' threads just
+# before it preloads, and 52 of 200 such checks left one there; a CLI whose modules were already
+# imported (nothing in between) met it in a suite run. Waited for, by state and bounded; threads
+# still there after the bound are native ones for good (an OpenMP pool) and never waited for again.
+EXITING_THREAD_WAIT_S = 1.0
+_lasting_tids: set[str] = set()
+
+
+def settled_thread_count(bound_s: float = EXITING_THREAD_WAIT_S) -> int:
+    """:func:`thread_count`, once threads that Python has finished with have left."""
+    try:
+        tasks = set(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+    if len(tasks) <= 1 or threading.active_count() > 1:
+        return len(tasks)
+    me = str(threading.get_native_id())
+    deadline = time.monotonic() + bound_s
+    while tasks - _lasting_tids - {me} and time.monotonic() < deadline:
+        time.sleep(0.001)
+        with contextlib.suppress(OSError):
+            tasks = set(os.listdir("/proc/self/task"))
+    _lasting_tids.update(tasks - {me})
+    return len(tasks)
+
+
 def preload(modules: Sequence[str], *, import_env_prefixes: Sequence[str] = (), import_env_except: Sequence[str] = (),
             quiet_env: Mapping[str, str] | None = None, after_fork: Callable[[], None] | None = None,
             fork_ok: Callable[[], str | None] | None = None) -> str | None:
@@ -85,8 +113,8 @@ def preload(modules: Sequence[str], *, import_env_prefixes: Sequence[str] = (), 
         return refusal()
     if _preloaded:
         return refusal()  # imported already: keep the environment of that import, not today's
-    if thread_count() > 1:
-        _preload_error = f"the launcher already has {thread_count()} threads before the preload"
+    if (threads := settled_thread_count()) > 1:
+        _preload_error = f"the launcher already has {threads} threads before the preload"
         return _preload_error
     set_here = [k for k in (quiet_env or {}) if k not in os.environ]
     try:
@@ -127,7 +155,7 @@ def refusal(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = N
         return _preload_error
     if not _preloaded:
         return "nothing was preloaded"
-    if not threads_ok and (n := thread_count()) > 1:
+    if not threads_ok and (n := settled_thread_count()) > 1:
         return f"the launcher has {n} threads (a fork copies only one)"
     # Paths as given, not resolved: another venv's bin/python links to the same base interpreter
     # as ours, but its site-packages (its torch) are its own.
@@ -247,6 +275,7 @@ def run_in_child(module: str, args: list[str], *, env: Mapping[str, str], cwd: s
     # is never collected here, where freeing it would close fd numbers the child has reused (see
     # _become_child). The launcher's own heap is untouched.
     gc.freeze()
+    _lasting_tids.clear()  # the launcher's threads, not the child's
     code = 1
     try:
         _become_child(module, args, env, cwd, stdio, keep_fd)

@@ -118,7 +118,11 @@ class _Zygote:
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, stdio: tuple[int, int, int],
              keep_fd: int | None) -> int:
         req, fds = forkserver.encode_request(argv, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
-        socket.send_fds(self._sock, [req], fds)
+        try:
+            socket.send_fds(self._sock, [req], fds)
+        except OSError as exc:  # EPIPE: the zygote is gone
+            self._gone()
+            raise OSError(f"the CLI zygote is gone ({exc})") from exc
         deadline = time.monotonic() + REPLY_TIMEOUT_S
         while True:
             left = deadline - time.monotonic()
@@ -352,7 +356,12 @@ def Popen(argv: Sequence[str], **kwargs: Any) -> ForkedCli | subprocess.Popen[An
     if why_exec(argv, kwargs.get("env"), kwargs) is not None:
         return subprocess.Popen(argv, **kwargs)
     assert _zygote is not None
-    return forked(_zygote, argv, **kwargs)
+    try:
+        return forked(_zygote, argv, **kwargs)
+    except OSError:
+        if _zygote.alive:
+            raise
+        return subprocess.Popen(argv, **kwargs)  # the zygote died (its CLIs with it): exec from now on
 
 
 def forked(zygote: _Zygote, argv: Sequence[str], **kwargs: Any) -> ForkedCli:
