@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from hwtui.core import forking
 
@@ -57,7 +57,10 @@ class ServedProc:
         self.pid = pid
         self.args = list(args)
         self.returncode: int | None = None
-        self.stdin = self.stdout = self.stderr = None
+        # Popen's pipes: the client keeps its ends itself (Child), so none here.
+        self.stdin: IO[Any] | None = None
+        self.stdout: IO[Any] | None = None
+        self.stderr: IO[Any] | None = None
         self._server = server
 
     def poll(self) -> int | None:

@@ -140,6 +140,12 @@ class _Zygote:
                 return pid
             raise OSError(str(msg.get("error", "the CLI zygote refused")))
 
+    def code_of(self, pid: int) -> int | None:
+        return self.code(pid, 0)
+
+    def wait_for(self, pid: int, timeout: float | None) -> int | None:
+        return self.code(pid, timeout)
+
     def code(self, pid: int, timeout: float | None) -> int | None:
         """The child's ``Popen.returncode``; None if it has not exited within ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -213,14 +219,14 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
     return None
 
 
-class ForkedCli:
-    """A CLI forked by the zygote: the part of ``subprocess.Popen`` the tests use."""
+class ForkedCli(forkserver.ServedProc):
+    """A CLI forked by the zygote: the part of ``subprocess.Popen`` the tests use (poll and wait
+    are forkserver.ServedProc's, asking the zygote)."""
 
     def __init__(self, zygote: _Zygote, pid: int, args: Sequence[str], stdin: IO[Any] | None, stdout: IO[Any] | None,
                  stderr: IO[Any] | None, text: tuple[str, str] | None):
-        self.pid = pid
-        self.args = list(args)
-        self.returncode: int | None = None
+        # The two questions ServedProc asks (code_of, wait_for) are the zygote's, read without a thread.
+        super().__init__(zygote, pid, args)  # type: ignore[arg-type]
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self._zygote = zygote
         self._text = text  # (encoding, errors) in text mode
@@ -229,19 +235,6 @@ class ForkedCli:
         self._chunks: dict[int, list[bytes]] = {}
         self._input = b""
         self._communication_started = False
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._zygote.code(self.pid, 0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            code = self._zygote.code(self.pid, timeout)
-            if code is None:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            self.returncode = code
-        return self.returncode
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
