@@ -51,6 +51,7 @@ from hwtui.core import forkserver
 
 EXEC_ENV = "HWTUI_TEST_CLI_EXEC"
 CLI_MODULES = ("hwtui", "hwtui.app", "hwtui.app.cli")
+NETNS_MODULE = "tests.in_netns"  # python -m tests.in_netns NETNS <a CLI module> ...: ip netns exec, forkable
 # What the zygote imports before its heap is frozen: the CLI and what its commands' launchers
 # preload for their ranks (most of it is imported by collection already).
 ZYGOTE_MODULES = ("hwtui.app.cli", "hwtui.engine.rank_fork", "hwtui.engine.replication.launcher",
@@ -198,6 +199,16 @@ def start() -> str | None:
     return None
 
 
+def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` to run inside network namespace ``netns``: through tests.in_netns where the zygote can
+    fork it (a hwtui CLI), else ``ip netns exec`` as before."""
+    argv = [str(a) for a in argv]
+    forkable = [*argv[:2], NETNS_MODULE, netns, *argv[2:]]
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in CLI_MODULES and why_exec(forkable) is None:
+        return forkable
+    return ["ip", "netns", "exec", netns, *argv]
+
+
 def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: Mapping[str, Any] | None = None) -> str | None:
     """Why this CLI would be exec'd rather than forked from the zygote (None: forked)."""
     if os.environ.get(EXEC_ENV, "").strip() not in ("", "0"):
@@ -205,6 +216,8 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
     if _zygote is None or not _zygote.alive:
         return "the zygote is not running"
     argv = [str(a) for a in argv]
+    if argv[2:3] == [NETNS_MODULE]:
+        argv = [*argv[:2], *argv[4:]]  # what runs in the namespace
     if len(argv) < 3 or argv[1] != "-m" or argv[2] not in CLI_MODULES or os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
         return "not `python -m hwtui...` with this interpreter"
     unsupported = sorted(set(kwargs or {}) - _SUPPORTED)

@@ -16,6 +16,15 @@ def main() -> None:
                           "stdin": got, "path0": os.environ.get("PATH", "").split(os.pathsep)[0]}))
         sys.stderr.write("err\r\nline\n")
         sys.exit(int(sys.argv[2]))
+    if mode == "netif":  # the network it sees: /sys/class/net and the kernel's interface list
+        import socket
+
+        import psutil
+
+        ipv4 = sorted(a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET)
+        print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")), "index": sorted(n for _, n in socket.if_nameindex()),
+                          "ipv4": ipv4}))
+        sys.exit(0)
     if mode == "hang":  # says it is ready, then waits to be killed
         print("ready", flush=True)
         signal.pause()

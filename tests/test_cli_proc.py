@@ -136,3 +136,26 @@ def test_a_dead_zygote_takes_its_children_and_later_clis_are_execd(tmp_path: Pat
     assert got["code"] == -signal.SIGKILL and got["later"] == "the zygote is not running", got
     assert got["version"][0] == 0 and got["version"][1].startswith("hwtui "), got
     wait_gone([got["pid"]], "the agent outlived its zygote")
+
+
+def test_a_cli_forked_into_a_network_namespace_sees_that_namespace_as_ip_netns_exec_shows_it(zygote) -> None:
+    from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
+
+    if (why := unavailable_reason()) is not None:
+        pytest.skip(why)
+    net = NetnsCluster(nodes=1).up()
+    try:
+        ns = net.node_ns[0]
+        argv = [*TARGET, "netif"]
+        assert cli_proc.in_netns(ns, [sys.executable, "-m", "hwtui.app"])[:4] == [sys.executable, "-m", "tests.in_netns", ns]
+        execd = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=60)
+        child = cli_proc.forked(zygote, [sys.executable, "-m", "tests.in_netns", ns, *argv[2:]], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        out, err = child.communicate(timeout=60)
+        assert (child.returncode, err) == (0, ""), err
+        seen = {"sys": ["eth0", "lo"], "index": ["eth0", "lo"], "ipv4": ["10.77.0.1", "127.0.0.1"]}
+        assert json.loads(out) == json.loads(execd.stdout) == seen
+        here = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout)
+        assert "10.77.0.1" not in here["ipv4"], here  # the namespace's, not this one's
+    finally:
+        net.down()

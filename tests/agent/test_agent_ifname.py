@@ -95,10 +95,10 @@ def test_a_push_across_hosts_works_without_gloo_socket_ifname(tmp_path):
             procs.append(p)
             line = p.stdout.readline()
             assert "listening on" in line, p.stderr.read() if p.poll() is not None else line
-        push = subprocess.run(["ip", "netns", "exec", net.node_ns[0], sys.executable, "-m", "hwtui.app", "push", "--plan",
-                               str(tmp_path / "p.json"), "--agents", ",".join(f"{a}:9477" for a in net.addresses),
-                               "--json", "--timeout", "20", "--init-timeout", "40", "--deadline", "120"],
-                              capture_output=True, text=True, timeout=150, env={**env, "HWTUI_AGENT_TOKEN": token})
+        push = cli_proc.run(cli_proc.in_netns(net.node_ns[0], [
+            sys.executable, "-m", "hwtui.app", "push", "--plan", str(tmp_path / "p.json"), "--agents",
+            ",".join(f"{a}:9477" for a in net.addresses), "--json", "--timeout", "20", "--init-timeout", "40",
+            "--deadline", "120"]), capture_output=True, text=True, timeout=150, env={**env, "HWTUI_AGENT_TOKEN": token})
     finally:
         import signal
 

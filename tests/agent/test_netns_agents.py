@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hwtui.app.node_api.token import load_or_create
+from tests import cli_proc
 from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
 
 pytestmark = [pytest.mark.torch, pytest.mark.netns, pytest.mark.timeout(240)]
@@ -74,8 +75,8 @@ class World:
     def cli(self, *args: str, timeout: float = 120, token: bool = True) -> subprocess.CompletedProcess:
         env = _env(**({"HWTUI_AGENT_TOKEN": self.token} if token else {}))
         env["XDG_CONFIG_HOME"] = str(self.tmp / "no-config")
-        return subprocess.run(["ip", "netns", "exec", self.net.node_ns[0], sys.executable, "-m", "hwtui.app", *args],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+        return cli_proc.run(cli_proc.in_netns(self.net.node_ns[0], [sys.executable, "-m", "hwtui.app", *args]),
+                            capture_output=True, text=True, timeout=timeout, env=env)
 
     def served(self, i: int) -> tuple[str | None, dict]:
         from safetensors.torch import load_file
@@ -155,10 +156,10 @@ def test_a_node_killed_mid_push_commits_nothing_is_named_and_shows_stale(world, 
     # 60 s to form the new world node 2's restart makes, --timeout 300 s per collective, --deadline
     # 600 s): the survivors end because the pusher sees node 2's agent go and stops them (or
     # because their transport breaks with node 2), never because a timeout ran out.
-    push = subprocess.Popen(["ip", "netns", "exec", world.net.node_ns[0], sys.executable, "-m", "hwtui.app", "push",
-                             "--plan", str(plan), "--agents", world.agents(), "--json", "--timeout", "300",
-                             "--init-timeout", "60", "--deadline", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    push = cli_proc.Popen(cli_proc.in_netns(world.net.node_ns[0], [
+        sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", world.agents(), "--json",
+        "--timeout", "300", "--init-timeout", "60", "--deadline", "600"]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         # Wait for node 2's rank to be in the transfer (it hangs at bucket 3), then kill its agent.
         staging = world.out(2) / "served" / "staging" / "v3"

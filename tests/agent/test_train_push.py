@@ -112,8 +112,8 @@ def test_push_to_agents_in_network_namespaces_serves_the_save_hf_bytes(tmp_path)
             assert "listening on" in line, line
         agents = ",".join(f"{a}:{port}" for a in net.addresses)
         argv = _train_argv(tmp_path, agents, token_file, "--push-every", "1")
-        done = subprocess.run(["ip", "netns", "exec", net.node_ns[0], sys.executable, "-m", "hwtui.app", *argv],
-                              capture_output=True, text=True, timeout=240, env=nenv)
+        done = cli_proc.run(cli_proc.in_netns(net.node_ns[0], [sys.executable, "-m", "hwtui.app", *argv]),
+                            capture_output=True, text=True, timeout=240, env=nenv)
     finally:
         import signal
 

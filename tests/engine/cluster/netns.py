@@ -77,8 +77,12 @@ class NetnsCluster:
         self._made.clear()
 
     def popen(self, node: int, argv: Sequence[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
-        return subprocess.Popen(["ip", "netns", "exec", self.node_ns[node], *argv], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+        """``argv`` in node ``node``'s namespace; a hwtui CLI is forked from the tests' zygote there
+        (tests/cli_proc.py, tests/in_netns.py), anything else runs under ``ip netns exec``."""
+        from tests import cli_proc
+
+        return cli_proc.Popen(cli_proc.in_netns(self.node_ns[node], argv), env=env,  # type: ignore[return-value]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
 
 
 def finish(procs: Sequence[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
