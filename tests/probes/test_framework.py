@@ -1,6 +1,7 @@
 """The runner keeps probes on a leash: raise, hang and crash become error findings in time."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -19,8 +20,13 @@ def _raises(host):
     raise RuntimeError("boom in probe")
 
 
+# The hung probe hangs until its test lets it go: a thread left for good makes the shard a process
+# with threads, and every later in-process launch there exec'd its ranks (39 CPU-s in one module).
+_RELEASE_HUNG = threading.Event()
+
+
 def _hangs(host):
-    time.sleep(60)
+    _RELEASE_HUNG.wait(60)
 
 
 def _segfaulting_child(host):
@@ -45,8 +51,12 @@ def test_raise_hang_and_crash_become_error_findings(tmp_path):
         Collector("segv", _segfaulting_child, "test", timeout=25),
     ]
     rules = [Rule("ok", _rule, "test", needs=("ok",)), Rule("dead", _needs_dead, "test", needs=("hangs",))]
+    _RELEASE_HUNG.clear()
     started = time.monotonic()
-    result = run_checks(FsHost(tmp_path, {}), collectors, rules)
+    try:
+        result = run_checks(FsHost(tmp_path, {}), collectors, rules)
+    finally:
+        _RELEASE_HUNG.set()
     elapsed = time.monotonic() - started
     by_id = {f.id: f for f in result.findings}
     assert by_id["test.ok"].status is Status.PASS and by_id["test.ok"].title == "n=1"
