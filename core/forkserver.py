@@ -197,7 +197,7 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
     before its heap is frozen: imports its children should find done. :func:`start` wraps the
     socket in a :class:`ForkServer` (whose reader thread files the answers); a caller that must
     stay single-threaded reads the same protocol itself."""
-    if (threads := forking.thread_count()) > 1:
+    if (threads := forking.settled_thread_count()) > 1:
         raise OSError(f"this process has {threads} threads: a fork server is forked from a single-threaded one")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):

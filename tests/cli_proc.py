@@ -20,8 +20,9 @@ none of which a test here depends on: the child always has its own session (as w
 The CLI is exec'd as before (``subprocess``) when a fork could differ from an exec:
 * ``HWTUI_TEST_CLI_EXEC=1`` in the test process's environment (every CLI exec'd: the old way);
 * the zygote is not running (it needs a single-threaded test process to fork from);
-* argv is not ``[sys.executable, "-m", <hwtui's CLI module>, ...]`` (a wrapper such as ``unshare``
-  or ``ip netns exec``, interpreter flags, another Python);
+* argv is not ``[sys.executable, "-m", <hwtui's CLI module>, ...]`` (a wrapper such as ``unshare
+  -m``, interpreter flags, another Python). A CLI in a network namespace is forked too: :func:`in_netns`
+  gives ``python -m tests.in_netns NETNS <module> ...``, which does what ``ip netns exec`` does;
 * a variable that is read once, at import or interpreter start, differs between the child's
   environment and the zygote's (torch's and its libraries', Hugging Face's, ``PYTHON*``, the
   locale): the child would silently keep the zygote's value;
@@ -181,7 +182,7 @@ def _prepare_zygote() -> None:
         handler = ref()
         if isinstance(handler, logging.StreamHandler) and type(handler.stream).__module__.startswith("_pytest"):
             handler.stream = sys.__stderr__
-    if (threads := forkserver.forking.thread_count()) > 1:  # an import started one: forking here is unsafe
+    if (threads := forkserver.forking.settled_thread_count()) > 1:  # an import started one: forking here is unsafe
         raise RuntimeError(f"the CLI zygote has {threads} threads after its imports: every CLI is exec'd")
 
 

@@ -81,7 +81,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.set_threshold(20_000, 20, 20)
     # Now, collected and single-threaded, with no test run yet: the twin that forks the tests' CLI
     # processes (tests/cli_proc.py) instead of each exec'ing and importing torch again.
-    cli_proc.start()
+    if (why := cli_proc.start()) is not None and cli_proc.EXEC_ENV not in why:
+        print(f"tests/cli_proc.py: no zygote, every CLI a test starts is exec'd: {why}", file=sys.stderr)
 
 
 # -- no thread of torch's in the test process ---------------------------------------------------------
