@@ -301,6 +301,13 @@ def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as CPython's start-up sets it
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     atexit._clear()  # the launcher's exit handlers are not the child's
+    # ...but what a fresh interpreter has registered is: logging's flush of its handlers, and
+    # weakref.finalize's exit hook (registered again by the next finalize the child makes).
+    if (logging := sys.modules.get("logging")) is not None:
+        atexit.register(logging.shutdown)
+    import weakref
+
+    weakref.finalize._registered_with_atexit = False  # type: ignore[attr-defined]
     # stdio: dup2 onto 0-2, after moving the kept fd out of the way if it sits there.
     if keep_fd is not None and keep_fd < 3:
         keep_fd = os.dup(keep_fd)  # pragma: no cover - only when the launcher runs with 0-2 closed
@@ -327,6 +334,8 @@ def _become_child(module: str, args: list[str], env: Mapping[str, str], cwd: str
         os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)  # putenv too: C code (gloo, torch.distributed) reads these
+    if sys.path:  # `python -m` puts its working directory first: the child's, not the launcher's
+        sys.path[0] = os.getcwd()
     _fresh_stdio(env)
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [p for p in path if p not in sys.path]
@@ -412,10 +421,14 @@ def _run_main(module: str, args: list[str]) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         return 130  # pragma: no cover
-    except BaseException:  # noqa: BLE001 - an uncaught exception: traceback on stderr, status 1
-        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - an uncaught exception: sys.excepthook (a traceback), status 1
+        sys.excepthook(*sys.exc_info())
         return 1
     finally:
+        # As the interpreter ends: its non-daemon threads are waited for, then its exit handlers
+        # run (the child's own, registered after the fork: the launcher's were cleared).
         with contextlib.suppress(Exception):
-            atexit._run_exitfuncs()  # the child's own (registered after the fork); ours were cleared
+            threading._shutdown()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
     return 0

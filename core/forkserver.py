@@ -212,7 +212,7 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
             if prepare is not None:
                 prepare()
             gc.freeze()  # as forking.run_in_child does in each child: the server's heap is its preload
-            _serve(theirs, parent)
+            serve(theirs, parent)
         except BaseException:  # noqa: BLE001
             code = 1
             with contextlib.suppress(Exception):
@@ -225,7 +225,11 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
 
 # --- the server process ------------------------------------------------------------------------
 
-def _serve(sock: socket.socket, parent: int) -> None:
+def serve(sock: socket.socket, parent: int) -> None:
+    """Be the server on ``sock`` until the client closes its end or ``parent`` (the client) dies.
+
+    :func:`spawn` runs it in a fork; a process exec'd for the purpose (its imports done, the
+    socket passed to it) may run it itself."""
     with contextlib.suppress(OSError):  # the client closed its end (stop()) or died: we end quietly
         _serve_until_closed(sock, parent)
 

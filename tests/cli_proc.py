@@ -3,10 +3,11 @@
 Why: every ``python -m hwtui.app ...`` a test started was a fresh interpreter whose first act is
 ``import torch`` (1.2 CPU-s on the 2-core boxes the suite runs on). Process accounting over one
 full run put ~250 such starts at about half of the suite's 527 CPU-s, and CI's wall sat at the
-six-minute limit. Here a test's CLI is forked from a *zygote*: a twin of the test process forked
-once, right after collection (everything imported, no test run yet: no cache or global a test
-filled), which forks each CLI on request with ``hwtui.core.forkserver``'s protocol, the one the
-node agent uses for its resident ranks.
+six-minute limit. Here a test's CLI is forked from a *zygote*: a fresh interpreter the shard
+execs once, after collection (tests/cli_zygote.py: it imports what the CLI imports, torch first,
+and none of pytest's hooks, capture files or test modules are in it), which forks each CLI on
+request with ``hwtui.core.forkserver``'s protocol, the one the node agent uses for its resident
+ranks.
 
 What the CLI process gets is what an exec'd one gets: its own process running ``python -m
 <module>`` (runpy, as the interpreter does), the test's argv, environment, cwd and stdio (the
@@ -29,7 +30,7 @@ The CLI is exec'd as before (``subprocess``) when a fork could differ from an ex
 * an argument this module does not implement (``preexec_fn``, several ``pass_fds``, ...).
 
 The zygote is a child of the test process with ``PR_SET_PDEATHSIG``, and so is each CLI of the
-zygote: nothing outlives the shard. No thread is ever started here (the shard stays forkable).
+zygote: nothing outlives the shard. A CLI is started from the test's main thread only. No thread is ever started here (the shard stays forkable).
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ from hwtui.core import forkserver
 EXEC_ENV = "HWTUI_TEST_CLI_EXEC"
 CLI_MODULES = ("hwtui", "hwtui.app", "hwtui.app.cli")
 NETNS_MODULE = "tests.in_netns"  # python -m tests.in_netns NETNS <a CLI module> ...: ip netns exec, forkable
-# What the zygote imports before its heap is frozen: the CLI and what its commands' launchers
-# preload for their ranks (most of it is imported by collection already).
-ZYGOTE_MODULES = ("hwtui.app.cli", "hwtui.engine.rank_fork", "hwtui.engine.replication.launcher",
-                  "hwtui.engine.resident.resident_child", "hwtui.engine.training.worker_fork")
 # Read once at import or at interpreter start: a child whose value differs is exec'd.
 _ALLOWED_TO_DIFFER = frozenset({"PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
 _SUPPORTED = frozenset({"stdin", "stdout", "stderr", "env", "cwd", "text", "universal_newlines", "encoding", "errors",
@@ -72,14 +69,20 @@ def _import_env_prefixes() -> tuple[str, ...]:
 
 
 class _Zygote:
-    """The client of the zygote (forkserver's protocol), read in the caller's thread."""
+    """The client of the zygote (forkserver's protocol), read in the caller's thread.
 
-    def __init__(self, pid: int, sock: socket.socket, env: Mapping[str, str]):
-        self.pid = pid
+    Only the test's main thread may use it (one reader of the socket; :func:`why_exec` execs a CLI
+    started from another thread). A child is ``(pid, generation)``: a pid the kernel reuses starts
+    a new generation, so an old handle never reads (or signals by) its successor's status."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, env: Mapping[str, str]):
+        self.proc = proc
+        self.pid = proc.pid
         self.alive = True
         self._sock = sock
-        self._codes: dict[int, int] = {}
-        self._pending: set[int] = set()
+        self._gen: dict[int, int] = {}
+        self._codes: dict[tuple[int, int], int] = {}
+        self._pending: set[tuple[int, int]] = set()
         self._prefixes = _import_env_prefixes()
         self._env = self._import_env(env)
 
@@ -93,9 +96,11 @@ class _Zygote:
     def _gone(self) -> None:
         # The zygote died, and with it (PR_SET_PDEATHSIG) every CLI it had.
         self.alive = False
-        for pid in self._pending:
-            self._codes.setdefault(pid, -signal.SIGKILL)
+        for child in self._pending:
+            self._codes.setdefault(child, -signal.SIGKILL)
         self._pending.clear()
+        with contextlib.suppress(OSError):
+            self.proc.poll()  # reaped if it has gone already
 
     def _take(self, timeout: float | None) -> dict[str, Any] | None:
         """One message, None when none came within ``timeout``; files exit notices as they come."""
@@ -113,12 +118,14 @@ class _Zygote:
             return None
         msg: dict[str, Any] = json.loads(data)
         if "exit" in msg:
-            self._codes[int(msg["exit"])] = int(msg["code"])
-            self._pending.discard(int(msg["exit"]))
+            child = (int(msg["exit"]), self._gen.get(int(msg["exit"]), 0))
+            self._codes[child] = int(msg["code"])
+            self._pending.discard(child)
         return msg
 
     def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, stdio: tuple[int, int, int],
-             keep_fd: int | None) -> int:
+             keep_fd: int | None) -> tuple[int, int]:
+        _main_thread_only()
         req, fds = forkserver.encode_request(argv, env=env, cwd=cwd, stdio=stdio, keep_fd=keep_fd)
         try:
             socket.send_fds(self._sock, [req], fds)
@@ -137,57 +144,54 @@ class _Zygote:
                 continue
             if "pid" in msg:
                 pid = int(msg["pid"])
-                self._codes.pop(pid, None)  # a reused pid: the old child's status is not this one's
-                self._pending.add(pid)
-                return pid
+                # Its exit notice comes after this reply (the zygote reaps before it forks again).
+                self._gen[pid] = self._gen.get(pid, 0) + 1
+                self._pending.add((pid, self._gen[pid]))
+                return pid, self._gen[pid]
             raise OSError(str(msg.get("error", "the CLI zygote refused")))
 
-    def code_of(self, pid: int) -> int | None:
-        return self.code(pid, 0)
-
-    def wait_for(self, pid: int, timeout: float | None) -> int | None:
-        return self.code(pid, timeout)
-
-    def code(self, pid: int, timeout: float | None) -> int | None:
+    def code(self, child: tuple[int, int], timeout: float | None) -> int | None:
         """The child's ``Popen.returncode``; None if it has not exited within ``timeout``."""
+        _main_thread_only()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             while self._take(0) is not None:  # every notice already here, first
                 pass
-            if pid in self._codes:
-                return self._codes[pid]
+            if child in self._codes:
+                return self._codes[child]
             if not self.alive:
-                return self._codes.setdefault(pid, -signal.SIGKILL)
+                return self._codes.setdefault(child, -signal.SIGKILL)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
             self._take(left)
 
 
+def _main_thread_only() -> None:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("tests/cli_proc.py: the zygote is read by the test's main thread only")
+
+
+class _Asker:
+    """What forkserver.ServedProc asks its server (code_of, wait_for), for one child of the zygote."""
+
+    def __init__(self, zygote: _Zygote, gen: int):
+        self._zygote, self._gen = zygote, gen
+
+    def code_of(self, pid: int) -> int | None:
+        return self._zygote.code((pid, self._gen), 0)
+
+    def wait_for(self, pid: int, timeout: float | None) -> int | None:
+        return self._zygote.code((pid, self._gen), timeout)
+
+
 _zygote: _Zygote | None = None
 
 
-def _prepare_zygote() -> None:
-    import importlib
-
-    for name in ZYGOTE_MODULES:
-        importlib.import_module(name)
-    # Library loggers set up during collection (transformers', and a few dozen more) hold pytest's
-    # capture of the test process's stderr, a temporary file the zygote does not keep open ("Bad
-    # file descriptor" in every CLI that logged), where an exec'd CLI's hold its own stderr. Pointed
-    # at this process's stderr, they are moved to each CLI's own by the fork (hwtui.core.forking).
-    import logging
-
-    for ref in list(logging._handlerList):  # type: ignore[attr-defined]
-        handler = ref()
-        if isinstance(handler, logging.StreamHandler) and type(handler.stream).__module__.startswith("_pytest"):
-            handler.stream = sys.__stderr__
-    if (threads := forkserver.forking.settled_thread_count()) > 1:  # an import started one: forking here is unsafe
-        raise RuntimeError(f"the CLI zygote has {threads} threads after its imports: every CLI is exec'd")
-
-
 def start() -> str | None:
-    """Fork the zygote from this (single-threaded, collected) test process; why not (None: running)."""
+    """Start the zygote (tests/cli_zygote.py) for this test process; why not (None: running)."""
     global _zygote
     if os.environ.get(EXEC_ENV, "").strip() not in ("", "0"):
         return f"{EXEC_ENV} is set"
@@ -228,6 +232,12 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
         return "more than one pass_fds"
     if (kwargs or {}).get("close_fds") is False:
         return "close_fds=False"
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return "not the test's main thread (the zygote has one reader)"
+    if len(json.dumps(dict(os.environ if env is None else env))) > forkserver.MAX_MESSAGE // 2:
+        return "an environment too large for one fork-server request"
     if diff := _zygote.env_differs(os.environ if env is None else env):
         return f"the child's {', '.join(diff)} differ from the zygote's"
     return None
@@ -237,12 +247,11 @@ class ForkedCli(forkserver.ServedProc):
     """A CLI forked by the zygote: the part of ``subprocess.Popen`` the tests use (poll and wait
     are forkserver.ServedProc's, asking the zygote)."""
 
-    def __init__(self, zygote: _Zygote, pid: int, args: Sequence[str], stdin: IO[Any] | None, stdout: IO[Any] | None,
-                 stderr: IO[Any] | None, text: tuple[str, str] | None):
-        # The two questions ServedProc asks (code_of, wait_for) are the zygote's, read without a thread.
-        super().__init__(zygote, pid, args)  # type: ignore[arg-type]
+    def __init__(self, zygote: _Zygote, child: tuple[int, int], args: Sequence[str], stdin: IO[Any] | None,
+                 stdout: IO[Any] | None, stderr: IO[Any] | None, text: tuple[str, str] | None):
+        # The two questions ServedProc asks (code_of, wait_for) go to the zygote, read without a thread.
+        super().__init__(_Asker(zygote, child[1]), child[0], args)  # type: ignore[arg-type]
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-        self._zygote = zygote
         self._text = text  # (encoding, errors) in text mode
         self._out_fd = None if stdout is None else stdout.fileno()
         self._err_fd = None if stderr is None else stderr.fileno()
@@ -300,7 +309,8 @@ class ForkedCli(forkserver.ServedProc):
             readable, writable, _ = select.select(list(readers), [] if writer is None else [writer], [], left)
             if writable:
                 try:
-                    self._input = self._input[os.write(writer, self._input[:1 << 16]):]  # type: ignore[arg-type]
+                    # At most PIPE_BUF: what a pipe that select calls writable takes without blocking.
+                    self._input = self._input[os.write(writer, self._input[:select.PIPE_BUF]):]  # type: ignore[arg-type]
                 except BrokenPipeError:
                     self._input = b""
                 if not self._input:
@@ -329,8 +339,11 @@ class ForkedCli(forkserver.ServedProc):
         return data.decode(*self._text).replace("\r\n", "\n").replace("\r", "\n")
 
     def _timeout_expired(self, timeout: float | None) -> subprocess.TimeoutExpired:
-        return subprocess.TimeoutExpired(self.args, timeout or 0, output=self._output(self._out_fd),
-                                         stderr=self._output(self._err_fd))
+        # As subprocess: what was read so far, undecoded (a character may be cut), None if nothing.
+        def raw(fd: int | None) -> bytes | None:
+            return b"".join(self._chunks.get(fd, [])) or None if fd is not None else None
+
+        return subprocess.TimeoutExpired(self.args, timeout or 0, output=raw(self._out_fd), stderr=raw(self._err_fd))
 
 
 def _stdio(spec: Any, default: int, reading_side: bool) -> tuple[int, int | None, int | None]:
@@ -383,14 +396,14 @@ def forked(zygote: _Zygote, argv: Sequence[str], **kwargs: Any) -> ForkedCli:
     else:
         child_err, our_err, close_err = _stdio(kwargs.get("stderr"), 2, False)
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-    cwd = None if kwargs.get("cwd") is None else os.fspath(kwargs["cwd"])
+    cwd = os.getcwd() if kwargs.get("cwd") is None else os.fspath(kwargs["cwd"])  # ours now, as an exec's
     pass_fds = tuple(kwargs.get("pass_fds", ()))
     for stream in (sys.stdout, sys.stderr):  # ours, written before the child's (as with exec)
         with contextlib.suppress(Exception):
             stream.flush()
     try:
-        pid = zygote.fork([str(a) for a in argv], env, cwd, (child_in, child_out, child_err),
-                          pass_fds[0] if pass_fds else None)
+        child = zygote.fork([str(a) for a in argv], env, cwd, (child_in, child_out, child_err),
+                            pass_fds[0] if pass_fds else None)
     except BaseException:
         for fd in (our_in, our_out, our_err):
             if fd is not None:
@@ -401,13 +414,22 @@ def forked(zygote: _Zygote, argv: Sequence[str], **kwargs: Any) -> ForkedCli:
         for fd in {close_in, close_out, close_err} - {None}:
             with contextlib.suppress(OSError):
                 os.close(fd)  # type: ignore[arg-type]
-    return ForkedCli(zygote, pid, argv, _wrap(our_in, "w", text), _wrap(our_out, "r", text), _wrap(our_err, "r", text), text)
+    return ForkedCli(zygote, child, argv, _wrap(our_in, "w", text), _wrap(our_out, "r", text), _wrap(our_err, "r", text),
+                     text)
 
 
 def spawn_zygote() -> _Zygote:
-    """A zygote of this (single-threaded) process: :func:`start` keeps one for the session."""
-    pid, sock = forkserver.spawn(_prepare_zygote)
-    return _Zygote(pid, sock, os.environ)
+    """A zygote (tests/cli_zygote.py, exec'd with this process's environment and cwd): :func:`start`
+    keeps one for the session. It may still be importing when this returns: the first fork waits
+    for it (REPLY_TIMEOUT_S), and one that dies meanwhile is found gone (every CLI then exec'd)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.cli_zygote", str(theirs.fileno()), str(os.getpid())],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=sys.__stderr__)
+    finally:
+        theirs.close()
+    return _Zygote(proc, ours, os.environ)
 
 
 def zygote() -> _Zygote | None:
@@ -427,9 +449,9 @@ def run(argv: Sequence[str], *, input: str | bytes | None = None, capture_output
     with Popen(argv, **kwargs) as proc:
         try:
             out, err = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
+        except subprocess.TimeoutExpired:
             proc.kill()
-            exc.stdout, exc.stderr = proc.communicate()
+            proc.wait()  # as subprocess.run on POSIX: not the pipes, which a grandchild may hold
             raise
         code = proc.poll()
         assert code is not None

@@ -38,7 +38,7 @@ def enter(netns: str) -> None:
     _check(libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
     # As ip-netns: our mounts stay ours (slave), and /sys is the namespace's.
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "make / a slave mount")
-    _check(libc.umount2(b"/sys", MNT_DETACH), "unmount /sys")
+    libc.umount2(b"/sys", MNT_DETACH)  # as ip-netns: no sysfs mounted there is fine
     _check(libc.mount(netns.encode(), b"/sys", b"sysfs", 0, None), "mount a sysfs on /sys")
 
 

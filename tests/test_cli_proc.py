@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,10 +61,75 @@ def test_a_killed_child_reports_minus_9_and_a_timeout_keeps_what_was_read(zygote
         child.wait(0.2)  # it hangs for good: any bound expires
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         child.communicate(timeout=0.2)
-    assert timed_out.value.stdout == b"" and timed_out.value.stderr == b""
+    assert timed_out.value.stdout is None and timed_out.value.stderr is None  # as subprocess: nothing read
     child.kill()
     assert child.communicate(timeout=60) == (b"", b"") and child.returncode == -signal.SIGKILL
     wait_gone([child.pid], "the killed child")
+
+
+def _both(zygote, argv: list[str], **kw: Any) -> tuple[tuple, tuple]:
+    """(returncode, stdout, stderr) forked from the zygote, and exec'd."""
+    child = cli_proc.forked(zygote, argv, stdin=kw.get("stdin"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=kw.get("cwd"))
+    out, err = child.communicate(kw.get("input"), timeout=120)
+    execd = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=kw.get("cwd"), input=kw.get("input"))
+    def same(text: str) -> str:  # object addresses differ between any two runs
+        return re.sub(r"0x[0-9a-f]+", "0x...", text)
+
+    return (child.returncode, same(out), same(err)), (execd.returncode, same(execd.stdout), same(execd.stderr))
+
+
+def test_a_forked_child_has_a_fresh_interpreters_hooks_not_pytests(zygote) -> None:
+    """A thread's exception, a __del__'s, a warning and a log line with no logging set up: each
+    printed on stderr as a fresh interpreter prints it (the zygote is an exec'd interpreter, not a
+    fork of pytest's, whose hooks record these)."""
+    forked, execd = _both(zygote, [*TARGET, "hooks"])
+    assert forked == execd
+    err = forked[2]
+    assert "ZeroDivisionError" in err and "in __del__" in err and "UserWarning: a warning from the child" in err, err
+    assert "a log line from the child" in err, err
+
+
+def test_a_forked_child_runs_and_imports_from_the_cwd_an_execd_one_would(zygote, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no cwd= given: the test's working directory now, not the zygote's
+    forked, execd = _both(zygote, [*TARGET, "path"])
+    assert forked == execd and json.loads(forked[1]) == {"cwd": str(tmp_path), "path0": str(tmp_path)}
+
+
+def test_the_child_waits_for_its_non_daemon_threads_as_an_interpreter_does(zygote, tmp_path: Path) -> None:
+    child = cli_proc.forked(zygote, [*TARGET, "nondaemon", str(tmp_path / "f")])
+    assert child.wait(60) == 0 and (tmp_path / "f").read_text() == "done"
+
+
+def test_input_a_child_reads_in_parts_while_it_writes_cannot_deadlock(zygote) -> None:
+    """It reads 4 KiB, writes 1 MiB, then reads the rest: a write larger than a pipe takes without
+    blocking would hang with the child blocked on its output (the timeout was never reached)."""
+    child = cli_proc.forked(zygote, [*TARGET, "partial"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    out, err = child.communicate(b"y" * (1 << 20), timeout=120)
+    assert (child.returncode, len(out), err) == (0, 1 << 20, b"1048576\n")
+
+
+def test_a_timeout_in_text_mode_after_half_a_character_is_a_timeout(zygote) -> None:
+    child = cli_proc.forked(zygote, [*TARGET, "cut"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not child._chunks.get(child._out_fd):  # until the half character has been read
+            with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+                child.communicate(timeout=0.1)
+        assert timed_out.value.stdout == b"\xc3"  # undecoded, as subprocess gives it
+    finally:
+        child.kill()
+        child.wait(60)
+
+
+def test_a_cli_started_from_another_thread_is_execd() -> None:
+    import threading
+
+    why: list[str | None] = []
+    t = threading.Thread(target=lambda: why.append(cli_proc.why_exec([sys.executable, "-m", "hwtui.app"])))
+    t.start()
+    t.join()
+    assert why[0] is not None and "main thread" in why[0], why
 
 
 def test_input_and_output_larger_than_a_pipe_flow_both_ways(zygote) -> None:
@@ -73,10 +140,13 @@ def test_input_and_output_larger_than_a_pipe_flow_both_ways(zygote) -> None:
     assert (child.returncode, len(out), err) == (0, 1 << 20, b"1048576\n")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["replicate", "--plan", "/nonexistent/plan.json"],
-                                  ["train", "--steps", "many"]])
-def test_the_real_cli_forked_says_exactly_what_the_execd_one_says(zygote, args: list[str]) -> None:
-    argv = [sys.executable, "-m", "hwtui.app", *args]
+@pytest.mark.parametrize(("module", "args"), [
+    ("hwtui.app", ["--help"]), ("hwtui.app", ["--version"]), ("hwtui.app", ["replicate", "--plan", "/nonexistent/plan.json"]),
+    ("hwtui.app", ["train", "--steps", "many"]), ("hwtui.app.cli", ["--version"]), ("hwtui", ["--version"])])
+def test_the_real_cli_forked_says_exactly_what_the_execd_one_says(zygote, module: str, args: list[str]) -> None:
+    """Every module a test runs the CLI as: none may be imported in the zygote already (runpy would
+    warn on stderr that it found it in sys.modules)."""
+    argv = [sys.executable, "-m", module, *args]
     assert cli_proc.why_exec(argv) is None
     forked = cli_proc.run(argv, capture_output=True, text=True, timeout=120)
     execd = subprocess.run(argv, capture_output=True, text=True, timeout=120)
