@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from hwtui.engine.rank_fork import quiet_numpy  # noqa: E402
 
 quiet_numpy()
 
+from hwtui.core import forking  # noqa: E402
 from tests import cli_proc  # noqa: E402
 
 # The property tests draw the same examples on every run (derandomize): a suite that passes must
@@ -79,8 +79,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     depends on when a cycle is collected."""
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
-    # Now, collected and single-threaded, with no test run yet: the twin that forks the tests' CLI
-    # processes (tests/cli_proc.py) instead of each exec'ing and importing torch again.
+    # The zygote the tests' CLI processes are forked from (tests/cli_proc.py), instead of each
+    # exec'ing and importing torch again: it imports while the shard's first tests run.
     if (why := cli_proc.start()) is not None and cli_proc.EXEC_ENV not in why:
         print(f"tests/cli_proc.py: no zygote, every CLI a test starts is exec'd: {why}", file=sys.stderr)
 
@@ -118,11 +118,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _outlive_transient_threads()
 
 
-# Threads of this process that outlived a wait below: a test left them for good (a hung probe's
-# thread, on purpose), and no later test waits for them again.
-_LASTING_THREADS: set[str] = set()
-
-
 def _outlive_transient_threads(bound_s: float = 1.0) -> None:
     """Before a test, wait (bounded) until threads an earlier test left behind have ended.
 
@@ -131,18 +126,7 @@ def _outlive_transient_threads(bound_s: float = 1.0) -> None:
     meanwhile sees a process with threads: it execs every rank instead of forking it
     (hwtui.core.forking) and pays `import torch` per rank. (The 50 CPU-s a fresh clone paid in three
     modules was worse: forking's refusal stuck for good after one such launch, fixed there.) By
-    state: /proc/self/task is polled; threads still there after ``bound_s`` are remembered as lasting.
+    state, with forking's own wait: threads still there after ``bound_s`` are remembered as lasting
+    (a test left them for good) and never waited for again, here or by a launcher.
     """
-    me = str(os.getpid())
-    deadline = time.monotonic() + bound_s
-    while True:
-        try:
-            others = set(os.listdir("/proc/self/task")) - {me} - _LASTING_THREADS
-        except OSError:
-            return
-        if not others:
-            return
-        if time.monotonic() > deadline:
-            _LASTING_THREADS.update(others)
-            return
-        time.sleep(0.01)
+    forking.settled_thread_count(bound_s, python_threads=True)

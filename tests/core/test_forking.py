@@ -201,6 +201,12 @@ for _ in range(100):  # what `hwtui train` does right before it preloads
 for _ in range(100):
     detect_devices(host)
     out["settled"].append(forking.settled_thread_count(bound_s=60))
+ending = threading.Event()
+live = threading.Thread(target=ending.wait)  # a Python thread, alive for now
+live.start()
+out["python_default"] = forking.settled_thread_count(bound_s=60)  # not waited for: a launcher's by design
+threading.Timer(0.05, ending.set).start()
+out["python_waited"] = forking.settled_thread_count(bound_s=60, python_threads=True)
 release = threading.Event()
 _thread.start_new_thread(release.wait, ())  # a thread threading does not count, as a native one
 out["native_first"] = forking.settled_thread_count(bound_s=0.05)
@@ -215,12 +221,16 @@ print(json.dumps(out))
 def test_a_finished_thread_is_waited_out_and_a_lasting_one_counted_at_once() -> None:
     """A finished thread lingers in /proc/self/task while it exits (the device check's probe threads:
     10 to 52 of 200 checks left one, and `hwtui train` preloads right after it: its workers were
-    exec'd), so the count a launcher forks by waits it out, by state. A thread that stays (an OpenMP pool's) is waited for once, up to
-    the bound, then remembered. Its own process: pytest's may hold threads a test left."""
+    exec'd), so the count a launcher forks by waits it out, by state. A thread that stays (an
+    OpenMP pool's) is waited for once, up to the bound, then remembered; a live Python thread only
+    when asked (python_threads). Its own process: pytest's may hold threads a test left."""
     proc = subprocess.run([sys.executable, "-c", SETTLE], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["settled"] == [1] * 100, out
+    # A live Python thread: counted at once by default; waited out with python_threads (the suite's
+    # wait between tests; its Timer's own thread ends too).
+    assert (out["python_default"], out["python_waited"]) == (2, 1), out
     assert (out["native_first"], out["native_again"]) == (2, 2), out
     assert out["again_s"] < 30, out  # not the 60 s bound: it was remembered
     print(f"{out['lingered']} of 100 finished threads were still in /proc/self/task")
