@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from hwtui.core import forking
@@ -184,21 +184,8 @@ def start() -> str | None:
     global _server
     if (why := forking.refusal()) is not None:
         return why
-    if _server is None:
-        pid, sock = spawn()
-        _server = ForkServer(pid, sock)
-    return None
-
-
-def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket]:
-    """Fork a server from this process; its pid and the client's end of the socket.
-
-    The caller is single-threaded (a fork copies one thread). ``prepare`` runs first in the server,
-    before its heap is frozen: imports its children should find done. :func:`start` wraps the
-    socket in a :class:`ForkServer` (whose reader thread files the answers); a caller that must
-    stay single-threaded reads the same protocol itself."""
-    if (threads := forking.settled_thread_count()) > 1:
-        raise OSError(f"this process has {threads} threads: a fork server is forked from a single-threaded one")
+    if _server is not None:
+        return None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -209,8 +196,6 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
         code = 0
         try:
             ours.close()
-            if prepare is not None:
-                prepare()
             gc.freeze()  # as forking.run_in_child does in each child: the server's heap is its preload
             serve(theirs, parent)
         except BaseException:  # noqa: BLE001
@@ -220,7 +205,8 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
         finally:
             os._exit(code)
     theirs.close()
-    return pid, ours
+    _server = ForkServer(pid, ours)
+    return None
 
 
 # --- the server process ------------------------------------------------------------------------
@@ -228,8 +214,8 @@ def spawn(prepare: Callable[[], None] | None = None) -> tuple[int, socket.socket
 def serve(sock: socket.socket, parent: int) -> None:
     """Be the server on ``sock`` until the client closes its end or ``parent`` (the client) dies.
 
-    :func:`spawn` runs it in a fork; a process exec'd for the purpose (its imports done, the
-    socket passed to it) may run it itself."""
+    :func:`start` runs it in a fork; a process exec'd for the purpose (its imports done, the
+    socket passed to it) may run it itself (the tests' CLI zygote, tests/cli_zygote.py)."""
     with contextlib.suppress(OSError):  # the client closed its end (stop()) or died: we end quietly
         _serve_until_closed(sock, parent)
 

@@ -1,4 +1,4 @@
-"""Start hwtui's CLI from a test as a process forked from a preloaded twin of the test process.
+"""Start hwtui's CLI from a test as a process forked from a preloaded zygote, not exec'd.
 
 Why: every ``python -m hwtui.app ...`` a test started was a fresh interpreter whose first act is
 ``import torch`` (1.2 CPU-s on the 2-core boxes the suite runs on). Process accounting over one
@@ -20,7 +20,7 @@ none of which a test here depends on: the child always has its own session (as w
 
 The CLI is exec'd as before (``subprocess``) when a fork could differ from an exec:
 * ``HWTUI_TEST_CLI_EXEC=1`` in the test process's environment (every CLI exec'd: the old way);
-* the zygote is not running (it needs a single-threaded test process to fork from);
+* the zygote is not running (it did not start, or it died);
 * argv is not ``[sys.executable, "-m", <hwtui's CLI module>, ...]`` (a wrapper such as ``unshare
   -m``, interpreter flags, another Python). A CLI in a network namespace is forked too: :func:`in_netns`
   gives ``python -m tests.in_netns NETNS <module> ...``, which does what ``ip netns exec`` does;
@@ -45,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -167,10 +168,12 @@ class _Zygote:
             self._take(left)
 
 
-def _main_thread_only() -> None:
-    import threading
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
-    if threading.current_thread() is not threading.main_thread():
+
+def _main_thread_only() -> None:
+    if not _on_main_thread():
         raise RuntimeError("tests/cli_proc.py: the zygote is read by the test's main thread only")
 
 
@@ -232,9 +235,7 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
         return "more than one pass_fds"
     if (kwargs or {}).get("close_fds") is False:
         return "close_fds=False"
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
+    if not _on_main_thread():
         return "not the test's main thread (the zygote has one reader)"
     if len(json.dumps(dict(os.environ if env is None else env))) > forkserver.MAX_MESSAGE // 2:
         return "an environment too large for one fork-server request"

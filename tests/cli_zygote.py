@@ -35,7 +35,7 @@ def main() -> None:
     if (threads := forking.settled_thread_count()) > 1:  # an import started one: forking here is unsafe
         print(f"tests/cli_zygote.py: {threads} threads after the imports: every CLI is exec'd", file=sys.stderr)
         sys.exit(1)
-    gc.freeze()  # as forkserver.spawn does: the children's collections never walk this heap
+    gc.freeze()  # as forkserver.start's server does: the children's collections never walk this heap
     forkserver.serve(sock, parent)
     os._exit(0)
 
