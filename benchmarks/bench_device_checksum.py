@@ -12,13 +12,22 @@ interleaved, medians:
 - checksums that read the bucket once, for the record (row sums alone, column sums alone, the
   Triton sums alone);
 
-each as ms and GB/s of bucket copied and verified, every digest checked equal and every copy exact.
+- the protocol's shape: the same bytes as 16 buckets, a digest per bucket (and a copy, then a
+  digest, per bucket), so the fixed cost per bucket shows beside the whole buffer's;
+- with ``--variants`` (the default where Triton runs): every kernel configuration of
+  device_sums_triton.VARIANTS on the same buffer, rounds interleaved, default first: its sums
+  alone, the whole digest and the digest per bucket with it, each variant's sums checked against
+  the torch reductions every round and its digests against theirs (FAIL, never a crash, for a
+  variant that does not compile, raises or differs), and the winners;
+
+each as ms and GB/s of bucket copied and verified, every digest checked equal (to the torch
+reductions' digest) and every copy exact.
 Measured on an H200 (round nine): copy 0.52 ms per GiB, then the checksum 0.98 ms in all (1,098
 GB/s; 877 with the torch reductions). The copy fused into the checksum slice by slice, which this
 once measured too, lost at every slice size there and is gone. On CPU (``--device cpu``) the same
 code runs: the figures there say nothing about a GPU, only that the paths agree.
 
-    python3 benchmarks/bench_device_checksum.py [--device cuda] [--mb 1024] [--rounds 7]
+    python3 benchmarks/bench_device_checksum.py [--device cuda] [--mb 1024] [--rounds 7] [--no-variants]
 """
 
 from __future__ import annotations
@@ -75,42 +84,81 @@ def _one_pass_candidates(device: str, n: int) -> dict[str, Any]:
 
     out["rows only (one pass)"] = rows_only
     out["columns only (one pass)"] = cols_only
-    from hwtui.engine.replication.device_sums_triton import available, row_col_sums
+    if _triton_runs(device):
+        from hwtui.engine.replication.device_sums_triton import row_col_sums
 
-    if available():
-        out["triton rows+columns (one read)"] = lambda buf: row_col_sums(buf.view(torch.int32).view(-1, ROW_WORDS))
+        sums = torch.empty(ROW_WORDS + n // (ROW_WORDS * 4), dtype=torch.int32, device=device)
+        out["triton rows+columns (one read)"] = lambda buf: row_col_sums(buf.view(torch.int32).view(-1, ROW_WORDS), sums)
     else:
-        print("  triton one-read sums: not measured (Triton is not installed)", file=sys.stderr)
+        print("  triton one-read sums: not measured (no Triton here, or a CPU without TRITON_INTERPRET=1)",
+              file=sys.stderr)
     return out
 
 
-def run(device: str, mb: int, rounds: int) -> dict[str, Any]:
-    import torch
+def _triton_runs(device: str) -> bool:
+    """Whether the Triton kernel can run on ``device`` here: a GPU with Triton, or CPU tensors under
+    Triton's interpreter (TRITON_INTERPRET=1: slow, for checking this benchmark's code only)."""
+    from hwtui.engine.replication.device_sums_triton import available
 
+    return available() and (device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _torch_digest(buf: Any) -> str:
+    """The digest by the two torch reductions: the reference every other way is checked against."""
     from hwtui.engine.replication.device_checksum import device_digest
+
+    os.environ["HWTUI_DEVICE_CHECKSUM"] = "torch"
+    try:
+        return device_digest(buf)
+    finally:
+        del os.environ["HWTUI_DEVICE_CHECKSUM"]
+
+
+def _buckets(buf: Any, count: int) -> list[Any]:
+    """``buf`` cut into ``count`` consecutive views, as the IPC protocol moves a model in buckets."""
+    size = buf.numel() // count
+    return [buf[i * size: (i + 1) * size] for i in range(count)]
+
+
+def _methods(device: str, src: Any, dst: Any, bucket_count: int) -> dict[str, Any]:
+    """Name -> a call returning the digest(s) it computed (None for a copy alone)."""
+    from hwtui.engine.replication.device_checksum import device_digest
+
+    src_b, dst_b = _buckets(src, bucket_count), _buckets(dst, bucket_count)
+    size_mb = src_b[0].numel() / MB
+    shaped = f"{size_mb:g} MiB bucket x {bucket_count}"
+
+    def per_bucket(copy: bool) -> list[str]:
+        out = []
+        for s, d in zip(src_b, dst_b, strict=True):
+            if copy:
+                d.copy_(s)
+            out.append(device_digest(d if copy else s))
+        return out
+
+    return {
+        "copy alone": lambda: (dst.copy_(src), None)[1],
+        "checksum alone": lambda: device_digest(src),
+        "checksum alone, torch reductions": lambda: _torch_digest(src),
+        "copy, then checksum (the receiver today)": lambda: (dst.copy_(src), device_digest(dst))[1],
+        "copy, then checksum, torch reductions": lambda: (dst.copy_(src), _torch_digest(dst))[1],
+        f"protocol-shaped: digest per {shaped}": lambda: per_bucket(False),
+        f"protocol-shaped: copy, then digest per {shaped}": lambda: per_bucket(True),
+    }
+
+
+def run(device: str, mb: int, rounds: int, variants: bool = False) -> dict[str, Any]:
+    import torch
 
     n = mb * MB
     g = torch.Generator(device=device).manual_seed(23)
     src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=device, generator=g)
     dst = torch.zeros(n, dtype=torch.uint8, device=device)
-    want = device_digest(src)
-    def torch_reductions(buf: Any) -> str:  # the two-reduction digest, where Triton would be used
-        os.environ["HWTUI_DEVICE_CHECKSUM"] = "torch"
-        try:
-            return device_digest(buf)
-        finally:
-            del os.environ["HWTUI_DEVICE_CHECKSUM"]
-
-    methods: dict[str, Any] = {
-        "copy alone": lambda: (dst.copy_(src), None)[1],
-        "checksum alone": lambda: device_digest(src),
-        "checksum alone, torch reductions": lambda: torch_reductions(src),
-        "copy, then checksum (the receiver today)": lambda: (dst.copy_(src), device_digest(dst))[1],
-        "copy, then checksum, torch reductions": lambda: (dst.copy_(src), torch_reductions(dst))[1],
-    }
+    bucket_count = 16
+    want: dict[str, Any] = {"whole": _torch_digest(src), "buckets": [_torch_digest(b) for b in _buckets(src, bucket_count)]}
+    methods = _methods(device, src, dst, bucket_count)
     candidates = _one_pass_candidates(device, n)
-    one_pass = {name: (lambda fn=fn: (fn(src), None)[1]) for name, fn in candidates.items()}
-    methods.update(one_pass)
+    methods.update({name: (lambda fn=fn: (fn(src), None)[1]) for name, fn in candidates.items()})
     for fn in methods.values():  # warm: kernels loaded, allocator primed
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -121,15 +169,134 @@ def run(device: str, mb: int, rounds: int) -> dict[str, Any]:
             dt, digest = _timed(device, fn)
             times[name].append(dt)
             if digest is not None:
-                exact &= digest == want
-            if name.startswith("copy"):
+                exact &= digest == (want["buckets"] if isinstance(digest, list) else want["whole"])
+            if name.startswith("copy") or "copy," in name:
                 exact &= bool(torch.equal(dst, src))
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = {k: {"ms": round(v * 1e3, 4), "gbps": round(n / v / 1e9, 1)} for k, v in med.items()}
     verified = {k: v for k, v in med.items() if k.startswith("copy,")}
     best = min(verified, key=lambda k: verified[k])
-    return {"device": device, "bytes": n, "rounds": rounds, "methods": rows, "exact": exact, "best_verified": best,
-            "best_verified_gbps": rows[best]["gbps"]}
+    res = {"device": device, "bytes": n, "rounds": rounds, "methods": rows, "exact": exact, "best_verified": best,
+           "best_verified_gbps": rows[best]["gbps"]}
+    if variants:
+        res["variants"] = run_variants(device, src, rounds, want, bucket_count)
+    return res
+
+
+def _variant_calls(src: Any, cfg: Any, out: Any, bucket_count: int) -> dict[str, Any]:
+    """The three timings of one kernel configuration: its sums alone (the kernel and what finishes
+    it, into one preallocated tensor), the digest of the whole buffer with it, and the digest per
+    bucket of the protocol's shape with it."""
+    import torch
+
+    from hwtui.engine.replication.device_checksum import ROW_WORDS, device_digest
+    from hwtui.engine.replication.device_sums_triton import row_col_sums
+
+    m = src.view(torch.int32).view(-1, ROW_WORDS)
+    parts = _buckets(src, bucket_count)
+    return {"sums": lambda: row_col_sums(m, out, cfg), "digest": lambda: device_digest(src, config=cfg),
+            "buckets": lambda: [device_digest(b, config=cfg) for b in parts]}
+
+
+def run_variants(device: str, src: Any, rounds: int, want: dict[str, Any], bucket_count: int) -> dict[str, Any]:
+    """Every device_sums_triton.VARIANTS configuration on the same buffer, rounds interleaved (each
+    round runs every variant once, the default first), medians; each checked against the torch
+    reductions every round. A variant that does not compile, raises or differs is FAIL, and the
+    others go on."""
+    import torch
+
+    from hwtui.engine.replication import device_checksum
+    from hwtui.engine.replication.device_checksum import ROW_WORDS
+    from hwtui.engine.replication.device_sums_triton import VARIANTS
+
+    if src.numel() % (ROW_WORDS * 4):
+        return {"skipped": "the buffer is not whole rows of 16 KiB"}
+    m = src.view(torch.int32).view(-1, ROW_WORDS)
+    ref = torch.cat([m.sum(0, dtype=torch.int32), m.sum(1, dtype=torch.int32)])
+    calls: dict[str, dict[str, Any]] = {}
+    outs: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name, cfg in VARIANTS.items():
+        outs[name] = torch.full_like(ref, 0x5A5A5A5A)  # not zeros: a variant that writes nothing fails
+        calls[name] = _variant_calls(src, cfg, outs[name], bucket_count)
+        why = _check_variant(device, calls[name], outs[name], ref, want)
+        if why:
+            failed[name] = why
+    times: dict[str, dict[str, list[float]]] = {k: {"sums": [], "digest": [], "buckets": []} for k in calls}
+    for _ in range(rounds):
+        for name, parts in calls.items():
+            if name in failed:
+                continue
+            try:
+                outs[name].fill_(0x5A5A5A5A)  # what the check below sees is this round's sums
+                for what, fn in parts.items():
+                    dt, _ = _timed(device, fn)
+                    times[name][what].append(dt)
+                why = _check_variant(device, {}, outs[name], ref, want)  # the last sums: still the reductions'
+            except Exception as exc:  # noqa: BLE001 - one variant's failure must not end the run
+                why = f"{type(exc).__name__}: {str(exc)[:160]}"
+            if why:
+                failed[name] = why
+    if device_checksum._ONE_READ_BROKEN:  # device_digest fell back to the torch reductions: the figures lie
+        failed.setdefault("(device_digest)", f"the Triton path broke: {device_checksum._ONE_READ_BROKEN[0]}")
+    n = src.numel()
+    table = {name: {what: {"ms": round(statistics.median(v) * 1e3, 4), "gbps": round(n / statistics.median(v) / 1e9, 1)}
+                    for what, v in t.items()} for name, t in times.items() if name not in failed and t["sums"]}
+    winner = min(table, key=lambda k: table[k]["digest"]["ms"]) if table else None
+    per_bucket = min(table, key=lambda k: table[k]["buckets"]["ms"]) if table else None
+    return {"table": table, "failed": failed, "winner": winner, "winner_per_bucket": per_bucket}
+
+
+def _check_variant(device: str, calls: dict[str, Any], out: Any, ref: Any, want: dict[str, Any]) -> str:
+    """'' if the variant's calls (run once here; none: only ``out`` looked at) gave the torch
+    reductions' sums and the reference digests, else why not (an exception included)."""
+    import torch
+
+    from hwtui.engine.replication import device_checksum
+
+    broken = len(device_checksum._ONE_READ_BROKEN)
+    try:
+        for what, fn in calls.items():
+            got = fn()
+            if len(device_checksum._ONE_READ_BROKEN) > broken:  # device_digest caught this variant failing
+                why = device_checksum._ONE_READ_BROKEN[broken]
+                del device_checksum._ONE_READ_BROKEN[broken:]  # the other variants still use the kernel
+                return f"device_digest fell back to the torch reductions: {why}"
+            if what == "digest" and got != want["whole"]:
+                return f"its digest {got} is not the torch reductions' {want['whole']}"
+            if what == "buckets" and got != want["buckets"]:
+                return "a bucket's digest is not the torch reductions'"
+        _sync(device)
+        if not torch.equal(out, ref):
+            bad = int((out != ref).sum())
+            return f"{bad} of {ref.numel()} sums differ from the torch reductions'"
+    except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch: FAIL, and go on
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+    return ""
+
+
+def _print_variants(v: dict[str, Any], n: int) -> None:
+    if "skipped" in v:
+        print(f"kernel variants: skipped ({v['skipped']})")
+        return
+    print(f"Triton kernel variants (device_sums_triton.VARIANTS), the same {n / MB:g} MiB, rounds interleaved, "
+          f"every sum checked against the torch reductions every round:")
+    for name, row in v["table"].items():
+        print(f"  {name:<30} sums {row['sums']['ms']:8.3f} ms {row['sums']['gbps']:8.1f} GB/s | digest "
+              f"{row['digest']['ms']:8.3f} ms {row['digest']['gbps']:8.1f} GB/s | digest per bucket x16 "
+              f"{row['buckets']['ms']:8.3f} ms ({row['buckets']['ms'] / 16:.4f} ms each)  ok")
+    for name, why in v["failed"].items():
+        print(f"  {name:<30} FAIL: {why}")
+    if not v["winner"]:
+        print("kernel variant winner: none (every variant failed)")
+        return
+    t, d = v["table"], v["table"].get("default")
+    w, wb = v["winner"], v["winner_per_bucket"]
+    base = f"default {d['digest']['ms']:.3f} ms" if d else "the default FAILED"
+    print(f"kernel variant winner, whole-buffer digest: {w}: {t[w]['digest']['ms']:.3f} ms ({base}); its sums "
+          f"{t[w]['sums']['ms']:.3f} ms = {t[w]['sums']['gbps']:.1f} GB/s read")
+    base = f"default {d['buckets']['ms'] / 16:.4f} ms" if d else "the default FAILED"
+    print(f"kernel variant winner, digest per bucket x16: {wb}: {t[wb]['buckets']['ms'] / 16:.4f} ms each ({base})")
 
 
 def main() -> int:
@@ -137,6 +304,8 @@ def main() -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--mb", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--variants", action=argparse.BooleanOptionalAction, default=None,
+                    help="time device_sums_triton's kernel variants (default: where Triton runs)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     import torch
@@ -148,14 +317,21 @@ def main() -> int:
     if args.mb < 1 or args.rounds < 1:
         print("bench_device_checksum: --mb and --rounds must be at least 1", file=sys.stderr)
         return 2
-    res = run(args.device, args.mb, args.rounds)
+    variants = _triton_runs(args.device) if args.variants is None else args.variants
+    if variants and not _triton_runs(args.device):
+        print("bench_device_checksum: --variants needs Triton (on CPU, under TRITON_INTERPRET=1); not measured",
+              file=sys.stderr)
+        variants = False
+    res = run(args.device, args.mb, args.rounds, variants)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print(f"{args.mb} MiB on {name}, medians of {args.rounds} interleaved rounds; every digest equal and every copy "
           f"exact: {res['exact']}")
     for k, row in res["methods"].items():
-        print(f"  {k:<48} {row['ms']:9.3f} ms  {row['gbps']:9.1f} GB/s")
+        print(f"  {k:<58} {row['ms']:9.3f} ms  {row['gbps']:9.1f} GB/s")
     print(f"copied and verified, best way: {res['best_verified']}: {res['best_verified_gbps']:.1f} GB/s "
           f"(issue 23: >= 1000 GB/s for 1 GiB on one GPU)")
+    if "variants" in res:
+        _print_variants(res["variants"], res["bytes"])
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     return 0 if res["exact"] else 1

@@ -10,7 +10,10 @@ receiver, once every export of the round is there, times its ``IpcReceiver.recei
 (open on a slot's first use only, the copy, the device checksum, the ack). Rounds after the first
 reuse the mappings, as a resident receiver does. Printed: medians over rounds of the receiver's
 wall per round and its copy and verify shares, in GB/s of bucket copied and verified, for each
-bucket count.
+bucket count. On a GPU the receiver does not sync between the copy and the checksum: copy is the
+open (host) plus the copy's device time, verify the sums' device time (CUDA events), and "rest"
+the wall outside both (the sums' one transfer to the host, the hash, the ack, the store, Python);
+on CPU both are host time and the rest is the ack and the store.
 
     python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--device cuda]
 
@@ -203,7 +206,8 @@ def main() -> int:
           f"(the first opens the mappings), the source idle while the receiver copies and verifies")
     for n, row in results["by_buckets"].items():
         print(f"  {n:3d} bucket(s) of {args.mb / n:g} MiB: {row['wall_ms']:8.3f} ms = {row['gbps']:7.1f} GB/s copied and "
-              f"verified (copy {row['copy_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms; first round "
+              f"verified (copy {row['copy_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms, rest "
+              f"{row['wall_ms'] - row['copy_ms'] - row['verify_ms']:.3f} ms; first round "
               f"{row['first_round_ms']:.3f} ms, {row['opens']} opens)")
         if row["source_after_each_run"]:
             print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "

@@ -22,12 +22,10 @@ if TYPE_CHECKING:  # ssl is imported only when TLS is asked for
     import ssl
 
 from hwtui.core.errors import EXIT_OK, HwtuiError
+from hwtui.probes.distributed.replication_defaults import PERSIST_MODES
 
 HELP = "run the node agent: an HTTP API (JSON + /metrics) and a resident receiver for `hwtui push`"
 DEFAULT_PORT = 9477
-
-if TYPE_CHECKING:  # ssl is imported only where TLS is asked for
-    import ssl
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="with --out: cuda keeps the served version in GPU memory too (two slots, switched at each "
                         "commit), exported to local serving processes by CUDA IPC (POST /v1/served/export); default cpu")
+    p.add_argument("--persist", choices=PERSIST_MODES, default=None,
+                   help="with --device cuda: when a pushed version's disk copy becomes durable. after-commit "
+                        "(default): the vote waits for the verified device copy, the disk copy is fsynced and "
+                        "switched to right after the push is reported (a power loss in between restarts this node "
+                        "on the previous version; `hwtui push --resume` sends it again); before-vote: fsynced "
+                        "before this node votes, as a disk-serving node does")
     p.add_argument("--advertise", metavar="ADDR", help="address other nodes reach this one's receiver at "
                    "(default: the --listen host, or the address that routes to the pusher)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/hwtui-agent.service", metavar="FILE",
@@ -229,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
         raise HwtuiError("--device cuda does not go with --install-unit (the unit does not carry it yet); "
                          "run the agent with --device cuda directly")
     slots = device_slots(args.device, args.out)
+    if args.persist is not None and args.device != "cuda":
+        raise HwtuiError("--persist goes with --device cuda (a node serving from disk makes its copy durable "
+                         "before it votes)")
     if args.install_unit:
         return _install_unit(args)
     if args.out:
@@ -258,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
 
         resident = ResidentRank(node=node, out=args.out, advertise=args.advertise or host_addr,
                                 serve_group=args.serve_group, readers=args.readers, direct_io=args.direct_io,
-                                device_slots=slots)
+                                device_slots=slots, persist=args.persist or PERSIST_MODES[0])
         post_routes = make_routes(resident)
         replication = resident.state
 

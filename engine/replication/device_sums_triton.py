@@ -2,14 +2,16 @@
 
 engine.replication.device_checksum defines the digest by every row's and every column's sum
 (mod 2^32) of the bucket as int32 words in rows of 4096. Two torch reductions read the bucket
-twice. This kernel reads each tile once and writes both kinds of partial sums: program (i, j)
-takes the rows of block i and the columns of block j, SUB_R rows at a time, and stores the tile's
-row sums (one per row and column block) and its column sums (one per column and row block); two
-small torch reductions finish them. The sums are the same, so the digest is: the source and a
-receiver may each take either path. Measured on an H200, 1 GiB (bench_device_checksum.py, round
-nine): the digest 0.61 ms against 0.80 with the two reductions; the copy, then the digest, 1,098
-GB/s copied and verified against 877. (Per 64 MiB bucket of the IPC protocol, about 0.4 ms goes
-either way: a fixed cost outside the sums.)
+twice. This kernel reads each tile once and writes both kinds of sums: program (i, j) takes the
+rows of block i and the columns of block j, SUB_R rows at a time. By default it stores the tile's
+partial sums (row sums per column block, column sums per row block) and two small torch
+reductions finish them straight into the caller's output; the ``atomic`` variant adds its partial
+sums into the zeroed output itself (one memset, no second reduction). The sums are the same, so
+the digest is: the source and a receiver may each take either path, and any variant.
+Measured on an H200, 1 GiB (bench_device_checksum.py, round nine): the digest 0.61 ms against
+0.80 with the two reductions; the copy, then the digest, 1,098 GB/s copied and verified against
+877. The kernel alone read only ~1.75 TB/s of the ~4 TB/s HBM gives: ``VARIANTS`` are the tile
+shapes and launch settings the benchmark times against the default (issue 23.2).
 
 Triton is optional: it comes with torch's CUDA wheels on Linux, and where it cannot be imported
 (CPU, some AMD and Intel stacks) device_checksum keeps the torch reductions. Imported on first
@@ -18,7 +20,9 @@ use only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,9 +33,48 @@ try:
 except ImportError:  # optional: without it this module imports and says so (available())
     triton = None
 
-BLOCK_C = 256  # columns per program: 16 column blocks of a 4096-word row
-SUB_R = 16  # rows per load (a 16 x 256 int32 tile, 16 KiB)
-TARGET_PROGRAMS = 1024  # enough to fill a GPU of 132 SMs a few times over at any bucket size
+W_WORDS = 4096  # the digest's row width (device_checksum.ROW_WORDS; not imported: no cycle)
+
+
+@dataclass(frozen=True)
+class SumsConfig:
+    """One way to launch the kernel: the same sums, a different speed."""
+
+    block_c: int = 256  # columns per program (a power of two dividing 4096)
+    sub_r: int = 16  # rows per load: a sub_r x block_c int32 tile
+    max_block_r: int = 512  # rows per program at most (a power of two, at least sub_r)
+    target_programs: int = 1024  # programs wanted; rows per program grow until about this many
+    num_warps: int = 4
+    atomic: bool = False  # add into the zeroed output in the kernel instead of partials + reductions
+    acc2d: bool = False  # add whole tiles in the loop, sum their columns once after it (no per-tile column reduction)
+
+    def check(self) -> None:
+        pow2 = lambda v: v > 0 and v & (v - 1) == 0  # noqa: E731 - a one-line predicate
+        if not (pow2(self.block_c) and W_WORDS % self.block_c == 0 and pow2(self.sub_r)
+                and pow2(self.max_block_r) and self.max_block_r >= self.sub_r and pow2(self.num_warps)
+                and self.target_programs >= 1):
+            raise ValueError(f"not a launchable configuration: {self}")
+
+
+DEFAULT = SumsConfig()  # round nine's tile shape and launch (its row-block size is now a kernel argument, not a constant)
+# What bench_device_checksum.py times against the default (8 at most: each one compiles on the GPU
+# inside the benchmark's minute). Why these (from the default's PTX for sm_90): its loop waits on
+# one 16 KiB tile per program per iteration and reduces each tile's columns across warps through
+# shared memory (8 barriers an iteration); more rows and warps put more bytes in flight, whole
+# tiles added in the loop (acc2d) with 128 columns per program left 2 barriers an iteration, and
+# the atomic ones drop the partials' write-out, read-back and two reductions (two launches fewer
+# per bucket: the fixed cost per bucket). Compiled for sm_90 with Triton 3.6 here, none spills.
+VARIANTS: dict[str, SumsConfig] = {
+    "default": DEFAULT,
+    "sub32-w8": SumsConfig(sub_r=32, num_warps=8),
+    "acc2d-c128-sub32-w8": SumsConfig(block_c=128, sub_r=32, num_warps=8, acc2d=True),
+    "acc2d-c128-sub64-w8": SumsConfig(block_c=128, sub_r=64, num_warps=8, acc2d=True),
+    "acc2d-c256-sub32-w8": SumsConfig(sub_r=32, num_warps=8, acc2d=True),
+    "atomic-sub32-w8": SumsConfig(sub_r=32, num_warps=8, atomic=True),
+    "atomic-acc2d-c128-sub32-w8": SumsConfig(block_c=128, sub_r=32, num_warps=8, acc2d=True, atomic=True),
+    "atomic-wholerow-sub4-w8": SumsConfig(block_c=4096, sub_r=4, max_block_r=256, target_programs=512, num_warps=8,
+                                          atomic=True),
+}
 
 
 def available() -> bool:
@@ -40,38 +83,80 @@ def available() -> bool:
 
 @functools.cache  # made on first use, where Triton imports
 def _kernel() -> Any:
-    @triton.jit
-    def _row_col_sums(x_ptr, rows_ptr, colp_ptr, n_rows, W: tl.constexpr, BLOCK_R: tl.constexpr,  # type: ignore[no-untyped-def]
-                      SUB_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    # n_rows and block_r are not specialized on: one compile per configuration serves every bucket
+    # size (a new specialization compiled inside a transfer costs more than the whole bucket).
+    @triton.jit(do_not_specialize=["n_rows", "block_r"])
+    def _row_col_sums(x_ptr, rows_ptr, cols_ptr, n_rows, block_r, W: tl.constexpr,  # type: ignore[no-untyped-def]
+                      SUB_R: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr, ACC2D: tl.constexpr):
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        col = tl.zeros((BLOCK_C,), dtype=tl.int32)
-        for rr in range(0, BLOCK_R, SUB_R):
-            offs_r = pid_r * BLOCK_R + rr + tl.arange(0, SUB_R)
+        if ACC2D:  # the tiles added as they are; their columns summed once, after the loop
+            acc = tl.zeros((SUB_R, BLOCK_C), dtype=tl.int32)
+        else:
+            col = tl.zeros((BLOCK_C,), dtype=tl.int32)
+        for rr in range(0, block_r, SUB_R):
+            offs_r = pid_r * block_r + rr + tl.arange(0, SUB_R)
             mask = offs_r < n_rows
             tile = tl.load(x_ptr + offs_r[:, None].to(tl.int64) * W + offs_c[None, :], mask=mask[:, None], other=0)
-            col += tl.sum(tile, axis=0)  # int32 adds wrap: sums mod 2^32, as the digest defines them
-            tl.store(rows_ptr + offs_r.to(tl.int64) * (W // BLOCK_C) + pid_c, tl.sum(tile, axis=1), mask=mask)
-        tl.store(colp_ptr + pid_r.to(tl.int64) * W + offs_c, col)
+            # int32 adds wrap: sums mod 2^32, as the digest defines them
+            if ACC2D:
+                acc += tile
+            else:
+                col += tl.sum(tile, axis=0)
+            if ATOMIC:  # relaxed: only the sum matters, and the host reads it after the stream is done
+                tl.atomic_add(rows_ptr + offs_r, tl.sum(tile, axis=1), mask=mask, sem="relaxed")
+            else:
+                tl.store(rows_ptr + offs_r.to(tl.int64) * (W // BLOCK_C) + pid_c, tl.sum(tile, axis=1), mask=mask)
+        if ACC2D:
+            col = tl.sum(acc, axis=0)
+        if ATOMIC:
+            tl.atomic_add(cols_ptr + offs_c, col, sem="relaxed")
+        else:
+            tl.store(cols_ptr + pid_r.to(tl.int64) * W + offs_c, col)
 
     return _row_col_sums
 
 
-def row_col_sums(words: Any) -> tuple[Any, Any]:
-    """(row sums, column sums), int32 mod 2^32, of a contiguous [rows, W] int32 tensor on a GPU."""
+def _block_rows(n_rows: int, cfg: SumsConfig) -> int:
+    """Rows per program: as many programs as cfg wants, at least one tile, at most max_block_r."""
+    want = max(1, cfg.target_programs // (W_WORDS // cfg.block_c))
+    return int(min(cfg.max_block_r, max(cfg.sub_r, triton.next_power_of_2(triton.cdiv(n_rows, want)))))
+
+
+def row_col_sums(words: Any, out: Any, config: SumsConfig = DEFAULT) -> None:
+    """Write the column sums, then the row sums (int32, mod 2^32) of a contiguous [rows, 4096] int32
+    tensor on a GPU into ``out``, a contiguous int32 tensor of 4096 + rows: ``out[:4096]`` the
+    columns, ``out[4096:]`` the rows (one tensor, so the caller brings both back in one transfer)."""
     if triton is None:
         raise ImportError("Triton is not installed")
+    config.check()
     n_rows, w = words.shape
-    if w % BLOCK_C or not words.is_contiguous():
+    if w != W_WORDS or words.dtype != torch.int32 or not words.is_contiguous():
         raise ValueError("row_col_sums takes a contiguous [rows, 4096] int32 tensor")
-    col_blocks = w // BLOCK_C
-    # Rows per program: as many programs as fill the GPU, at least one tile, at most 512 rows.
-    want = max(1, TARGET_PROGRAMS // col_blocks)
-    block_r = min(512, max(SUB_R, triton.next_power_of_2(triton.cdiv(n_rows, want))))
+    if out.dtype != torch.int32 or out.shape != (w + n_rows,) or not out.is_contiguous():
+        raise ValueError("row_col_sums writes into a contiguous int32 tensor of 4096 + rows")
+    cols, rows = out[:w], out[w:]
+    if n_rows == 0:
+        cols.zero_()
+        return
+    col_blocks = w // config.block_c
+    block_r = _block_rows(n_rows, config)
     row_blocks = triton.cdiv(n_rows, block_r)
-    rows_part = torch.empty(n_rows, col_blocks, dtype=torch.int32, device=words.device)
-    col_part = torch.empty(row_blocks, w, dtype=torch.int32, device=words.device)
-    _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, W=w, BLOCK_R=block_r, SUB_R=SUB_R,
-                                        BLOCK_C=BLOCK_C)
-    return rows_part.sum(1, dtype=torch.int32), col_part.sum(0, dtype=torch.int32)
+    if config.atomic:
+        out.zero_()
+        rows_part, col_part = rows, cols
+    else:
+        # A dimension of one part is written in place: no partials, no second reduction for it.
+        rows_part = rows if col_blocks == 1 else torch.empty(n_rows, col_blocks, dtype=torch.int32, device=words.device)
+        col_part = cols if row_blocks == 1 else torch.empty(row_blocks, w, dtype=torch.int32, device=words.device)
+    # Triton launches on the current device's stream: the tensor's device made current (a CPU
+    # tensor reaches here only under Triton's interpreter).
+    with torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext():
+        _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, block_r, W=w, SUB_R=config.sub_r,
+                                            BLOCK_C=config.block_c, ATOMIC=config.atomic,
+                                            ACC2D=config.acc2d, num_warps=config.num_warps)
+    if rows_part is not rows:
+        torch.sum(rows_part, 1, dtype=torch.int32, out=rows)
+    if col_part is not cols:
+        torch.sum(col_part, 0, dtype=torch.int32, out=cols)

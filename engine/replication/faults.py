@@ -17,8 +17,10 @@ Phases: ``load`` (before the world forms), ``setup`` (rank 0, its /dev/shm stagi
 before the start barrier), ``current`` (a receiver, inside prepare, as it writes the CURRENT that
 will serve the new version: a full disk there must make it vote no), ``prepare`` (prepared,
 before the vote), ``decide`` (rank 0, after a unanimous vote, before the decision record is
-written), ``commit`` (after the decision, before this rank switches) and ``switched`` (between
-the switch's two renames: ``versions/<v>`` is in place, CURRENT not yet).
+written), ``commit`` (after the decision, before this rank switches), ``switched`` (between
+the switch's two renames: ``versions/<v>`` is in place, CURRENT not yet) and ``persist`` (a
+GPU-resident receiver with ``--persist after-commit``: after the push is reported, before its disk
+copy is fsynced and switched to).
 
 It exists so the tests can prove that corruption, a dead rank and a hung rank each end the run
 with a named error and no commit; it costs one dict lookup per bucket when unset.

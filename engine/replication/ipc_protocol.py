@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hwtui.engine.replication.device_checksum import device_digest
+from hwtui.engine.replication.device_checksum import device_digest, device_sums, sums_digest
 from hwtui.engine.replication.ipc_provider import ExportProvider, Opened, Opener, OpenError
 from hwtui.engine.replication.ipc_wire import Ack, Export, WireError, decode_ack, decode_export
 
@@ -299,15 +299,19 @@ class IpcReceiver:
             raise IpcFailure(why) from exc
         try:
             self._hook("opened", bucket, dst)
+            clock = _Clock(dst, t0)
             dst.copy_(opened.tensor[:nbytes])
-            _sync(dst)
+            clock.copied()
             self._hook("copied", bucket, dst)
         except BaseException:
             self.close()
             raise
-        copy_s = time.perf_counter() - t0
-        got = device_digest(dst)
-        verify_s = time.perf_counter() - t0 - copy_s
+        # On a GPU no sync after the copy: the sums are queued behind it on the same stream, and
+        # the digest's one transfer of them waits for both, so "released" still follows the copy.
+        sums = device_sums(dst)
+        clock.summed()
+        got = sums_digest(nbytes, sums)
+        copy_s, verify_s = clock.split()
         ok = got == msg.digest
         error = "" if ok else (f"rank {self.rank}: bucket {bucket} failed its device checksum after the IPC copy "
                                f"(got {got}, the source's is {msg.digest})")
@@ -324,8 +328,45 @@ class IpcReceiver:
             self.hook(phase, bucket, dst)
 
 
-def _sync(t: Any) -> None:
-    if t.device.type == "cuda":
+class _Clock:
+    """A receive's copy and verify times without a sync of their own: on a GPU, events around the
+    copy and after the sums, read once the digest's transfer has waited for them (copy: the host's
+    open, then the copy's device time; verify: the sums' device time, launches included; the
+    transfer of the sums and the host hash in neither); elsewhere the host clock (copy: from the
+    open to the copy's end; verify: the rest, up to the digest)."""
+
+    def __init__(self, dst: Any, t0: float):
+        self.t0 = t0
+        self.events: list[Any] = []
+        self.stream: Any = None
+        if dst.device.type == "cuda":
+            import torch
+
+            self.stream = torch.cuda.current_stream(dst.device)  # the copy's and the sums' stream
+        self.open_s = time.perf_counter() - t0
+        self._mark()
+
+    def _mark(self) -> None:
+        if self.stream is None:
+            self.events.append(time.perf_counter())
+            return
         import torch
 
-        torch.cuda.synchronize(t.device)
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        self.events.append(ev)
+
+    def copied(self) -> None:
+        self._mark()
+
+    def summed(self) -> None:
+        if self.stream is not None:  # the host clock's verify runs until split(): the digest included
+            self._mark()
+
+    def split(self) -> tuple[float, float]:
+        """(copy_s, verify_s), once the digest is done."""
+        if self.stream is None:
+            start, copied = self.events
+            return copied - self.t0, time.perf_counter() - copied
+        start, copied, summed = self.events
+        return self.open_s + start.elapsed_time(copied) / 1e3, copied.elapsed_time(summed) / 1e3

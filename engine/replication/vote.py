@@ -21,6 +21,13 @@ from hwtui.engine.replication.verify import RankVerify
 
 
 class RankCommit(RankVerify):
+    # A receiver that serves from device memory (a GPU-resident agent's rank, engine.resident)
+    # votes once its device copy is whole and verified; its disk copy is made durable and switched
+    # to after the commit (``persist``), off the vote's path. Everywhere else the disk copy is
+    # what is served, so it is fsynced before the vote.
+    defer_durable = False
+    switch_owed = False  # decided, the disk switch still to do (persist)
+
     def prepare(self, plan: Plan) -> bool:
         t = now()
         if self.rank == SRC and self.settings.verify:
@@ -32,7 +39,8 @@ class RankCommit(RankVerify):
             if self.settings.verify:
                 self._verify_staging(plan)
             if self.served and not self.failures:
-                self.staging.flush()
+                if not self.defer_durable:
+                    self.staging.flush()
                 try:
                     self.served.prepare(plan["version"], manifest_of(plan))
                 except (OSError, HwtuiError) as exc:
@@ -83,7 +91,9 @@ class RankCommit(RankVerify):
             self.internal("decided", unanimous=unanimous, decision="commit" if decided else "abort")
             if decided:
                 self.faults.at_phase("commit")  # between the decision and this rank's switch
-                if self.served is not None:
+                if self.served is not None and self.defer_durable:
+                    self.switch_owed = True  # the device serves it now; the disk follows (persist)
+                elif self.served is not None:
                     try:
                         self.served.commit(plan["version"], plan.digest)
                         self.switched = True
@@ -100,6 +110,21 @@ class RankCommit(RankVerify):
         self.phases["commit"] = now() - t
         return unanimous and (decided or not self.cfg.commit) and not self.failures
 
+    def persist(self, plan: Plan) -> None:
+        """The disk half of a deferred commit: the staging copy made durable, then switched to.
+
+        Runs after the push is reported, with SIGTERM deferred as during a switch (an agent
+        stopping waits for it). OSError is the caller's to report: the staged copy and the
+        decision record stay, and the agent finishes the switch from them (recovery.finish, which
+        hashes the copy again) at its next start or when this rank is gone."""
+        assert self.served is not None and self.switch_owed
+        with GATE.held(True):
+            self.faults.at_phase("persist")
+            self.staging.flush()
+            self.served.commit(plan["version"], plan.digest)
+            self.switch_owed = False
+            self.switched = True
+
     def _tally(self, plan: Plan) -> None:
         """Joined worlds (torchrun, srun, mpirun, agents): rank 0's launcher cannot read the other
         nodes' disks, so each rank leaves what it serves now in the world's store and rank 0 reports
@@ -110,8 +135,8 @@ class RankCommit(RankVerify):
 
         self._tallies = getattr(self, "_tallies", 0) + 1  # resident ranks vote once per push
         prefix = f"hwtui-tally/{plan['version']}/{str(plan.digest)[:16]}/{self._tallies}"
-        serves = None
-        if self.served is not None:
+        serves = plan["version"] if self.switch_owed else None  # served from the device; the disk follows
+        if self.served is not None and serves is None:
             with contextlib.suppress(HwtuiError):
                 serves = self.served.current_version()
         try:

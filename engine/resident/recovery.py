@@ -130,6 +130,13 @@ def finish(served: Path, ranks_out: Path, version: str, plan_digest: str,
         if why is not None:
             discard(served, version)
             return False, f"its staged copy was discarded ({why}): it needs the bytes again"
+        try:
+            # A GPU-resident receiver's copy is fsynced after the commit (``hwtui agent --persist
+            # after-commit``): one whose rank died before that may be whole only in the page cache.
+            # Durable before it is published; a copy fsynced before its vote costs nothing here.
+            _fsync_file(sd.staging_dir(version) / "model.safetensors")
+        except OSError as exc:
+            return False, f"its staged copy could not be made durable: {exc.strerror or exc}"
     try:
         if decision(ranks_out, version) is None:
             write_decision(ranks_out, version, plan_digest, [])
@@ -137,6 +144,14 @@ def finish(served: Path, ranks_out: Path, version: str, plan_digest: str,
     except (OSError, HwtuiError) as exc:
         return False, f"the switch failed: {getattr(exc, 'strerror', None) or exc}"
     return True, "finished the switch from its verified staged copy" if not moved else "finished the switch"
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def discard(served: Path, version: str) -> None:

@@ -57,6 +57,7 @@ from hwtui.probes.distributed.replication_defaults import (
     MAX_CHUNK_MB,
     MAX_TIMEOUT_S,
     MAX_WINDOW,
+    PERSIST_MODES,
 )
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ if TYPE_CHECKING:
 _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
+# How long a push (or a resolve) waits for the last push's disk copy (--persist after-commit) before
+# it is refused: under the pusher's own 180 s for its start request.
+PERSIST_WAIT_S = 120.0
 MAX_PLAN_BYTES = 1 << 30  # one uploaded plan file (a plan of millions of tensors is tens of MB)
 KEEP_UPLOADS = 4  # uploaded plans kept by digest (a retry need not send it again); older ones go
 
@@ -167,7 +171,8 @@ def host_identity() -> str:
 
 class ResidentRank:
     def __init__(self, *, node: str, out: str | os.PathLike[str], advertise: str, serve_group: str | None = None,
-                 readers: int | None = None, direct_io: str = "auto", device_slots: str | None = None):
+                 readers: int | None = None, direct_io: str = "auto", device_slots: str | None = None,
+                 persist: str = "after-commit"):
         from hwtui.engine.replication.served_files import serve_modes
 
         self.node = node
@@ -194,6 +199,14 @@ class ResidentRank:
         self.pushes: Counter[str] = Counter()
         self.child_starts = 0
         self.spare: dict[str, Any] = {"state": "none"}  # the next push's pre-made staging file (engine.resident.spare)
+        # `hwtui agent --persist` (GPU-resident receivers only): "after-commit" makes the disk copy
+        # durable after the push is reported, not before the vote (engine.replication.vote). Until
+        # the rank says it is done, this node serves the version from its device slot and owes
+        # the disk its switch (``_owed``: version, plan digest); ``persist`` says how it went.
+        _need(persist in PERSIST_MODES, f"persist must be one of {', '.join(PERSIST_MODES)}")
+        self.persist_mode = persist
+        self.persist: dict[str, Any] = {"state": "none"}
+        self._owed: tuple[str, str] | None = None
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resident-spawner")
         self._flight_child: Child | None = None  # the child running the push in flight
         self._done_bytes = 0
@@ -218,6 +231,12 @@ class ResidentRank:
     # ------------------------------------------------------------------ state
 
     def serving(self) -> str | None:
+        """The version this node serves: a committed one the disk still owes its switch (served
+        from the device slot meanwhile), else what the disk's CURRENT names."""
+        owed = self._owed
+        return owed[0] if owed is not None else self._disk_serving()
+
+    def _disk_serving(self) -> str | None:
         try:
             raw = json.loads((self.served / "CURRENT").read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -237,7 +256,7 @@ class ResidentRank:
             last = dict(self.last) if self.last else None
             warm = self.child is not None and self.child.running and self.world_key is not None
             return {"serving": self.serving(), "slots": self.slots(), "in_flight": flight, "last": last,
-                    "pushes": dict(self.pushes), "spare": dict(self.spare),
+                    "pushes": dict(self.pushes), "spare": dict(self.spare), "persist": dict(self.persist),
                     "staged": recovery.staged(self.served, self.ranks_out), "recovered": list(self.recovered),
                     "resident": {"warm": warm, "starts": self.child_starts,
                                                                "pid": self.child.pid if warm and self.child else None},
@@ -271,7 +290,9 @@ class ResidentRank:
             cur = recovery.served_dir(self.served, self.modes).current() or {}
         except HwtuiError:
             cur = {}
-        out: dict[str, Any] = {"serving": cur.get("version"), "serving_digest": cur.get("plan_digest"),
+        owed = self._owed
+        out: dict[str, Any] = {"serving": owed[0] if owed else cur.get("version"),
+                               "serving_digest": owed[1] if owed else cur.get("plan_digest"),
                                "staged": recovery.staged(self.served, self.ranks_out)}
         if version is not None:
             dec = recovery.decision(self.ranks_out, version)
@@ -296,6 +317,7 @@ class ResidentRank:
                 raise PushRefused(409, f"node {self.node} is busy with push {self.in_flight and self.in_flight.get('push_id')}")
             self.busy = True
         try:
+            self._await_persist()
             if what == "abort":
                 local = recovery.decision(self.ranks_out, version)
                 if local is not None or self.serving() == version:
@@ -413,6 +435,9 @@ class ResidentRank:
             # node free mid-start, so an abort of this push found nothing to stop).
             self._flight_child = None
         try:
+            # The last push's disk copy may still be being written (--persist after-commit): the
+            # staged copies below are not this push's to discard until it is done.
+            self._await_persist()
             if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
                 # Before anything is discarded below: a push refused here leaves the node as it was.
                 raise PushRefused(409, f"node {self.node}: {held}")
@@ -440,14 +465,16 @@ class ResidentRank:
                 self.in_flight = {"push_id": push_id, "version": plan["version"], "rank": rank, "progress": 0.0,
                                   "bytes_done": 0, "total_bytes": plan["total_bytes"], "phase": "starting",
                                   "warm": warm, "started": time.time(), "timeline": {"request": t_request, "accepted": t_accepted},
-                                  "device_slot": slot is not None}
+                                  "device_slot": slot is not None,
+                                  "deferred": slot is not None and self.persist_mode == "after-commit",
+                                  "plan_digest": digest}
                 self._done_bytes = 0
                 self._result = None
                 self._changed.notify_all()
             assert self.child is not None
             self._flight_child = self.child
             self.child.send({"kind": "resident.push", "push_id": push_id, "cfg": cfg.to_json(),
-                             **({"slot": slot} if slot is not None else {})})
+                             **({"slot": slot, "persist": self.persist_mode} if slot is not None else {})})
         except BaseException:
             if self.device is not None:
                 self.device.rollback()
@@ -742,6 +769,8 @@ class ResidentRank:
                 self._finish(msg)
                 self.spare = {"state": "preparing"} if self.last and self.last.get("outcome") == "committed" \
                     and self.last.get("rank") != 0 else self.spare
+            elif kind == "resident.persist":
+                self._persisted(msg)
             elif kind == "resident.spare":
                 self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
                               "seconds": msg.get("seconds"), "error": msg.get("error")}
@@ -767,7 +796,13 @@ class ResidentRank:
             version = flight.get("version")
             decided = decided or (version is not None and recovery.decision(self.ranks_out, str(version)) is not None)
             committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
-        if committed and flight.get("rank", 0) != 0:
+        if committed and flight.get("rank", 0) != 0 and flight.get("deferred") and self._disk_serving() != flight["version"]:
+            # Served from the device slot from now on; the rank writes the disk copy out and
+            # switches the disk after this report (resident.persist), and the disk's slots follow then.
+            self._owed = (str(flight["version"]), str(flight.get("plan_digest")))
+            self.persist = {"state": "writing", "version": flight["version"], "since": time.time()}
+            self._layout_owed(str(flight["version"]))
+        elif committed and flight.get("rank", 0) != 0:
             self._rotate_slots(flight["version"])
         if self.device is not None and flight.get("device_slot"):
             # The rank filled the staged slot and waited for every copy before its yes vote, so a
@@ -789,7 +824,59 @@ class ResidentRank:
         with contextlib.suppress(OSError):
             (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
 
+    def _layout_owed(self, version: str) -> None:
+        """The owed version's tensor places for the export, from its copy's header (staged, or
+        already moved into versions/ by the rank's switch): the disk's CURRENT names the previous one."""
+        from hwtui.engine.resident.served_export import layout_of
+
+        for path in (self.served / "staging" / version / "model.safetensors",
+                     self.served / "versions" / version / "model.safetensors"):
+            with contextlib.suppress(OSError, HwtuiError):
+                self._layouts = {version: layout_of(path)}
+                return
+
+    def _persisted(self, msg: dict[str, Any]) -> None:
+        """Called with the lock held: the rank made the owed version durable and switched the disk
+        to it (or could not: the device still serves it, the staged copy is kept)."""
+        version = msg.get("version")
+        if self._owed is None or version != self._owed[0]:
+            return
+        seconds = msg.get("seconds")
+        if msg.get("ok"):
+            self._rotate_slots(str(version))
+            self._owed = None
+            self.persist = {"state": "done", "version": version, "seconds": seconds}
+        else:
+            self.persist = {"state": "failed", "version": version, "seconds": seconds,
+                            "error": redact_text(str(msg.get("error")))[:300]}
+        self._changed.notify_all()
+
+    def _await_persist(self) -> None:
+        """Wait (at most PERSIST_WAIT_S) for the rank to finish writing the last push's disk copy."""
+        deadline = time.monotonic() + PERSIST_WAIT_S
+        with self._changed:
+            while self.persist.get("state") == "writing":
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PushRefused(409, f"node {self.node} is still writing version {self.persist.get('version')} "
+                                           f"to disk after {PERSIST_WAIT_S:g} s; try again when it is done")
+                self._changed.wait(min(left, 1.0))
+
     def _child_gone(self, child: Child) -> None:
+        with self._lock:
+            owed = self._owed if self.persist.get("state") == "writing" and self.child is child else None
+        if owed is not None:
+            # The rank died writing the disk copy of a committed version: finished here from the
+            # staged copy (hashed again, fsynced), as a restarted agent would.
+            self._settle(owed[0])
+            with self._lock:
+                done = self._disk_serving() == owed[0]
+                if done:
+                    self._owed = None
+                self.persist = {"state": "done" if done else "failed", "version": owed[0],
+                                **({} if done else {"error": "the resident rank died writing it to disk, and its "
+                                                             "staged copy could not be switched to"})}
+                self._changed.notify_all()
         with self._lock:
             flight = dict(self.in_flight or {}) if self.busy and self._flight_child is child else {}
         if flight.get("version") and flight.get("rank", 0) != 0:
@@ -812,11 +899,11 @@ class ResidentRank:
         keep a prepared copy that may have been decided elsewhere, remove anything else."""
         sd = recovery.served_dir(self.served, self.modes)
         dec = recovery.decision(self.ranks_out, version)
-        if dec is not None and self.serving() != version:
+        if dec is not None and self._disk_serving() != version:
             ok, _ = recovery.finish(self.served, self.ranks_out, version, str(dec.get("plan_digest")), self.modes)
             if ok:
                 self._rotate_slots(version)
-        elif not sd.prepared(version) or self.serving() == version:
+        elif not sd.prepared(version) or self._disk_serving() == version:
             recovery.discard(self.served, version)
 
     def _rotate_slots(self, version: str) -> None:
@@ -960,6 +1047,9 @@ class ResidentRank:
     def _export_doc(self, got: Exported, hold_s: float) -> dict[str, Any]:
         assert self.device is not None
         version = got.version
+        owed = self._owed
+        if owed is not None and owed[0] == version and version in self._layouts:
+            return self._export_answer(got, hold_s, self._layouts[version])  # the disk follows (persist)
         try:
             cur = recovery.served_dir(self.served, self.modes).current() or {}
         except HwtuiError:
@@ -976,6 +1066,11 @@ class ResidentRank:
             except (OSError, HwtuiError) as exc:
                 raise PushRefused(500, f"node {self.node}: the served file's header: {exc}") from None
             self._layouts = {version: layout}
+        return self._export_answer(got, hold_s, layout)
+
+    def _export_answer(self, got: Exported, hold_s: float, layout: dict[str, Any]) -> dict[str, Any]:
+        assert self.device is not None
+        version = got.version
         held = {"lease": got.hold.lease, "slot": got.slot, "hold_s": hold_s} if got.hold is not None else None
         return {"node": self.node, "version": version, "device": self.device.device, "kind": self.device.kind,
                 "slot": got.slot, "bytes": got.nbytes, "run": self.device.run,

@@ -38,6 +38,7 @@ from hwtui.engine.replication.rank_signals import (
     install_signal_gate,
 )
 from hwtui.engine.replication.worker import Worker
+from hwtui.probes.distributed.replication_defaults import PERSIST_MODES
 
 # Largest command line (a plan path and settings, never the plan itself): anything longer is garbage.
 MAX_COMMAND = 1 << 20
@@ -52,12 +53,17 @@ class ResidentWorker(Worker):
     final, verified bytes, so its byte ranges start going to disk at once (SpareStaging.written).
     """
 
-    def __init__(self, cfg: WorkerConfig, emit: Any, slot: Any = None):
+    def __init__(self, cfg: WorkerConfig, emit: Any, slot: Any = None, persist: str = "before-vote"):
         import torch.distributed as dist
 
         from hwtui.engine.resident.spare import SpareStaging
 
         super().__init__(cfg, emit)
+        self._answer = emit  # the answer pipe itself: resident.* messages are the agent's, not events
+        # A receiver filling the agent's device slot serves from it once the commit is decided:
+        # with "after-commit" its disk copy is fsynced and switched to after the push is reported
+        # (engine.replication.vote: persist), not before its vote.
+        self.defer_durable = slot is not None and persist == "after-commit" and cfg.rank != SRC
         self.reuse_world = dist.is_initialized()
         self.staging_factory = SpareStaging
         self._bucket_ranges: list[list[tuple[int, int]]] = []
@@ -149,12 +155,30 @@ class ResidentWorker(Worker):
             with contextlib.suppress(Exception):  # a private torch API: without it, the old bound holds
                 dist.distributed_c10d._set_pg_timeout(span, group)
 
-    def tidy(self) -> None:
-        """After a push is reported: unmap the staging copy and the device slot, drop the push's sub-groups."""
+    def tidy(self, plan: Any = None) -> None:
+        """After a push is reported: the disk half of a deferred commit, then unmap the staging
+        copy and the device slot and drop the push's sub-groups."""
+        if self.switch_owed and plan is not None:
+            self._persist(plan)
         self.close_slot()
         if self.staging is not None:
             self.staging.close()
         self.release_groups()
+
+    def _persist(self, plan: Any) -> None:
+        """Make the committed version durable on disk and switch the disk to it; the agent hears
+        how it went (``resident.persist``) and serves from the device meanwhile."""
+        t = time.perf_counter()
+        try:
+            self.persist(plan)
+        except (OSError, HwtuiError) as exc:
+            why = f"rank {self.rank}: {plan['version']} is served from the device but could not be written to disk: " \
+                  f"{getattr(exc, 'strerror', None) or exc}; the staged copy is kept (the agent finishes it at its next start)"
+            self._answer({"kind": "resident.persist", "ok": False, "version": plan["version"], "error": why[:300],
+                       "seconds": round(time.perf_counter() - t, 3)})
+            return
+        self._answer({"kind": "resident.persist", "ok": True, "version": plan["version"],
+                   "seconds": round(time.perf_counter() - t, 3)})
 
     def release_groups(self) -> None:
         """Drop this push's sub-groups (same-host/hierarchical paths): the next push makes its own."""
@@ -181,14 +205,16 @@ def _nothing() -> None:
     pass
 
 
-def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None) -> tuple[int, bool, Callable[[], None]]:
+def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None,
+             persist: str = "before-vote") -> tuple[int, bool, Callable[[], None]]:
     """One push on this rank: (exit code as the worker's EXIT_*, whether the group is still usable,
     what is left to do once the push is reported).
 
     Unmapping the staging copy and dropping the push's sub-groups (30-130 ms for 1 GB on a busy
     node) come after the report: the pusher waits for every node's "done", not for this tidying.
     The next push's command waits in the channel until it is over."""
-    w = ResidentWorker(cfg, emit, slot)
+    w = ResidentWorker(cfg, emit, slot, persist)
+    plan: Any = None
     try:
         if not w.reuse_world:
             w.start_world()  # torch is imported already; the rendezvous overlaps the plan load
@@ -207,7 +233,8 @@ def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None) -> tuple[int, bool,
         if not unanimous:
             w.close_slot()  # before the report: the agent frees the slot once it hears the push failed
         w.result(ok=unanimous, clean=True)
-        return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True, w.tidy
+        return (EXIT_OK if unanimous else (EXIT_BAD_INPUT if w.bad_input else EXIT_ABORTED)), True, \
+            lambda: w.tidy(plan)
     except HwtuiError as exc:
         w.emit(ErrorEvent(message=str(exc), rank=w.rank, where="input"))
         w.bad_input = True
@@ -324,7 +351,8 @@ def _serve(emit: Any, stopping: list[int]) -> None:
                 emit(ErrorEvent(message=f"resident rank: {exc}", where="input").to_dict())
                 code, usable, tidy = EXIT_BAD_INPUT, False, _nothing
             else:
-                code, usable, tidy = run_push(cfg, emit, cmd.get("slot"))
+                persist = str(cmd.get("persist")) if cmd.get("persist") in PERSIST_MODES else "before-vote"
+                code, usable, tidy = run_push(cfg, emit, cmd.get("slot"), persist)
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
             tidy()
             if usable and code == EXIT_OK and cfg.rank != SRC:

@@ -17,6 +17,10 @@ DEFAULT_TARGET_BUCKET_MS = 50.0  # the adaptive window's target per bucket (--ta
 DEFAULT_TIMEOUT_S = 20.0  # any bucket's (and the commit's) wait (--timeout)
 DEFAULT_INIT_TIMEOUT_S = 60.0  # forming the world (--init-timeout)
 MAX_TIMEOUT_S = 86400.0  # every timeout, and a push's --deadline
+# `hwtui agent --persist`: when a GPU-resident receiver's disk copy becomes durable. "after-commit"
+# (its default): the vote waits for the device copy only, the disk copy is fsynced and switched to
+# once the push is reported; "before-vote": as a disk-serving receiver, fsynced before its yes vote.
+PERSIST_MODES = ("after-commit", "before-vote")
 
 
 def largest_collective_mb(chunk_mb: float, bucket_mb: float, window: int) -> float:

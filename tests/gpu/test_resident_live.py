@@ -104,6 +104,17 @@ def _consume(world: Any, i: int) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _persisted(world: Any, i: int, version: str, bound_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + bound_s
+    while True:
+        state = world.replication(i).get("persist") or {}
+        if state.get("version") == version and state.get("state") != "writing":
+            assert state.get("state") == "done", state
+            return dict(state)
+        assert time.monotonic() < deadline, f"node{i} never finished writing {version}: {state}"
+        time.sleep(0.05)
+
+
 def test_a_push_into_a_resident_cuda_receiver(tmp_path: Path) -> None:
     from tests.agent.procs import Agents, push
 
@@ -130,6 +141,9 @@ def test_a_push_into_a_resident_cuda_receiver(tmp_path: Path) -> None:
                 print(f"{v} {node['role']} phases {json.dumps(node.get('phases'))}")
             dev = world.replication(1)["device"]
             assert (dev["serving"], dev["slot"], dev["device"]) == (v, slot, "cuda:0"), dev
+            # --persist after-commit (the default): the receiver's disk copy is written after the
+            # report; how long it took, off the push's path (waited for here, bounded).
+            print(f"{v} receiver's disk copy after the push: {_persisted(world, 1, v)}")
             seen = _consume(world, 1)
             assert (seen["version"], seen["slot"], seen["sha"]) == (v, slot, models[v][1])
             rep0 = world.replication(0)

@@ -1,0 +1,167 @@
+"""A GPU-resident receiver's disk copy made durable after the commit (``hwtui agent --persist``),
+on CPU with the device slots in host memory (``HWTUI_TEST_IPC=host``), real agents on loopback.
+
+- after-commit (the default with --device cuda): the push is reported committed while the rank is
+  still held before its disk write (a ``pause`` fault at phase ``persist``): the node serves the
+  version from its device slot, its disk still names the previous one, and a second push waits
+  for the write instead of failing or discarding the staged copy; once let go, the disk serves
+  the version byte for byte and the state says how long it took;
+- the rank killed while it writes: the agent finishes the switch from the staged copy;
+- the agent killed while the rank writes: its restart finishes it (decision + staged copy);
+- before-vote: the disk serves the version before the push is reported, as before;
+- ``--persist`` without ``--device cuda`` is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests import cli_proc  # noqa: E402
+from tests.agent.procs import Agents, env, push, push_bg  # noqa: E402
+from tests.agent.test_device_resident import DEVICE, device, served_tensors  # noqa: E402
+from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from safetensors.torch import save_file
+
+    from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
+
+    d = tmp_path_factory.mktemp("models")
+    g = torch.Generator().manual_seed(11)
+    out: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for i in range(1, 8):
+        v = f"v{i}"
+        t = {f"layers.{k}.weight": torch.randn(4000 + 7 * k, generator=g) for k in range(6)}
+        (d / v).mkdir()
+        save_file(t, str(d / v / "model.safetensors"))
+        plan = build_plan_from_files([str(d / v / "model.safetensors")], model="tiny", version=v,
+                                     bucket_bytes=16 << 10, align=1)
+        write_json_atomic(d / f"{v}.plan", plan)
+        out[v] = (d / f"{v}.plan", t)
+    return out
+
+
+@pytest.fixture
+def world(tmp_path):
+    (tmp_path / "agents").mkdir()
+    w = Agents(tmp_path / "agents", 2)
+    w.start(0, **DEVICE)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def disk_serves(world: Agents, i: int) -> str | None:
+    try:
+        return json.loads((world.served(i) / "CURRENT").read_text())["version"]
+    except FileNotFoundError:
+        return None
+
+
+def disk_tensors(world: Agents, i: int) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    cur = json.loads((world.served(i) / "CURRENT").read_text())
+    return load_file(str(world.served(i) / cur["file"]))
+
+
+def persisted(world: Agents, i: int, version: str, bound_s: float = 120.0) -> dict[str, Any]:
+    """Agent ``i``'s persist state once it has left "writing" for ``version`` (bounded)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        state = world.replication(i).get("persist") or {}
+        if state.get("version") == version and state.get("state") != "writing":
+            return state
+        assert time.monotonic() < deadline, f"node{i} never finished writing {version}: {state}"
+        time.sleep(0.05)
+
+
+def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_it(world, models, tmp_path):
+    go = tmp_path / "go"
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    done = push(models["v1"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr  # reported while the rank waits before its disk write
+    rep = world.replication(1)
+    assert rep["persist"]["state"] == "writing" and rep["persist"]["version"] == "v1", rep["persist"]
+    assert rep["serving"] == "v1" and rep["last"]["outcome"] == "committed" and rep["last"]["serving"] == "v1"
+    assert disk_serves(world, 1) is None  # nothing durable on disk yet: the device serves it
+    assert device(world, 1)["serving"] == "v1"
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+    # A second push while the first one's disk copy is still owed: it waits for it, then runs.
+    bg = push_bg(models["v2"][0], world.agents())
+    try:
+        time.sleep(0.5)  # (not a wait on state: only gives the push the chance to go wrong early)
+        assert bg.poll() is None and world.replication(1)["persist"]["state"] == "writing"
+        go.touch()
+        out, err = bg.communicate(timeout=240)
+    finally:
+        if bg.poll() is None:
+            bg.kill()
+            bg.wait()
+    assert bg.returncode == 0, out + err
+    first = persisted(world, 1, "v2")  # v1 then v2: each written, switched, and its slot recorded
+    assert first["state"] == "done" and first["seconds"] >= 0, first
+    assert disk_serves(world, 1) == "v2" and world.replication(1)["serving"] == "v2"
+    assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])
+    slots = json.loads((world.served(1) / "SLOTS").read_text())
+    assert slots[slots["serving"]] == "v2" and "v1" in slots.values(), slots
+    assert not list((world.served(1) / "staging").glob("*")) if (world.served(1) / "staging").exists() else True
+
+
+def test_a_rank_killed_writing_the_disk_copy_is_finished_by_its_agent(world, models):
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
+    done = push(models["v3"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = persisted(world, 1, "v3")
+    assert state["state"] == "done", state
+    assert disk_serves(world, 1) == "v3"
+    assert_bytes_equal(disk_tensors(world, 1), models["v3"][1])
+    assert device(world, 1)["serving"] == "v3"
+
+
+def test_an_agent_killed_while_its_rank_writes_finishes_at_its_restart(world, models, tmp_path):
+    go = tmp_path / "never"
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    done = push(models["v4"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert world.replication(1)["persist"]["state"] == "writing"
+    world.kill(1)  # its rank dies with it, before anything reached the disk's CURRENT
+    assert disk_serves(world, 1) is None
+    world.start(1, "--device", "cuda", **DEVICE)
+    rep = world.replication(1)
+    assert rep["serving"] == "v4" and any(r.startswith("v4: finished the switch") for r in rep["recovered"]), rep
+    assert_bytes_equal(disk_tensors(world, 1), models["v4"][1])
+    assert device(world, 1)["serving"] == "v4"
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v4"][1])
+
+
+def test_before_vote_makes_the_disk_copy_durable_before_the_push_is_reported(world, models):
+    world.start(1, "--device", "cuda", "--persist", "before-vote", **DEVICE,
+                HWTUI_TEST_FAULT="kill:rank=1,phase=persist")  # never reached in this mode
+    done = push(models["v5"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert disk_serves(world, 1) == "v5" and world.replication(1)["persist"] == {"state": "none"}
+    assert_bytes_equal(disk_tensors(world, 1), models["v5"][1])
+    assert world.replication(1)["resident"]["starts"] == 1  # the rank was never killed
+
+
+def test_persist_goes_with_device_cuda(tmp_path):
+    done = cli_proc.run([sys.executable, "-m", "hwtui.app", "agent", "--out", str(tmp_path / "o"), "--persist",
+                         "after-commit", "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                        env=env())
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "--persist goes with --device cuda" in done.stderr and "Traceback" not in done.stderr
