@@ -88,8 +88,20 @@ def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: 
         if device == "cuda":
             torch.cuda.synchronize()
             # shares: torch IPC shares the run made (one per slot: CudaIpc.handle), not one per export
-            held.append({"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
-                         "shares": provider.shares})
+            entry = {"allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
+                     "shares": provider.shares}
+            # Who holds what is left: CUDA tensors Python still reaches, then the allocator after a
+            # collection and torch's IPC limbo sweep (what only the producer's limbo kept).
+            import gc
+
+            live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+            entry["python_cuda_tensors"] = [[list(t.shape), int(t.untyped_storage().nbytes())] for t in live][:20]
+            gc.collect()
+            torch.cuda.ipc_collect()
+            entry["allocated_after_gc_and_ipc_collect"] = torch.cuda.memory_allocated()
+            entry["active_blocks_mib"] = sorted((b["active_size"] >> 20 for b in torch.cuda.memory_snapshot()
+                                                 if b.get("active_size")), reverse=True)[:20]
+            held.append(entry)
     out.write_text(json.dumps(held))
 
 

@@ -435,6 +435,12 @@ class Staging:
                 raise no_space(f"the staging copy {self.file}", len(self.header) + self.data_bytes, exc) from None
             raise
 
+    @property
+    def written_at_flush(self) -> bool:
+        """Whether the file exists only once flush writes it whole (a device copy, an empty model),
+        rather than being written through its mapping as bytes arrive."""
+        return self.file is not None and self._mm is None
+
     def _write_out(self, *parts: Any) -> None:
         """A staging file written whole at flush (a device copy, an empty model): created like any other."""
         assert self.file is not None

@@ -27,6 +27,7 @@ class RankCommit(RankVerify):
     # what is served, so it is fsynced before the vote.
     defer_durable = False
     switch_owed = False  # decided, the disk switch still to do (persist)
+    prepare_owed = False  # the disk's prepare too (a device staging copy: nothing on disk before persist)
 
     def prepare(self, plan: Plan) -> bool:
         t = now()
@@ -38,7 +39,11 @@ class RankCommit(RankVerify):
                 self._copy_kept(kept)
             if self.settings.verify:
                 self._verify_staging(plan)
-            if self.served and not self.failures:
+            if self.served and not self.failures and self.defer_durable and self.staging.written_at_flush:
+                # A staging copy in device memory has no file until its flush writes it whole: its
+                # manifest and CURRENT are written with it, after the commit (persist).
+                self.prepare_owed = True
+            elif self.served and not self.failures:
                 if not self.defer_durable:
                     self.staging.flush()
                 try:
@@ -121,6 +126,9 @@ class RankCommit(RankVerify):
         with GATE.held(True):
             self.faults.at_phase("persist")
             self.staging.flush()
+            if self.prepare_owed:
+                self.served.prepare(plan["version"], manifest_of(plan))
+                self.prepare_owed = False
             self.served.commit(plan["version"], plan.digest)
             self.switch_owed = False
             self.switched = True
