@@ -1,7 +1,10 @@
 """A warm push into a GPU-resident receiver (``hwtui agent --device cuda``) against the same push into
 a plain one, interleaved, medians (issue 23.3). Without a GPU the device slots are the memfd
 stand-in (``HWTUI_TEST_IPC=host``, which also puts both worlds on the IPC path), so this measures
-what filling the slot during the transfer adds to a push's end to end.
+what filling the slot during the transfer adds to a push's end to end, and what the receiver's
+disk copy costs the push when it is made durable before the vote (``--persist before-vote``)
+rather than after the commit (the default with --device cuda). Each world's median phases per
+role say where the rest goes.
 
 Run from the repository root: ``python benchmarks/bench_resident_slots.py [MIB=256] [ROUNDS=5] [DIR]``
 """
@@ -39,6 +42,18 @@ def versions(root: Path, mib: int, n: int) -> list[Path]:
     return plans
 
 
+def _persisted(world: object) -> None:
+    """Until the receiver's disk copy of the last push is written (after-commit): the next push
+    would wait for it, which is the disk's cost, not the push's (bounded)."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while (world.replication(1).get("persist") or {}).get("state") == "writing":  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise TimeoutError("the receiver never finished writing its disk copy")
+        time.sleep(0.02)
+
+
 def main() -> None:
     from tests.agent.procs import Agents, push
 
@@ -50,13 +65,15 @@ def main() -> None:
     plans = versions(root, mib, rounds + 1)
     env = {"HWTUI_TEST_IPC": "host"}
     worlds = {}
-    for name, extra in (("slots", ("--device", "cuda")), ("plain", ())):
+    for name, extra in (("slots", ("--device", "cuda")), ("slots-bv", ("--device", "cuda", "--persist", "before-vote")),
+                        ("plain", ())):
         (root / f"agents-{name}").mkdir()
         world = Agents(root / f"agents-{name}", 2)
         world.start(0, **env)
         world.start(1, *extra, **env)
         worlds[name] = world
     rows: dict[str, list[tuple[float, float]]] = {k: [] for k in worlds}
+    phases: dict[str, dict[str, list[float]]] = {k: {} for k in worlds}
     try:
         for i, plan in enumerate(plans):
             for name, world in worlds.items():  # interleaved: both see the same load
@@ -65,6 +82,10 @@ def main() -> None:
                 doc = json.loads(done.stdout)
                 if i:  # warm pushes only
                     rows[name].append((doc["seconds"], doc["transfer_s"]))
+                    for node in doc["nodes"]:
+                        for phase, sec in (node.get("phases") or {}).items():
+                            phases[name].setdefault(f"{node['role']}.{phase}", []).append(float(sec))
+                _persisted(world)
     finally:
         for world in worlds.values():
             world.close()
@@ -73,6 +94,8 @@ def main() -> None:
         print(f"{name:6} {mib} MiB x{len(r)} warm: e2e median {statistics.median(e for e, _ in r):.3f} s, "
               f"transfer median {statistics.median(t for _, t in r):.3f} s, e2e/transfer median "
               f"{statistics.median(ratios):.2f} (rounds {' '.join(f'{x:.2f}' for x in ratios)})")
+        print("       phases (median s): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in sorted(phases[name].items())
+                                                         if statistics.median(v) >= 0.005))
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

@@ -108,6 +108,18 @@ def held_text(node: NodeStatus) -> str:
     return f" [{d.holds} held: {', '.join(d.held)}]" if d is not None and d.holds else ""
 
 
+def disk_text(node: NodeStatus) -> str:
+    """`` [disk: writing]`` / `` [disk: FAILED]`` after the version of a GPU-resident node whose disk
+    copy of it is still being written after the commit, or could not be (``--persist after-commit``);
+    ``""`` otherwise."""
+    if "replication.persist.state" in node.unknown:
+        return " [disk: ?]"
+    p = node.replication.persist
+    if p is None or p.version != node.replication.serving:
+        return ""
+    return {"writing": " [disk: writing]", "failed": " [disk: FAILED]"}.get(p.state or "", "")
+
+
 def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]:
     """The rows of one node, as cells by column key."""
     verdict, reason = verdict_styles(no_color)
@@ -124,7 +136,7 @@ def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]
 
     rep = node.replication
     flight = rep.in_flight
-    version = ("?" if "replication.serving" in node.unknown else (rep.serving or "-")) + held_text(node)
+    version = ("?" if "replication.serving" in node.unknown else (rep.serving or "-")) + held_text(node) + disk_text(node)
     push = "-"
     if flight is not None:
         p = flight.progress
@@ -146,6 +158,8 @@ def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]
         first["note"] = f"{len(node.unknown)} invalid field(s)"
     elif rep.device is not None and rep.device.error:
         first["note"] = f"device: {rep.device.error}"
+    elif disk_text(node) == " [disk: FAILED]" and rep.persist is not None:
+        first["note"] = f"disk: {rep.persist.error or '?'}"
     style = STALE_STYLE if node.stale else ""
     rows = [{k: Text(v, style=style) for k, v in c.items()} for c in cells]
     rows[0]["state"] = Text(state_text(node), style=verdict if node.stale else "")

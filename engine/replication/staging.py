@@ -232,6 +232,9 @@ def as_buffer(src: Any) -> Any:
     return src.numpy() if hasattr(src, "numpy") else src
 
 
+AT_FLUSH_ENV = "HWTUI_TEST_STAGING"
+
+
 class Staging:
     # Class-level defaults: a subclass that builds its file itself (engine.resident.spare) still has them.
     _anon: mmap.mmap | None = None
@@ -259,7 +262,10 @@ class Staging:
         self.device = device
         self.file = Path(file) if file is not None else None
         self._mm: mmap.mmap | None = None
-        if self.file is not None and device == "cpu":
+        # HWTUI_TEST_STAGING=at-flush (tests only, like HWTUI_TEST_IPC): a host copy kept in memory
+        # and written whole at flush, as a device copy is, so CPU tests take a GPU receiver's path.
+        self._at_flush = self.file is not None and device == "cpu" and os.environ.get(AT_FLUSH_ENV) == "at-flush"
+        if self.file is not None and device == "cpu" and not self._at_flush:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             total = len(self.header) + self.data_bytes
             # Created exclusively, 0600, never through a symlink (core.private_file): the file may
@@ -412,7 +418,7 @@ class Staging:
         # fsync alone makes a mapped copy durable (no msync first: a store through the shared
         # mapping dirties its page at the write fault, and pwrite'd pages are dirty in the page
         # cache already, so msync(MS_SYNC) would only walk the same range once more).
-        if self._mm is None and self.device != "cpu":
+        if self._mm is None and (self.device != "cpu" or self._at_flush):
             self._write_out(self.header, self.data.cpu().numpy())
         elif self._mm is None and not os.path.lexists(self.file):  # an empty model: header only
             self._write_out(self.header)
@@ -440,6 +446,18 @@ class Staging:
         """Whether the file exists only once flush writes it whole (a device copy, an empty model),
         rather than being written through its mapping as bytes arrive."""
         return self.file is not None and self._mm is None
+
+    def write_header_only(self) -> None:
+        """A copy written at flush: its file now, holding the header at the file's full size and no
+        data (sparse), so the tensors' places can be read from it (served_export.layout_of) before
+        flush writes it whole. Never a copy anything trusts: it has no manifest until then."""
+        assert self.file is not None and self.written_at_flush
+        fd = create_private(self.file, replace=True)
+        try:
+            os.ftruncate(fd, len(self.header) + self.data_bytes)
+            self._pwrite(fd, self.header, 0)
+        finally:
+            os.close(fd)
 
     def _write_out(self, *parts: Any) -> None:
         """A staging file written whole at flush (a device copy, an empty model): created like any other."""

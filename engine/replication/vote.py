@@ -129,9 +129,14 @@ class RankCommit(RankVerify):
             if self.prepare_owed:
                 self.served.prepare(plan["version"], manifest_of(plan))
                 self.prepare_owed = False
+                self.before_switch(plan)
             self.served.commit(plan["version"], plan.digest)
             self.switch_owed = False
             self.switched = True
+
+    def before_switch(self, plan: Plan) -> None:
+        """A deferred disk switch's copy is durable and prepared: the last step before the renames
+        (a resident receiver records the decision on its node here)."""
 
     def _tally(self, plan: Plan) -> None:
         """Joined worlds (torchrun, srun, mpirun, agents): rank 0's launcher cannot read the other

@@ -796,14 +796,19 @@ class ResidentRank:
             version = flight.get("version")
             decided = decided or (version is not None and recovery.decision(self.ranks_out, str(version)) is not None)
             committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
-        if committed and flight.get("rank", 0) != 0 and flight.get("deferred") and self._disk_serving() != flight["version"]:
+        deferred = committed and flight.get("rank", 0) != 0 and bool(flight.get("deferred"))
+        if deferred and self._disk_serving() != flight["version"]:
             # Served from the device slot from now on; the rank writes the disk copy out and
             # switches the disk after this report (resident.persist), and the disk's slots follow then.
             self._owed = (str(flight["version"]), str(flight.get("plan_digest")))
             self.persist = {"state": "writing", "version": flight["version"], "since": time.time()}
             self._layout_owed(str(flight["version"]))
         elif committed and flight.get("rank", 0) != 0:
+            # The disk serves it already: a switch, or a write that was done before this report was
+            # read, or a dead rank's staged copy that _settle finished.
             self._rotate_slots(flight["version"])
+            if deferred:
+                self.persist = {"state": "done", "version": flight["version"]}
         if self.device is not None and flight.get("device_slot"):
             # The rank filled the staged slot and waited for every copy before its yes vote, so a
             # committed push serves it; anything else frees it (what was served still is).
@@ -839,9 +844,12 @@ class ResidentRank:
         """Called with the lock held: the rank made the owed version durable and switched the disk
         to it (or could not: the device still serves it, the staged copy is kept)."""
         version = msg.get("version")
+        seconds = msg.get("seconds")
+        if self._owed is None and msg.get("ok") and self.persist == {"state": "done", "version": version}:
+            self.persist["seconds"] = seconds  # written before its push's report was read (_finish)
+            return
         if self._owed is None or version != self._owed[0]:
             return
-        seconds = msg.get("seconds")
         if msg.get("ok"):
             self._rotate_slots(str(version))
             self._owed = None

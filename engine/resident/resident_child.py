@@ -78,6 +78,13 @@ class ResidentWorker(Worker):
                                    for items in plan.bucket_items]
             if self._slot_desc is not None:
                 self._open_slot()
+            if self.defer_durable and self.staging.written_at_flush:
+                # The agent reads the tensors' places for its export from this file while the
+                # version is served from the device and its data not yet written (persist).
+                try:
+                    self.staging.write_header_only()
+                except OSError as exc:
+                    raise TransportFailure(f"rank {self.rank}: the staging copy's header: {exc.strerror or exc}") from None
 
     def _open_slot(self) -> None:
         """Open the agent's staged slot; a slot that cannot be opened or is too small fails the push
@@ -127,16 +134,27 @@ class ResidentWorker(Worker):
         the decision and its rank's switch finds this one at its next start and finishes the
         switch from its verified staged copy (engine.resident.recovery) instead of staying behind."""
         decided = super()._decide(plan)
-        if decided and self.rank != SRC and self.cfg.out:
-            from hwtui.engine.replication.commit import write_decision
-
-            try:
-                write_decision(self.cfg.out, plan["version"], plan.digest, [self.rank])
-            except OSError as exc:  # the switch goes on; a pusher's --resume can still settle this node
-                self.emit(ErrorEvent(message=f"rank {self.rank}: the decision for {plan['version']!r} could not "
-                                             f"be recorded on this node: {exc.strerror or exc}", rank=self.rank,
-                                     where="commit"))
+        # A copy whose disk prepare waits for its write (a device staging copy with --persist
+        # after-commit) is nothing to finish from yet: its record is written with it (before_switch),
+        # and two fsyncs leave the vote's path.
+        if decided and self.rank != SRC and self.cfg.out and not self.prepare_owed:
+            self._record_decision(plan)
         return decided
+
+    def before_switch(self, plan: Any) -> None:
+        if self.cfg.out:
+            self._record_decision(plan)
+
+    def _record_decision(self, plan: Any) -> None:
+        from hwtui.engine.replication.commit import write_decision
+
+        assert self.cfg.out is not None
+        try:
+            write_decision(self.cfg.out, plan["version"], plan.digest, [self.rank])
+        except OSError as exc:  # the switch goes on; a pusher's --resume can still settle this node
+            self.emit(ErrorEvent(message=f"rank {self.rank}: the decision for {plan['version']!r} could not "
+                                         f"be recorded on this node: {exc.strerror or exc}", rank=self.rank,
+                                 where="commit"))
 
     def collective_timeout(self, seconds: float) -> None:
         """Bound every later collective of this rank's groups by ``seconds`` (gloo's own timeout).

@@ -128,17 +128,35 @@ class DeviceServed:
                 "hold_left_s": self.hold_left_s, "error": self.error}
 
 
+PERSIST_STATES = ("none", "writing", "done", "failed")
+
+
+@dataclass(frozen=True)
+class Persist:
+    """A GPU-resident node's disk copy of the version it serves, written after the commit
+    (``hwtui agent --persist after-commit``): being written, done, or failed (with why)."""
+
+    state: str | None = None
+    version: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "version": self.version, "error": self.error}
+
+
 @dataclass(frozen=True)
 class Replication:
     serving: str | None = None
     in_flight: InFlight | None = None
     device: DeviceServed | None = None  # None: the agent serves from host memory (no --device)
+    persist: Persist | None = None  # None: the agent sent none (no push has ended yet, or an older agent)
 
     def to_dict(self) -> dict[str, Any]:
         f = self.in_flight
         return {"serving": self.serving,
                 "in_flight": None if f is None else {"version": f.version, "progress": f.progress},
-                "device": None if self.device is None else self.device.to_dict()}
+                "device": None if self.device is None else self.device.to_dict(),
+                "persist": None if self.persist is None else self.persist.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -214,12 +232,28 @@ def parse_summary(doc: Any) -> Summary:
             device = _device_served(dev_raw, r.unknown)
         elif dev_raw is not None:
             r.unknown.append("replication.device")
-        replication = Replication(serving, flight, device)
+        persist = None
+        persist_raw = rep_raw.get("persist")
+        if isinstance(persist_raw, Mapping):
+            persist = _persist(persist_raw, r.unknown)
+        elif persist_raw is not None:
+            r.unknown.append("replication.persist")
+        replication = Replication(serving, flight, device, persist)
         f.unknown.extend(r.unknown)
     elif rep_raw is not None:
         f.unknown.append("replication")
     return Summary(node=node, devices=tuple(devices), devices_age_s=age, worst=worst, replication=replication,
                    unknown=tuple(f.unknown))
+
+
+def _persist(doc: Mapping[str, Any], unknown: list[str]) -> Persist:
+    p = _Fields(doc, "replication.persist.")
+    state, version, error = p.text("state", 16), p.text("version", MAX_LABEL), p.text("error", MAX_ERROR)
+    if state is not None and state not in PERSIST_STATES:
+        p.unknown.append("replication.persist.state")
+        state = None
+    unknown.extend(p.unknown)
+    return Persist(state, version, error)
 
 
 def _device_served(doc: Mapping[str, Any], unknown: list[str]) -> DeviceServed:

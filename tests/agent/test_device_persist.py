@@ -8,6 +8,10 @@ on CPU with the device slots in host memory (``HWTUI_TEST_IPC=host``), real agen
   the version byte for byte and the state says how long it took;
 - the rank killed while it writes: the agent finishes the switch from the staged copy;
 - the agent killed while the rank writes: its restart finishes it (decision + staged copy);
+- a copy written whole at flush, as a GPU receiver's device copy is (``HWTUI_TEST_STAGING=at-flush``):
+  its manifest and this node's decision record come with its write, the export answers from its
+  header meanwhile, and when its rank dies before the write the disk stays on the last version
+  (the device serves the new one) until ``hwtui push --resume``;
 - before-vote: the disk serves the version before the push is reported, as before;
 - ``--persist`` without ``--device cuda`` is one line, exit 2.
 """
@@ -15,6 +19,7 @@ on CPU with the device slots in host memory (``HWTUI_TEST_IPC=host``), real agen
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +30,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests import cli_proc  # noqa: E402
+from tests.agent.helpers import TOKEN  # noqa: E402
 from tests.agent.procs import Agents, env, push, push_bg  # noqa: E402
 from tests.agent.test_device_resident import DEVICE, device, served_tensors  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
@@ -99,6 +105,11 @@ def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_i
     assert rep["serving"] == "v1" and rep["last"]["outcome"] == "committed" and rep["last"]["serving"] == "v1"
     assert disk_serves(world, 1) is None  # nothing durable on disk yet: the device serves it
     assert device(world, 1)["serving"] == "v1"
+    # `hwtui agents` (the live view's rows come from the same summary) says the disk copy is owed
+    view = cli_proc.run([sys.executable, "-m", "hwtui.app", "agents", "--agents", f"127.0.0.1:{world.ports[1]}"],
+                        capture_output=True, text=True, timeout=60, env=env(HWTUI_AGENT_TOKEN=TOKEN))
+    assert view.returncode == 0 and "serving v1 on host slot A" in view.stdout, view.stdout + view.stderr
+    assert "writing v1 to disk" in view.stdout, view.stdout
     assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
     # A second push while the first one's disk copy is still owed: it waits for it, then runs.
     bg = push_bg(models["v2"][0], world.agents())
@@ -165,3 +176,102 @@ def test_persist_goes_with_device_cuda(tmp_path):
                         env=env())
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "--persist goes with --device cuda" in done.stderr and "Traceback" not in done.stderr
+
+
+# A GPU receiver's staging copy is in device memory: no file until its flush writes it whole, so its
+# manifest, CURRENT and this node's decision record are written with it, after the commit.
+# HWTUI_TEST_STAGING=at-flush gives a CPU receiver that copy (kept in memory, written at flush).
+AT_FLUSH = {**DEVICE, "HWTUI_TEST_STAGING": "at-flush"}
+
+
+def test_a_copy_written_at_flush_is_prepared_and_decided_with_its_write(world, models, tmp_path):
+    go = tmp_path / "go"
+    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    done = push(models["v1"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    rep = world.replication(1)
+    assert rep["serving"] == "v1" and rep["persist"]["state"] == "writing", rep
+    # nothing of v1 on this node's disk yet: no copy, no manifest, no decision record
+    assert disk_serves(world, 1) is None
+    assert not list(world.served(1).glob("staging/v1/manifest.json"))
+    assert not (world.out(1) / "ranks" / "decisions" / "v1.json").exists()
+    assert device(world, 1)["serving"] == "v1"
+    # the export answers meanwhile: the tensors' places come from the copy's header, written first
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+    go.touch()
+    assert persisted(world, 1, "v1")["state"] == "done"
+    assert disk_serves(world, 1) == "v1" and (world.out(1) / "ranks" / "decisions" / "v1.json").exists()
+    assert_bytes_equal(disk_tensors(world, 1), models["v1"][1])
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+
+
+def test_a_copy_written_at_flush_lost_with_its_rank_leaves_the_disk_on_the_last_version(world, models):
+    world.start(1, "--device", "cuda", **AT_FLUSH)
+    assert push(models["v1"][0], world.agents()).returncode == 0
+    assert persisted(world, 1, "v1")["state"] == "done"
+    world.kill(1)
+    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
+    done = push(models["v2"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr  # committed: the device serves it
+    state = persisted(world, 1, "v2")
+    # The copy died with the rank before any of it reached the disk: nothing to finish from.
+    assert state["state"] == "failed" and "could not be switched to" in state["error"], state
+    rep = world.replication(1)
+    assert rep["serving"] == "v2" and device(world, 1)["serving"] == "v2" and disk_serves(world, 1) == "v1", rep
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])
+    # A restart serves what the disk holds; the pusher's --resume sends v2 again.
+    world.kill(1)
+    world.start(1, "--device", "cuda", **AT_FLUSH)
+    assert world.replication(1)["serving"] == "v1" and device(world, 1)["serving"] == "v1"
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+    resumed = push(models["v2"][0], world.agents(), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert persisted(world, 1, "v2")["state"] == "done"
+    assert disk_serves(world, 1) == "v2" and device(world, 1)["serving"] == "v2"
+    assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
+
+
+def test_a_disk_copy_that_cannot_be_written_is_reported_and_the_next_push_persists(world, models):
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT="fail:rank=1,phase=persist")
+    done = push(models["v1"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = persisted(world, 1, "v1")
+    assert state["state"] == "failed" and "No space left on device" in state["error"], state
+    assert "the staged copy is kept" in state["error"]
+    rep = world.replication(1)
+    assert rep["serving"] == "v1" and device(world, 1)["serving"] == "v1" and disk_serves(world, 1) is None, rep
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+    # The kept copy and this node's decision record let a restart finish v1; the next version persists.
+    world.kill(1)
+    world.start(1, "--device", "cuda", **DEVICE)  # its restart finishes v1 from the kept copy
+    assert disk_serves(world, 1) == "v1" and any(r.startswith("v1: finished") for r in world.replication(1)["recovered"])
+    assert push(models["v2"][0], world.agents()).returncode == 0
+    assert persisted(world, 1, "v2")["state"] == "done" and disk_serves(world, 1) == "v2"
+    assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
+
+
+def test_a_copy_torn_before_it_was_durable_is_discarded_at_the_restart(world, models, tmp_path):
+    """A power loss before the write: what reached the disk fails the hash against the plan, and
+    the node comes back on the version before (device and disk), never on a torn copy."""
+    world.start(1, "--device", "cuda", **DEVICE)
+    assert push(models["v1"][0], world.agents()).returncode == 0
+    assert persisted(world, 1, "v1")["state"] == "done"
+    world.kill(1)
+    go = tmp_path / "never"
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    assert push(models["v2"][0], world.agents()).returncode == 0
+    world.kill(1)  # before the write: the staged copy is whole only in the page cache
+    staged = world.served(1) / "staging" / "v2" / "model.safetensors"
+    with open(staged, "r+b") as fh:  # what a power loss leaves of unwritten pages
+        fh.seek(-4096, os.SEEK_END)
+        fh.write(bytes(4096))
+    world.start(1, "--device", "cuda", **DEVICE)
+    rep = world.replication(1)
+    assert rep["serving"] == "v1" and disk_serves(world, 1) == "v1" and device(world, 1)["serving"] == "v1", rep
+    assert any(r.startswith("v2: its staged copy was discarded") for r in rep["recovered"]), rep["recovered"]
+    assert not staged.exists()
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
+    resumed = push(models["v2"][0], world.agents(), "--resume")  # the decided version, sent again
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert persisted(world, 1, "v2")["state"] == "done" and disk_serves(world, 1) == "v2"
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])

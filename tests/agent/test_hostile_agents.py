@@ -115,7 +115,8 @@ def test_the_json_output_names_every_bad_field_unknown(tmp_path):
         assert by["devices-huge"]["devices"] == [] and by["devices-huge"]["unknown"] == ["devices"]
         assert by["devices-a-string"]["unknown"] == ["devices"]
         rep = by["replication-odd"]
-        assert rep["replication"] == {"serving": None, "in_flight": {"version": None, "progress": None}, "device": None}
+        assert rep["replication"] == {"serving": None, "in_flight": {"version": None, "progress": None}, "device": None,
+                                      "persist": None}
         assert set(rep["unknown"]) == {"replication.serving", "replication.in_flight.version",
                                        "replication.in_flight.progress"}
         assert {"devices[0].util", "devices[0].temp_c"} <= set(by["util-bool"]["unknown"])

@@ -25,14 +25,16 @@ GOOD = {"node": "n1", "devices": [dict(GOOD_DEVICE), {"device": "cpu", "util": 3
         "worst": "pass", "replication": {"serving": "v1", "in_flight": {"version": "v2", "progress": 0.5},
                                          "device": {"device": "cuda:0", "slot": "A", "error": None,
                                                     "holds": [{"slot": "A", "version": "v1", "left_s": 280.5,
-                                                               "holder": "uid 0"}]}}}
+                                                               "holder": "uid 0"}]},
+                                         "persist": {"state": "done", "version": "v1", "seconds": 1.5}}}
 # Every field a view reads, as a path into GOOD.
 FIELDS = [("node",), ("devices",), ("devices_age_s",), ("worst",), ("replication",),
           ("replication", "serving"), ("replication", "in_flight"), ("replication", "in_flight", "version"),
           ("replication", "in_flight", "progress"), ("replication", "device"), ("replication", "device", "device"),
           ("replication", "device", "slot"), ("replication", "device", "error"), ("replication", "device", "holds"),
           ("replication", "device", "holds", 0), ("replication", "device", "holds", 0, "left_s"),
-          ("replication", "device", "holds", 0, "version"),
+          ("replication", "device", "holds", 0, "version"), ("replication", "persist"),
+          ("replication", "persist", "state"), ("replication", "persist", "version"), ("replication", "persist", "error"),
           ("devices", 0), *[("devices", 0, k) for k in GOOD_DEVICE]]
 RANGES = {"util": (0, 100), "mem_used": (0, MAX_BYTES), "mem_total": (0, MAX_BYTES), "temp_c": (0, 200),
           "power_w": (0, 1e5), "power_limit_w": (0, 1e5)}
@@ -119,6 +121,32 @@ def test_a_gpu_resident_nodes_slot_and_holds_are_kept_and_shown():
     broken = parse_summary(_replace(("replication", "device", "error"), "v3 could not be loaded onto cuda:0: OOM"))
     row = node_rows(NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=broken))[0]
     assert str(row["note"]) == "device: v3 could not be loaded onto cuda:0: OOM"
+
+
+def test_a_disk_copy_still_written_or_failed_is_shown_and_a_bad_state_is_unknown():
+    from hwtui.app.commands.agents import _line
+    from hwtui.widgets.cluster_nodes import node_rows
+
+    def status(persist):  # type: ignore[no-untyped-def]
+        doc = _replace(("replication", "persist"), persist)
+        del doc["replication"]["in_flight"]
+        return NodeStatus(agent="a:1", url="http://a:1", stale=False, age_s=0.1, summary=parse_summary(doc))
+
+    done = status({"state": "done", "version": "v1", "seconds": 1.5})
+    assert str(node_rows(done)[0]["version"]) == "v1 [1 held: v1]" and "disk" not in _line(done)
+    writing = status({"state": "writing", "version": "v1", "since": 1.0})
+    assert str(node_rows(writing)[0]["version"]) == "v1 [1 held: v1] [disk: writing]"
+    assert _line(writing).endswith("the last ends in 280 s, writing v1 to disk  host cpu 3% mem -; cuda:0 50% 1.0/80G"), \
+        _line(writing)
+    failed = status({"state": "failed", "version": "v1", "error": "rank 1: no space left on device"})
+    row = node_rows(failed)[0]
+    assert str(row["version"]) == "v1 [1 held: v1] [disk: FAILED]" and str(row["note"]) == "disk: rank 1: no space left on device"
+    assert "its disk copy FAILED: rank 1: no space left on device" in _line(failed)
+    older = status({"state": "failed", "version": "v0", "error": "x"})  # about a version no longer served
+    assert "disk" not in str(node_rows(older)[0]["version"]) and "disk" not in _line(older)
+    bad = status({"state": "exploded", "version": "v1"})
+    assert "replication.persist.state" in parse_summary(_replace(("replication", "persist", "state"), "exploded")).unknown
+    assert "[disk: ?]" in str(node_rows(bad)[0]["version"])
 
 
 def test_bad_device_served_values_are_unknown_and_named():
