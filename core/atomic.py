@@ -51,13 +51,19 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     _fsync_dir(path.parent)
 
 
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory by its path: what makes a written file, or a rename in a
+    directory, durable. The one helper for it (replication's switches, checkpoints, recovery)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with contextlib.suppress(OSError):  # best effort here: the file itself was fsynced already
+        fsync_path(directory)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, perms: int | None = None) -> None:

@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from hwtui.core.atomic import fsync_path
 from hwtui.core.errors import HwtuiError
 from hwtui.core.private_file import PRIVATE_MODE, create_private
 
@@ -132,8 +133,7 @@ def write_new_file(path: Path, data: bytes, mode: int, gid: int | None = None) -
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """A directory's entries made durable (a rename into it, a new file in it)."""
+    if not path.is_dir():
+        raise NotADirectoryError(f"not a directory: {path}")
+    fsync_path(path)

@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from hwtui.core.atomic import fsync_path
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.replication.checksum import xxh3_hex
 from hwtui.engine.replication.commit import ServedDir, read_decision
@@ -134,7 +135,7 @@ def finish(served: Path, ranks_out: Path, version: str, plan_digest: str,
             # A GPU-resident receiver's copy is fsynced after the commit (``hwtui agent --persist
             # after-commit``): one whose rank died before that may be whole only in the page cache.
             # Durable before it is published; a copy fsynced before its vote costs nothing here.
-            _fsync_file(sd.staging_dir(version) / "model.safetensors")
+            fsync_path(sd.staging_dir(version) / "model.safetensors")
         except OSError as exc:
             return False, f"its staged copy could not be made durable: {exc.strerror or exc}"
     try:
@@ -144,14 +145,6 @@ def finish(served: Path, ranks_out: Path, version: str, plan_digest: str,
     except (OSError, HwtuiError) as exc:
         return False, f"the switch failed: {getattr(exc, 'strerror', None) or exc}"
     return True, "finished the switch from its verified staged copy" if not moved else "finished the switch"
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def discard(served: Path, version: str) -> None:

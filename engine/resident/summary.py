@@ -12,9 +12,9 @@ sends reaches a terminal as a control sequence. Parsing never raises.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from hwtui.core.terminal_text import clean
 from hwtui.engine.resident.device_slots import DeviceSlots
@@ -226,24 +226,28 @@ def parse_summary(doc: Any) -> Summary:
             r.unknown.extend(fl.unknown)
         elif flight_raw is not None:
             r.unknown.append("replication.in_flight")
-        device = None
-        dev_raw = rep_raw.get("device")
-        if isinstance(dev_raw, Mapping):
-            device = _device_served(dev_raw, r.unknown)
-        elif dev_raw is not None:
-            r.unknown.append("replication.device")
-        persist = None
-        persist_raw = rep_raw.get("persist")
-        if isinstance(persist_raw, Mapping):
-            persist = _persist(persist_raw, r.unknown)
-        elif persist_raw is not None:
-            r.unknown.append("replication.persist")
+        device = _nested(rep_raw, "device", _device_served, r.unknown)
+        persist = _nested(rep_raw, "persist", _persist, r.unknown)
         replication = Replication(serving, flight, device, persist)
         f.unknown.extend(r.unknown)
     elif rep_raw is not None:
         f.unknown.append("replication")
     return Summary(node=node, devices=tuple(devices), devices_age_s=age, worst=worst, replication=replication,
                    unknown=tuple(f.unknown))
+
+
+_T = TypeVar("_T")
+
+
+def _nested(rep: Mapping[str, Any], key: str, parse: Callable[[Mapping[str, Any], list[str]], _T],
+            unknown: list[str]) -> _T | None:
+    """``replication.<key>``, an object parsed by ``parse`` (None when absent; unknown when not an object)."""
+    raw = rep.get(key)
+    if isinstance(raw, Mapping):
+        return parse(raw, unknown)
+    if raw is not None:
+        unknown.append(f"replication.{key}")
+    return None
 
 
 def _persist(doc: Mapping[str, Any], unknown: list[str]) -> Persist:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hwtui.core.atomic import atomic_write_text
+from hwtui.core.atomic import atomic_write_text, fsync_path
 from hwtui.core.bounded_read import read_bounded
 from hwtui.engine.training import knobs
 
@@ -47,15 +47,6 @@ _CKPT_NAME = re.compile(r"ckpt-\d{8,}")
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory by path (a checkpoint's and an export's files, then their parent)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hwtui.engine.training.checkpoint import fsync_path
+from hwtui.core.atomic import fsync_path
 
 
 def save_hf(model: Any, tokenizer: Any, out: str | os.PathLike[str]) -> Path:
