@@ -16,7 +16,8 @@ Measured on an H200 (torch 2.11, round thirteen):
 So releasing the count at the share (ipc_provider.CudaIpc.handle since round twelve) leaks a block
 whenever its consumer closes before the producer frees it (B): the IPC source's slots at the end
 of a run, where receivers close as the source frees. F-H (not yet run): the consumer opens with
-an empty or no ref-counter name, so its close decrements nothing.
+an empty or no ref-counter name, so its close decrements nothing (what
+ipc_provider.CudaIpc now tries first, falling back to the counter where torch refuses it).
 """
 import json
 import subprocess

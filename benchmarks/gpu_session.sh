@@ -1,13 +1,14 @@
 #!/bin/bash
-# One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, then the IPC
+# One prepared call on a lent GPU machine (../shared/GPU.md): the wheels in .whl/, torch's IPC
+# reference count scenario by scenario (exp_ipc_counts.py), then the IPC
 # receiver's copy + device checksum (bench_device_checksum.py), the IPC leg alone (bench_ipc_leg.py),
 # bench_gpu.py on a 4 GiB file (the source path with and without read-ahead among its rows),
 # optionally the page-cache registration experiment (EXP=1; measured in round seven: <= 21.8 GB/s),
-# then tests/gpu (the resident push and the IPC path first: round ten's changes). Every stage is
-# bounded by `timeout` and logged under $OUT, so a call cut short still says how far it got. Knobs:
-# CK_S, LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. The default
-# bounds add to 535 s (round nine: the bench took 79 s, the tests 260+ s), so a call with a 560 s
-# limit holds them. .whl/ is ignored by git: name it in the device call's carry.
+# then tests/gpu (the resident push and the IPC path first). Every stage is bounded by `timeout`
+# and logged under $OUT, so a call cut short still says how far it got. Knobs: EXP_COUNTS_S, CK_S,
+# LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. The default bounds
+# add to 550 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), so a call
+# with a 575 s limit holds them. .whl/ is ignored by git: name it in the device call's carry.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -16,6 +17,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi >"$OUT/smi.txt" 2>&1; nproc; free -g | head -2; df -h /tmp | tail -1
 python3 -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0))"
+el ipc-counts
+# torch's IPC reference count, scenario by scenario (round thirteen: A-E; F-H open the consumer
+# without a counter name, as ipc_provider.CudaIpc now tries first).
+timeout ${EXP_COUNTS_S:-45} python3 benchmarks/exp_ipc_counts.py >"$OUT/ipc-counts.txt" 2>&1; echo "ipc-counts rc=$?"
+grep -v "^\[W" "$OUT/ipc-counts.txt" | tail -10
 el checksum
 timeout ${CK_S:-75} python3 benchmarks/bench_device_checksum.py --mb 1024 --rounds 7 --json "$OUT/checksum.json" >"$OUT/checksum.txt" 2>&1; echo "checksum rc=$?"
 cat "$OUT/checksum.txt" | tail -30
@@ -42,6 +48,6 @@ rm -f /tmp/w4.bin
 fi
 el tests
 # Every CLI exec'd, as in round nine's GPU runs: the tests' fork zygote (tests/cli_proc.py) was never run beside CUDA.
-HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-320} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
+HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-290} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|disk copy|agent load|passed|failed" "$OUT/pytest.txt" | tail -60
 el done

@@ -188,6 +188,9 @@ class CudaIpc:
         self.device = device
         self.opened = 0
         self.shares = 0  # torch shares made (one per buffer, whatever the number of exports)
+        # How this process's mappings were opened (_open_storage): None before the first, False
+        # without torch's reference counter, True with it (this torch refused the empty name).
+        self.counted: bool | None = None
         self._shared: dict[int, CudaHandle] = {}  # the buffer's storage address -> its handle
 
     def alloc(self, nbytes: int) -> Any:
@@ -208,7 +211,9 @@ class CudaIpc:
         killed before its close does the same. When the memory may be reused is decided here,
         not by torch's count: the source frees a slot only after every receiver acked it, and the
         agent a slot only when no consumer holds it (engine.resident.slot_holds); a mapping left
-        open after that is never read."""
+        open after that is never read. Consumers open without the counter (_open_storage): with
+        it, a consumer closing before this process freed the buffer took the count below zero and
+        the block was never freed (H200, round thirteen)."""
         storage = buf.untyped_storage()
         if buf.storage_offset() != 0:
             raise ValueError("an exported buffer starts its storage")
@@ -248,13 +253,38 @@ class CudaIpc:
         # (a serving process opening the agent's export) segfaulted without it on an H200; torch's
         # own consumer does the same (multiprocessing.reductions.rebuild_cuda_tensor).
         torch.cuda.init()
+        return _CudaOpened(self, self._open_storage(torch, handle), nbytes)
+
+    def _open_storage(self, torch: Any, handle: CudaHandle) -> Any:
+        """The mapping, opened without torch's reference counter where this torch allows it.
+
+        Why (H200, round thirteen, benchmarks/exp_ipc_counts.py): the exporter releases torch's
+        count at the share (handle()), and a consumer's close then takes the count below zero;
+        a block whose consumer closed before its exporter freed it was never freed (2-3 of 16 slots
+        per IPC run, a killed push's slot in the agent). A mapping opened with no counter name
+        decrements nothing when it closes (torch's close treats a counter it cannot open as its
+        exporter gone), so the exporter's count is 0 from the share on and a freed block is free.
+        Where this torch refuses an empty name, the mapping is opened with the counter, as before
+        (``counted`` says which way this process went)."""
+        head = (handle.device, handle.handle, handle.size, handle.offset)
+        tail = (handle.event_handle or None, handle.event_sync)
+        if self.counted is not True:
+            try:
+                storage = torch.UntypedStorage._new_shared_cuda(*head, b"", 0, *tail)
+            except (RuntimeError, TypeError) as exc:
+                first: Exception | None = exc
+            else:
+                self.counted = False
+                return storage
+        else:
+            first = None
         try:
-            storage = torch.UntypedStorage._new_shared_cuda(
-                handle.device, handle.handle, handle.size, handle.offset, handle.ref_handle or None,
-                handle.ref_offset, handle.event_handle or None, handle.event_sync)
+            storage = torch.UntypedStorage._new_shared_cuda(*head, handle.ref_handle or None, handle.ref_offset, *tail)
         except RuntimeError as exc:
-            raise OpenError(f"cudaIpcOpenMemHandle failed: {str(exc).splitlines()[0][:200]}") from exc
-        return _CudaOpened(self, storage, nbytes)
+            raise OpenError(f"cudaIpcOpenMemHandle failed: {str(exc).splitlines()[0][:200]}") from (first or exc)
+        if first is not None:
+            self.counted = True  # the handle opened with its counter: this torch wants one
+        return storage
 
 
 class _CudaOpened:

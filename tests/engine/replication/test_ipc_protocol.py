@@ -457,3 +457,43 @@ def test_a_cuda_buffer_is_shared_once_and_torch_keeps_no_count_of_it(monkeypatch
     again = _CudaBuffer(_CudaStorage(0x7000_0000))  # the allocator hands the address out again
     assert cuda.handle(again).ref_offset == 11 and again.storage.shares == 1
     assert released == [(b"/torch_7_1", 11), (b"/torch_7_1", 11)] and cuda.shares == 2
+
+
+def test_a_cuda_mapping_is_opened_without_torchs_counter_where_torch_allows_it(monkeypatch) -> None:
+    """H200, round thirteen (benchmarks/exp_ipc_counts.py): with the exporter's count released at
+    the share, a consumer's close took it below zero, and a block whose consumer closed first was
+    never freed. A mapping opened with no counter name decrements nothing. Where a torch refuses
+    that, the counted open is used, once found, for the rest of the process; a handle that opens
+    neither way is an OpenError and decides nothing."""
+    from hwtui.engine.replication.ipc_provider import CudaIpc
+
+    calls: list[tuple[bytes | None, int]] = []
+    refuse: dict[str, type[Exception] | None] = {"uncounted": None, "counted": None}
+
+    def new_shared(cls, device, handle, size, offset, ref, ref_offset, event, sync):  # type: ignore[no-untyped-def]
+        calls.append((ref, ref_offset))
+        kind = "uncounted" if ref == b"" else "counted"
+        if refuse[kind] is not None:
+            raise refuse[kind]("cudaIpcOpenMemHandle: invalid argument")
+        return ("storage", kind)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared_cuda", classmethod(new_shared), raising=False)
+    handle = CudaHandle(device=0, handle=b"h" * 64, size=64, offset=0, ref_handle=b"/torch_7_1", ref_offset=11,
+                        event_handle=b"", event_sync=False)
+
+    cuda = CudaIpc(0)
+    assert cuda._open_storage(torch, handle) == ("storage", "uncounted") and cuda.counted is False
+    assert calls == [(b"", 0)]
+
+    calls.clear()
+    refuse.update(uncounted=RuntimeError, counted=RuntimeError)  # a handle that opens neither way
+    bad = CudaIpc(0)
+    with pytest.raises(OpenError, match="cudaIpcOpenMemHandle failed"):
+        bad._open_storage(torch, handle)
+    assert bad.counted is None and calls == [(b"", 0), (b"/torch_7_1", 11)]
+
+    calls.clear()
+    refuse.update(uncounted=TypeError, counted=None)  # this torch wants a counter name
+    assert bad._open_storage(torch, handle) == ("storage", "counted") and bad.counted is True
+    assert bad._open_storage(torch, handle) == ("storage", "counted")
+    assert calls == [(b"", 0), (b"/torch_7_1", 11), (b"/torch_7_1", 11)]  # found once, then counted only
