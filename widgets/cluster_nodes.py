@@ -111,7 +111,9 @@ def held_text(node: NodeStatus) -> str:
 def disk_text(node: NodeStatus) -> str:
     """`` [disk: writing]`` / `` [disk: FAILED]`` after the version of a GPU-resident node whose disk
     copy of it is still being written after the commit, or could not be (``--persist after-commit``);
-    ``""`` otherwise."""
+    ``""`` otherwise (and for a node serving from host memory, as `hwtui agents` does)."""
+    if node.replication.device is None:
+        return ""
     if "replication.persist.state" in node.unknown:
         return " [disk: ?]"
     p = node.replication.persist

@@ -19,6 +19,7 @@ import contextlib
 import json
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,7 @@ class Staging:
     _behind: WriteBehind | None = None
     preallocated = False
     _kicks = 0  # write-out kicks, kept when the WriteBehind closes
+    _written_id: tuple[int, int] | None = None  # (dev, inode) of a file written whole at flush
     write_behind = True  # False: a subclass starts its own write-out (engine.resident.spare)
 
     def __init__(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str = "cpu",
@@ -447,6 +449,22 @@ class Staging:
         rather than being written through its mapping as bytes arrive."""
         return self.file is not None and self._mm is None
 
+    def still_at_path(self) -> bool:
+        """Whether the staging path still names the file this copy was written into: a regular
+        file, the same one (not a link or a file put there since). What a switch publishes is the
+        path, so it is checked before the rename."""
+        if self.file is None:
+            return True
+        try:
+            st = os.lstat(self.file)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        mine = os.fstat(self._fd) if self._fd is not None else None
+        ident = (mine.st_dev, mine.st_ino) if mine is not None else self._written_id
+        return ident is None or ident == (st.st_dev, st.st_ino)
+
     def write_header_only(self) -> None:
         """A copy written at flush: its file now, holding the header at the file's full size and no
         data (sparse), so the tensors' places can be read from it (served_export.layout_of) before
@@ -464,6 +482,8 @@ class Staging:
         assert self.file is not None
         fd = create_private(self.file, replace=True)
         try:
+            st = os.fstat(fd)
+            self._written_id = (st.st_dev, st.st_ino)
             at = 0
             for part in parts:
                 self._pwrite(fd, part, at)

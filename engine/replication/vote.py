@@ -46,6 +46,11 @@ class RankCommit(RankVerify):
             elif self.served and not self.failures:
                 if not self.defer_durable:
                     self.staging.flush()
+                if not self.staging.still_at_path():
+                    self.failures.append(f"rank {self.rank}: the staging copy {self.staging.file} was replaced "
+                                         "since it was written; it is not switched to")
+                    self.emit(ErrorEvent(message=self.failures[-1], rank=self.rank, where="commit"))
+            if self.served and not self.failures and not self.prepare_owed:
                 try:
                     self.served.prepare(plan["version"], manifest_of(plan))
                 except (OSError, HwtuiError) as exc:
@@ -119,13 +124,19 @@ class RankCommit(RankVerify):
         """The disk half of a deferred commit: the staging copy made durable, then switched to.
 
         Runs after the push is reported, with SIGTERM deferred as during a switch (an agent
-        stopping waits for it). OSError is the caller's to report: the staged copy and the
+        stopping gives it its 2 s grace, then SIGKILL: its next start finishes the switch from the
+        staged copy, hashed again). OSError is the caller's to report: the staged copy and the
         decision record stay, and the agent finishes the switch from them (recovery.finish, which
         hashes the copy again) at its next start or when this rank is gone."""
         assert self.served is not None and self.switch_owed
         with GATE.held(True):
             self.faults.at_phase("persist")
             self.staging.flush()
+            if not self.staging.still_at_path():
+                # Replaced since it was verified (a link, another file): never published. The agent
+                # finds it at its next start, where its hash against the plan decides.
+                raise HwtuiError(f"the staging copy {self.staging.file} was replaced while it was written; "
+                                 "it is not switched to")
             if self.prepare_owed:
                 self.served.prepare(plan["version"], manifest_of(plan))
                 self.prepare_owed = False

@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ def verify_staged(staged_dir: Path, plan_digest: str) -> str | None:
         return f"it is of another plan ({str(man.get('plan_digest'))[:16]})"
     path = staged_dir / "model.safetensors"
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a link (or anything else) planted there is never published
+            return "its weights file is not a regular file"
         infos, _, _ = read_safetensors_header(path)
         where = {i.name: (i.file_offset, i.nbytes) for i in infos}
         with open(path, "rb") as fh:

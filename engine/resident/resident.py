@@ -290,7 +290,10 @@ class ResidentRank:
             cur = recovery.served_dir(self.served, self.modes).current() or {}
         except HwtuiError:
             cur = {}
-        owed = self._owed
+        # A version still being written counts as served (it will be, on disk, in seconds); one whose
+        # write failed does not: the pusher's --resume must see the disk without it, or it would
+        # skip this node as "already served" and leave a restart to roll it back.
+        owed = self._owed if self.persist.get("state") == "writing" else None
         out: dict[str, Any] = {"serving": owed[0] if owed else cur.get("version"),
                                "serving_digest": owed[1] if owed else cur.get("plan_digest"),
                                "staged": recovery.staged(self.served, self.ranks_out)}
@@ -333,6 +336,8 @@ class ResidentRank:
             done, how = recovery.finish(self.served, self.ranks_out, version, digest, self.modes)
             if done and how != "already serves it":
                 self._rotate_slots(version)
+            if done:
+                self._owed_written(version, how)
             if done and self.device is not None:
                 self._device_follow_disk()
             return {"node": self.node, "done": done, "what": how, **self._holds(version)}
@@ -438,6 +443,7 @@ class ResidentRank:
             # The last push's disk copy may still be being written (--persist after-commit): the
             # staged copies below are not this push's to discard until it is done.
             self._await_persist()
+            owed_copy = self._retry_owed()
             if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
                 # Before anything is discarded below: a push refused here leaves the node as it was.
                 raise PushRefused(409, f"node {self.node}: {held}")
@@ -446,7 +452,8 @@ class ResidentRank:
             # push's copy, never more. (A decided version whose copy goes here is sent again by
             # `hwtui push --resume`, should anyone still want it.)
             for item in recovery.staged(self.served, self.ranks_out):
-                recovery.discard(self.served, item["version"])
+                if item["version"] != owed_copy:  # the copy of what this node serves, its disk write owed
+                    recovery.discard(self.served, item["version"])
             # The resident rank loads it from here and checks the digest again (the worker's load).
             os.replace(incoming, plan_path)
             if rank != 0:
@@ -825,6 +832,9 @@ class ResidentRank:
                      "timeline": {**(flight.get("timeline") or {}), "done": time.time()}}
         self.in_flight = None
         self.busy = False
+        # Its child no longer runs a push here: a resolve that holds the node busy later must not
+        # take that child's exit for the end of a push (it recorded a failed push that never was).
+        self._flight_child = None
         self._changed.notify_all()
         with contextlib.suppress(OSError):
             (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
@@ -858,6 +868,29 @@ class ResidentRank:
             self.persist = {"state": "failed", "version": version, "seconds": seconds,
                             "error": redact_text(str(msg.get("error")))[:300]}
         self._changed.notify_all()
+
+    def _owed_written(self, version: str, how: str) -> None:
+        """``version``'s disk switch, owed after a failed write, was finished here (resolve, or the
+        next push): the disk serves it now."""
+        with self._lock:
+            if self._owed is not None and self._owed[0] == version and self._disk_serving() == version:
+                self._owed = None
+                self.persist = {"state": "done", "version": version, "how": how}
+                self._changed.notify_all()
+
+    def _retry_owed(self) -> str | None:
+        """Before a push discards staged copies: a version whose disk write failed is finished from
+        its kept copy if it can be (hashed again, fsynced, switched); if not, that copy is kept, and
+        its version returned (this node still serves it from its device)."""
+        with self._lock:
+            owed = self._owed if self.persist.get("state") == "failed" else None
+        if owed is None:
+            return None
+        self._settle(owed[0])
+        if self._disk_serving() == owed[0]:
+            self._owed_written(owed[0], "finished from its kept copy before the next push")
+            return None
+        return owed[0]
 
     def _await_persist(self) -> None:
         """Wait (at most PERSIST_WAIT_S) for the rank to finish writing the last push's disk copy."""
@@ -895,7 +928,7 @@ class ResidentRank:
         with self._lock:
             if self.child is child:
                 self.world_key = None
-            if self.busy and self._flight_child is child:
+            if self.busy and self._flight_child is child and self.in_flight is not None:
                 code = child.poll()
                 stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})

@@ -191,7 +191,7 @@ class ResidentWorker(Worker):
             self.persist(plan)
         except (OSError, HwtuiError) as exc:
             why = f"rank {self.rank}: {plan['version']} is served from the device but could not be written to disk: " \
-                  f"{getattr(exc, 'strerror', None) or exc}; the staged copy is kept (the agent finishes it at its next start)"
+                  f"{getattr(exc, 'strerror', None) or exc}; the staged copy is kept (the agent finishes it before its next push, or at its next start)"
             self._answer({"kind": "resident.persist", "ok": False, "version": plan["version"], "error": why[:300],
                        "seconds": round(time.perf_counter() - t, 3)})
             return
