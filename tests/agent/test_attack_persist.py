@@ -25,24 +25,21 @@ torch = pytest.importorskip("torch")
 from tests.agent import test_device_persist as _device_persist  # noqa: E402
 from tests.agent.helpers import TOKEN  # noqa: E402
 from tests.agent.procs import Agents, push  # noqa: E402
-from tests.agent.test_device_persist import AT_FLUSH, disk_serves, disk_tensors, persisted  # noqa: E402
+from tests.agent.test_device_persist import (  # noqa: E402
+    AT_FLUSH,
+    disk_serves,
+    disk_tensors,
+    lose_a_device_copy,
+    paused_push,
+    persisted,
+)
 from tests.agent.test_device_resident import DEVICE, device, served_tensors  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 
 models = _device_persist.models  # the same seven versions (module-scoped fixture)
-
-
-@pytest.fixture
-def world(tmp_path):
-    (tmp_path / "agents").mkdir()
-    w = Agents(tmp_path / "agents", 2)
-    w.start(0, **DEVICE)
-    try:
-        yield w
-    finally:
-        w.close()
+world = _device_persist.world  # two agents, node0 the source; each test starts node1 as it needs
 
 
 def post(world: Agents, i: int, path: str, body: dict[str, Any], timeout: float = 200) -> tuple[int, dict[str, Any]]:
@@ -85,11 +82,7 @@ def test_a_resolve_waiting_for_the_write_when_the_rank_dies_leaves_the_push_comm
     the node's record of the last push stays the committed push it was (no phantom "failed" push,
     the node not marked free while the resolve still runs)."""
     go = tmp_path / "go"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    done = push(models["v1"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rep = world.replication(1)
-    assert rep["persist"]["state"] == "writing", rep["persist"]
+    rep = paused_push(world, models["v1"][0], go)
     last, pushes, rank_pid = rep["last"], rep["pushes"], rep["resident"]["pid"]
     assert last["outcome"] == "committed" and rank_pid, rep
     digest = prepared(world, 1, "v1")["serving_digest"]
@@ -117,10 +110,7 @@ def test_a_resolve_waiting_for_the_write_when_the_rank_dies_leaves_the_push_comm
 
 def test_a_resolve_during_the_write_waits_for_it_and_answers_done(world, models, tmp_path):
     go = tmp_path / "go"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    assert push(models["v1"][0], world.agents()).returncode == 0
-    rep = world.replication(1)
-    assert rep["persist"]["state"] == "writing", rep["persist"]
+    rep = paused_push(world, models["v1"][0], go)
     digest = prepared(world, 1, "v1")["serving_digest"]
     answer: dict[str, Any] = {}
     t = threading.Thread(target=lambda: answer.update(got=post(world, 1, "/v1/push/resolve", {
@@ -142,11 +132,7 @@ def test_a_resolve_during_the_write_waits_for_it_and_answers_done(world, models,
 
 def test_an_abort_and_the_same_version_again_during_the_write_change_nothing(world, models, tmp_path):
     go = tmp_path / "go"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    done = push(models["v1"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rep = world.replication(1)
-    assert rep["persist"]["state"] == "writing", rep["persist"]
+    rep = paused_push(world, models["v1"][0], go)
     # an abort of the push that is over: nothing to stop, the write goes on
     status, doc = post(world, 1, "/v1/push/abort", {"push_id": rep["last"]["push_id"], "reason": "attack"}, timeout=30)
     assert status == 200 and doc["aborted"] is False and doc["serving"] == "v1", doc
@@ -169,12 +155,7 @@ def test_an_abort_and_the_same_version_again_during_the_write_change_nothing(wor
 # ---------------------------------------------------------------- 3. SIGTERM to the agent during the write
 
 def test_an_agent_stopped_by_sigterm_during_the_write_exits_bounded_and_restarts_on_the_version(world, models, tmp_path):
-    never = tmp_path / "never"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={never}")
-    done = push(models["v2"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rep = world.replication(1)
-    assert rep["persist"]["state"] == "writing", rep["persist"]
+    rep = paused_push(world, models["v2"][0], tmp_path / "never")
     rank_pid = rep["resident"]["pid"]
     t0 = time.monotonic()
     log = world.kill(1, signal.SIGTERM)
@@ -194,13 +175,7 @@ def test_an_agent_stopped_by_sigterm_during_the_write_exits_bounded_and_restarts
 # ---------------------------------------------------------------- 4. at-flush copy lost, then the next pushes
 
 def test_a_copy_written_at_flush_lost_mid_write_never_leaves_a_torn_disk_and_the_next_push_persists(world, models):
-    world.start(1, "--device", "cuda", **AT_FLUSH)
-    assert push(models["v1"][0], world.agents()).returncode == 0
-    assert persisted(world, 1, "v1")["state"] == "done"
-    world.kill(1)
-    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
-    assert push(models["v2"][0], world.agents()).returncode == 0
-    assert persisted(world, 1, "v2")["state"] == "failed"
+    lose_a_device_copy(world, models)
     assert disk_serves(world, 1) == "v1"
     current_file_matches(world, 1, models["v1"][1])  # untouched by the lost write
     # the header-only sparse file of v2 is never something the disk names or a restart keeps as a copy
@@ -227,13 +202,7 @@ def test_resume_after_a_lost_disk_copy_makes_the_disk_serve_the_version(world, m
     its disk names v1. `hwtui push --resume` of v2 reports success: after it, the disk must serve
     v2 (or the resume must fail and say why), never leave a node that a restart silently rolls back
     to v1 while every report said v2 was committed there."""
-    world.start(1, "--device", "cuda", **AT_FLUSH)
-    assert push(models["v1"][0], world.agents()).returncode == 0
-    assert persisted(world, 1, "v1")["state"] == "done"
-    world.kill(1)
-    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
-    assert push(models["v2"][0], world.agents()).returncode == 0
-    assert persisted(world, 1, "v2")["state"] == "failed"
+    lose_a_device_copy(world, models)
     resumed = push(models["v2"][0], world.agents(), "--resume")
     assert "Traceback" not in resumed.stderr
     assert resumed.returncode != 0 or disk_serves(world, 1) == "v2", (
@@ -275,9 +244,7 @@ def test_a_link_planted_over_the_staged_copy_during_the_write_is_never_served(wo
     a link nor bytes other than the verified version's, and the link's target is never written."""
     go = tmp_path / "go"
     env = AT_FLUSH if staging == "at-flush" else DEVICE
-    world.start(1, "--device", "cuda", **env, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    assert push(models["v1"][0], world.agents()).returncode == 0
-    assert world.replication(1)["persist"]["state"] == "writing"
+    paused_push(world, models["v1"][0], go, env)
     staged = world.served(1) / "staging" / "v1" / "model.safetensors"
     assert staged.exists(), list(world.served(1).rglob("*"))
     victim = tmp_path / "victim.safetensors"

@@ -97,11 +97,7 @@ def persisted(world: Agents, i: int, version: str, bound_s: float = 120.0) -> di
 
 def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_it(world, models, tmp_path):
     go = tmp_path / "go"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    done = push(models["v1"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr  # reported while the rank waits before its disk write
-    rep = world.replication(1)
-    assert rep["persist"]["state"] == "writing" and rep["persist"]["version"] == "v1", rep["persist"]
+    rep = paused_push(world, models["v1"][0], go)
     assert rep["serving"] == "v1" and rep["last"]["outcome"] == "committed" and rep["last"]["serving"] == "v1"
     assert disk_serves(world, 1) is None  # nothing durable on disk yet: the device serves it
     assert device(world, 1)["serving"] == "v1"
@@ -145,11 +141,7 @@ def test_a_rank_killed_writing_the_disk_copy_is_finished_by_its_agent(world, mod
 
 
 def test_an_agent_killed_while_its_rank_writes_finishes_at_its_restart(world, models, tmp_path):
-    go = tmp_path / "never"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    done = push(models["v4"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert world.replication(1)["persist"]["state"] == "writing"
+    paused_push(world, models["v4"][0], tmp_path / "never")
     world.kill(1)  # its rank dies with it, before anything reached the disk's CURRENT
     assert disk_serves(world, 1) is None
     world.start(1, "--device", "cuda", **DEVICE)
@@ -184,13 +176,35 @@ def test_persist_goes_with_device_cuda(tmp_path):
 AT_FLUSH = {**DEVICE, "HWTUI_TEST_STAGING": "at-flush"}
 
 
+def paused_push(world: Agents, plan: Path, go: Path, env: dict[str, str] = DEVICE) -> dict[str, Any]:
+    """Agent 1 (re)started with its rank held before its disk write until ``go`` exists, then ``plan``
+    pushed: reported committed while the write waits. Agent 1's replication state then."""
+    world.start(1, "--device", "cuda", **env, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    done = push(plan, world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr  # reported while the rank waits before its disk write
+    rep = world.replication(1)
+    assert rep["persist"]["state"] == "writing" and rep["persist"]["version"] == plan.stem, rep["persist"]  # <v>.plan
+    return rep
+
+
+def lose_a_device_copy(world: Agents, models: dict[str, Any]) -> None:
+    """v1 written; then v2 committed with its rank killed before its copy (in memory, written at
+    flush, as a GPU's is) reached the disk: the device serves v2, the disk v1."""
+    world.start(1, "--device", "cuda", **AT_FLUSH)
+    assert push(models["v1"][0], world.agents()).returncode == 0
+    assert persisted(world, 1, "v1")["state"] == "done"
+    world.kill(1)
+    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
+    done = push(models["v2"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr  # committed: the device serves it
+    state = persisted(world, 1, "v2")
+    assert state["state"] == "failed", state
+
+
 def test_a_copy_written_at_flush_is_prepared_and_decided_with_its_write(world, models, tmp_path):
     go = tmp_path / "go"
-    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    done = push(models["v1"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rep = world.replication(1)
-    assert rep["serving"] == "v1" and rep["persist"]["state"] == "writing", rep
+    rep = paused_push(world, models["v1"][0], go, AT_FLUSH)
+    assert rep["serving"] == "v1", rep
     # nothing of v1 on this node's disk yet: no copy, no manifest, no decision record
     assert disk_serves(world, 1) is None
     assert not list(world.served(1).glob("staging/v1/manifest.json"))
@@ -206,13 +220,7 @@ def test_a_copy_written_at_flush_is_prepared_and_decided_with_its_write(world, m
 
 
 def test_a_copy_written_at_flush_lost_with_its_rank_leaves_the_disk_on_the_last_version(world, models):
-    world.start(1, "--device", "cuda", **AT_FLUSH)
-    assert push(models["v1"][0], world.agents()).returncode == 0
-    assert persisted(world, 1, "v1")["state"] == "done"
-    world.kill(1)
-    world.start(1, "--device", "cuda", **AT_FLUSH, HWTUI_TEST_FAULT="kill:rank=1,phase=persist")
-    done = push(models["v2"][0], world.agents())
-    assert done.returncode == 0, done.stdout + done.stderr  # committed: the device serves it
+    lose_a_device_copy(world, models)
     state = persisted(world, 1, "v2")
     # The copy died with the rank before any of it reached the disk: nothing to finish from.
     assert state["state"] == "failed" and "could not be switched to" in state["error"], state
@@ -257,9 +265,7 @@ def test_a_copy_torn_before_it_was_durable_is_discarded_at_the_restart(world, mo
     assert push(models["v1"][0], world.agents()).returncode == 0
     assert persisted(world, 1, "v1")["state"] == "done"
     world.kill(1)
-    go = tmp_path / "never"
-    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
-    assert push(models["v2"][0], world.agents()).returncode == 0
+    paused_push(world, models["v2"][0], tmp_path / "never")
     world.kill(1)  # before the write: the staged copy is whole only in the page cache
     staged = world.served(1) / "staging" / "v2" / "model.safetensors"
     with open(staged, "r+b") as fh:  # what a power loss leaves of unwritten pages
