@@ -6,7 +6,7 @@
 # optionally the page-cache registration experiment (EXP=1; measured in round seven: <= 21.8 GB/s),
 # then tests/gpu (the resident push and the IPC path first). Every stage is bounded by `timeout`
 # and logged under $OUT, so a call cut short still says how far it got. Knobs: EXP_COUNTS_S, CK_S,
-# LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, TESTS. The default bounds
+# LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, AHEADS, TESTS. The default bounds
 # add to 550 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), so a call
 # with a 575 s limit holds them. .whl/ is ignored by git: name it in the device call's carry.
 set -u
@@ -33,7 +33,7 @@ el bench
 # Round seven measured 1/8/12/16 threads at 16/64 MiB (39.47 GB/s best, at 16 x 64 MiB x depth 2):
 # this grid looks for the last 1.3 % to 40 GB/s around that point (oversubscribed threads, a third
 # buffer per thread).
-timeout ${BENCH_S:-85} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-16,20} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
+timeout ${BENCH_S:-85} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-16,20} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --aheads ${AHEADS:-1,0,4,8} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
 cat "$OUT/bench.txt" | tail -30
 if [ "${EXP:-0}" = 1 ]; then
 el exp
