@@ -292,3 +292,21 @@ def test_staging_out_of_order_never_finds_the_pool_exhausted_by_a_read_ahead(tmp
         assert pool.in_use_bytes == 0
     finally:
         src.close()
+
+
+def test_the_sources_buckets_hashed_on_several_threads_are_each_buckets_own(tmp_path: Path) -> None:
+    """The source's check beside the send runs on hash_threads() threads (1..4 by the cores): every
+    bucket's digest is its own whatever thread takes it and in whatever order they finish."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hwtui.engine.replication.rank_base import hash_threads
+
+    assert [hash_threads(c) for c in (1, 2, 4, 7, 8, 16, 128)] == [1, 1, 1, 1, 2, 4, 4]
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=1, direct="off")
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            got = [f.result() for f in [pool.submit(src.bucket_digest, plan, b) for b in range(len(plan.buckets))]]
+        assert got == [bk["checksum"] for bk in plan.buckets] and len(set(got)) == len(got)
+    finally:
+        src.close()
