@@ -11,6 +11,13 @@ interleaved, medians:
 - copy, then checksum, both ways;
 - checksums that read the bucket once, for the record (row sums alone, column sums alone, the
   Triton sums alone);
+- where Triton runs, the candidate copy fused with the sums (device_sums_triton.copy_row_col_sums,
+  not in the product: it verifies the values read from the source, not a re-read of the copy),
+  interleaved with the rest: the kernel alone against the copy, then the Triton sums (two
+  kernels); with the digest against "copy, then checksum (the receiver today)"; and per bucket of
+  the protocol's shape against the copy, then the digest per bucket. Every round checks the copy
+  exact and the fused sums equal to the torch reductions of the copy (and the digests equal to
+  theirs); a row that raises or differs is FAIL, and the run goes on;
 
 - the protocol's shape: the same bytes as 16 buckets, a digest per bucket (and a copy, then a
   digest, per bucket), so the fixed cost per bucket shows beside the whole buffer's;
@@ -23,8 +30,9 @@ interleaved, medians:
 each as ms and GB/s of bucket copied and verified, every digest checked equal (to the torch
 reductions' digest) and every copy exact.
 Measured on an H200 (round nine): copy 0.52 ms per GiB, then the checksum 0.98 ms in all (1,098
-GB/s; 877 with the torch reductions). The copy fused into the checksum slice by slice, which this
-once measured too, lost at every slice size there and is gone. On CPU (``--device cpu``) the same
+GB/s; 877 with the torch reductions). The copy fused into the checksum slice by slice (a torch
+copy, then the reductions, per slice, for the cache), which this once measured too, lost at every
+slice size there and is gone; the one-kernel fusion above is a different candidate. On CPU (``--device cpu``) the same
 code runs: the figures there say nothing about a GPU, only that the paths agree.
 
     python3 benchmarks/bench_device_checksum.py [--device cuda] [--mb 1024] [--rounds 7] [--no-variants]
@@ -95,6 +103,109 @@ def _one_pass_candidates(device: str, n: int) -> dict[str, Any]:
     return out
 
 
+FUSED_KERNEL = "copy fused with the sums (one kernel)"
+FUSED_BASE = "copy and the Triton sums, two kernels (no digest)"
+FUSED_DIGEST = "copy fused with the sums, then digest"
+RECEIVER = "copy, then checksum (the receiver today)"
+_POISON = 0x5A5A5A5A  # what the sums' tensors hold before a call: one that writes nothing differs
+
+
+def _fused_rows(device: str, src: Any, dst: Any, bucket_count: int, want: dict[str, Any]) -> dict[str, Any]:
+    """The candidate copy fused with the sums (device_sums_triton.copy_row_col_sums) and what it is
+    timed against that run() has not already: name -> (prepare, call, check). ``prepare`` runs
+    before the clock (it poisons the sums' tensors), ``call`` is timed, ``check`` returns '' or
+    why not: the copy exact and the sums equal to the torch reductions' sums of the copy (not of
+    the source: what the receiver holds), the digests equal to the torch reductions' digests."""
+    import torch
+
+    from hwtui.engine.replication.device_checksum import ROW_WORDS, sums_digest
+    from hwtui.engine.replication.device_sums_triton import copy_row_col_sums, row_col_sums
+
+    n = src.numel()
+    if not _triton_runs(device) or n % (ROW_WORDS * 4):
+        print("  fused copy and sums: not measured (no Triton here, a CPU without TRITON_INTERPRET=1, or not whole "
+              "rows of 16 KiB)", file=sys.stderr)
+        return {}
+
+    def words(b: Any) -> Any:
+        return b.view(torch.int32).view(-1, ROW_WORDS)
+
+    def torch_sums(m: Any) -> Any:
+        return torch.cat([m.sum(0, dtype=torch.int32), m.sum(1, dtype=torch.int32)])
+
+    def same(out: Any, m: Any, what: str) -> str:
+        if not torch.equal(out, torch_sums(m)):
+            return f"{what}: {int((out != torch_sums(m)).sum())} of {out.numel()} sums differ from the torch reductions'"
+        return ""
+
+    def copied() -> str:
+        return "" if torch.equal(dst, src) else "the copy is not exact"
+
+    sm, dm = words(src), words(dst)
+    src_b, dst_b = _buckets(src, bucket_count), _buckets(dst, bucket_count)
+    rows: dict[str, Any] = {}
+    out_k = torch.empty(ROW_WORDS + sm.shape[0], dtype=torch.int32, device=device)
+    out_b = torch.empty_like(out_k)
+    rows[FUSED_KERNEL] = (lambda: out_k.fill_(_POISON), lambda: copy_row_col_sums(sm, dm, out_k),
+                          lambda _: copied() or same(out_k, dm, "the fused sums"))
+
+    def copy_then_sums() -> None:
+        dst.copy_(src)
+        row_col_sums(dm, out_b)
+
+    rows[FUSED_BASE] = (lambda: out_b.fill_(_POISON), copy_then_sums, lambda _: copied() or same(out_b, dm, "the sums"))
+    last: dict[str, Any] = {}  # the sums' tensors the last call made (allocated in it, as device_sums does)
+
+    def fused_digest() -> str:
+        last["whole"] = out = torch.empty(ROW_WORDS + sm.shape[0], dtype=torch.int32, device=device)
+        copy_row_col_sums(sm, dm, out)
+        return sums_digest(n, out)
+
+    def check_digest(got: Any) -> str:
+        if got != want["whole"]:
+            return f"its digest {got} is not the torch reductions' {want['whole']}"
+        return copied() or same(last["whole"], dm, "the fused sums")
+
+    rows[FUSED_DIGEST] = (lambda: last.clear(), fused_digest, check_digest)
+    if src_b[0].numel() % (ROW_WORDS * 4) == 0:
+        shaped = f"{src_b[0].numel() / MB:g} MiB bucket x {bucket_count}"
+
+        def fused_buckets() -> list[str]:
+            got = []
+            last["buckets"] = []
+            for s, d in zip(src_b, dst_b, strict=True):
+                out = torch.empty(ROW_WORDS + s.numel() // (ROW_WORDS * 4), dtype=torch.int32, device=device)
+                last["buckets"].append(out)
+                copy_row_col_sums(words(s), words(d), out)
+                got.append(sums_digest(int(s.numel()), out))
+            return got
+
+        def check_buckets(got: Any) -> str:
+            if got != want["buckets"]:
+                return "a bucket's digest is not the torch reductions'"
+            for i, (out, d) in enumerate(zip(last["buckets"], dst_b, strict=True)):
+                why = same(out, words(d), f"bucket {i}'s fused sums")
+                if why:
+                    return why
+            return copied()
+
+        rows[f"protocol-shaped: copy fused with the sums, then digest per {shaped}"] = (
+            lambda: last.clear(), fused_buckets, check_buckets)
+    return rows
+
+
+def _fused_round(device: str, row: Any) -> tuple[float, str]:
+    """One timed call of a fused row and its check: (seconds, '' or why it failed; an exception
+    included: a kernel that does not compile or launch must not end the unattended run)."""
+    prepare, call, check = row
+    try:
+        prepare()
+        dt, got = _timed(device, call)
+        return dt, check(got)
+    except Exception as exc:  # noqa: BLE001 - one row's failure is printed as FAIL, the others go on
+        return 0.0, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def _triton_runs(device: str) -> bool:
     """Whether the Triton kernel can run on ``device`` here: a GPU with Triton, or CPU tensors under
     Triton's interpreter (TRITON_INTERPRET=1: slow, for checking this benchmark's code only)."""
@@ -159,25 +270,53 @@ def run(device: str, mb: int, rounds: int, variants: bool = False) -> dict[str, 
     methods = _methods(device, src, dst, bucket_count)
     candidates = _one_pass_candidates(device, n)
     methods.update({name: (lambda fn=fn: (fn(src), None)[1]) for name, fn in candidates.items()})
-    for fn in methods.values():  # warm: kernels loaded, allocator primed
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in methods}
+    try:
+        fused = _fused_rows(device, src, dst, bucket_count, want)
+    except Exception as exc:  # noqa: BLE001 - the candidate's set-up must not end the run either
+        fused, fused_failed = {}, {"(fused rows)": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    else:
+        fused_failed = {}
+    # Interleaved: the fused rows right after the receiver's way, every round.
+    order = list(methods)
+    at = order.index(RECEIVER) + 1 if RECEIVER in order else len(order)
+    order[at:at] = list(fused)
+    for name in order:  # warm: kernels loaded (the fused one compiled), allocator primed
+        if name in fused:
+            dst.zero_()
+            _, why = _fused_round(device, fused[name])
+            if why:
+                fused_failed[name] = why
+        else:
+            methods[name]()
+    times: dict[str, list[float]] = {k: [] for k in order}
     exact = True
     for _ in range(rounds):
-        for name, fn in methods.items():
+        for name in order:
+            if name in fused_failed:
+                continue
             dst.zero_()
+            if name in fused:
+                dt, why = _fused_round(device, fused[name])
+                if why:
+                    fused_failed[name] = why
+                else:
+                    times[name].append(dt)
+                continue
+            fn = methods[name]
             dt, digest = _timed(device, fn)
             times[name].append(dt)
             if digest is not None:
                 exact &= digest == (want["buckets"] if isinstance(digest, list) else want["whole"])
             if name.startswith("copy") or "copy," in name:
                 exact &= bool(torch.equal(dst, src))
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items() if v and k not in fused_failed}
     rows = {k: {"ms": round(v * 1e3, 4), "gbps": round(n / v / 1e9, 1)} for k, v in med.items()}
     verified = {k: v for k, v in med.items() if k.startswith("copy,")}
     best = min(verified, key=lambda k: verified[k])
     res = {"device": device, "bytes": n, "rounds": rounds, "methods": rows, "exact": exact, "best_verified": best,
            "best_verified_gbps": rows[best]["gbps"]}
+    if fused or fused_failed:
+        res["fused"] = {"rows": [k for k in fused if k in rows], "failed": fused_failed}
     if variants:
         res["variants"] = run_variants(device, src, rounds, want, bucket_count)
     return res
@@ -299,6 +438,28 @@ def _print_variants(v: dict[str, Any], n: int) -> None:
     print(f"kernel variant winner, digest per bucket x16: {wb}: {t[wb]['buckets']['ms'] / 16:.4f} ms each ({base})")
 
 
+def _print_fused(res: dict[str, Any]) -> None:
+    """The candidate beside what it would replace (rows of the table above, the same rounds)."""
+    m, f = res["methods"], res["fused"]
+    print("copy fused with the sums (device_sums_triton.copy_row_col_sums; a candidate, not in the product: it "
+          "verifies the values read from the source, not a re-read of the copy); copy exact and sums equal to the "
+          "torch reductions' of the copy every round:")
+    shaped = next((k for k in m if k.startswith("protocol-shaped: copy, then digest per")), None)
+    pairs: list[tuple[str, str | None]] = [(FUSED_KERNEL, FUSED_BASE), (FUSED_DIGEST, RECEIVER)]
+    pairs += [(k, shaped) for k in f["rows"] if k.startswith("protocol-shaped:")]
+    for new, old in pairs:
+        if new in f["failed"]:
+            continue
+        if new not in m or old not in m:
+            print(f"  {new}: no figure (its baseline {old!r} has none)")
+            continue
+        a, b = m[new]["ms"], m[old]["ms"]
+        print(f"  {new:<58} {a:9.3f} ms {m[new]['gbps']:9.1f} GB/s  against {old}: {b:.3f} ms "
+              f"({b - a:+.3f} ms saved, x{b / a:.2f})" if a else f"  {new}: 0 ms?")
+    for name, why in f["failed"].items():
+        print(f"  {name:<58} FAIL: {why}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -330,6 +491,8 @@ def main() -> int:
         print(f"  {k:<58} {row['ms']:9.3f} ms  {row['gbps']:9.1f} GB/s")
     print(f"copied and verified, best way: {res['best_verified']}: {res['best_verified_gbps']:.1f} GB/s "
           f"(issue 23: >= 1000 GB/s for 1 GiB on one GPU)")
+    if "fused" in res:
+        _print_fused(res)
     if "variants" in res:
         _print_variants(res["variants"], res["bytes"])
     if args.json:

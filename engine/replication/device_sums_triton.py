@@ -13,6 +13,10 @@ Measured on an H200, 1 GiB (bench_device_checksum.py, round nine): the digest 0.
 877. The kernel alone read only ~1.75 TB/s of the ~4 TB/s HBM gives: ``VARIANTS`` are the tile
 shapes and launch settings the benchmark times against the default (issue 23.2).
 
+``copy_row_col_sums`` is a measured candidate, not used by the product: the receiver's copy and
+these sums in one kernel (each tile read from the source once, stored to the copy and summed).
+Its docstring says what it verifies and why it is not wired in.
+
 Triton is optional: it comes with torch's CUDA wheels on Linux, and where it cannot be imported
 (CPU, some AMD and Intel stacks) device_checksum keeps the torch reductions. Imported on first
 use only.
@@ -123,10 +127,59 @@ def _kernel() -> Any:
     return _row_col_sums
 
 
+@functools.cache  # made on first use, where Triton imports
+def _copy_kernel() -> Any:
+    # _row_col_sums with one more line: every tile loaded is stored to the same place in y. Kept a
+    # separate kernel so the product's kernel (_kernel) stays exactly what was measured.
+    @triton.jit(do_not_specialize=["n_rows", "block_r"])
+    def _copy_row_col_sums(x_ptr, y_ptr, rows_ptr, cols_ptr, n_rows, block_r,  # type: ignore[no-untyped-def]
+                           W: tl.constexpr, SUB_R: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr,
+                           ACC2D: tl.constexpr):
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        if ACC2D:
+            acc = tl.zeros((SUB_R, BLOCK_C), dtype=tl.int32)
+        else:
+            col = tl.zeros((BLOCK_C,), dtype=tl.int32)
+        for rr in range(0, block_r, SUB_R):
+            offs_r = pid_r * block_r + rr + tl.arange(0, SUB_R)
+            mask = offs_r < n_rows
+            offs = offs_r[:, None].to(tl.int64) * W + offs_c[None, :]
+            tile = tl.load(x_ptr + offs, mask=mask[:, None], other=0)
+            tl.store(y_ptr + offs, tile, mask=mask[:, None])  # the copy: the values summed are the values stored
+            if ACC2D:
+                acc += tile
+            else:
+                col += tl.sum(tile, axis=0)
+            if ATOMIC:
+                tl.atomic_add(rows_ptr + offs_r, tl.sum(tile, axis=1), mask=mask, sem="relaxed")
+            else:
+                tl.store(rows_ptr + offs_r.to(tl.int64) * (W // BLOCK_C) + pid_c, tl.sum(tile, axis=1), mask=mask)
+        if ACC2D:
+            col = tl.sum(acc, axis=0)
+        if ATOMIC:
+            tl.atomic_add(cols_ptr + offs_c, col, sem="relaxed")
+        else:
+            tl.store(cols_ptr + pid_r.to(tl.int64) * W + offs_c, col)
+
+    return _copy_row_col_sums
+
+
 def _block_rows(n_rows: int, cfg: SumsConfig) -> int:
     """Rows per program: as many programs as cfg wants, at least one tile, at most max_block_r."""
     want = max(1, cfg.target_programs // (W_WORDS // cfg.block_c))
     return int(min(cfg.max_block_r, max(cfg.sub_r, triton.next_power_of_2(triton.cdiv(n_rows, want)))))
+
+
+def _check_words(words: Any, what: str) -> None:
+    if words.dim() != 2 or words.shape[1] != W_WORDS or words.dtype != torch.int32 or not words.is_contiguous():
+        raise ValueError(f"{what} takes a contiguous [rows, 4096] int32 tensor")
+
+
+def _check_out(out: Any, n_rows: int, what: str) -> None:
+    if out.dtype != torch.int32 or out.shape != (W_WORDS + n_rows,) or not out.is_contiguous():
+        raise ValueError(f"{what} writes into a contiguous int32 tensor of 4096 + rows")
 
 
 def row_col_sums(words: Any, out: Any, config: SumsConfig = DEFAULT) -> None:
@@ -136,11 +189,52 @@ def row_col_sums(words: Any, out: Any, config: SumsConfig = DEFAULT) -> None:
     if triton is None:
         raise ImportError("Triton is not installed")
     config.check()
+    _check_words(words, "row_col_sums")
+    _check_out(out, words.shape[0], "row_col_sums")
+    _launch(words, None, out, config)
+
+
+def copy_row_col_sums(src_words: Any, dst_words: Any, out: Any, config: SumsConfig = DEFAULT) -> None:
+    """Copy ``src_words`` into ``dst_words`` (both contiguous [rows, 4096] int32 on one GPU, not
+    overlapping) and write the sums row_col_sums writes into ``out`` (4096 column sums, then the row
+    sums, int32 mod 2^32), in one kernel: each tile is read from the source once, stored to the same
+    place in the destination and summed.
+
+    A measured candidate, not used by the product (ipc_protocol and device_checksum do not call it).
+    The receiver today copies the bucket out of the exporter's slot (``dst.copy_(src)``), then reads
+    its copy again for the sums: two passes over the destination's bytes, ~0.77 ms for the copy of
+    1 GiB through an IPC mapping and 0.325 ms for the sums on an H200, against a target of ~1.0 ms
+    for both. This kernel drops the second read. What it verifies differs, and that is the decision
+    its GPU figures (bench_device_checksum.py) inform:
+
+    - the sums are of the values read from the exporter's slot, which are the values this kernel
+      stores: the digest still proves the slot held the source's bytes when they were read (a slot
+      reused or written too early, a wrong slot, a torn read show) and that the kernel stored
+      exactly those values;
+    - it does not re-read the destination: what the copy left in ``dst_words`` afterwards (a store
+      that went elsewhere, a later write into the receiver's buffer, a wrong destination view) is
+      not looked at, where the copy, then the checksum, hashes the receiver's bytes themselves.
+
+    ``config`` as for row_col_sums (the same tiles and the atomic mode: the same sums)."""
+    if triton is None:
+        raise ImportError("Triton is not installed")
+    config.check()
+    _check_words(src_words, "copy_row_col_sums")
+    _check_words(dst_words, "copy_row_col_sums")
+    if dst_words.shape != src_words.shape or dst_words.device != src_words.device:
+        raise ValueError("copy_row_col_sums copies into a tensor of the source's shape on its device")
+    nbytes = src_words.numel() * 4
+    a, b = src_words.data_ptr(), dst_words.data_ptr()
+    if nbytes and a < b + nbytes and b < a + nbytes:  # tiles would read what others already stored
+        raise ValueError("copy_row_col_sums: the source and the destination overlap")
+    _check_out(out, src_words.shape[0], "copy_row_col_sums")
+    _launch(src_words, dst_words, out, config)
+
+
+def _launch(words: Any, dst: Any, out: Any, config: SumsConfig) -> None:
+    """The sums of ``words`` into ``out`` (checked by the caller), and the copy into ``dst`` with
+    them where it is not None."""
     n_rows, w = words.shape
-    if w != W_WORDS or words.dtype != torch.int32 or not words.is_contiguous():
-        raise ValueError("row_col_sums takes a contiguous [rows, 4096] int32 tensor")
-    if out.dtype != torch.int32 or out.shape != (w + n_rows,) or not out.is_contiguous():
-        raise ValueError("row_col_sums writes into a contiguous int32 tensor of 4096 + rows")
     cols, rows = out[:w], out[w:]
     if n_rows == 0:
         cols.zero_()
@@ -155,12 +249,15 @@ def row_col_sums(words: Any, out: Any, config: SumsConfig = DEFAULT) -> None:
         # A dimension of one part is written in place: no partials, no second reduction for it.
         rows_part = rows if col_blocks == 1 else torch.empty(n_rows, col_blocks, dtype=torch.int32, device=words.device)
         col_part = cols if row_blocks == 1 else torch.empty(row_blocks, w, dtype=torch.int32, device=words.device)
+    consts = dict(W=w, SUB_R=config.sub_r, BLOCK_C=config.block_c, ATOMIC=config.atomic, ACC2D=config.acc2d,
+                  num_warps=config.num_warps)
     # Triton launches on the current device's stream: the tensor's device made current (a CPU
     # tensor reaches here only under Triton's interpreter).
     with torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext():
-        _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, block_r, W=w, SUB_R=config.sub_r,
-                                            BLOCK_C=config.block_c, ATOMIC=config.atomic,
-                                            ACC2D=config.acc2d, num_warps=config.num_warps)
+        if dst is None:
+            _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, block_r, **consts)
+        else:
+            _copy_kernel()[(row_blocks, col_blocks)](words, dst, rows_part, col_part, n_rows, block_r, **consts)
     if rows_part is not rows:
         torch.sum(rows_part, 1, dtype=torch.int32, out=rows)
     if col_part is not cols:

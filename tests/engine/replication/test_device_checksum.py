@@ -191,3 +191,43 @@ def test_every_triton_kernel_variant_gives_the_two_reductions_sums_in_its_interp
         # argument, which numpy >= 2.4 refuses (compiled kernels are not affected).
         pytest.skip("Triton's interpreter cannot run a kernel-argument loop bound under this numpy")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed here: the fused kernel is timed on a GPU by bench_device_checksum.py")
+def test_the_fused_copy_and_sums_copy_exactly_and_give_the_two_reductions_sums_in_its_interpreter() -> None:
+    """device_sums_triton.copy_row_col_sums (a candidate the benchmark times, not in the product)
+    under Triton's interpreter: the destination equals the source word for word, the sums are the
+    torch reductions' of the destination (columns, then rows) for no rows, fewer rows than a block,
+    a partial block and many blocks, in the default (atomic) mode, with partials and with whole
+    tiles added, and nothing is written outside the destination or the output; overlapping
+    tensors are refused."""
+    code = ("import torch\n"
+            "from hwtui.engine.replication.device_sums_triton import DEFAULT, SumsConfig, copy_row_col_sums\n"
+            "cfgs = [DEFAULT, SumsConfig(sub_r=4, max_block_r=32, target_programs=16),\n"
+            "        SumsConfig(block_c=128, sub_r=4, max_block_r=32, target_programs=16, acc2d=True, atomic=True)]\n"
+            "G = 96\n"
+            "for cfg in cfgs:\n"
+            "    for rows in (0, 1, 17, 300):\n"
+            "        x = torch.randint(-2**31, 2**31 - 1, (rows, 4096), dtype=torch.int32)\n"
+            "        big_d = torch.full((rows * 4096 + 2 * G,), 0x13579BDF, dtype=torch.int32)\n"
+            "        d = big_d[G: G + rows * 4096].view(rows, 4096)\n"
+            "        big_o = torch.full((4096 + rows + 2 * G,), 777, dtype=torch.int32)\n"
+            "        out = big_o[G: G + 4096 + rows]\n"
+            "        copy_row_col_sums(x, d, out, cfg)\n"
+            "        assert torch.equal(d, x), (cfg, rows)\n"
+            "        assert torch.equal(out, torch.cat([d.sum(0, dtype=torch.int32), d.sum(1, dtype=torch.int32)])), (cfg, rows)\n"
+            "        assert bool((big_d[:G] == 0x13579BDF).all()) and bool((big_d[-G:] == 0x13579BDF).all()), (cfg, rows)\n"
+            "        assert bool((big_o[:G] == 777).all()) and bool((big_o[-G:] == 777).all()), (cfg, rows)\n"
+            "x = torch.zeros(4, 4096, dtype=torch.int32)\n"
+            "try:\n"
+            "    copy_row_col_sums(x[:3], x[1:], torch.empty(4099, dtype=torch.int32))\n"
+            "except ValueError:\n"
+            "    print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    if "only 0-dimensional arrays can be converted to Python scalars" in proc.stderr:
+        # Triton 3.6's interpreter takes int() of a 1-element array for a loop bound passed as an
+        # argument, which numpy >= 2.4 refuses (compiled kernels are not affected).
+        pytest.skip("Triton's interpreter cannot run a kernel-argument loop bound under this numpy")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
