@@ -69,10 +69,18 @@ _DIGEST = re.compile(r"^[0-9a-f]{16,128}$")
 _PUSH_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
 # How long a push (or a resolve) waits for the last push's disk copy (--persist after-commit) before
-# it is refused: under the pusher's own 180 s for its start request.
+# it is refused: under the pusher's own 180 s for its start request. HWTUI_TEST_PERSIST_WAIT_S
+# (tests only) shortens it, so the refusal is tested without waiting two minutes.
 PERSIST_WAIT_S = 120.0
 MAX_PLAN_BYTES = 1 << 30  # one uploaded plan file (a plan of millions of tensors is tens of MB)
 KEEP_UPLOADS = 4  # uploaded plans kept by digest (a retry need not send it again); older ones go
+
+
+def _persist_wait_s() -> float:
+    try:
+        return min(PERSIST_WAIT_S, max(0.0, float(os.environ.get("HWTUI_TEST_PERSIST_WAIT_S") or PERSIST_WAIT_S)))
+    except ValueError:
+        return PERSIST_WAIT_S
 
 
 class PushRefused(Exception):
@@ -894,13 +902,14 @@ class ResidentRank:
 
     def _await_persist(self) -> None:
         """Wait (at most PERSIST_WAIT_S) for the rank to finish writing the last push's disk copy."""
-        deadline = time.monotonic() + PERSIST_WAIT_S
+        bound = _persist_wait_s()
+        deadline = time.monotonic() + bound
         with self._changed:
             while self.persist.get("state") == "writing":
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise PushRefused(409, f"node {self.node} is still writing version {self.persist.get('version')} "
-                                           f"to disk after {PERSIST_WAIT_S:g} s; try again when it is done")
+                                           f"to disk after {bound:g} s; try again when it is done")
                 self._changed.wait(min(left, 1.0))
 
     def _child_gone(self, child: Child) -> None:

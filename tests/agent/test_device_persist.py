@@ -281,3 +281,23 @@ def test_a_copy_torn_before_it_was_durable_is_discarded_at_the_restart(world, mo
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert persisted(world, 1, "v2")["state"] == "done" and disk_serves(world, 1) == "v2"
     assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])
+
+
+def test_a_push_waiting_longer_than_its_bound_for_the_write_is_refused_in_one_line(world, models, tmp_path):
+    """The wait for the last push's disk copy is bounded (120 s; 1 s here): past it the next push is
+    refused with one line naming the write, and nothing of the node changes (the write goes on)."""
+    go = tmp_path / "go"
+    world.start(1, "--device", "cuda", **DEVICE, HWTUI_TEST_PERSIST_WAIT_S="1",
+                HWTUI_TEST_FAULT=f"pause:rank=1,phase=persist,until={go}")
+    assert push(models["v1"][0], world.agents()).returncode == 0
+    refused = push(models["v2"][0], world.agents())
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "still writing version v1 to disk after 1 s; try again when it is done" in refused.stdout + refused.stderr
+    rep = world.replication(1)
+    assert rep["persist"]["state"] == "writing" and rep["serving"] == "v1" and rep["in_flight"] is None, rep
+    assert (world.served(1) / "staging" / "v1").is_dir()  # the copy being written is untouched
+    go.touch()
+    assert persisted(world, 1, "v1")["state"] == "done" and disk_serves(world, 1) == "v1"
+    assert push(models["v2"][0], world.agents()).returncode == 0  # and the node takes the next push
+    assert persisted(world, 1, "v2")["state"] == "done"
+    assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
