@@ -303,14 +303,15 @@ class IpcReceiver:
             dst.copy_(opened.tensor[:nbytes])
             clock.copied()
             self._hook("copied", bucket, dst)
+            # On a GPU no sync after the copy: the sums are queued behind it on the same stream, and
+            # the digest's one transfer of them waits for both, so "released" still follows the copy
+            # (and an asynchronous error of the copy surfaces here, inside this try: mappings closed).
+            sums = device_sums(dst)
+            clock.summed()
+            got = sums_digest(nbytes, sums)
         except BaseException:
             self.close()
             raise
-        # On a GPU no sync after the copy: the sums are queued behind it on the same stream, and
-        # the digest's one transfer of them waits for both, so "released" still follows the copy.
-        sums = device_sums(dst)
-        clock.summed()
-        got = sums_digest(nbytes, sums)
         copy_s, verify_s = clock.split()
         ok = got == msg.digest
         error = "" if ok else (f"rank {self.rank}: bucket {bucket} failed its device checksum after the IPC copy "

@@ -230,6 +230,7 @@ class ResidentRank:
         # holds (engine.resident.device_served); "host" is the memfd stand-in of CPU tests.
         self.device: DeviceServed | None = None
         self._layouts: dict[str, dict[str, Any]] = {}
+        self._staged_layout: tuple[str, dict[str, Any]] | None = None  # a device copy's, read at its set-up
         if device_slots is not None:
             from hwtui.engine.resident.device_served import DeviceServed
 
@@ -455,6 +456,10 @@ class ResidentRank:
             if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
                 # Before anything is discarded below: a push refused here leaves the node as it was.
                 raise PushRefused(409, f"node {self.node}: {held}")
+            # The slot too, before any discard (a slot that cannot be had refuses the push with the
+            # node as it was). None for a version the device serves already, whose disk copy was
+            # lost (--persist after-commit, its write failed): the push brings the bytes to disk only.
+            slot = self._stage_device(plan) if rank != 0 and not self._device_serves(str(plan["version"])) else None
             # A new push supersedes whatever an earlier one left staged (an aborted push's copy, a
             # copy kept undecided or not yet switched to): a node holds its two slots and this
             # push's copy, never more. (A decided version whose copy goes here is sent again by
@@ -473,7 +478,6 @@ class ResidentRank:
                     os.symlink("../served", tmp)
                     os.replace(tmp, link)
             t_accepted = time.time()
-            slot = self._stage_device(plan) if rank != 0 else None
             warm = self._ensure_child(body["world_key"], fresh=bool(body.get("fresh")))
             cfg = self._worker_cfg(body, settings, plan_path, digest, rank, world, master, port)
             with self._lock:
@@ -748,12 +752,28 @@ class ResidentRank:
                     if m.msg is None:
                         self._child_gone(child)
                         return
-                    self._on_message(m.msg)
+                    try:
+                        self._on_message(m.msg)
+                    except Exception as exc:  # noqa: BLE001 - one message's failure must not end the reading
+                        self._reader_failed(msg=m.msg, exc=exc)
                 if not child.running and not group.open_pipes:
                     self._child_gone(child)
                     return
         finally:
             group.close()
+
+    def _reader_failed(self, msg: dict[str, Any], exc: BaseException) -> None:
+        """Handling a message of the rank failed (an OSError writing the slots record, say): said
+        on stderr and in the push's state, and the reader goes on, so later messages and the rank's
+        exit are still seen (before, its thread died and the node stayed busy or writing)."""
+        why = redact_text(f"handling the resident rank's {str(msg.get('kind'))[:40]!r} failed: {type(exc).__name__}: {exc}")
+        print(f"hwtui agent: {why}", file=sys.stderr, flush=True)
+        with self._lock:
+            if self.persist.get("state") == "writing" and msg.get("kind") == "resident.persist":
+                self.persist = {**self.persist, "state": "failed", "error": why[:300]}
+            if self.busy and self.in_flight is not None:
+                self.in_flight.setdefault("errors", []).append(why[:300])
+            self._changed.notify_all()
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -786,6 +806,8 @@ class ResidentRank:
                     and self.last.get("rank") != 0 else self.spare
             elif kind == "resident.persist":
                 self._persisted(msg)
+            elif kind == "resident.staged_header" and flight is not None and msg.get("version") == flight.get("version"):
+                self._staged_layout = self._read_layout(str(flight["version"]))
             elif kind == "resident.spare":
                 self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
                               "seconds": msg.get("seconds"), "error": msg.get("error")}
@@ -811,19 +833,8 @@ class ResidentRank:
             version = flight.get("version")
             decided = decided or (version is not None and recovery.decision(self.ranks_out, str(version)) is not None)
             committed = decided and (msg.get("code") == 0 or (version is not None and self.serving() == version))
-        deferred = committed and flight.get("rank", 0) != 0 and bool(flight.get("deferred"))
-        if deferred and self._disk_serving() != flight["version"]:
-            # Served from the device slot from now on; the rank writes the disk copy out and
-            # switches the disk after this report (resident.persist), and the disk's slots follow then.
-            self._owed = (str(flight["version"]), str(flight.get("plan_digest")))
-            self.persist = {"state": "writing", "version": flight["version"], "since": time.time()}
-            self._layout_owed(str(flight["version"]))
-        elif committed and flight.get("rank", 0) != 0:
-            # The disk serves it already: a switch, or a write that was done before this report was
-            # read, or a dead rank's staged copy that _settle finished.
-            self._rotate_slots(flight["version"])
-            if deferred:
-                self.persist = {"state": "done", "version": flight["version"]}
+        if committed and flight.get("rank", 0) != 0:
+            self._record_commit(flight)
         if self.device is not None and flight.get("device_slot"):
             # The rank filled the staged slot and waited for every copy before its yes vote, so a
             # committed push serves it; anything else frees it (what was served still is).
@@ -847,16 +858,45 @@ class ResidentRank:
         with contextlib.suppress(OSError):
             (self.out / "pushes" / f"{flight.get('push_id')}.plan").unlink()
 
+    def _record_commit(self, flight: dict[str, Any]) -> None:
+        """Called with the lock held: a receiver's push committed here. Its disk's slots record it
+        now, or once its rank has written the disk copy (--persist after-commit: resident.persist)."""
+        version, deferred = str(flight["version"]), bool(flight.get("deferred"))
+        if deferred and self._disk_serving() != version:
+            # Served from the device slot from now on; the rank writes the disk copy out and
+            # switches the disk after this report, and the disk's slots follow then.
+            self._owed = (version, str(flight.get("plan_digest")))
+            self.persist = {"state": "writing", "version": version, "since": time.time()}
+            self._layout_owed(version)
+            return
+        # The disk serves it already: a switch, or a write that was done before this report was
+        # read, or a dead rank's staged copy that _settle finished.
+        self._rotate_slots(version)
+        if deferred:
+            self.persist = {"state": "done", "version": version}
+        elif self._owed is not None and self._owed[0] == version:
+            # the device's version, whose disk write had failed, brought to disk by this push
+            self._owed = None
+            self.persist = {"state": "done", "version": version, "how": "received again"}
+
     def _layout_owed(self, version: str) -> None:
-        """The owed version's tensor places for the export, from its copy's header (staged, or
-        already moved into versions/ by the rank's switch): the disk's CURRENT names the previous one."""
+        """The owed version's tensor places for the export (the disk's CURRENT names the previous
+        one): read when its rank wrote a device copy's header (resident.staged_header), else now."""
+        staged, self._staged_layout = self._staged_layout, None
+        found = staged if staged is not None and staged[0] == version else self._read_layout(version)
+        if found is not None:
+            self._layouts = {version: found[1]}
+
+    def _read_layout(self, version: str) -> tuple[str, dict[str, Any]] | None:
+        """``version``'s tensor places from its copy's header: staged, or moved into versions/
+        already by the rank's switch (None: neither can be read)."""
         from hwtui.engine.resident.served_export import layout_of
 
         for path in (self.served / "staging" / version / "model.safetensors",
                      self.served / "versions" / version / "model.safetensors"):
             with contextlib.suppress(OSError, HwtuiError):
-                self._layouts = {version: layout_of(path)}
-                return
+                return version, layout_of(path)
+        return None
 
     def _persisted(self, msg: dict[str, Any]) -> None:
         """Called with the lock held: the rank made the owed version durable and switched the disk
@@ -869,13 +909,19 @@ class ResidentRank:
         if self._owed is None or version != self._owed[0]:
             return
         if msg.get("ok"):
-            self._rotate_slots(str(version))
             self._owed = None
             self.persist = {"state": "done", "version": version, "seconds": seconds}
+            try:
+                self._rotate_slots(str(version))
+            except OSError as exc:  # the disk serves it (CURRENT); only its slot record could not be written
+                self.persist["error"] = f"its slot record could not be written: {exc.strerror or exc}"
         else:
             self.persist = {"state": "failed", "version": version, "seconds": seconds,
                             "error": redact_text(str(msg.get("error")))[:300]}
         self._changed.notify_all()
+
+    def _device_serves(self, version: str) -> bool:
+        return self.device is not None and self.device.served()[0] == version
 
     def _owed_written(self, version: str, how: str) -> None:
         """``version``'s disk switch, owed after a failed write, was finished here (resolve, or the
@@ -923,6 +969,8 @@ class ResidentRank:
                 done = self._disk_serving() == owed[0]
                 if done:
                     self._owed = None
+                    with contextlib.suppress(OSError):  # recorded already when _settle switched it
+                        self._rotate_slots(owed[0])
                 self.persist = {"state": "done" if done else "failed", "version": owed[0],
                                 **({} if done else {"error": "the resident rank died writing it to disk, and its "
                                                              "staged copy could not be switched to"})}
@@ -982,6 +1030,11 @@ class ResidentRank:
                 _remove_in_background(gone)
 
     def close(self) -> None:
+        # A disk write still under way is waited for (bounded): a copy in device memory would be
+        # lost with its rank, and the node would restart on the version before (systemd gives a
+        # stop 90 s by default).
+        with contextlib.suppress(PushRefused):
+            self._await_persist()
         self._stop_child()
         self._spawner.shutdown(wait=False)
         if self.device is not None:

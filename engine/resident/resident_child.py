@@ -85,6 +85,8 @@ class ResidentWorker(Worker):
                     self.staging.write_header_only()
                 except OSError as exc:
                     raise TransportFailure(f"rank {self.rank}: the staging copy's header: {exc.strerror or exc}") from None
+                # Read by the agent now, before the write after the commit replaces this file.
+                self._answer({"kind": "resident.staged_header", "version": plan["version"]})
 
     def _open_slot(self) -> None:
         """Open the agent's staged slot; a slot that cannot be opened or is too small fails the push
@@ -185,18 +187,33 @@ class ResidentWorker(Worker):
 
     def _persist(self, plan: Any) -> None:
         """Make the committed version durable on disk and switch the disk to it; the agent hears
-        how it went (``resident.persist``) and serves from the device meanwhile."""
+        how it went (``resident.persist``) and serves from the device meanwhile.
+
+        Any failure is reported, never a traceback that takes the rank down: a device copy's flush
+        copies the whole model to the host first, which can fail as RuntimeError (no host memory,
+        a CUDA error). A SIGTERM deferred through the write surfaces as Interrupted after it: the
+        outcome is reported first, then the rank stops as asked."""
         t = time.perf_counter()
+        version = plan["version"]
+
+        def report(ok: bool, error: str = "") -> None:
+            self._answer({"kind": "resident.persist", "ok": ok, "version": version,
+                          **({"error": error[:300]} if error else {}), "seconds": round(time.perf_counter() - t, 3)})
+
         try:
             self.persist(plan)
-        except (OSError, HwtuiError) as exc:
-            why = f"rank {self.rank}: {plan['version']} is served from the device but could not be written to disk: " \
-                  f"{getattr(exc, 'strerror', None) or exc}; the staged copy is kept (the agent finishes it before its next push, or at its next start)"
-            self._answer({"kind": "resident.persist", "ok": False, "version": plan["version"], "error": why[:300],
-                       "seconds": round(time.perf_counter() - t, 3)})
+        except Interrupted:
+            report(not self.switch_owed, "" if not self.switch_owed else f"rank {self.rank}: stopped before {version} "
+                   "was written to disk")
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the agent; the device serves the version meanwhile
+            what = (getattr(exc, "strerror", None) or str(exc)) if isinstance(exc, (OSError, HwtuiError)) \
+                else f"{type(exc).__name__}: {exc}"
+            report(False, f"rank {self.rank}: {version} is served from the device but could not be written to disk: "
+                          f"{what}; the staged copy is kept (the agent finishes it before its next push, or at its next "
+                          "start)")
             return
-        self._answer({"kind": "resident.persist", "ok": True, "version": plan["version"],
-                   "seconds": round(time.perf_counter() - t, 3)})
+        report(True)
 
     def release_groups(self) -> None:
         """Drop this push's sub-groups (same-host/hierarchical paths): the next push makes its own."""

@@ -155,7 +155,8 @@ def test_an_abort_and_the_same_version_again_during_the_write_change_nothing(wor
 # ---------------------------------------------------------------- 3. SIGTERM to the agent during the write
 
 def test_an_agent_stopped_by_sigterm_during_the_write_exits_bounded_and_restarts_on_the_version(world, models, tmp_path):
-    rep = paused_push(world, models["v2"][0], tmp_path / "never")
+    # Its stop waits for the write at most this bound (120 s; 1 s here), then stops the rank.
+    rep = paused_push(world, models["v2"][0], tmp_path / "never", {**DEVICE, "HWTUI_TEST_PERSIST_WAIT_S": "1"})
     rank_pid = rep["resident"]["pid"]
     t0 = time.monotonic()
     log = world.kill(1, signal.SIGTERM)
@@ -304,3 +305,32 @@ def test_a_hostile_persist_field_renders_clean_and_bounded(persist):
                 assert is_clean(str(cell)) and len(str(cell)) < 1000, (key, repr(str(cell)))
         if not isinstance(persist, dict) or not isinstance(persist.get("state"), str):
             assert "writing v1 to disk" not in line and "[disk: writing]" not in str(node_rows(status)[0]["version"])
+
+
+# ---------------------------------------------------------------- 9. a failure in the agent's handling of the write's end
+
+def test_a_slot_record_that_cannot_be_written_never_leaves_the_write_pending(world, models, tmp_path):
+    """The rank wrote and switched; the agent's record of its slots then fails (an OSError: here a
+    file where its .trash directory goes, standing in for a full disk). Before, that killed the
+    agent's reader thread: `persist` stayed "writing" and every later push waited and was refused."""
+    import shutil
+
+    go = tmp_path / "go"
+    world.start(1, "--device", "cuda", **AT_FLUSH)
+    for v in ("v1", "v2"):  # two versions, so the third's record evicts one (through .trash)
+        assert push(models[v][0], world.agents()).returncode == 0
+        assert persisted(world, 1, v)["state"] == "done"
+    world.kill(1)
+    paused_push(world, models["v3"][0], go, {**AT_FLUSH, "HWTUI_TEST_PERSIST_WAIT_S": "5"})
+    trash = world.served(1) / ".trash"
+    shutil.rmtree(trash, ignore_errors=True)
+    trash.write_text("x")
+    go.touch()
+    state = persisted(world, 1, "v3")
+    assert state["state"] == "done" and disk_serves(world, 1) == "v3", state
+    assert "slot record could not be written" in state.get("error", ""), state
+    trash.unlink()
+    again = push(models["v4"][0], world.agents())  # the node still takes pushes
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert persisted(world, 1, "v4")["state"] == "done" and disk_serves(world, 1) == "v4"
+    current_file_matches(world, 1, models["v4"][1])

@@ -301,3 +301,38 @@ def test_a_push_waiting_longer_than_its_bound_for_the_write_is_refused_in_one_li
     assert push(models["v2"][0], world.agents()).returncode == 0  # and the node takes the next push
     assert persisted(world, 1, "v2")["state"] == "done"
     assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
+
+
+def test_a_stopping_agent_waits_for_a_device_copys_write(world, models, tmp_path):
+    """A copy in device memory dies with its rank: an agent stopped (SIGTERM: systemd's restart)
+    while its rank writes it waits for the write, so the restart serves the version from disk."""
+    import signal
+    import subprocess
+
+    go = tmp_path / "go"
+    paused_push(world, models["v1"][0], go, AT_FLUSH)
+    proc = world.procs[1]
+    os.kill(proc.pid, signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(3)  # (not a wait on state: it shows the stop waiting for the write past the rank's 2 s grace)
+    go.touch()
+    proc.wait(60)  # and then it stops (bounded)
+    world.procs.pop(1)
+    assert "Traceback" not in world.logs[1].read_text()
+    assert disk_serves(world, 1) == "v1"
+    world.start(1, "--device", "cuda", **AT_FLUSH)
+    assert world.replication(1)["serving"] == "v1" and device(world, 1)["serving"] == "v1"
+    assert_bytes_equal(disk_tensors(world, 1), models["v1"][1])
+
+
+def test_resume_brings_a_lost_device_copy_to_disk_without_a_restart(world, models):
+    """The device serves v2 and its disk copy was lost with its rank: `hwtui push --resume` sends the
+    bytes to the disk only (the device serves them already), and the disk then serves v2."""
+    lose_a_device_copy(world, models)
+    resumed = push(models["v2"][0], world.agents(), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rep = world.replication(1)
+    assert disk_serves(world, 1) == "v2" and rep["serving"] == "v2" and rep["persist"]["state"] == "done", rep
+    assert device(world, 1)["serving"] == "v2"
+    assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
+    assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])
