@@ -256,6 +256,23 @@ def _options(args: argparse.Namespace) -> SmokeOptions:
 
 
 def _test(args: argparse.Namespace) -> int:
+    """The cluster test on this rank; a failure leaves the mark its launcher's last line reads
+    (engine.cluster.torchrun.mark_rank_failed)."""
+    from hwtui.core.errors import HwtuiError
+    from hwtui.engine.cluster.torchrun import mark_rank_failed
+
+    try:
+        code = _run_test(args)
+    except HwtuiError as exc:
+        if exc.exit_code:
+            mark_rank_failed()
+        raise
+    if code:
+        mark_rank_failed()
+    return code
+
+
+def _run_test(args: argparse.Namespace) -> int:
     from hwtui.core.errors import HwtuiError
 
     if args.json and args.events == "-":

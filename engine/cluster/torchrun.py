@@ -11,7 +11,17 @@ Same arguments as torchrun (``torch.distributed.run``), which does all the work.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
+
+# A private directory this launcher makes for its ranks: a rank whose cluster test fails leaves a
+# file there (mark_rank_failed), so the launcher's last line names the rank whatever torchrun
+# raised last (a rendezvous whose master had already exited raised over a rank's failure that its
+# agent had not seen yet: the node's last line blamed the rendezvous, a netns-test flake).
+FAILED_DIR_ENV = "HWTUI_TORCHRUN_FAILED_DIR"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,23 +45,48 @@ def main(argv: list[str] | None = None) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 1
+    failed_dir = tempfile.mkdtemp(prefix="hwtui-torchrun-")  # 0700, this launcher's own
+    os.environ[FAILED_DIR_ENV] = failed_dir  # the ranks torchrun starts inherit it
     try:
         run(args)
     except KeyboardInterrupt:
         print("hwtui: torchrun: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - ChildFailedError, DistStoreError, RendezvousError ...
-        print(ending(exc), file=sys.stderr)
+        print(ending(exc, rank_failed=_any_marked(failed_dir)), file=sys.stderr)
         return 1
+    finally:
+        os.environ.pop(FAILED_DIR_ENV, None)
+        shutil.rmtree(failed_dir, ignore_errors=True)
     return 0
 
 
-def ending(exc: BaseException) -> str:
+def _any_marked(failed_dir: str) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.scandir(failed_dir))
+    return False
+
+
+def mark_rank_failed() -> None:
+    """Called by a rank whose cluster test failed, under this launcher: leave the mark it reads."""
+    failed_dir = os.environ.get(FAILED_DIR_ENV)
+    if not failed_dir:
+        return
+    from hwtui.core.private_file import create_private
+
+    with contextlib.suppress(OSError):  # only the launcher's last line depends on it
+        os.close(create_private(os.path.join(failed_dir, f"rank-{os.environ.get('RANK', '?')}-{os.getpid()}")))
+
+
+def ending(exc: BaseException, *, rank_failed: bool = False) -> str:
     """The one line for how torchrun ended. A rank that failed comes first even when it is not
     what torchrun raised last: its agent shuts the rendezvous down in a ``finally``, and on a
     node whose master has already exited that shutdown raises RendezvousConnectionError over
     the ChildFailedError (seen under load in the netns cluster test: the node's last line then
-    blamed the rendezvous)."""
+    blamed the rendezvous); and its agent's next look at the rendezvous can raise before it has
+    seen the rank exit at all (``rank_failed``: the rank's own mark, mark_rank_failed)."""
+    if rank_failed:
+        return "hwtui: torchrun: a rank on this node failed; its output above says why"
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:

@@ -220,3 +220,24 @@ def test_torchrun_ends_on_the_failed_rank_even_when_the_rendezvous_shutdown_fail
     looped = RendezvousConnectionError("x")
     looped.__context__ = looped  # a cycle ends the walk
     assert "rendezvous or launch failed" in ending(looped)
+
+
+def test_a_rank_that_marked_its_failure_names_the_ending_whatever_torchrun_raised(tmp_path, monkeypatch):
+    """torchrun's agent can hit a master that already exited (RendezvousConnectionError) before it
+    has seen its own rank exit, so nothing of the rank's failure is in what it raises: the rank's
+    mark in the launcher's private directory is what names it (the netns cluster test's flake)."""
+    from hwtui.engine.cluster import torchrun
+
+    class RendezvousConnectionError(Exception):
+        pass
+
+    monkeypatch.delenv(torchrun.FAILED_DIR_ENV, raising=False)
+    torchrun.mark_rank_failed()  # not under the launcher: nothing to mark, no error
+    monkeypatch.setenv(torchrun.FAILED_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    assert not torchrun._any_marked(str(tmp_path))
+    torchrun.mark_rank_failed()
+    assert torchrun._any_marked(str(tmp_path)) and [p.name.split("-")[:2] for p in tmp_path.iterdir()] == [["rank", "1"]]
+    exc = RendezvousConnectionError("The connection to the C10d store has failed.")
+    assert torchrun.ending(exc, rank_failed=True) == "hwtui: torchrun: a rank on this node failed; its output above says why"
+    assert "rendezvous or launch failed" in torchrun.ending(exc)
