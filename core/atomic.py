@@ -51,10 +51,11 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     _fsync_dir(path.parent)
 
 
-def fsync_path(path: str | os.PathLike[str]) -> None:
+def fsync_path(path: str | os.PathLike[str], *, directory: bool = False) -> None:
     """fsync a file or a directory by its path: what makes a written file, or a rename in a
-    directory, durable. The one helper for it (replication's switches, checkpoints, recovery)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    directory, durable. The one helper for it (replication's switches, checkpoints, recovery).
+    ``directory``: refuse anything else (ENOTDIR), in the same open."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
     finally:

@@ -116,10 +116,22 @@ def disk_text(node: NodeStatus) -> str:
         return ""
     if "replication.persist.state" in node.unknown:
         return " [disk: ?]"
-    p = node.replication.persist
-    if p is None or p.version != node.replication.serving:
-        return ""
-    return {"writing": " [disk: writing]", "failed": " [disk: FAILED]"}.get(p.state or "", "")
+    return {"writing": " [disk: writing]", "failed": " [disk: FAILED]"}.get(node.replication.disk_pending or "", "")
+
+
+def note_text(node: NodeStatus) -> str:
+    """The first row's note of an answering node: why it is stale, how many fields it sent
+    invalid, its device error, or why its disk copy could not be written; ``""`` for none."""
+    rep = node.replication
+    if node.stale:
+        return node.error or "no fresh answer"
+    if node.unknown:
+        return f"{len(node.unknown)} invalid field(s)"
+    if rep.device is not None and rep.device.error:
+        return f"device: {rep.device.error}"
+    if rep.device is not None and rep.disk_pending == "failed" and rep.persist is not None:
+        return f"disk: {rep.persist.error or '?'}"
+    return ""
 
 
 def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]:
@@ -154,14 +166,7 @@ def node_rows(node: NodeStatus, no_color: bool = False) -> list[dict[str, Text]]
     cells.append({**blank, **_host_cells(node), "version": "" if accelerators else version})
     first = cells[0]
     first["node"], first["push"] = node.node, push
-    if node.stale:
-        first["note"] = node.error or "no fresh answer"
-    elif node.unknown:
-        first["note"] = f"{len(node.unknown)} invalid field(s)"
-    elif rep.device is not None and rep.device.error:
-        first["note"] = f"device: {rep.device.error}"
-    elif disk_text(node) == " [disk: FAILED]" and rep.persist is not None:
-        first["note"] = f"disk: {rep.persist.error or '?'}"
+    first["note"] = note_text(node)
     style = STALE_STYLE if node.stale else ""
     rows = [{k: Text(v, style=style) for k, v in c.items()} for c in cells]
     rows[0]["state"] = Text(state_text(node), style=verdict if node.stale else "")

@@ -77,10 +77,10 @@ def _device_served(n: NodeStatus) -> str:
         out += f", {d.holds} hold(s) on {', '.join(d.held)}{left}"
     if d.error:
         out += f", device error: {d.error}"
-    p = n.replication.persist
-    if p is not None and p.version == n.replication.serving and p.state == "writing":
-        out += f", writing {p.version} to disk"
-    elif p is not None and p.version == n.replication.serving and p.state == "failed":
+    pending, p = n.replication.disk_pending, n.replication.persist
+    if pending == "writing":
+        out += f", writing {n.replication.serving} to disk"
+    elif pending == "failed" and p is not None:
         out += f", its disk copy FAILED: {p.error or '?'}"
     return out
 

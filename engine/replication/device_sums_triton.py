@@ -94,9 +94,13 @@ def available() -> bool:
 def _kernel() -> Any:
     # n_rows and block_r are not specialized on: one compile per configuration serves every bucket
     # size (a new specialization compiled inside a transfer costs more than the whole bucket).
+    # COPY (copy_row_col_sums, a candidate) also stores every tile loaded to the same place in y;
+    # without it y is never touched, and the compiled sums are the same instructions as before
+    # COPY existed (their PTX compared for sm_90).
     @triton.jit(do_not_specialize=["n_rows", "block_r"])
-    def _row_col_sums(x_ptr, rows_ptr, cols_ptr, n_rows, block_r, W: tl.constexpr,  # type: ignore[no-untyped-def]
-                      SUB_R: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr, ACC2D: tl.constexpr):
+    def _row_col_sums(x_ptr, y_ptr, rows_ptr, cols_ptr, n_rows, block_r,  # type: ignore[no-untyped-def]
+                      W: tl.constexpr, SUB_R: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr,
+                      ACC2D: tl.constexpr, COPY: tl.constexpr):
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
         offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -107,7 +111,10 @@ def _kernel() -> Any:
         for rr in range(0, block_r, SUB_R):
             offs_r = pid_r * block_r + rr + tl.arange(0, SUB_R)
             mask = offs_r < n_rows
-            tile = tl.load(x_ptr + offs_r[:, None].to(tl.int64) * W + offs_c[None, :], mask=mask[:, None], other=0)
+            offs = offs_r[:, None].to(tl.int64) * W + offs_c[None, :]
+            tile = tl.load(x_ptr + offs, mask=mask[:, None], other=0)
+            if COPY:
+                tl.store(y_ptr + offs, tile, mask=mask[:, None])  # the values summed are the values stored
             # int32 adds wrap: sums mod 2^32, as the digest defines them
             if ACC2D:
                 acc += tile
@@ -125,45 +132,6 @@ def _kernel() -> Any:
             tl.store(cols_ptr + pid_r.to(tl.int64) * W + offs_c, col)
 
     return _row_col_sums
-
-
-@functools.cache  # made on first use, where Triton imports
-def _copy_kernel() -> Any:
-    # _row_col_sums with one more line: every tile loaded is stored to the same place in y. Kept a
-    # separate kernel so the product's kernel (_kernel) stays exactly what was measured.
-    @triton.jit(do_not_specialize=["n_rows", "block_r"])
-    def _copy_row_col_sums(x_ptr, y_ptr, rows_ptr, cols_ptr, n_rows, block_r,  # type: ignore[no-untyped-def]
-                           W: tl.constexpr, SUB_R: tl.constexpr, BLOCK_C: tl.constexpr, ATOMIC: tl.constexpr,
-                           ACC2D: tl.constexpr):
-        pid_r = tl.program_id(0)
-        pid_c = tl.program_id(1)
-        offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        if ACC2D:
-            acc = tl.zeros((SUB_R, BLOCK_C), dtype=tl.int32)
-        else:
-            col = tl.zeros((BLOCK_C,), dtype=tl.int32)
-        for rr in range(0, block_r, SUB_R):
-            offs_r = pid_r * block_r + rr + tl.arange(0, SUB_R)
-            mask = offs_r < n_rows
-            offs = offs_r[:, None].to(tl.int64) * W + offs_c[None, :]
-            tile = tl.load(x_ptr + offs, mask=mask[:, None], other=0)
-            tl.store(y_ptr + offs, tile, mask=mask[:, None])  # the copy: the values summed are the values stored
-            if ACC2D:
-                acc += tile
-            else:
-                col += tl.sum(tile, axis=0)
-            if ATOMIC:
-                tl.atomic_add(rows_ptr + offs_r, tl.sum(tile, axis=1), mask=mask, sem="relaxed")
-            else:
-                tl.store(rows_ptr + offs_r.to(tl.int64) * (W // BLOCK_C) + pid_c, tl.sum(tile, axis=1), mask=mask)
-        if ACC2D:
-            col = tl.sum(acc, axis=0)
-        if ATOMIC:
-            tl.atomic_add(cols_ptr + offs_c, col, sem="relaxed")
-        else:
-            tl.store(cols_ptr + pid_r.to(tl.int64) * W + offs_c, col)
-
-    return _copy_row_col_sums
 
 
 def _block_rows(n_rows: int, cfg: SumsConfig) -> int:
@@ -254,10 +222,8 @@ def _launch(words: Any, dst: Any, out: Any, config: SumsConfig) -> None:
     # Triton launches on the current device's stream: the tensor's device made current (a CPU
     # tensor reaches here only under Triton's interpreter).
     with torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext():
-        if dst is None:
-            _kernel()[(row_blocks, col_blocks)](words, rows_part, col_part, n_rows, block_r, **consts)
-        else:
-            _copy_kernel()[(row_blocks, col_blocks)](words, dst, rows_part, col_part, n_rows, block_r, **consts)
+        _kernel()[(row_blocks, col_blocks)](words, words if dst is None else dst, rows_part, col_part, n_rows, block_r,
+                                            COPY=dst is not None, **consts)
     if rows_part is not rows:
         torch.sum(rows_part, 1, dtype=torch.int32, out=rows)
     if col_part is not cols:

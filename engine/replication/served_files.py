@@ -134,6 +134,4 @@ def write_new_file(path: Path, data: bytes, mode: int, gid: int | None = None) -
 
 def fsync_dir(path: Path) -> None:
     """A directory's entries made durable (a rename into it, a new file in it)."""
-    if not path.is_dir():
-        raise NotADirectoryError(f"not a directory: {path}")
-    fsync_path(path)
+    fsync_path(path, directory=True)

@@ -123,11 +123,11 @@ class RankCommit(RankVerify):
     def persist(self, plan: Plan) -> None:
         """The disk half of a deferred commit: the staging copy made durable, then switched to.
 
-        Runs after the push is reported, with SIGTERM deferred as during a switch (an agent
-        stopping gives it its 2 s grace, then SIGKILL: its next start finishes the switch from the
-        staged copy, hashed again). OSError is the caller's to report: the staged copy and the
-        decision record stay, and the agent finishes the switch from them (recovery.finish, which
-        hashes the copy again) at its next start or when this rank is gone."""
+        Runs after the push is reported, with SIGTERM deferred as during a switch (a stopping
+        agent waits for it, bounded). A failure is the caller's to report: a copy written through
+        the page cache stays, with its decision record, and the agent finishes the switch from
+        them (recovery.finish, which hashes the copy again) before its next push, at its next
+        start, or when this rank is gone; a copy in device memory dies with the rank."""
         assert self.served is not None and self.switch_owed
         with GATE.held(True):
             self.faults.at_phase("persist")

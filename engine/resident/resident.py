@@ -923,14 +923,19 @@ class ResidentRank:
     def _device_serves(self, version: str) -> bool:
         return self.device is not None and self.device.served()[0] == version
 
-    def _owed_written(self, version: str, how: str) -> None:
-        """``version``'s disk switch, owed after a failed write, was finished here (resolve, or the
-        next push): the disk serves it now."""
+    def _owed_written(self, version: str, how: str) -> bool:
+        """Whether the disk now serves ``version``, whose switch this node owed (its write failed, or
+        its rank died writing it) and which was finished here: resolve, the next push, the dead
+        rank's staged copy. If so the debt is cleared and the disk's slots record it."""
         with self._lock:
-            if self._owed is not None and self._owed[0] == version and self._disk_serving() == version:
-                self._owed = None
-                self.persist = {"state": "done", "version": version, "how": how}
-                self._changed.notify_all()
+            if self._owed is None or self._owed[0] != version or self._disk_serving() != version:
+                return False
+            self._owed = None
+            self.persist = {"state": "done", "version": version, "how": how}
+            with contextlib.suppress(OSError):  # recorded already where this node finished the switch
+                self._rotate_slots(version)
+            self._changed.notify_all()
+            return True
 
     def _retry_owed(self) -> str | None:
         """Before a push discards staged copies: a version whose disk write failed is finished from
@@ -941,10 +946,7 @@ class ResidentRank:
         if owed is None:
             return None
         self._settle(owed[0])
-        if self._disk_serving() == owed[0]:
-            self._owed_written(owed[0], "finished from its kept copy before the next push")
-            return None
-        return owed[0]
+        return None if self._owed_written(owed[0], "finished from its kept copy before the next push") else owed[0]
 
     def _await_persist(self) -> None:
         """Wait (at most PERSIST_WAIT_S) for the rank to finish writing the last push's disk copy."""
@@ -965,16 +967,11 @@ class ResidentRank:
             # The rank died writing the disk copy of a committed version: finished here from the
             # staged copy (hashed again, fsynced), as a restarted agent would.
             self._settle(owed[0])
-            with self._lock:
-                done = self._disk_serving() == owed[0]
-                if done:
-                    self._owed = None
-                    with contextlib.suppress(OSError):  # recorded already when _settle switched it
-                        self._rotate_slots(owed[0])
-                self.persist = {"state": "done" if done else "failed", "version": owed[0],
-                                **({} if done else {"error": "the resident rank died writing it to disk, and its "
-                                                             "staged copy could not be switched to"})}
-                self._changed.notify_all()
+            if not self._owed_written(owed[0], "finished from its staged copy after its rank died writing it"):
+                with self._lock:
+                    self.persist = {"state": "failed", "version": owed[0], "error": "the resident rank died writing "
+                                    "it to disk, and its staged copy could not be switched to"}
+                    self._changed.notify_all()
         with self._lock:
             flight = dict(self.in_flight or {}) if self.busy and self._flight_child is child else {}
         if flight.get("version") and flight.get("rank", 0) != 0:

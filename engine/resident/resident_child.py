@@ -203,8 +203,10 @@ class ResidentWorker(Worker):
         try:
             self.persist(plan)
         except Interrupted:
-            report(not self.switch_owed, "" if not self.switch_owed else f"rank {self.rank}: stopped before {version} "
-                   "was written to disk")
+            if self.switch_owed:
+                report(False, f"rank {self.rank}: stopped before {version} was written to disk")
+            else:
+                report(True)  # written and switched; the stop surfaced as the write's gate opened
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the agent; the device serves the version meanwhile
             what = (getattr(exc, "strerror", None) or str(exc)) if isinstance(exc, (OSError, HwtuiError)) \

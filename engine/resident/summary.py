@@ -151,6 +151,13 @@ class Replication:
     device: DeviceServed | None = None  # None: the agent serves from host memory (no --device)
     persist: Persist | None = None  # None: the agent sent none (no push has ended yet, or an older agent)
 
+    @property
+    def disk_pending(self) -> str | None:
+        """"writing" or "failed" while the disk copy of the version this node serves is still owed
+        (a GPU-resident node serves it from its device meanwhile), else None: what views show."""
+        p = self.persist
+        return p.state if p is not None and p.version == self.serving and p.state in ("writing", "failed") else None
+
     def to_dict(self) -> dict[str, Any]:
         f = self.in_flight
         return {"serving": self.serving,
