@@ -148,6 +148,21 @@ def push_settings(settings: dict[str, Any], device_kind: str | None = None) -> t
     return repl, Timeouts(init=init, bucket=timeout, commit=timeout)
 
 
+SPARE_STATES = ("ready", "failed", "skipped", "stopped")
+
+
+def _spare_state(msg: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The rank's word on the next push's spare staging file (engine.resident.spare), as served:
+    ready (its bytes and seconds), failed, skipped (pushes stage in device memory and would not
+    use one) or stopped (given up because a push arrived: ``stopped`` counts those, so an operator
+    sees pushes coming faster than the disk makes spares)."""
+    state = msg.get("state") if msg.get("state") in SPARE_STATES else "failed"
+    stopped = int(before.get("stopped") or 0) + (state == "stopped")
+    if state == "ready":
+        return {"state": state, "bytes": msg.get("bytes"), "seconds": msg.get("seconds"), "stopped": stopped}
+    return {"state": state, "reason": str(msg.get("reason") or "")[:200], "stopped": stopped}
+
+
 def push_transport(device: str, nodes: int) -> Any:
     """What carries a push's bytes. Host memory: gloo, as between hosts (receivers on the source's
     host copy its pages). A push into GPU-resident agents (every agent ``--device cuda``): inside one
@@ -802,15 +817,14 @@ class ResidentRank:
                 flight.setdefault("errors", []).append(redact_text(str(msg.get("message")))[:300])
             elif kind == "resident.done":
                 self._finish(msg)
-                self.spare = {"state": "preparing"} if self.last and self.last.get("outcome") == "committed" \
-                    and self.last.get("rank") != 0 else self.spare
+                self.spare = {"state": "preparing", "stopped": self.spare.get("stopped", 0)} \
+                    if self.last and self.last.get("outcome") == "committed" and self.last.get("rank") != 0 else self.spare
             elif kind == "resident.persist":
                 self._persisted(msg)
             elif kind == "resident.staged_header" and flight is not None and msg.get("version") == flight.get("version"):
                 self._staged_layout = self._read_layout(str(flight["version"]))
             elif kind == "resident.spare":
-                self.spare = {"state": "ready" if msg.get("ok") else "failed", "bytes": msg.get("bytes"),
-                              "seconds": msg.get("seconds"), "error": msg.get("error")}
+                self.spare = _spare_state(msg, self.spare)
             if self.in_flight is not flight or (flight is not None and flight.get("phase") != phase):
                 self._changed.notify_all()
 

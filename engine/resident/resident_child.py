@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
 import time
 from collections.abc import Callable
@@ -304,11 +305,40 @@ def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None,
             w._hash_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _make_spare(cfg: WorkerConfig, emit: Any) -> None:
-    """Idle work after a committed push: the next push's staging file, the size of this version."""
-    from hwtui.engine.replication.commit import ServedDir
-    from hwtui.engine.resident.spare import make_spare
+SPARE_HOLD_ENV = "HWTUI_TEST_SPARE_HOLD"  # tests only: making a spare waits for the next command (bounded)
 
+
+def _held(stop: Callable[[], bool], bound_s: float = 30.0) -> Callable[[], bool]:
+    """``stop``, except that it returns only once a command is waiting (or after ``bound_s``): a
+    spare held mid-way for a test's next push to arrive while it is being made."""
+
+    def wait_for_command() -> bool:
+        deadline = time.monotonic() + bound_s
+        while not stop():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    return wait_for_command
+
+
+def _make_spare(cfg: WorkerConfig, emit: Any, stop: Callable[[], bool]) -> None:
+    """Idle work after a committed push: the next push's staging file, the size of this version.
+
+    Only where the next push can use it: a staging copy on the host written as it arrives (a push
+    staged in device memory writes its file whole at its flush and never takes a spare, so making
+    one after it only loaded the disk and delayed the next push). Given up, its temporary file
+    gone, as soon as ``stop`` says a push is waiting."""
+    from hwtui.engine.replication.commit import ServedDir
+    from hwtui.engine.replication.staging import AT_FLUSH_ENV
+    from hwtui.engine.resident.spare import SpareStopped, make_spare
+
+    if os.environ.get(SPARE_HOLD_ENV):
+        stop = _held(stop)
+    if cfg.settings.device != "cpu" or os.environ.get(AT_FLUSH_ENV) == "at-flush":
+        emit({"kind": "resident.spare", "state": "skipped", "reason": "this push staged in device memory"})
+        return
     t = time.perf_counter()
     try:
         if cfg.out is None:
@@ -316,11 +346,14 @@ def _make_spare(cfg: WorkerConfig, emit: Any) -> None:
         served = ServedDir(cfg.out, cfg.rank)
         cur = served.current() or {}
         size = os.path.getsize(served.root / cur["file"]) if cur.get("file") else 0
-        make_spare(served.root.resolve(), size)
-    except (OSError, KeyError) as exc:
-        emit({"kind": "resident.spare", "ok": False, "error": str(exc)[:200]})
+        make_spare(served.root.resolve(), size, stop)
+    except SpareStopped as exc:
+        emit({"kind": "resident.spare", "state": "stopped", "reason": str(exc)})
         return
-    emit({"kind": "resident.spare", "ok": True, "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
+    except (OSError, KeyError) as exc:
+        emit({"kind": "resident.spare", "state": "failed", "reason": str(exc)[:200]})
+        return
+    emit({"kind": "resident.spare", "state": "ready", "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
 
 
 def _quiet_when_unheard(send: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -372,11 +405,19 @@ def _serve(emit: Any, stopping: list[int]) -> None:
     emit({"kind": "resident.ready", "import_s": round(time.perf_counter() - t, 3), "pid": os.getpid()})
     reader = LineReader(MAX_COMMAND)
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    lines: list[bytes] = []
+
+    def command_waiting() -> bool:
+        """A command (or the channel's end) is waiting: idle work stops for it."""
+        return bool(lines) or bool(select.select([stdin], [], [], 0)[0])
+
     while True:
         chunk = stdin.read(65536)
         if not chunk:
             break  # the agent closed the channel (or died): nothing more to do
-        for line in reader.feed(chunk):
+        lines = list(reader.feed(chunk))
+        while lines:
+            line = lines.pop(0)
             cmd = decode_message(line)
             if not cmd or cmd.get("kind") != "resident.push" or not isinstance(cmd.get("cfg"), str):
                 continue
@@ -393,7 +434,7 @@ def _serve(emit: Any, stopping: list[int]) -> None:
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
             tidy()
             if usable and code == EXIT_OK and cfg.rank != SRC:
-                _make_spare(cfg, emit)
+                _make_spare(cfg, emit, command_waiting)
             if not usable:
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -38,16 +38,15 @@ from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def tiny_versions(d: Path, n: int = 7) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Versions v1..vn of a small model (six tensors, 16 KiB buckets) and their plans, under ``d``."""
     from safetensors.torch import save_file
 
     from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
 
-    d = tmp_path_factory.mktemp("models")
     g = torch.Generator().manual_seed(11)
     out: dict[str, tuple[Path, dict[str, Any]]] = {}
-    for i in range(1, 8):
+    for i in range(1, n + 1):
         v = f"v{i}"
         t = {f"layers.{k}.weight": torch.randn(4000 + 7 * k, generator=g) for k in range(6)}
         (d / v).mkdir()
@@ -57,6 +56,11 @@ def models(tmp_path_factory):
         write_json_atomic(d / f"{v}.plan", plan)
         out[v] = (d / f"{v}.plan", t)
     return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return tiny_versions(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture

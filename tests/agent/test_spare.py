@@ -73,3 +73,26 @@ def test_finished_ranges_are_written_back_during_the_transfer_and_flush_stays_du
     st.close()
     got = load_file(str(target))
     assert all(torch.equal(got[k], data[k]) for k in data)
+
+
+def test_a_spare_stopped_between_chunks_leaves_nothing_and_an_unstopped_one_is_all_zeros(tmp_path, monkeypatch):
+    """make_spare asks ``stop`` before each chunk: True gives up (SpareStopped), the temporary file
+    gone and no spare; an earlier spare's ``.spare.tmp`` leftover never blocks it."""
+    from hwtui.engine.resident import spare as spare_mod
+
+    monkeypatch.setattr(spare_mod, "SPARE_CHUNK", 4096)
+    root = tmp_path / "served"
+    asked: list[int] = []
+
+    def stop_at_third() -> bool:
+        asked.append(1)
+        return len(asked) == 3
+
+    with pytest.raises(spare_mod.SpareStopped):
+        make_spare(root, 5 * 4096 + 7, stop_at_third)
+    assert len(asked) == 3
+    assert not spare_path(root).exists() and list(spare_path(root).parent.iterdir()) == []
+    (spare_path(root).parent / ".spare.tmp").write_bytes(b"x" * 100)  # a killed agent's leftover
+    assert make_spare(root, 5 * 4096 + 7, lambda: False) == 5 * 4096 + 7
+    assert spare_path(root).read_bytes() == bytes(5 * 4096 + 7)
+    assert list(spare_path(root).parent.iterdir()) == [spare_path(root)]
