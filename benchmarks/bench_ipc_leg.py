@@ -6,11 +6,14 @@ the same GPU, and two processes on one GPU share it by time slices: the live tes
 (tests/gpu/test_ipc_live.py) measured the receiver's copy of 64 MiB buckets at 139 GB/s there,
 where a device-to-device copy alone runs at ~2,000 GB/s. This separates the two: the source fills
 ``--buckets`` slots of the window once, then for each round publishes all of them and the
-receiver, once every export of the round is there, times its ``IpcReceiver.receive`` of each
-(open on a slot's first use only, the copy, the device checksum, the ack). Rounds after the first
-reuse the mappings, as a resident receiver does. Printed: medians over rounds of the receiver's
-wall per round and its copy and verify shares, in GB/s of bucket copied and verified, for each
-bucket count. On a GPU the receiver does not sync between the copy and the checksum: copy is the
+receiver, once every export of the round is there, times its receive of each (open on a slot's
+first use only, the copy, the device checksum, the ack). Rounds after the first reuse the
+mappings, as a resident receiver does, and alternate between the two ways a receiver can take
+them: ``receive`` (each bucket synced on: its digest back before the next export is taken) and
+``submit``/``settle`` (each bucket's copy, sums and their transfer queued, up to window - 1 ahead
+of their acks: what the replicate rank does where a bucket has its own place). Printed: medians
+over rounds of the receiver's wall per round and its copy and verify shares, in GB/s of bucket
+copied and verified, for each bucket count and each way. On a GPU the receiver does not sync between the copy and the checksum: copy is the
 open (host) plus the copy's device time, verify the sums' device time (CUDA events), and "rest"
 the wall outside both (the sums' one transfer to the host, the hash, the ack, the store, Python);
 on CPU both are host time and the rest is the ack and the store.
@@ -123,24 +126,29 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
 
 def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rounds: int, dsts: list[Any],
                  rows: list[dict[str, float]]) -> int:
-    from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver
+    from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver, exports_to
 
     ch = Channel(store, run, 120.0)
     rx = IpcReceiver(ch, _provider(device, run), 1, window=buckets)
     try:
         for r in range(rounds):
-            first = r * buckets
             deadline = time.monotonic() + 120
-            while not all(ch.ready(f"x/{first + i}") for i in range(buckets)):  # the whole round exported
+            while ch.backlog(exports_to(1)) < buckets:  # the whole round exported
                 if time.monotonic() > deadline:
                     raise TimeoutError("the source did not export a round in 120 s")
                 time.sleep(0.001)
+            overlap = r % 2 == 1  # interleaved: each bucket synced on (receive), or overlapped (submit)
             t0 = time.perf_counter()
-            got = [rx.receive(first + i, dsts[i]) for i in range(buckets)]
+            if overlap:
+                got = [x for i in range(buckets) for x in rx.submit(r * buckets + i, dsts[i])]
+                got += rx.settle(block=True)
+            else:
+                got = [rx.receive(r * buckets + i, dsts[i]) for i in range(buckets)]
             wall = time.perf_counter() - t0
-            if not all(x.ok for x in got):
+            if len(got) != buckets or not all(x.ok for x in got):
                 raise RuntimeError(f"a bucket failed its check: {[x.error for x in got if not x.ok]}")
-            rows.append({"wall": wall, "copy": sum(x.copy_s for x in got), "verify": sum(x.verify_s for x in got)})
+            rows.append({"wall": wall, "copy": sum(x.copy_s for x in got), "verify": sum(x.verify_s for x in got),
+                         "overlap": overlap})
         ch.put("done", b"1")
     finally:
         rx.close()
@@ -165,8 +173,8 @@ def main() -> int:
     except ValueError:
         print(f"bench_ipc_leg: --buckets takes counts like 1,4,16, not {args.buckets[:40]!r}", file=sys.stderr)
         return 2
-    if args.mb < 1 or args.rounds < 2 or args.runs < 1 or not counts or min(counts) < 1:
-        print("bench_ipc_leg: --mb, --runs and every bucket count must be at least 1, --rounds at least 2", file=sys.stderr)
+    if args.mb < 1 or args.rounds < 3 or args.runs < 1 or not counts or min(counts) < 1:
+        print("bench_ipc_leg: --mb, --runs and every bucket count must be at least 1, --rounds at least 3", file=sys.stderr)
         return 2
     nbytes = args.mb * MB
     if args.role == "source":
@@ -208,9 +216,13 @@ def main() -> int:
         out.unlink()
         held.unlink()
         warm = doc["rows"][1:]  # the first round opens each slot's mapping
-        med = {k: statistics.median(r[k] for r in warm) for k in ("wall", "copy", "verify")}
-        results["by_buckets"][n] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
-                                    "gbps": round(nbytes / med["wall"] / 1e9, 1), "opens": doc["opens"],
+        by_mode = {}
+        for mode, overlap in (("synced", False), ("overlapped", True)):
+            rows = [r for r in warm if r["overlap"] == overlap]
+            med = {k: statistics.median(r[k] for r in rows) for k in ("wall", "copy", "verify")}
+            by_mode[mode] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
+                             "gbps": round(nbytes / med["wall"] / 1e9, 1), "rounds": len(rows)}
+        results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "opens": doc["opens"],
                                     "first_round_ms": round(doc["rows"][0]["wall"] * 1e3, 3),
                                     "source_after_each_run": source_held}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
@@ -221,6 +233,10 @@ def main() -> int:
               f"verified (copy {row['copy_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms, rest "
               f"{row['wall_ms'] - row['copy_ms'] - row['verify_ms']:.3f} ms; first round "
               f"{row['first_round_ms']:.3f} ms, {row['opens']} opens)")
+        ov = row["overlapped"]
+        print(f"      overlapped (submit/settle, up to {max(1, n - 1)} started ahead of their acks): {ov['wall_ms']:8.3f} ms "
+              f"= {ov['gbps']:7.1f} GB/s ({ov['wall_ms'] / row['wall_ms']:.2f}x the synced wall; copy {ov['copy_ms']:.3f} ms, "
+              f"verify {ov['verify_ms']:.3f} ms)")
         if row["source_after_each_run"]:
             print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "
                   f"{[round(h['reserved_bytes'] / MB) for h in row['source_after_each_run']]}, allocated: "

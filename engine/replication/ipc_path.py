@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from hwtui.core.events import ErrorEvent
-from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
+from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource, Received
 from hwtui.engine.replication.ipc_provider import CudaIpc, HostStandIn
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.rank_base import now
@@ -133,6 +133,23 @@ class RankIpc(RankVerify):
         ch = self._ipc_channel(plan)
         rx = IpcReceiver(ch, self._ipc_provider(plan), self.rank, max(1, self.settings.window), hook=hook)
         scratch: Any = None
+        started: dict[int, Any] = {}  # bucket -> where it was copied to, until it is settled
+
+        def settled(results: list[Received]) -> None:
+            for got in results:
+                b, size = got.bucket, sizes[got.bucket]
+                dst = started.pop(b)
+                self.bucket(b, "verifying", size, got.copy_s)
+                t1 = now()
+                ok = got.ok or not self.settings.verify
+                if not ok:
+                    self.failures.append(got.error)
+                    self.emit(ErrorEvent(message=got.error, rank=self.rank, where="verify"))
+                elif b not in self.direct:
+                    for it in plan.bucket_items[b]:
+                        self.staging.write(it["name"], it["tensor_offset"], dst[it["offset"]:it["offset"] + it["nbytes"]])
+                self.bucket(b, "done" if ok else "failed", size, now() - t1)
+
         try:
             for b, size in enumerate(sizes):
                 self.faults.at_bucket(b)
@@ -143,18 +160,12 @@ class RankIpc(RankVerify):
                         scratch = torch.empty(max(sizes), dtype=torch.uint8, device=self.settings.device)
                     dst = scratch[:size]
                 else:
-                    dst = region[:size]
-                got = rx.receive(b, dst)
-                self.bucket(b, "verifying", size, got.copy_s)
-                t1 = now()
-                ok = got.ok or not self.settings.verify
-                if not ok:
-                    self.failures.append(got.error)
-                    self.emit(ErrorEvent(message=got.error, rank=self.rank, where="verify"))
-                elif region is None:
-                    for it in plan.bucket_items[b]:
-                        self.staging.write(it["name"], it["tensor_offset"], dst[it["offset"]:it["offset"] + it["nbytes"]])
-                self.bucket(b, "done" if ok else "failed", size, now() - t1)
+                    dst = region[:size]  # the bucket's own place: later buckets overlap it
+                started[b] = dst
+                settled(rx.submit(b, dst))
+                if region is None:  # one scratch buffer: settled (and written out) before it is reused
+                    settled(rx.settle(block=True))
+            settled(rx.settle(block=True))
         except IpcFailure as exc:
             ch.abort(f"rank {self.rank}: {exc}")
             raise TransportFailure(f"rank {self.rank}: {exc}") from None

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from hwtui.engine.replication.device_checksum import warm
-from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
+from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource, exports_to
 from hwtui.engine.replication.ipc_provider import CudaIpc, HostStandIn
 from hwtui.engine.replication.ipc_wire import Export, HostHandle
 
@@ -145,7 +145,8 @@ def _publish_hostile(ch: Channel, src: IpcSource, b: int, n: int, what: str) -> 
         raw = json.dumps(obj).encode()
     else:
         raise ValueError(what)
-    ch.put(f"x/{b}", raw)
+    for r in src.receivers:
+        ch.push(exports_to(r), raw)
     src.pending.append(b)
     src.slots[b % src.window].bucket = b  # type: ignore[union-attr]
 

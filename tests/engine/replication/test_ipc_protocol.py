@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hwtui.engine.replication.device_checksum import device_digest
-from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource
+from hwtui.engine.replication.ipc_protocol import Channel, IpcFailure, IpcReceiver, IpcSource, acks_from, exports_to
 from hwtui.engine.replication.ipc_provider import HostStandIn, OpenError
 from hwtui.engine.replication.ipc_wire import (
     Ack,
@@ -34,10 +35,41 @@ def _data(b: int, n: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(b))
 
 
+class KeyedOnly:
+    """A c10d store without queue operations (torch before 2.7), at the library boundary: the
+    channel then carries its queues over numbered keys."""
+
+    def __init__(self, store: Any):
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("queue_"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+class Counting:
+    """A store that counts the calls each thread makes (each is a round trip to a TCPStore, but
+    ``set`` and ``queue_push``, which it does not answer)."""
+
+    def __init__(self, store: Any):
+        self._store = store
+        self.calls: dict[str, list[str]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._store, name)
+
+        def counted(*args: Any) -> Any:
+            self.calls.setdefault(threading.current_thread().name, []).append(name)
+            return fn(*args)
+
+        return counted
+
+
 def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, int] | None = None,
          timeout_s: float = 30.0, capacity: int = 0,
-         flip_after_publish: int | None = None) -> dict[str, Any]:
-    store = dist.HashStore()
+         flip_after_publish: int | None = None, store: Any = None) -> dict[str, Any]:
+    store = dist.HashStore() if store is None else store
     run = secrets.token_hex(8)
     out: dict[str, Any] = {"rx": {}, "errors": []}
     live_max = [0]
@@ -88,14 +120,16 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
         out.setdefault("opens", {})[rank] = rx.opens
         out["rx"][rank] = (got, prov.opened)
 
-    threads = [threading.Thread(target=source)] + [threading.Thread(target=receiver, args=(r,))
-                                                   for r in range(1, receivers + 1)]
+    threads = [threading.Thread(target=source, name="source")] + [
+        threading.Thread(target=receiver, args=(r,), name=f"rank{r}") for r in range(1, receivers + 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
         assert not t.is_alive()
     out["live_max"] = live_max[0]
+    ch = Channel(store, run, 1.0)
+    out["left"] = sum(ch.backlog(q(r)) for r in range(1, receivers + 1) for q in (exports_to, acks_from))
     return out
 
 
@@ -109,6 +143,67 @@ def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> Non
         assert opened == 0  # every handle closed
     assert out["stats"].exported == len(sizes)
     assert out["stats"].peak_exported <= 2 and out["live_max"] <= 2
+
+
+@pytest.mark.parametrize("queues", [True, False], ids=["c10d-queues", "keyed"])
+def test_the_channel_carries_the_protocol_with_or_without_store_queues_and_leaves_nothing(queues: bool) -> None:
+    sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
+    store = dist.HashStore() if queues else KeyedOnly(dist.HashStore())
+    assert Channel(store, "x", 1.0).queued == queues
+    out = _run(sizes, receivers=2, window=2, store=store, corrupt=(2, 4))
+    assert out["errors"] == [] and out["left"] == 0
+    for rank, (got, opened) in out["rx"].items():
+        assert [g[0] for g in got] == [not (rank == 2 and b == 4) for b in range(len(sizes))]
+        assert all(g[2] for b, g in enumerate(got) if (rank, b) != (2, 4)) and opened == 0
+    assert list(out["stats"].failed) == [4]
+
+
+def test_a_bucket_costs_a_receiver_one_answered_store_call_once_its_export_is_there() -> None:
+    """Keyed messages cost a receiver three round trips per bucket (abort check, wait, get) and the
+    source one more per message to delete it (an H200's 64 MiB buckets spent 0.24 ms each on the
+    control channel). With the source's whole window exported first, a receiver's bucket is one
+    pop (answered) and one push (not); the source's retire one pop per receiver."""
+    n = 12
+    counting = Counting(dist.HashStore())
+    run = secrets.token_hex(8)
+    src = IpcSource(Channel(counting, run, 10.0), HostStandIn(run), [1], window=n)
+    rx = IpcReceiver(Channel(counting, run, 10.0), HostStandIn(run), 1, n)
+    try:
+        for b in range(n):
+            src.acquire(b, 64).copy_(_data(b, 64))
+            src.publish(b, 64)
+        threading.current_thread().name, name = "receiving", threading.current_thread().name
+        try:
+            assert all(rx.receive(b, torch.empty(64, dtype=torch.uint8)).ok for b in range(n))
+            threading.current_thread().name = "retiring"
+            src.drain()
+        finally:
+            threading.current_thread().name = name
+    finally:
+        rx.close()
+        src.close()
+    assert counting.calls["receiving"] == ["queue_pop", "queue_push"] * n
+    assert counting.calls["retiring"] == ["queue_pop"] * n
+
+
+def test_a_run_that_fails_leaves_no_message_in_the_store() -> None:
+    """A receiver that stops after two buckets: the source times out on its ack, and its close takes
+    what is left of the run's queues (a resident world's store outlives every push)."""
+    store, run = dist.HashStore(), secrets.token_hex(8)
+    src = IpcSource(Channel(store, run, 0.5), HostStandIn(run), [1], window=3)
+    rx = IpcReceiver(Channel(store, run, 0.5), HostStandIn(run), 1, 3)
+    with pytest.raises(IpcFailure, match="rank 1's release of bucket 2"):
+        try:
+            for b in range(6):
+                src.acquire(b, 64).copy_(_data(b, 64))
+                src.publish(b, 64)
+                if b < 2:
+                    assert rx.receive(b, torch.empty(64, dtype=torch.uint8)).ok
+        finally:
+            rx.close()
+            src.close()
+    ch = Channel(store, run, 0.5)
+    assert ch.backlog(exports_to(1)) == ch.backlog(acks_from(1)) == 0
 
 
 def test_a_receiver_maps_each_slot_once_while_the_source_keeps_its_buffers() -> None:
@@ -365,13 +460,13 @@ def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fie
     rx = IpcReceiver(ch, opener, 1, 1)
     digest = device_digest(data)
     for bucket, handle in enumerate((a, b, a)):
-        ch.put(f"x/{bucket}", Export(bucket, 0, 4096, digest, "cuda", handle).encode())
+        ch.push(exports_to(1), Export(bucket, 0, 4096, digest, "cuda", handle).encode())
         dst = torch.empty(4096, dtype=torch.uint8)
         got = rx.receive(bucket, dst)
         assert got.ok and torch.equal(dst, data)
     assert opener.opens == 1 and opener.closes == 0
     other = CudaHandle(0, b"g" * 64, 4096, 0, b"", 0, b"", False)  # the source replaced the slot's buffer
-    ch.put("x/3", Export(3, 0, 4096, digest, "cuda", other).encode())
+    ch.push(exports_to(1), Export(3, 0, 4096, digest, "cuda", other).encode())
     assert rx.receive(3, torch.empty(4096, dtype=torch.uint8)).ok
     assert opener.opens == 2 and opener.closes == 1
     rx.close()
@@ -401,9 +496,9 @@ def test_free_now_says_whether_acquire_would_wait_for_a_receiver() -> None:
             src.acquire(b, 64).fill_(b)
             src.publish(b, 64)
         assert not src.free_now(2)  # slot 0 holds bucket 0, released by nobody yet
-        ch.put("a/0/1", Ack(0, 1, released=True, ok=True, digest="", error="").encode())
+        ch.push(acks_from(1), Ack(0, 1, released=True, ok=True, digest="", error="").encode())
         assert not src.free_now(2)  # rank 2 still holds it
-        ch.put("a/0/2", Ack(0, 2, released=True, ok=True, digest="", error="").encode())
+        ch.push(acks_from(2), Ack(0, 2, released=True, ok=True, digest="", error="").encode())
         assert src.free_now(2) and not src.free_now(3)
         src.acquire(2, 64)  # returns at once: the acks are there
     finally:
@@ -497,3 +592,86 @@ def test_a_cuda_mapping_is_opened_without_torchs_counter_where_torch_allows_it(m
     assert bad._open_storage(torch, handle) == ("storage", "counted") and bad.counted is True
     assert bad._open_storage(torch, handle) == ("storage", "counted")
     assert calls == [(b"", 0), (b"/torch_7_1", 11), (b"/torch_7_1", 11)]  # found once, then counted only
+
+
+class _PendingEvent:
+    """A CUDA event at the library boundary whose work is done only once someone waits for it (the
+    device never finishes on its own here, so what is settled when is the receiver's choice)."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.waited
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+def _pending_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwtui.engine.replication import ipc_protocol
+
+    monkeypatch.setattr(ipc_protocol, "_to_host", lambda sums: (sums, _PendingEvent()))
+
+
+def test_a_receiver_keeps_up_to_window_minus_one_buckets_started_and_acks_them_in_order(monkeypatch) -> None:
+    """On a GPU a bucket's copy and sums are queued and the next export taken before its digest is
+    back: at most window - 1 buckets wait for their acks (the source always has a slot to fill),
+    and every result comes back once, in bucket order, exact."""
+    _pending_events(monkeypatch)
+    n, window = 7, 4
+    store, run = dist.HashStore(), secrets.token_hex(8)
+    src = IpcSource(Channel(store, run, 10.0), HostStandIn(run), [1], window)
+    rx = IpcReceiver(Channel(store, run, 10.0), HostStandIn(run), 1, window, hook=None)
+    dsts = [torch.empty(100 + b, dtype=torch.uint8) for b in range(n)]
+    results = []
+    try:
+        for b in range(window):
+            src.acquire(b, 100 + b).copy_(_data(b, 100 + b))
+            src.publish(b, 100 + b)
+        for b in range(n):
+            if b >= window:  # the source's slot for b: freed by the ack of b - window
+                src.acquire(b, 100 + b).copy_(_data(b, 100 + b))
+                src.publish(b, 100 + b)
+            results += rx.submit(b, dsts[b])
+            assert len(rx._started) <= window - 1
+        results += rx.settle(block=True)
+        src.drain()
+    finally:
+        rx.close()
+        src.close()
+    assert rx.peak_started == window - 1
+    assert [r.bucket for r in results] == list(range(n)) and all(r.ok for r in results)
+    assert all(torch.equal(dsts[b], _data(b, 100 + b)) for b in range(n))
+
+
+def test_a_receiver_about_to_wait_for_an_export_acks_what_it_started_first(monkeypatch) -> None:
+    """No ack waits for the next bucket: with bucket 1 not exported yet, the receiver settles and
+    acks bucket 0 before it waits (the source, reading bucket 1 from its file, may need that slot)."""
+    _pending_events(monkeypatch)
+    store, run = dist.HashStore(), secrets.token_hex(8)
+    ch = Channel(store, run, 10.0)
+    src = IpcSource(ch, HostStandIn(run), [1], 3)
+    rx = IpcReceiver(Channel(store, run, 10.0), HostStandIn(run), 1, 3)
+    got: list[Any] = []
+    try:
+        src.acquire(0, 64).copy_(_data(0, 64))
+        src.publish(0, 64)
+        got += rx.submit(0, torch.empty(64, dtype=torch.uint8))
+        assert got == [] and ch.backlog(acks_from(1)) == 0  # started, not acked: the device is busy
+        waiting = threading.Thread(target=lambda: got.extend(rx.submit(1, torch.empty(64, dtype=torch.uint8))))
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while ch.backlog(acks_from(1)) == 0:  # bucket 0's ack, sent while bucket 1 is not there
+            assert time.monotonic() < deadline, "bucket 0 was not acked before the wait for bucket 1"
+            time.sleep(0.005)
+        src.acquire(1, 64).copy_(_data(1, 64))
+        src.publish(1, 64)
+        waiting.join(30)
+        assert not waiting.is_alive()
+        got += rx.settle(block=True)
+        src.drain()
+    finally:
+        rx.close()
+        src.close()
+    assert [(r.bucket, r.ok) for r in got] == [(0, True), (1, True)]
