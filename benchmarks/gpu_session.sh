@@ -27,7 +27,7 @@ timeout ${CK_S:-75} python3 benchmarks/bench_device_checksum.py --mb 1024 --roun
 cat "$OUT/checksum.txt" | tail -30
 el ipc-leg
 # The receiver's copy + verify with the source idle, 1/4/16 buckets per GiB (round nine: 610/307/90 GB/s).
-timeout ${LEG_S:-45} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,4,16 --rounds 5 --json "$OUT/ipc-leg.json" >"$OUT/ipc-leg.txt" 2>&1; echo "ipc-leg rc=$?"
+timeout ${LEG_S:-45} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,4,16 --rounds 7 --json "$OUT/ipc-leg.json" >"$OUT/ipc-leg.txt" 2>&1; echo "ipc-leg rc=$?"
 grep -v "^\[W" "$OUT/ipc-leg.txt" | tail -7
 el bench
 # Round seven measured 1/8/12/16 threads at 16/64 MiB (39.47 GB/s best, at 16 x 64 MiB x depth 2):
