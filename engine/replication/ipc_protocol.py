@@ -427,8 +427,8 @@ class IpcReceiver:
         """Copy bucket ``bucket`` into ``dst`` (1-D uint8 of the bucket's size), verify it there and
         ack it; every bucket started before it is settled first (their results are dropped: use
         submit/settle to keep them)."""
-        self.submit(bucket, dst)
-        return self.settle(block=True)[-1]
+        done = self.submit(bucket, dst) + self.settle(block=True)
+        return done[-1]
 
     def submit(self, bucket: int, dst: Any) -> list[Received]:
         """Start bucket ``bucket``'s copy into ``dst`` and its check; returns the buckets settled
@@ -474,7 +474,9 @@ class IpcReceiver:
             self.close()
             raise
         self.peak_started = max(self.peak_started, len(self._started))
-        return done
+        # Where the sums are already on the host (CPU: computed at once) the ack goes now, not at
+        # the next submit: a rank held between buckets must not hold the source's slot with it.
+        return done + self.settle(block=False)
 
     def settle(self, *, block: bool) -> list[Received]:
         """Ack the started buckets the device is done with (``block``: all of them, waiting), oldest

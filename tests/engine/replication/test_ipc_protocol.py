@@ -675,3 +675,22 @@ def test_a_receiver_about_to_wait_for_an_export_acks_what_it_started_first(monke
         rx.close()
         src.close()
     assert [(r.bucket, r.ok) for r in got] == [(0, True), (1, True)]
+
+
+def test_where_the_sums_are_on_the_host_at_once_submit_acks_its_bucket_before_it_returns() -> None:
+    """On CPU (the stand-in) nothing is left queued: a rank held between buckets (a pause fault, a
+    slow staging write) must not keep the source's slot, so submit settles its own bucket."""
+    store, run = dist.HashStore(), secrets.token_hex(8)
+    ch = Channel(store, run, 10.0)
+    src = IpcSource(ch, HostStandIn(run), [1], 2)
+    rx = IpcReceiver(Channel(store, run, 10.0), HostStandIn(run), 1, 2)
+    try:
+        src.acquire(0, 64).copy_(_data(0, 64))
+        src.publish(0, 64)
+        got = rx.submit(0, torch.empty(64, dtype=torch.uint8))
+        assert [(r.bucket, r.ok) for r in got] == [(0, True)] and ch.backlog(acks_from(1)) == 1
+        assert rx.settle(block=True) == []
+        src.drain()
+    finally:
+        rx.close()
+        src.close()
