@@ -64,13 +64,18 @@ def main() -> None:
     root.mkdir(parents=True)
     plans = versions(root, mib, rounds + 1)
     env = {"HWTUI_TEST_IPC": "host"}
+    # "slots-dev": the receiver's staging copy written whole at its flush, as a GPU receiver's
+    # device copy is (HWTUI_TEST_STAGING=at-flush): no file before the commit, no spare made.
+    at_flush = {**env, "HWTUI_TEST_STAGING": "at-flush"}
     worlds = {}
-    for name, extra in (("slots", ("--device", "cuda")), ("slots-bv", ("--device", "cuda", "--persist", "before-vote")),
-                        ("plain", ())):
+    for name, extra, renv in (("slots", ("--device", "cuda"), env),
+                              ("slots-dev", ("--device", "cuda"), at_flush),
+                              ("slots-bv", ("--device", "cuda", "--persist", "before-vote"), env),
+                              ("plain", (), env)):
         (root / f"agents-{name}").mkdir()
         world = Agents(root / f"agents-{name}", 2)
         world.start(0, **env)
-        world.start(1, *extra, **env)
+        world.start(1, *extra, **renv)
         worlds[name] = world
     rows: dict[str, list[tuple[float, float]]] = {k: [] for k in worlds}
     phases: dict[str, dict[str, list[float]]] = {k: {} for k in worlds}
@@ -91,10 +96,10 @@ def main() -> None:
             world.close()
     for name, r in rows.items():
         ratios = [e / t for e, t in r]
-        print(f"{name:6} {mib} MiB x{len(r)} warm: e2e median {statistics.median(e for e, _ in r):.3f} s, "
+        print(f"{name:9} {mib} MiB x{len(r)} warm: e2e median {statistics.median(e for e, _ in r):.3f} s, "
               f"transfer median {statistics.median(t for _, t in r):.3f} s, e2e/transfer median "
               f"{statistics.median(ratios):.2f} (rounds {' '.join(f'{x:.2f}' for x in ratios)})")
-        print("       phases (median s): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in sorted(phases[name].items())
+        print("          phases (median s): " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in sorted(phases[name].items())
                                                          if statistics.median(v) >= 0.005))
     print(f"load average {os.getloadavg()[0]:.2f}")
 

@@ -171,3 +171,7 @@ class RankIpc(RankVerify):
             raise TransportFailure(f"rank {self.rank}: {exc}") from None
         finally:
             rx.close()
+            # How far this receiver's buckets overlapped (started, not yet acked): on a GPU up to
+            # window - 1 where buckets have their own place; 1 where each was settled at once.
+            self.window_stats = {"peak_occupancy": rx.peak_started, "peak_bytes": 0, "final_limit": rx.depth,
+                                 "changes": 0}

@@ -149,4 +149,6 @@ def test_replicate_two_ranks_on_one_gpu_by_ipc_with_no_flag(tmp_path: Path) -> N
     files = list(served.rglob("model.safetensors"))
     assert files and files[0].read_bytes() == model.read_bytes()
     print(f"\nreplicate 1 GiB, 2 ranks on one GPU by IPC: transfer {rep['phases_s'].get('transfer', 0):.4f} s, "
-          f"phases {json.dumps(rep['phases_s'])[:400]}; CLI wall {wall:.2f} s")
+          f"phases {json.dumps(rep['phases_s'])[:400]}; CLI wall {wall:.2f} s; the receiver's buckets started "
+          f"ahead of their acks, at most: {rep['ranks'][1].get('window')}, its direct buckets: "
+          f"{rep['ranks'][1].get('direct_buckets')}")
