@@ -3,7 +3,8 @@ a plain one, interleaved, medians (issue 23.3). Without a GPU the device slots a
 stand-in (``HWTUI_TEST_IPC=host``, which also puts both worlds on the IPC path), so this measures
 what filling the slot during the transfer adds to a push's end to end, and what the receiver's
 disk copy costs the push when it is made durable before the vote (``--persist before-vote``)
-rather than after the commit (the default with --device cuda). Each world's median phases per
+rather than after the commit (the default with --device cuda), and ("slots-dev") with the receiver's
+staging copy written whole at its flush, as a GPU receiver's device copy is. Each world's median phases per
 role say where the rest goes.
 
 Run from the repository root: ``python benchmarks/bench_resident_slots.py [MIB=256] [ROUNDS=5] [DIR]``
