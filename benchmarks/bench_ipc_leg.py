@@ -10,7 +10,7 @@ receiver, once every export of the round is there, times its receive of each (op
 first use only, the copy, the device checksum, the ack). Rounds after the first reuse the
 mappings, as a resident receiver does, and alternate between the two ways a receiver can take
 them: ``receive`` (each bucket synced on: its digest back before the next export is taken) and
-``submit``/``settle`` (each bucket's copy, sums and their transfer queued, up to window - 1 ahead
+``submit``/``settle`` (each bucket's copy, sums and their transfer queued, up to window ahead
 of their acks: what the replicate rank does where a bucket has its own place). Printed: medians
 over rounds of the receiver's wall per round and its copy and verify shares, in GB/s of bucket
 copied and verified, for each bucket count and each way. On a GPU the receiver does not sync between the copy and the checksum: copy is the
@@ -234,7 +234,7 @@ def main() -> int:
               f"{row['wall_ms'] - row['copy_ms'] - row['verify_ms']:.3f} ms; first round "
               f"{row['first_round_ms']:.3f} ms, {row['opens']} opens)")
         ov = row["overlapped"]
-        print(f"      overlapped (submit/settle, up to {max(1, n - 1)} started ahead of their acks): {ov['wall_ms']:8.3f} ms "
+        print(f"      overlapped (submit/settle, up to {n} started ahead of their acks): {ov['wall_ms']:8.3f} ms "
               f"= {ov['gbps']:7.1f} GB/s ({ov['wall_ms'] / row['wall_ms']:.2f}x the synced wall; copy {ov['copy_ms']:.3f} ms, "
               f"verify {ov['verify_ms']:.3f} ms)")
         if row["source_after_each_run"]:

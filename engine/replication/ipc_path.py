@@ -111,8 +111,12 @@ class RankIpc(RankVerify):
             for b, size in enumerate(sizes):
                 self.bucket(b, "done", size)
         except IpcFailure as exc:
-            ch.abort(f"rank {self.rank}: {exc}")
-            raise TransportFailure(f"rank {self.rank}: {exc}") from None
+            why = _ranked(self.rank, str(exc))
+            ch.abort(why)
+            raise TransportFailure(why) from None
+        except BaseException as exc:
+            _abort_for(ch, self.rank, exc)
+            raise
         finally:
             if ahead is not None:
                 ahead[2].settle()  # no reader thread is left copying into a slot about to be freed
@@ -167,11 +171,27 @@ class RankIpc(RankVerify):
                     settled(rx.settle(block=True))
             settled(rx.settle(block=True))
         except IpcFailure as exc:
-            ch.abort(f"rank {self.rank}: {exc}")
-            raise TransportFailure(f"rank {self.rank}: {exc}") from None
+            why = _ranked(self.rank, str(exc))
+            ch.abort(why)
+            raise TransportFailure(why) from None
+        except BaseException as exc:
+            _abort_for(ch, self.rank, exc)
+            raise
         finally:
             rx.close()
             # How far this receiver's buckets overlapped (started, not yet acked): on a GPU up to
-            # window - 1 where buckets have their own place; 1 where each was settled at once.
+            # window where buckets have their own place; 1 where each was settled at once.
             self.window_stats = {"peak_occupancy": rx.peak_started, "peak_bytes": 0, "final_limit": rx.depth,
                                  "changes": 0}
+
+
+def _abort_for(ch: Channel, rank: int, exc: BaseException) -> None:
+    """Any other failure of a rank on the ipc path (a read error, a full disk, a signal) tells its
+    peers at once, with its reason: they stop waiting for exports or acks that will not come, and
+    say why, instead of waiting out the bucket timeout or meeting a store that went away."""
+    ch.abort(f"rank {rank}: {type(exc).__name__}: {exc}")
+
+
+def _ranked(rank: int, text: str) -> str:
+    """``text`` naming ``rank`` once (a receiver's own failures already start with its rank)."""
+    return text if text.startswith(f"rank {rank}: ") else f"rank {rank}: {text}"

@@ -90,6 +90,16 @@ def acks_from(rank: int) -> str:
     return f"a/{rank}"
 
 
+def _has_queues(store: Any, prefix: str) -> bool:
+    """Whether ``store`` carries queues: asked, not looked up. Every c10d Store has the methods;
+    a FileStore and the TCPStore without libuv (``USE_LIBUV=0``) raise NotImplementedError."""
+    try:
+        store.queue_len(prefix + "q/probe")
+    except Exception:  # noqa: BLE001 - AttributeError, NotImplementedError, or a store's own error
+        return False
+    return True
+
+
 def _queue_empty(exc: BaseException) -> bool:
     return type(exc).__name__ == "QueueEmptyError"  # torch.distributed's, where the store has queues
 
@@ -101,7 +111,7 @@ class Channel:
         self.store = store
         self.prefix = f"hwtui-ipc/{run}/"
         self.timeout_s = timeout_s
-        self.queued = all(callable(getattr(store, n, None)) for n in ("queue_push", "queue_pop", "queue_len"))
+        self.queued = _has_queues(store, self.prefix)
         self._next: dict[str, int] = {}  # without queues: the next numbered key to write / read, per queue
 
     def put(self, key: str, value: bytes) -> None:
@@ -112,8 +122,11 @@ class Channel:
         return bool(self.store.check([self.prefix + key]))
 
     def abort(self, reason: str) -> None:
-        if not self.store.check([self.prefix + "abort"]):
-            self.store.set(self.prefix + "abort", reason[:300].encode())
+        """Tell every peer to stop waiting, with ``reason`` (the first reason stands). Best effort:
+        a store that is gone (its host, rank 0, ended) has no one left to tell."""
+        with contextlib.suppress(Exception):
+            if not self.store.check([self.prefix + "abort"]):
+                self.store.set(self.prefix + "abort", reason[:300].encode())
 
     def aborted(self) -> str | None:
         if self.store.check([self.prefix + "abort"]):
@@ -124,7 +137,7 @@ class Channel:
         """The value at ``key`` once it is set; IpcFailure on abort or after ``timeout_s``."""
         full = self.prefix + key
         deadline = time.monotonic() + self.timeout_s
-        while (got := self._peek(full)) is None:
+        while (got := self._peek(full, what)) is None:
             self._await(full, what, deadline)
         return got
 
@@ -149,7 +162,7 @@ class Channel:
         if not self.queued:
             n = self._next.get("r" + queue, 0)
             key = f"q/{queue}/{n}"
-            got = self.take(key, what) if wait else self._peek(self.prefix + key)
+            got = self.take(key, what) if wait else self._peek(self.prefix + key, what)
             if got is not None:
                 self._next["r" + queue] = n + 1
                 self.drop(key)
@@ -182,6 +195,11 @@ class Channel:
             for _ in range(most):
                 if self.queued:
                     self.store.queue_pop(self.prefix + "q/" + queue, False)  # type: ignore[attr-defined]
+                elif (written := self._next.get("w" + queue, 0)) > 0:
+                    # A queue this side writes: its newest keys, read or not (a read one is gone).
+                    for n in range(written - 1, max(-1, written - 1 - most), -1):
+                        self.drop(f"q/{queue}/{n}")
+                    return
                 else:
                     n = self._next.get("r" + queue, 0)
                     if not self.ready(f"q/{queue}/{n}"):
@@ -189,24 +207,27 @@ class Channel:
                     self._next["r" + queue] = n + 1
                     self.drop(f"q/{queue}/{n}")
 
-    def _peek(self, full: str) -> bytes | None:
+    def _peek(self, full: str, what: str) -> bytes | None:
         """The value at ``full`` if it is set, in one round trip: compare_set with an expected value
         no message has answers that value for a missing key and the key's own otherwise, and sets
         nothing (``get`` waits for the key and then reads it: two)."""
         cas = getattr(self.store, "compare_set", None)
-        if cas is None:
-            return self.store.get(full) if self.store.check([full]) else None
         try:
+            if cas is None:
+                return self.store.get(full) if self.store.check([full]) else None
             got = bytes(cas(full, _ABSENT, _ABSENT))
         except Exception:  # noqa: BLE001 - any store failure means the same
-            raise IpcFailure("the control channel went away") from None
+            raise IpcFailure(f"the control channel went away while waiting for {what}") from None
         return None if got == _ABSENT else got
 
     def _await(self, full: str, what: str, deadline: float) -> None:
         """Until ``full`` (a key, or a queue with something in it) is there; IpcFailure on abort,
         at ``deadline``, or when the store goes away."""
         while True:
-            reason = self.aborted()
+            try:
+                reason = self.aborted()
+            except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
+                raise IpcFailure(f"the control channel went away while waiting for {what}") from None
             if reason is not None:
                 raise IpcFailure(f"aborted while waiting for {what}: {reason}")
             left = deadline - time.monotonic()
@@ -384,10 +405,11 @@ class IpcReceiver:
     compared and its ack sent once the device has done it (``settle``). Syncing on each bucket's
     digest left the GPU idle while the host took the next export and launched the next copy: on an
     H200, 16 buckets of 64 MiB spent 3.4 ms copying and 2.7 ms summing what takes ~0.8 ms of
-    device time. At most ``depth`` buckets wait for their acks (``window - 1``: the source needs the
-    ack of bucket b to export bucket b + window into its slot, so one slot is always free to fill),
-    and before waiting for an export that is not there yet everything started is settled: an ack
-    never waits for the next bucket.
+    device time. At most ``depth`` = ``window`` buckets wait for their acks, and at most
+    ``window - 1`` while the receiver takes the next export: the source needs the ack of bucket b to
+    export bucket b + window into its slot, so the export taken is always one the source can make.
+    Before waiting for an export that is not there yet everything started is settled: an ack never
+    waits for the next bucket.
     """
 
     def __init__(self, channel: Channel, opener: Opener, rank: int, window: int, *, hook: Hook | None = None):
@@ -395,7 +417,7 @@ class IpcReceiver:
         self.opener = opener
         self.rank = rank
         self.window = window
-        self.depth = max(1, window - 1)
+        self.depth = max(1, window)
         self.hook = hook
         self._mapped: dict[int, tuple[Any, Opened]] = {}  # slot -> (the memory its handle names, our mapping)
         self._started: deque[_Started] = deque()
@@ -417,7 +439,15 @@ class IpcReceiver:
         return opened
 
     def close(self) -> None:
-        """Close every mapping (end of run, failure, abort): nothing of the source stays mapped."""
+        """Close every mapping (end of run, failure, abort): nothing of the source stays mapped.
+
+        Copies still queued from a mapping are waited for first (a failure between a submit and its
+        settle): closing an IPC mapping under a copy that reads it is undefined, and nothing says
+        cudaIpcCloseMemHandle waits for them. All of them ran on one stream: the last event covers
+        the others."""
+        if self._started and self._started[-1].done is not None:
+            with contextlib.suppress(Exception):  # an asynchronous error: the mappings go regardless
+                self._started[-1].done.synchronize()
         self._started.clear()
         while self._mapped:
             _, (_, opened) = self._mapped.popitem()

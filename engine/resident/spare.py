@@ -71,8 +71,9 @@ def make_spare(served_root: str | os.PathLike[str], size: int, stop: Callable[[]
         os.ftruncate(fd, size)
         if size:
             with mmap.mmap(fd, size) as mm:
-                data = torch.frombuffer(mm, dtype=torch.uint8)
+                data = None  # released before the mapping closes, whatever ends the loop (a signal too)
                 try:
+                    data = torch.frombuffer(mm, dtype=torch.uint8)
                     for off in range(0, size, SPARE_CHUNK):
                         if stop is not None and stop():
                             raise SpareStopped("a push arrived")

@@ -96,3 +96,23 @@ def test_a_spare_stopped_between_chunks_leaves_nothing_and_an_unstopped_one_is_a
     assert make_spare(root, 5 * 4096 + 7, lambda: False) == 5 * 4096 + 7
     assert spare_path(root).read_bytes() == bytes(5 * 4096 + 7)
     assert list(spare_path(root).parent.iterdir()) == [spare_path(root)]
+
+
+def test_a_signal_while_the_spare_is_made_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """SIGTERM reaches a resident rank as an exception (rank_signals.Interrupted) wherever it is:
+    mid-spare, the temporary file goes with it and no spare is left half-made."""
+    from hwtui.engine.resident import spare as spare_mod
+
+    monkeypatch.setattr(spare_mod, "SPARE_CHUNK", 4096)
+    root = tmp_path / "served"
+    calls: list[int] = []
+
+    def signalled() -> bool:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what the signal gate raises, as any exception would be
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        make_spare(root, 3 * 4096, signalled)
+    assert list(spare_path(root).parent.iterdir()) == []

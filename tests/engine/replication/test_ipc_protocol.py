@@ -145,10 +145,28 @@ def test_buckets_arrive_verified_and_the_window_bounds_what_is_exported() -> Non
     assert out["stats"].peak_exported <= 2 and out["live_max"] <= 2
 
 
-@pytest.mark.parametrize("queues", [True, False], ids=["c10d-queues", "keyed"])
-def test_the_channel_carries_the_protocol_with_or_without_store_queues_and_leaves_nothing(queues: bool) -> None:
+def _store(kind: str, tmp_path: Path) -> Any:
+    """A real c10d store of each kind hwtui may be handed: HashStore and the libuv TCPStore carry
+    queues; a FileStore and the TCPStore without libuv (USE_LIBUV=0) have the methods but raise
+    NotImplementedError; KeyedOnly is a store without the methods (torch before 2.7)."""
+    import datetime
+
+    if kind == "hash":
+        return dist.HashStore()
+    if kind == "keyed":
+        return KeyedOnly(dist.HashStore())
+    if kind == "file":
+        return dist.FileStore(str(tmp_path / "filestore"), 1)
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=30),
+                         wait_for_workers=False, use_libuv=kind == "tcp")
+
+
+@pytest.mark.parametrize("kind,queues", [("hash", True), ("tcp", True), ("keyed", False), ("file", False),
+                                         ("tcp-legacy", False)])
+def test_the_channel_carries_the_protocol_with_or_without_store_queues_and_leaves_nothing(
+        kind: str, queues: bool, tmp_path: Path) -> None:
     sizes = [1000, 4096, 3, 0, 70_001, 5, 4096, 12, 999]
-    store = dist.HashStore() if queues else KeyedOnly(dist.HashStore())
+    store = _store(kind, tmp_path)
     assert Channel(store, "x", 1.0).queued == queues
     out = _run(sizes, receivers=2, window=2, store=store, corrupt=(2, 4))
     assert out["errors"] == [] and out["left"] == 0
@@ -186,10 +204,11 @@ def test_a_bucket_costs_a_receiver_one_answered_store_call_once_its_export_is_th
     assert counting.calls["retiring"] == ["queue_pop"] * n
 
 
-def test_a_run_that_fails_leaves_no_message_in_the_store() -> None:
+@pytest.mark.parametrize("kind", ["hash", "keyed"])
+def test_a_run_that_fails_leaves_no_message_in_the_store(kind: str, tmp_path: Path) -> None:
     """A receiver that stops after two buckets: the source times out on its ack, and its close takes
     what is left of the run's queues (a resident world's store outlives every push)."""
-    store, run = dist.HashStore(), secrets.token_hex(8)
+    store, run = _store(kind, tmp_path), secrets.token_hex(8)
     src = IpcSource(Channel(store, run, 0.5), HostStandIn(run), [1], window=3)
     rx = IpcReceiver(Channel(store, run, 0.5), HostStandIn(run), 1, 3)
     with pytest.raises(IpcFailure, match="rank 1's release of bucket 2"):
@@ -204,6 +223,8 @@ def test_a_run_that_fails_leaves_no_message_in_the_store() -> None:
             src.close()
     ch = Channel(store, run, 0.5)
     assert ch.backlog(exports_to(1)) == ch.backlog(acks_from(1)) == 0
+    if kind == "keyed":  # every numbered key of the run is gone, read or not
+        assert not any(ch.ready(f"q/{q}/{n}") for q in (exports_to(1), acks_from(1)) for n in range(8))
 
 
 def test_a_receiver_maps_each_slot_once_while_the_source_keeps_its_buffers() -> None:
@@ -614,33 +635,48 @@ def _pending_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ipc_protocol, "_to_host", lambda sums: (sums, _PendingEvent()))
 
 
-def test_a_receiver_keeps_up_to_window_minus_one_buckets_started_and_acks_them_in_order(monkeypatch) -> None:
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_a_receiver_keeps_up_to_window_buckets_started_and_acks_them_in_order(monkeypatch, window: int) -> None:
     """On a GPU a bucket's copy and sums are queued and the next export taken before its digest is
-    back: at most window - 1 buckets wait for their acks (the source always has a slot to fill),
-    and every result comes back once, in bucket order, exact."""
+    back: at most window buckets wait for their acks, window - 1 while the next export is taken
+    (the source can always make it), and every result comes back once, in bucket order, exact."""
     _pending_events(monkeypatch)
-    n, window = 7, 4
+    n = 7
     store, run = dist.HashStore(), secrets.token_hex(8)
     src = IpcSource(Channel(store, run, 10.0), HostStandIn(run), [1], window)
     rx = IpcReceiver(Channel(store, run, 10.0), HostStandIn(run), 1, window, hook=None)
     dsts = [torch.empty(100 + b, dtype=torch.uint8) for b in range(n)]
     results = []
-    try:
-        for b in range(window):
-            src.acquire(b, 100 + b).copy_(_data(b, 100 + b))
-            src.publish(b, 100 + b)
-        for b in range(n):
-            if b >= window:  # the source's slot for b: freed by the ack of b - window
+    errors: list[BaseException] = []
+
+    def source(first: int) -> None:  # each slot refilled once the receiver acked its previous bucket
+        try:
+            for b in range(first, n):
                 src.acquire(b, 100 + b).copy_(_data(b, 100 + b))
                 src.publish(b, 100 + b)
+            src.drain()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    exporting = threading.Thread(target=source, args=(window,))
+    try:
+        for b in range(window):  # the first window: exported before the receiver looks
+            src.acquire(b, 100 + b).copy_(_data(b, 100 + b))
+            src.publish(b, 100 + b)
+        for b in range(window):
             results += rx.submit(b, dsts[b])
-            assert len(rx._started) <= window - 1
+        assert results == [] and len(rx._started) == window and rx.ch.backlog(acks_from(1)) == 0
+        exporting.start()  # the rest: each needs the ack of the bucket window before it
+        for b in range(window, n):
+            results += rx.submit(b, dsts[b])
+            assert len(rx._started) <= window
         results += rx.settle(block=True)
-        src.drain()
+        exporting.join(30)
+        assert not exporting.is_alive() and errors == []
     finally:
         rx.close()
         src.close()
-    assert rx.peak_started == window - 1
+    assert rx.peak_started == window
     assert [r.bucket for r in results] == list(range(n)) and all(r.ok for r in results)
     assert all(torch.equal(dsts[b], _data(b, 100 + b)) for b in range(n))
 
@@ -694,3 +730,22 @@ def test_where_the_sums_are_on_the_host_at_once_submit_acks_its_bucket_before_it
     finally:
         rx.close()
         src.close()
+
+
+def test_a_store_that_went_away_makes_abort_quiet_and_a_wait_an_ipc_failure() -> None:
+    """Rank 0 hosts the world's store: once it has ended, every call raises c10d's network error.
+    Telling peers to stop is then best effort (no one is left), and a wait says the channel went
+    away: a rank reports that, not a raw DistNetworkError from inside its error handling."""
+
+    class Gone:  # at the library boundary: every call as c10d raises once the store's host ended
+        def __getattr__(self, name: str) -> Any:
+            def call(*args: Any) -> Any:
+                raise RuntimeError("DistNetworkError: Broken pipe")
+
+            return call
+
+    ch = Channel(Gone(), "run", 5.0)  # type: ignore[arg-type]
+    assert not ch.queued
+    ch.abort("rank 2: OSError")  # returns
+    with pytest.raises(IpcFailure, match="the control channel went away while waiting for the export of bucket 0"):
+        ch.pop(exports_to(1), "the export of bucket 0")
