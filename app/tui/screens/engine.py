@@ -153,6 +153,8 @@ class EngineScreen(WizardStep):
     def on_mount(self) -> None:
         self.query_one("#engine-box").border_title = "engine settings"
         self.query_one(LaunchCommands).border_title = "launch commands"
+        if self.started:  # shown before its form was there (below): the defaults now
+            self.action_rerun()
 
     def on_screen_resume(self) -> None:
         # Defaults follow the latest detection, so refresh them every time the step is shown.
@@ -160,6 +162,10 @@ class EngineScreen(WizardStep):
         self.action_rerun()
 
     def action_rerun(self) -> None:
+        if not self.query("#in-device"):
+            # Shown before its form was mounted: seen under load when the wizard was paged through
+            # at once (n, n, n), where this raised NoMatches and the app died with a traceback.
+            return
         defaults = self.hw.defaults
         for fid, _label, _attr, _kind, dkey in FIELDS:
             if dkey:

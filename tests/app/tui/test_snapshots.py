@@ -76,6 +76,7 @@ def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
         app = pilot.app
         await wait_for(pilot, lambda: app.devices)
         await pilot.press("n", "n", "n")
+        await wait_for(pilot, lambda: app.screen.query("#mode") and app.screen.query("#in-device"))
         app.screen.query_one("#mode").value = mode
         for field, value in fill.items():
             app.screen.query_one(f"#in-{field}").value = value
