@@ -120,6 +120,15 @@ async def wait_for(pilot, predicate, timeout: float = 20.0, step: float = 0.05) 
         await pilot.pause(step)
 
 
+async def to_engine_step(pilot) -> None:
+    """From the detect step to the engine step (n, n, n), once its form is mounted: under load the
+    step became current before its form was there, and a test that set a field at once met
+    NoMatches (the app itself now waits for its form: screens/engine.py)."""
+    await pilot.press("n", "n", "n")
+    await wait_for(pilot, lambda: type(pilot.app.screen).__name__ == "EngineScreen"
+                   and bool(pilot.app.screen.query("#in-plan")) and bool(pilot.app.screen.query("#mode")))
+
+
 def tables_settled(pilot) -> bool:
     """Every table on the active screen has measured the rows and cells it was given.
 

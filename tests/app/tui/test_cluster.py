@@ -18,7 +18,7 @@ from hwtui.probes.host import ReplayHost
 from hwtui.widgets.cluster_summary import ClusterSummary
 from hwtui.widgets.launch_commands import LaunchCommands
 from hwtui.widgets.progress_eta import ProgressEta
-from tests.app.tui.conftest import FixedSampler, RecordedEngine, wait_for
+from tests.app.tui.conftest import FixedSampler, RecordedEngine, to_engine_step, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +31,7 @@ def make_app(snapshot, engine=None) -> HwtuiApp:
 async def to_cluster_form(pilot) -> None:
     app = pilot.app
     await wait_for(pilot, lambda: app.devices)
-    await pilot.press("n", "n", "n")
+    await to_engine_step(pilot)
     assert app.screen.STEP == "engine"
     app.screen.query_one("#mode").focus()
     await pilot.press("right", "right")  # replicate -> train -> cluster, by keyboard

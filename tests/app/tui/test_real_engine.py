@@ -16,7 +16,7 @@ from hwtui.probes.host import ReplayHost
 from hwtui.widgets.bucket_lanes import BucketLanes
 from hwtui.widgets.progress_eta import ProgressEta
 from hwtui.widgets.worker_table import WorkerTable
-from tests.app.tui.conftest import FixedSampler, wait_for
+from tests.app.tui.conftest import FixedSampler, to_engine_step, wait_for
 
 pytestmark = [
     pytest.mark.torch,
@@ -43,7 +43,7 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
                    sampler_factory=FixedSampler)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.devices)
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         engine = app.screen
         assert engine.STEP == "engine"
         engine.query_one("#source").value = "weights"

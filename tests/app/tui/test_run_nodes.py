@@ -15,7 +15,7 @@ from hwtui.app.tui.screens.nodes import NodesScreen
 from hwtui.probes.host import ReplayHost
 from hwtui.widgets.cluster_nodes import ClusterNodes
 from tests.agent.helpers import dead_port, start_agent, stop_agent
-from tests.app.tui.conftest import FixedSampler, RecordedEngine, wait_for
+from tests.app.tui.conftest import FixedSampler, RecordedEngine, to_engine_step, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,9 +28,10 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
     plan.write_text("{}")
     try:
         nodes = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
-        # 1 s (stale past 2 s), not 0.2: on a loaded box a 0.4 s stale threshold let the live node
-        # flicker STALE, and the wait below needs a moment with only the dead one stale.
-        nodes.poller.interval = 1.0
+        # 2 s (stale past 4 s), not 0.2 or 1: on a loaded box a 0.4 s stale threshold let the live
+        # node flicker STALE, and a fresh-clone suite on a slow day kept it stale past 2 s for the
+        # wait's 20 s; the wait below needs a moment with only the dead one stale.
+        nodes.poller.interval = 2.0
         app = HwtuiApp(ReplayHost.load(snapshots["h100_x8"]), TuiConfig.load(), config_file=config_path(),
                        engine_stages=RecordedEngine("replicate_ok.jsonl"), sampler_factory=FixedSampler,
                        nodes_screen=nodes)
@@ -38,7 +39,7 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
             assert app.screen is nodes, "--agents opens on the cluster view"
             await pilot.press("w")  # to the wizard; the poller keeps running
             await wait_for(pilot, lambda: app.devices)
-            await pilot.press("n", "n", "n")
+            await to_engine_step(pilot)
             app.screen.query_one("#in-plan").value = str(plan)
             app.screen.query_one("#in-device").value = "cpu"
             await pilot.press("ctrl+s")

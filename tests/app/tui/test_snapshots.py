@@ -18,7 +18,7 @@ import pytest
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
-from tests.app.tui.conftest import RecordedEngine, settle, wait_for
+from tests.app.tui.conftest import RecordedEngine, settle, to_engine_step, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[3]
@@ -75,8 +75,7 @@ def _run_to_end(fill: dict[str, str], mode: str = "replicate"):
     async def run_before(pilot):
         app = pilot.app
         await wait_for(pilot, lambda: app.devices)
-        await pilot.press("n", "n", "n")
-        await wait_for(pilot, lambda: app.screen.query("#mode") and app.screen.query("#in-device"))
+        await to_engine_step(pilot)
         app.screen.query_one("#mode").value = mode
         for field, value in fill.items():
             app.screen.query_one(f"#in-{field}").value = value
@@ -123,7 +122,7 @@ def test_engine_step_80x24(snap_compare, make):
 
     async def to_engine(pilot):
         await wait_for(pilot, lambda: pilot.app.devices)
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         await pilot.pause(0.1)
 
     assert os.environ.get("NO_COLOR") is None
@@ -225,7 +224,7 @@ def test_rank_start_up(snap_compare, make, size):
     async def run_before(pilot):
         app = pilot.app
         await wait_for(pilot, lambda: app.devices)
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#in-plan").value = "README.md"
         app.screen.query_one("#in-device").value = "cpu"
         await pilot.press("ctrl+s")

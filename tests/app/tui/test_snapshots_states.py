@@ -16,7 +16,7 @@ import pytest
 from hwtui.app.tui.app import HwtuiApp
 from hwtui.app.tui.config import TuiConfig, config_path
 from hwtui.probes.host import ReplayHost
-from tests.app.tui.conftest import RecordedEngine, settle, wait_for
+from tests.app.tui.conftest import RecordedEngine, settle, to_engine_step, wait_for
 from tests.app.tui.test_snapshots import REPO, ConstantSampler, _charts_built
 
 SIZES = [(80, 24), (120, 36), (200, 60)]
@@ -44,7 +44,7 @@ def _start(mode: str, fill: dict[str, str]):
     async def start(pilot):
         app = pilot.app
         await wait_for(pilot, lambda: app.devices)
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#mode").value = mode
         for field, value in fill.items():
             app.screen.query_one(f"#in-{field}").value = value

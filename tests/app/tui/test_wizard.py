@@ -22,7 +22,7 @@ from hwtui.widgets.findings_list import FindingsList
 from hwtui.widgets.progress_eta import ProgressEta
 from hwtui.widgets.throughput_chart import ThroughputChart
 from hwtui.widgets.worker_table import WorkerTable
-from tests.app.tui.conftest import FixedSampler, RecordedEngine, wait_for
+from tests.app.tui.conftest import FixedSampler, RecordedEngine, to_engine_step, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -142,7 +142,7 @@ async def test_rerun_a_step(snapshots, monkeypatch):
 async def test_engine_form_validation(snapshots, tmp_path):
     app = make_app(snapshots["h100_x8"], RecordedEngine("replicate_ok.jsonl"))
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         assert app.screen.STEP == "engine"
         screen = app.screen
         screen.query_one("#in-plan").value = str(tmp_path / "missing.json")
@@ -164,7 +164,7 @@ async def test_training_run_on_the_dashboard(snapshots):
     engine = RecordedEngine("train_ok.jsonl", delay=0.003)
     app = make_app(snapshots["h100_x8"], engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#mode").value = "train"
         app.screen.query_one("#in-gpu_ids").value = "cpu:0,cpu:1"
         await pilot.press("ctrl+s")
@@ -188,7 +188,7 @@ async def test_engine_errors_are_shown_never_swallowed(snapshots, tmp_path):
     engine = RecordedEngine("replicate_fail.jsonl", extra=("--stderr", "RuntimeError: gloo connection closed", "--exit", "3"))
     app = make_app(snapshots["h100_x8"], engine)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#in-plan").value = str(plan)
         await pilot.press("ctrl+s")
         run = app.screen
@@ -212,7 +212,7 @@ async def test_quit_stops_a_running_engine(snapshots, tmp_path):
     engine = RecordedEngine("replicate_ok.jsonl", extra=("--hang",))
     app = make_app(snapshots["h100_x8"], engine)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#in-plan").value = str(plan)
         await pilot.press("ctrl+s")
         run = app.screen
@@ -246,7 +246,7 @@ async def test_stop_key_and_sampler_never_overlaps(snapshots, tmp_path):
     app = make_app(snapshots["h100_x8"], RecordedEngine("replicate_ok.jsonl", extra=("--hang",)),
                    sampler_factory=SlowSampler)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#in-plan").value = str(plan)
         await pilot.press("ctrl+s")
         run = app.screen
@@ -275,7 +275,7 @@ async def test_remembered_choices_prefill_the_engine_step(snapshots):
     TuiConfig(mode="train", gpu_ids="cpu:0,cpu:1", steps=9).save()
     app = make_app(snapshots["h100_x8"])
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         assert app.screen.query_one("#mode").value == "train"
         assert app.screen.query_one("#in-gpu_ids").value == "cpu:0,cpu:1"
         assert app.screen.query_one("#in-steps").value == "9"
@@ -288,7 +288,7 @@ async def test_engine_step_names_the_extra_before_a_run(snapshots, monkeypatch, 
     plan = tmp_path / "plan.json"
     plan.write_text("{}")
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         problems = str(app.screen.query_one("#problems").render())
         assert 'pip install "hwtui[engine]"' in problems and "torch, xxhash" in problems
         app.screen.query_one("#in-plan").value = str(plan)
@@ -299,7 +299,7 @@ async def test_engine_step_names_the_extra_before_a_run(snapshots, monkeypatch, 
 async def test_choices_and_steps_are_clickable(snapshots):
     app = make_app(snapshots["h100_x8"])
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         mode = app.screen.query_one("#mode")
         assert mode.value == "replicate"
         # "(•) replicate  ( ) train": the train option starts after "(•) replicate  " (1 cell of padding first).
@@ -315,7 +315,7 @@ async def test_rank_start_up_shows_ranks_ready_and_the_phase(snapshots, tmp_path
     plan.write_text("{}")
     app = make_app(snapshots["h100_x8"], RecordedEngine("replicate_startup.jsonl", extra=("--hang",)))
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("n", "n", "n")
+        await to_engine_step(pilot)
         app.screen.query_one("#in-plan").value = str(plan)
         app.screen.query_one("#in-device").value = "cpu"
         await pilot.press("ctrl+s")
