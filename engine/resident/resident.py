@@ -385,8 +385,9 @@ class ResidentRank:
             if not p.name.startswith("upload-"):  # a dead push's own plan, or a half-received upload
                 with contextlib.suppress(OSError):
                     p.unlink()
-        with contextlib.suppress(OSError):
-            (self.served / "spare" / ".spare.tmp").unlink()
+        for half_made in [self.served / "spare" / ".spare.tmp", *(self.served / "spare").glob(".spare.discard.*")]:
+            with contextlib.suppress(OSError):
+                half_made.unlink()
         for item in recovery.staged(self.served, self.ranks_out):
             v = item["version"]
             if self.serving() == v:

@@ -91,7 +91,8 @@ def test_a_spare_stopped_between_chunks_leaves_nothing_and_an_unstopped_one_is_a
     with pytest.raises(spare_mod.SpareStopped):
         make_spare(root, 5 * 4096 + 7, stop_at_third)
     assert len(asked) == 3
-    assert not spare_path(root).exists() and list(spare_path(root).parent.iterdir()) == []
+    _until_empty(spare_path(root).parent)  # renamed away at once, unlinked on a thread
+    assert not spare_path(root).exists()
     (spare_path(root).parent / ".spare.tmp").write_bytes(b"x" * 100)  # a killed agent's leftover
     assert make_spare(root, 5 * 4096 + 7, lambda: False) == 5 * 4096 + 7
     assert spare_path(root).read_bytes() == bytes(5 * 4096 + 7)
@@ -115,4 +116,40 @@ def test_a_signal_while_the_spare_is_made_leaves_no_temporary_file(tmp_path, mon
 
     with pytest.raises(KeyboardInterrupt):
         make_spare(root, 3 * 4096, signalled)
-    assert list(spare_path(root).parent.iterdir()) == []
+    _until_empty(spare_path(root).parent)
+
+
+def _until_empty(d, bound_s: float = 30.0) -> None:
+    """A stopped spare is renamed away and unlinked on a thread: wait (bounded) for the thread."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while (left := list(d.iterdir())) != []:
+        assert time.monotonic() < deadline, f"left behind: {left}"
+        time.sleep(0.01)
+
+
+def test_a_stopped_spare_is_renamed_away_before_make_spare_returns(tmp_path, monkeypatch):
+    """The push that stopped it must not wait for the unlink (a file still being written back
+    makes its unlink wait): what make_spare leaves at the temporary name is nothing, at once."""
+    from hwtui.engine.resident import spare as spare_mod
+
+    monkeypatch.setattr(spare_mod, "SPARE_CHUNK", 4096)
+    unlinked = []
+    gate = __import__("threading").Event()
+    real_unlink = spare_mod.os.unlink
+
+    def slow_unlink(path, *a, **k):  # at the OS boundary: an unlink that waits on write-back
+        gate.wait(30)
+        unlinked.append(str(path))
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(spare_mod.os, "unlink", slow_unlink)
+    root = tmp_path / "served"
+    with pytest.raises(spare_mod.SpareStopped):
+        make_spare(root, 3 * 4096, lambda: True)
+    names = [p.name for p in spare_path(root).parent.iterdir()]
+    assert len(names) == 1 and names[0].startswith(spare_mod.DISCARD_PREFIX) and unlinked == []
+    gate.set()
+    _until_empty(spare_path(root).parent)
+    assert len(unlinked) == 1

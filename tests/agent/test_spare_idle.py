@@ -104,3 +104,15 @@ def test_a_push_arriving_while_the_spare_is_made_stops_it_and_runs_at_once(world
     from safetensors.torch import load_file
 
     assert_bytes_equal(load_file(str(served)), models["v2"][1])
+
+
+def test_an_agent_starting_removes_half_made_and_stopped_spares_a_killed_rank_left(world):
+    """A rank killed mid-spare leaves its temporary file, or a stopped spare renamed away whose
+    unlink had not run: a gigabyte each. The agent's start removes both, and nothing else there."""
+    spare_dir = world.served(1) / "spare"
+    spare_dir.mkdir(parents=True)
+    for name in (".spare.tmp", ".spare.discard.4242.139872", "model.safetensors"):
+        (spare_dir / name).write_bytes(b"\0" * 4096)
+    world.start(1)
+    world.replication(1)  # answering: its start-up recovery is done
+    assert sorted(p.name for p in spare_dir.iterdir()) == ["model.safetensors"]
