@@ -16,8 +16,10 @@ replicate run over this path is tested on machines without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from hwtui.core.events import ErrorEvent
@@ -85,38 +87,32 @@ class RankIpc(RankVerify):
         # waiting for one here, before bucket b is published, would export one bucket fewer.
         ahead: tuple[int, Any, Any] | None = None
         try:
-            for b, size in enumerate(sizes):
-                self.faults.at_bucket(b)
-                t0 = now()
-                if ahead is not None and ahead[0] == b:
-                    _, slot, fill = ahead
-                    ahead = None
-                else:
-                    slot = src.acquire(b, size)
-                    fill = self._sources.start_into(plan, b, slot)
-                if src.window >= 2 and b + 1 < len(sizes) and src.free_now(b + 1):
-                    try:
-                        nxt = src.acquire(b + 1, sizes[b + 1])
-                        ahead = (b + 1, nxt, self._sources.start_into(plan, b + 1, nxt))
-                    except BaseException:
-                        fill.settle()
-                        raise
-                fill.wait()  # every read of the bucket settled, even when one failed
-                if self.settings.verify:
-                    self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
-                self.bucket(b, "staged", size, now() - t0)
-                src.publish(b, size)
-                self.bucket(b, "inflight", size)
-            src.drain()
-            for b, size in enumerate(sizes):
-                self.bucket(b, "done", size)
-        except IpcFailure as exc:
-            why = _ranked(self.rank, str(exc))
-            ch.abort(why)
-            raise TransportFailure(why) from None
-        except BaseException as exc:
-            _abort_for(ch, self.rank, exc)
-            raise
+            with _failures_abort(ch, self.rank):
+                for b, size in enumerate(sizes):
+                    self.faults.at_bucket(b)
+                    t0 = now()
+                    if ahead is not None and ahead[0] == b:
+                        _, slot, fill = ahead
+                        ahead = None
+                    else:
+                        slot = src.acquire(b, size)
+                        fill = self._sources.start_into(plan, b, slot)
+                    if src.window >= 2 and b + 1 < len(sizes) and src.free_now(b + 1):
+                        try:
+                            nxt = src.acquire(b + 1, sizes[b + 1])
+                            ahead = (b + 1, nxt, self._sources.start_into(plan, b + 1, nxt))
+                        except BaseException:
+                            fill.settle()
+                            raise
+                    fill.wait()  # every read of the bucket settled, even when one failed
+                    if self.settings.verify:
+                        self.source_digests[b] = self._hasher().submit(self._sources.bucket_digest, plan, b)
+                    self.bucket(b, "staged", size, now() - t0)
+                    src.publish(b, size)
+                    self.bucket(b, "inflight", size)
+                src.drain()
+                for b, size in enumerate(sizes):
+                    self.bucket(b, "done", size)
         finally:
             if ahead is not None:
                 ahead[2].settle()  # no reader thread is left copying into a slot about to be freed
@@ -155,28 +151,22 @@ class RankIpc(RankVerify):
                 self.bucket(b, "done" if ok else "failed", size, now() - t1)
 
         try:
-            for b, size in enumerate(sizes):
-                self.faults.at_bucket(b)
-                self.bucket(b, "inflight", size)
-                region = self.direct.get(b)
-                if region is None:
-                    if scratch is None or scratch.numel() < size:
-                        scratch = torch.empty(max(sizes), dtype=torch.uint8, device=self.settings.device)
-                    dst = scratch[:size]
-                else:
-                    dst = region[:size]  # the bucket's own place: later buckets overlap it
-                started[b] = dst
-                settled(rx.submit(b, dst))
-                if region is None:  # one scratch buffer: settled (and written out) before it is reused
-                    settled(rx.settle(block=True))
-            settled(rx.settle(block=True))
-        except IpcFailure as exc:
-            why = _ranked(self.rank, str(exc))
-            ch.abort(why)
-            raise TransportFailure(why) from None
-        except BaseException as exc:
-            _abort_for(ch, self.rank, exc)
-            raise
+            with _failures_abort(ch, self.rank):
+                for b, size in enumerate(sizes):
+                    self.faults.at_bucket(b)
+                    self.bucket(b, "inflight", size)
+                    region = self.direct.get(b)
+                    if region is None:
+                        if scratch is None or scratch.numel() < size:
+                            scratch = torch.empty(max(sizes), dtype=torch.uint8, device=self.settings.device)
+                        dst = scratch[:size]
+                    else:
+                        dst = region[:size]  # the bucket's own place: later buckets overlap it
+                    started[b] = dst
+                    settled(rx.submit(b, dst))
+                    if region is None:  # one scratch buffer: settled (and written out) before it is reused
+                        settled(rx.settle(block=True))
+                settled(rx.settle(block=True))
         finally:
             rx.close()
             # How far this receiver's buckets overlapped (started, not yet acked): on a GPU up to
@@ -185,11 +175,21 @@ class RankIpc(RankVerify):
                                  "changes": 0}
 
 
-def _abort_for(ch: Channel, rank: int, exc: BaseException) -> None:
-    """Any other failure of a rank on the ipc path (a read error, a full disk, a signal) tells its
-    peers at once, with its reason: they stop waiting for exports or acks that will not come, and
-    say why, instead of waiting out the bucket timeout or meeting a store that went away."""
-    ch.abort(f"rank {rank}: {type(exc).__name__}: {exc}")
+@contextlib.contextmanager
+def _failures_abort(ch: Channel, rank: int) -> Iterator[None]:
+    """Any failure of a rank on the ipc path aborts the channel with its reason, so its peers stop
+    waiting for exports or acks that will not come, and say why, instead of waiting out the bucket
+    timeout or meeting a store that went away: the protocol's own (IpcFailure, raised on as the
+    rank's TransportFailure) and any other (a read error, a full disk, a signal), raised as it is."""
+    try:
+        yield
+    except IpcFailure as exc:
+        why = _ranked(rank, str(exc))
+        ch.abort(why)
+        raise TransportFailure(why) from None
+    except BaseException as exc:
+        ch.abort(f"rank {rank}: {type(exc).__name__}: {exc}")
+        raise
 
 
 def _ranked(rank: int, text: str) -> str:

@@ -363,10 +363,11 @@ class IpcSource:
             if slot is not None:
                 self.provider.free(slot.buf)
                 self.slots[i] = None
-        if self.pending:  # a failed run: messages nobody will read (a drained run left none)
+        if self.pending:  # a failed run: acks nobody will read (a drained run left none)
             for r in self.receivers:
+                # Its receivers' export queues are theirs to clear (IpcReceiver.close): taking from
+                # them here raced a receiver still reading and made it meet the wrong bucket.
                 self.ch.clear(acks_from(r), self.window + 1)
-                self.ch.clear(exports_to(r), self.window + 1)
         self.pending.clear()
 
     def _hook(self, phase: str, bucket: int) -> None:
@@ -439,7 +440,8 @@ class IpcReceiver:
         return opened
 
     def close(self) -> None:
-        """Close every mapping (end of run, failure, abort): nothing of the source stays mapped.
+        """Close every mapping (end of run, failure, abort): nothing of the source stays mapped, and
+        nothing left for this receiver stays in the store.
 
         Copies still queued from a mapping are waited for first (a failure between a submit and its
         settle): closing an IPC mapping under a copy that reads it is undefined, and nothing says
@@ -452,6 +454,9 @@ class IpcReceiver:
         while self._mapped:
             _, (_, opened) = self._mapped.popitem()
             opened.close()
+        # What a failed run left for this receiver (none after a whole run): a store that outlives
+        # the run (a resident world's) keeps nothing of it.
+        self.ch.clear(exports_to(self.rank), self.window + 1)
 
     def receive(self, bucket: int, dst: Any) -> Received:
         """Copy bucket ``bucket`` into ``dst`` (1-D uint8 of the bucket's size), verify it there and
