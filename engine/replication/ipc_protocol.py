@@ -20,8 +20,8 @@ answered; a pop removes it). Keyed messages cost a receiver three round trips pe
 abort check, the wait, the get) and the source one more per message to delete it: on an H200 that
 was the largest part of a 64 MiB bucket's time after its copy and checksum (3.9 of 10 ms for 16
 buckets). Each queue has one reader, so a queue's single wake-up (c10d wakes one waiter) is
-always the right one. A store without queues (torch before 2.7) gets the same channel over
-numbered keys (``Channel.queued`` says which).
+always the right one. A store without working queues (torch before 2.7, a FileStore, a TCPStore
+without libuv) gets the same channel over numbered keys (``Channel.queued`` says which).
 
 Why a receiver keeps its mapping of a slot between buckets: opening a CUDA IPC handle costs ~0.7 ms
 and a 256 MiB device copy ~0.13 ms (H200), so opening per bucket made the path open-bound. The
@@ -191,21 +191,20 @@ class Channel:
     def clear(self, queue: str, most: int) -> None:
         """Drop what is left in ``queue`` (at most ``most`` values: a run's window), so a failed
         run leaves nothing in a store that outlives it (a resident world's). Cleanup only."""
-        with contextlib.suppress(Exception):  # a store that is gone holds nothing
-            for _ in range(most):
-                if self.queued:
+        with contextlib.suppress(Exception):  # an empty queue (QueueEmptyError), or a store that is gone
+            if self.queued:
+                for _ in range(most):
                     self.store.queue_pop(self.prefix + "q/" + queue, False)  # type: ignore[attr-defined]
-                elif (written := self._next.get("w" + queue, 0)) > 0:
-                    # A queue this side writes: its newest keys, read or not (a read one is gone).
-                    for n in range(written - 1, max(-1, written - 1 - most), -1):
-                        self.drop(f"q/{queue}/{n}")
-                    return
-                else:
-                    n = self._next.get("r" + queue, 0)
-                    if not self.ready(f"q/{queue}/{n}"):
-                        return
-                    self._next["r" + queue] = n + 1
+            elif (written := self._next.get("w" + queue, 0)) > 0:
+                # A queue this side writes: its newest keys, read or not (a read one is gone).
+                for n in range(max(0, written - most), written):
                     self.drop(f"q/{queue}/{n}")
+            else:  # a queue this side reads: the keys from the next unread one on, while they are set
+                first = n = self._next.get("r" + queue, 0)
+                while n < first + most and self.ready(f"q/{queue}/{n}"):
+                    self.drop(f"q/{queue}/{n}")
+                    n += 1
+                self._next["r" + queue] = n
 
     def _peek(self, full: str, what: str) -> bytes | None:
         """The value at ``full`` if it is set, in one round trip: compare_set with an expected value
@@ -475,7 +474,7 @@ class IpcReceiver:
         """
         done = self.settle(block=False)
         if len(self._started) >= self.depth:
-            done += self._settle_oldest()
+            done.append(self._settle_oldest())
         what = f"the export of bucket {bucket}"
         raw = self.ch.pop(exports_to(self.rank), what, wait=False)
         if raw is None:
@@ -518,10 +517,10 @@ class IpcReceiver:
         first, and return their results."""
         done: list[Received] = []
         while self._started and (block or _finished(self._started[0].done)):
-            done += self._settle_oldest()
+            done.append(self._settle_oldest())
         return done
 
-    def _settle_oldest(self) -> list[Received]:
+    def _settle_oldest(self) -> Received:
         st = self._started[0]
         try:
             if st.done is not None:
@@ -538,7 +537,7 @@ class IpcReceiver:
         # Released before anything else: the source may reuse the slot while we go on.
         self._ack(Ack(st.bucket, self.rank, released=True, ok=ok, digest=got, error=error))
         self._hook("acked", st.bucket, None)
-        return [Received(st.bucket, ok, got, st.want, error, copy_s, verify_s)]
+        return Received(st.bucket, ok, got, st.want, error, copy_s, verify_s)
 
     def _ack(self, ack: Ack) -> None:
         self.ch.push(acks_from(self.rank), ack.encode())
@@ -602,8 +601,7 @@ class _Clock:
 
     def split(self) -> tuple[float, float]:
         """(copy_s, verify_s), once the digest is done."""
-        if self.stream is None:
-            start, copied, summed = self.events
-            return copied - self.t0, summed - copied
         start, copied, summed = self.events
+        if self.stream is None:
+            return copied - self.t0, summed - copied
         return self.open_s + start.elapsed_time(copied) / 1e3, copied.elapsed_time(summed) / 1e3

@@ -23,6 +23,14 @@ from tests.agent.helpers import TOKEN
 START_S = 120.0
 
 
+def until(what: str, cond: Any, bound_s: float = 60.0, step_s: float = 0.05) -> None:
+    """Wait until ``cond()`` holds: on state, bounded (an AssertionError naming ``what`` after ``bound_s``)."""
+    deadline = time.monotonic() + bound_s
+    while not cond():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(step_s)
+
+
 def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("HWTUI_", "MASTER_", "RANK", "WORLD_SIZE"))}
     # HWTUI_TALLY_WAIT_S: a rank killed or failed after the decision never reports what it serves,

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from tests.agent import test_device_persist as _device_persist  # noqa: E402
 from tests.agent.helpers import TOKEN  # noqa: E402
-from tests.agent.procs import Agents, push  # noqa: E402
+from tests.agent.procs import Agents, push, until  # noqa: E402
 from tests.agent.test_device_persist import (  # noqa: E402
     AT_FLUSH,
     disk_serves,
@@ -57,13 +57,6 @@ def prepared(world: Agents, i: int, version: str) -> dict[str, Any]:
     status, doc = post(world, i, "/v1/push/prepare", {"world_key": "attack-probe", "version": version}, timeout=30)
     assert status == 200, doc
     return doc
-
-
-def until(what: str, cond: Any, bound_s: float = 60.0) -> None:
-    deadline = time.monotonic() + bound_s
-    while not cond():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
 
 
 def current_file_matches(world: Agents, i: int, tensors: dict[str, Any]) -> None:

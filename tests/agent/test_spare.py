@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from hwtui.engine.replication.checksum import tensor_hex  # noqa: E402
 from hwtui.engine.replication.staging import Staging  # noqa: E402
 from hwtui.engine.resident.spare import SpareStaging, make_spare, spare_path  # noqa: E402
+from tests.agent.procs import until  # noqa: E402
 
 
 def _tensors(seed: int, sizes: list[int]) -> tuple[list[dict], dict[str, torch.Tensor]]:
@@ -119,14 +120,9 @@ def test_a_signal_while_the_spare_is_made_leaves_no_temporary_file(tmp_path, mon
     _until_empty(spare_path(root).parent)
 
 
-def _until_empty(d, bound_s: float = 30.0) -> None:
+def _until_empty(d) -> None:
     """A stopped spare is renamed away and unlinked on a thread: wait (bounded) for the thread."""
-    import time
-
-    deadline = time.monotonic() + bound_s
-    while (left := list(d.iterdir())) != []:
-        assert time.monotonic() < deadline, f"left behind: {left}"
-        time.sleep(0.01)
+    until(f"nothing left in {d}", lambda: list(d.iterdir()) == [], bound_s=30.0, step_s=0.01)
 
 
 def test_a_stopped_spare_is_renamed_away_before_make_spare_returns(tmp_path, monkeypatch):

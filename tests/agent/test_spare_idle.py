@@ -10,7 +10,6 @@ push of 256 MiB, back to back, on this box).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.agent.procs import Agents, push  # noqa: E402
+from tests.agent.procs import Agents, push, until  # noqa: E402
 from tests.agent.test_device_persist import tiny_versions  # noqa: E402
 from tests.agent.test_device_resident import DEVICE, served_tensors  # noqa: E402
 from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
@@ -26,14 +25,13 @@ from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 
 
-def _spare_settled(world: Agents, i: int, bound_s: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + bound_s
-    while True:
-        spare = world.replication(i).get("spare") or {}
-        if spare.get("state") not in (None, "none", "preparing"):
-            return dict(spare)
-        assert time.monotonic() < deadline, f"node{i}'s spare never settled: {spare}"
-        time.sleep(0.02)
+def _spare_settled(world: Agents, i: int) -> dict[str, Any]:
+    def spare() -> dict[str, Any]:
+        return dict(world.replication(i).get("spare") or {})
+
+    until(f"node{i}'s spare settled", lambda: spare().get("state") not in (None, "none", "preparing"), bound_s=120.0,
+          step_s=0.02)
+    return spare()
 
 
 def _spare_file(world: Agents, i: int) -> Path:

@@ -163,6 +163,18 @@ def test_refuses_what_it_cannot_hash_in_place() -> None:
         device_digest(torch.zeros(8, dtype=torch.uint8)[::2])
 
 
+def _prints_ok_in_triton_interpreter(code: str) -> None:
+    """Run ``code`` in a fresh interpreter under Triton's interpreter (TRITON_INTERPRET=1: the
+    kernels run on CPU tensors) and require it to print "ok"."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    if "only 0-dimensional arrays can be converted to Python scalars" in proc.stderr:
+        # Triton 3.6's interpreter takes int() of a 1-element array for a loop bound passed as an
+        # argument, which numpy >= 2.4 refuses (compiled kernels are not affected).
+        pytest.skip("Triton's interpreter cannot run a kernel-argument loop bound under this numpy")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                     reason="Triton is not installed here: the one-read kernel runs live in tests/gpu/test_ipc_live.py")
 def test_every_triton_kernel_variant_gives_the_two_reductions_sums_in_its_interpreter() -> None:
@@ -184,13 +196,7 @@ def test_every_triton_kernel_variant_gives_the_two_reductions_sums_in_its_interp
             "        assert torch.equal(out, want), (cfg, rows)\n"
             "        assert bool((big[:64] == 777).all()) and bool((big[-64:] == 777).all()), (cfg, rows)\n"
             "print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    if "only 0-dimensional arrays can be converted to Python scalars" in proc.stderr:
-        # Triton 3.6's interpreter takes int() of a 1-element array for a loop bound passed as an
-        # argument, which numpy >= 2.4 refuses (compiled kernels are not affected).
-        pytest.skip("Triton's interpreter cannot run a kernel-argument loop bound under this numpy")
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _prints_ok_in_triton_interpreter(code)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -224,10 +230,4 @@ def test_the_fused_copy_and_sums_copy_exactly_and_give_the_two_reductions_sums_i
             "    copy_row_col_sums(x[:3], x[1:], torch.empty(4099, dtype=torch.int32))\n"
             "except ValueError:\n"
             "    print('ok')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
-    if "only 0-dimensional arrays can be converted to Python scalars" in proc.stderr:
-        # Triton 3.6's interpreter takes int() of a 1-element array for a loop bound passed as an
-        # argument, which numpy >= 2.4 refuses (compiled kernels are not affected).
-        pytest.skip("Triton's interpreter cannot run a kernel-argument loop bound under this numpy")
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    _prints_ok_in_triton_interpreter(code)
