@@ -7,6 +7,7 @@ words (PASSED / FAILED / ok), never colour alone, so the summary reads the same 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
@@ -14,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from hwtui.engine.cluster.events import BandwidthEvent
+from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.cluster.views import ClusterView
 
 OPS = ("broadcast", "all_reduce")
@@ -27,18 +28,39 @@ def size_text(n: int) -> str:
     return f"{n}B"
 
 
+@dataclass(frozen=True)
+class ClusterPicture:
+    """The cluster view as it was when :meth:`ClusterSummary.show` was called.
+
+    Why a copy: the app calls ``show`` under its state's lock, but Textual renders later while the
+    engine's reader thread goes on adding nodes and bandwidth rows to the same state (iterating a
+    dict another thread grows raises "dictionary changed size during iteration")."""
+
+    nodes: dict[int, NodeEvent]
+    mismatches: tuple[MismatchEvent, ...]
+    correctness: CorrectnessEvent | None
+    bandwidth: tuple[BandwidthEvent, ...]
+    done: DoneEvent | None
+
+    @classmethod
+    def of(cls, cluster: ClusterView) -> ClusterPicture:
+        return cls(nodes=dict(cluster.nodes), mismatches=tuple(cluster.mismatches), correctness=cluster.correctness,
+                   bandwidth=tuple(cluster.bandwidth), done=cluster.done)
+
+
 class ClusterSummary(Widget):
     DEFAULT_CSS = "ClusterSummary { height: auto; }"
 
     def __init__(self, max_nodes: int = 4, max_sizes: int = 9, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.cluster: ClusterView | None = None
+        self.cluster: ClusterPicture | None = None
         self.max_nodes = max_nodes
         self.max_sizes = max_sizes  # the largest sizes are kept: they say most about the link
         self.compact = False  # a short terminal: fewer sizes, no table title, so the log still shows
 
     def show(self, cluster: ClusterView) -> None:
-        self.cluster = cluster
+        """Copy ``cluster`` now (the caller holds its lock); draw the copy later."""
+        self.cluster = ClusterPicture.of(cluster)
         self.refresh(layout=True)
 
     def bandwidth_rows(self) -> list[tuple[int, dict[str, BandwidthEvent]]]:

@@ -467,6 +467,8 @@ class RunScreen(WizardStep):
         self._paint_timer = None
         self._last_paint = time.monotonic()
         state = self.state
+        # Every panel copies what it draws inside its show(), under this lock: Textual renders
+        # later, while the reader thread goes on changing the state (tests/app/tui/test_paint_snapshot.py).
         with state.lock:
             if state.version == self._seen_version:
                 return

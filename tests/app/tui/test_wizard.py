@@ -75,7 +75,7 @@ async def test_walk_the_wizard_and_watch_a_replication(snapshots, tmp_path):
         assert engine.cfg.plan == str(plan) and engine.cfg.device == "cpu" and engine.cfg.nproc == 2
         assert run.query_one("#views").current == "view-replicate"
         lanes = run.query_one(BucketLanes)
-        assert lanes.repl.count("done") == 12
+        assert lanes.picture is not None and lanes.picture.done == 12
         assert "buckets 12/12" in str(lanes.render())
         chart = run.query_one(ThroughputChart)
         assert chart.peak > 0 and chart.average > 0 and "peak" in str(chart.render())
@@ -100,7 +100,7 @@ async def test_walk_the_wizard_and_watch_a_replication(snapshots, tmp_path):
         await wait_for(pilot, lambda: engine.calls == 2 and run.state.finished)
         await pilot.press("r")
         await wait_for(pilot, lambda: engine.calls == 3 and run.state.finished)
-        assert run.query_one(BucketLanes).repl.count("done") == 12
+        assert run.query_one(BucketLanes).picture.done == 12
 
 
 async def test_copy_a_remedy(snapshots):
