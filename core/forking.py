@@ -412,6 +412,11 @@ def _open_fds() -> set[int]:
 def _run_main(module: str, args: list[str]) -> int:
     """Run ``module`` as ``__main__`` the way ``python -m`` does; its exit code."""
     sys.argv = [module, *args]
+    # A preloaded ``module`` (the agent preloads its resident rank's module, for the imports it
+    # makes) is forgotten first: ``python -m`` runs a module that no one imported, and runpy, finding
+    # it imported, ran it a second time beside the first and warned so on every child's stderr
+    # ("found in sys.modules ... unpredictable behaviour"). Its own imports stay preloaded.
+    sys.modules.pop(module, None)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:

@@ -56,7 +56,9 @@ def stdio_case() -> None:
     interpreter, not our replaced objects (which a fork would otherwise hand it)."""
     import io
 
-    preload(["json"])
+    # The child's own module preloaded too, as the agent preloads its resident rank's module: the
+    # child's stderr must still be only its own (runpy warned of "found in sys.modules" there).
+    preload(["json", "tests.core.fork_probe"])
     real_stdout = sys.stdout
     sys.stdin, sys.stdout, sys.stderr = io.StringIO("not for the child\n"), io.StringIO(), io.StringIO()
     # A library's logger set up at import (transformers' is): its handler holds our sys.stderr.
