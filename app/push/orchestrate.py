@@ -63,6 +63,7 @@ async def push(opts: PushOptions, plan_bytes: bytes, plan: PlanFacts, targets: l
 
     client = PushClient(token, tls_verify(targets, verify))
     try:
+        await client.load_transport()
         return await _Push(opts, plan_bytes, plan, targets, client).run()
     finally:
         await client.aclose()
