@@ -34,7 +34,7 @@ class PlanPrinter:
     """``hwtui plan``'s progress from the planner's own events: a bar (% and ETA) on a terminal,
     a line a second elsewhere, nothing with -q."""
 
-    PHASES = {"tensors": "hashing tensors", "buckets": "hashing buckets"}
+    PHASES = {"tensors": "hashing tensors (pass 1 of 2)", "buckets": "hashing buckets (pass 2 of 2)"}
 
     def __init__(self, out: IO[str], verbosity: int = 0, mode: str | None = None):
         from hwtui.app.output.progress import ProgressLine, mode_for
@@ -44,9 +44,11 @@ class PlanPrinter:
     def __call__(self, ev: Any) -> None:
         from hwtui.app.output.progress import format_bytes
 
+        # The bar and its ETA run over both passes; the sizes are this pass's, so they read as the
+        # model's size (both passes together are twice it).
+        done, total = (ev.pass_done, ev.pass_bytes) if ev.pass_bytes else (ev.bytes_done, ev.total_bytes)
         self.progress.update(ev.elapsed_s, "plan", ev.bytes_done, ev.total_bytes,
-                             f"{format_bytes(ev.bytes_done)}/{format_bytes(ev.total_bytes)}",
-                             self.PHASES.get(ev.phase, ev.phase))
+                             f"{format_bytes(done)}/{format_bytes(total)}", self.PHASES.get(ev.phase, ev.phase))
 
 
 def run(args: argparse.Namespace) -> int:

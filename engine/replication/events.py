@@ -121,12 +121,16 @@ class ReplThroughput(Event):
 @event("repl.plan")
 class PlanProgress(Event):
     """``hwtui plan`` hashing its input. Planning reads every byte twice (each tensor's checksum,
-    then each bucket's), so ``total_bytes`` counts both passes and ``bytes_done`` only grows."""
+    then each bucket's), so ``total_bytes`` counts both passes and ``bytes_done`` only grows (the
+    bar and its ETA); ``pass_done`` / ``pass_bytes`` are this phase's own, which is what a person
+    reads as a size (a 268 MB model showed "536.9 MB/536.9 MB")."""
 
     phase: str  # one of PLAN_PHASES
     bytes_done: int
     total_bytes: int
     elapsed_s: float  # since planning started
+    pass_done: int = 0  # bytes hashed in this phase
+    pass_bytes: int = 0  # bytes this phase hashes (0: not known, from a planner before these fields)
 
 
 PLAN_PHASES = ("tensors", "buckets")

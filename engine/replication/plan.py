@@ -459,25 +459,36 @@ PROGRESS_STEP = 64 << 20
 
 
 class _Meter:
-    """Bytes hashed so far, as :class:`PlanProgress` events (none without a sink)."""
+    """Bytes hashed so far, as :class:`PlanProgress` events (none without a sink): over both
+    passes, and within the pass under way (which starts where the one before it ended)."""
 
-    def __init__(self, on_event: Callable[[Any], None] | None, total: int):
+    def __init__(self, on_event: Callable[[Any], None] | None, total: int, first_pass: int):
         self.on_event, self.total, self.done = on_event, total, 0
         self.t0 = time.perf_counter()
         self._next = 0
+        self.phase: str | None = None
+        self.pass_at, self.pass_bytes = 0, first_pass
 
     def add(self, phase: str, nbytes: int, total: int | None = None) -> None:
         if self.on_event is None:
             return
         from hwtui.engine.replication.events import PlanProgress
 
+        if phase != self.phase:
+            if self.phase is not None:
+                self.pass_at = self.done
+            self.phase = phase
         self.done += nbytes
         if total is not None:
             self.total = total
-        if self.done >= self._next or self.done >= self.total:
+            self.pass_bytes = total - self.pass_at
+        done_here = self.done - self.pass_at
+        # Also when a pass ends: its line then says all of it ("268.4 MB/268.4 MB"), not the last step.
+        if self.done >= self._next or self.done >= self.total or (nbytes and done_here >= self.pass_bytes):
             self._next = self.done + PROGRESS_STEP
             self.on_event(PlanProgress(phase=phase, bytes_done=self.done, total_bytes=max(self.total, self.done),
-                                       elapsed_s=round(time.perf_counter() - self.t0, 6)))
+                                       elapsed_s=round(time.perf_counter() - self.t0, 6), pass_done=done_here,
+                                       pass_bytes=max(self.pass_bytes, done_here)))
 
 
 def _steps(nbytes: np.ndarray) -> list[tuple[int, int]]:
@@ -559,7 +570,7 @@ def _build_plan(inputs: PlanInputs, *, model: str, version: str | None, bucket_b
 
     # Every tensor's checksum, in stream order (sequential reads of the page cache). Pass two (the
     # buckets) reads what is sent again: until the layout is known, assume everything is.
-    meter = _Meter(on_event, 2 * int(nb_arr.sum()))
+    meter = _Meter(on_event, 2 * int(nb_arr.sum()), int(nb_arr.sum()))
     meter.add("tensors", 0)
     is_st = [f["format"] == "safetensors" for f in inputs.files]
     checksum = _tensor_checksums(inputs, cols, fetch, order, is_st, meter, progress=on_event is not None)

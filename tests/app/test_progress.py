@@ -110,7 +110,7 @@ def test_verbosity_before_or_after_the_command(argv, want):
 
 # -- plan ----------------------------------------------------------------------------------------------
 
-PLAN_LINE = re.compile(r"^plan +(\d+)%  (\S+ \S+)/(\S+ \S+)  (ETA \S+|done)  (hashing tensors|hashing buckets)$")
+PLAN_LINE = re.compile(r"^plan +(\d+)%  (\S+ \S+)/(\S+ \S+)  (ETA \S+|done)  (hashing \w+ \(pass [12] of 2\))$")
 
 
 def _plan_events(tmp_path, monkeypatch):
@@ -137,6 +137,14 @@ def test_plan_events_count_every_byte_hashed(tmp_path, monkeypatch):
     assert events[-1].bytes_done == events[-1].total_bytes == plan["model_bytes"] + plan["total_bytes"]
     assert all(e.total_bytes == events[-1].total_bytes for e in events if e.phase == "buckets")
     assert [e.elapsed_s for e in events] == sorted(e.elapsed_s for e in events)
+    # Each pass on its own: the tensors' bytes (the model), then the buckets' (what is sent).
+    tensors = [e for e in events if e.phase == "tensors"]
+    buckets = [e for e in events if e.phase == "buckets"]
+    assert {e.pass_bytes for e in tensors} == {plan["model_bytes"]}
+    assert {e.pass_bytes for e in buckets} == {plan["total_bytes"]}
+    assert tensors[-1].pass_done == plan["model_bytes"] and buckets[-1].pass_done == plan["total_bytes"]
+    assert all(e.pass_done == e.bytes_done for e in tensors)
+    assert all(e.pass_done == e.bytes_done - plan["model_bytes"] for e in buckets)
 
 
 def test_plan_progress_lines_are_the_events_figures(tmp_path, monkeypatch):
@@ -155,7 +163,7 @@ def test_plan_progress_lines_are_the_events_figures(tmp_path, monkeypatch):
         m = PLAN_LINE.match(line)
         assert m, line
         assert int(m[1]) == int(100 * e.bytes_done / e.total_bytes)
-        assert (m[2], m[3]) == (format_bytes(e.bytes_done), format_bytes(e.total_bytes))
+        assert (m[2], m[3]) == (format_bytes(e.pass_done), format_bytes(e.pass_bytes)), "this pass's bytes"
         want_eta = "done" if e.bytes_done >= e.total_bytes else \
             f"ETA {format_duration(eta_seconds(e.bytes_done, e.total_bytes, e.elapsed_s))}"
         assert m[4] == want_eta
