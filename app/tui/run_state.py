@@ -35,6 +35,7 @@ from hwtui.engine.replication.events import (
     ReplCommit,
     ReplDone,
     ReplRanks,
+    ReplSpan,
     ReplStart,
     ReplThroughput,
     ReplWindow,
@@ -42,6 +43,7 @@ from hwtui.engine.replication.events import (
 from hwtui.engine.training.events import (
     TrainCheckpoint,
     TrainDone,
+    TrainExport,
     TrainMerge,
     TrainStart,
     TrainWorker,
@@ -95,6 +97,7 @@ class Replication:
     done: ReplDone | None = None
     ranks: ReplRanks | None = None  # rank start-up as the launcher last reported it
     moving: bool = False  # the first bucket moved: start-up is over
+    spans: int = 0  # repl.span timings received (kept out of the log)
 
     @property
     def starting_up(self) -> bool:
@@ -381,7 +384,13 @@ class RunState:
             case ReplStart() | ReplRanks() | ReplBucket() | ReplWindow() | ReplThroughput() | ReplCommit() | ReplDone():
                 self.mode = self.mode or "replicate"
                 self._replication(ev)
-            case TrainStart() | TrainWorker() | TrainMerge() | TrainCheckpoint() | TrainWorkerLost() | TrainDone():
+            case ReplSpan():
+                # Timing of steps the bucket states do not show (hash, copy, ...), for a timeline:
+                # several per bucket and rank. Logged, they were dict dumps that pushed every
+                # other line out of the log's last 500 within a few hundred buckets.
+                self.mode = self.mode or "replicate"
+                self.repl.spans += 1
+            case TrainStart() | TrainWorker() | TrainMerge() | TrainCheckpoint() | TrainExport() | TrainWorkerLost() | TrainDone():
                 self.mode = self.mode or "train"
                 self._training(ev)
             case NodeEvent() | MismatchEvent() | CorrectnessEvent() | BandwidthEvent() | DoneEvent():
@@ -519,6 +528,10 @@ class RunState:
             case TrainCheckpoint():
                 tr.checkpoints.append(ev)
                 self._log(("info", f"checkpoint step {ev.step} -> {ev.path}"))
+            case TrainExport(path=path, error=error):
+                # A line, not a dump: the run's final --save-hf failure also comes as an error log event.
+                what = f"export of round {ev.round} (step {ev.step})"
+                self._log(("warning", f"{what} failed: {error}") if error else ("info", f"{what} -> {path}"))
             case TrainWorkerLost():
                 tr.lost.append(ev)
                 tr.workers.setdefault(ev.rank, WorkerRow(rank=ev.rank, device=ev.device)).lost = ev.reason or "lost"

@@ -397,3 +397,37 @@ def test_real_training_shows_100_percent_only_at_done_and_one_step_number():
         if raw["kind"] in ("train.worker", "train.merge", "train.done") and s.train.loss:
             assert s.train.loss[-1][0] == s.train.shown_step, raw["kind"]
             assert label.startswith(f"step {s.train.shown_step} / ")
+
+
+def test_span_timings_stay_out_of_the_log(typed):
+    """A real run's stream carries several repl.span timings per bucket and rank (the timeline's);
+    logged, they were dict dumps that pushed the transport line and every other line out of the
+    log's last 500. They are counted, not logged."""
+    from hwtui.engine.replication.events import ReplSpan
+
+    s, spans = RunState(log_lines=500), 0
+    for line in (DATA / "real_replicate.jsonl").read_text().splitlines():
+        raw = json.loads(line)
+        s.apply(parse_line(line) if typed else UnknownEvent(kind_name=raw["kind"], payload=raw))
+        if raw["kind"] == "repl.bucket" and raw.get("rank") is not None:
+            for phase in ("hash", "copy", "fault") * 10:  # what a long run sends, many times over
+                span = ReplSpan(rank=raw["rank"], bucket_id=raw["bucket_id"], phase=phase, seconds=0.001)
+                s.apply(span if typed else UnknownEvent(kind_name=span.kind, payload=span.to_dict()))
+                spans += 1
+    assert spans > 500 and s.repl.spans == spans
+    assert not any("repl.span" in text for _, text in s.log)
+    assert any("Using CPU broadcast transport" in text for _, text in s.log), "the transport line is still there"
+    assert s.repl.count("done") == 24 and s.progress()[0] == 1.0
+
+
+def test_an_export_is_a_line_of_the_log_not_a_dump():
+    from hwtui.engine.training.events import TrainExport
+
+    s = RunState()
+    s.apply(_train_start())
+    s.apply(TrainExport(round=1, step=5, path="/out/round-1"))
+    s.apply(TrainExport(round=2, step=10, path=None, error="No space left on device", final=True))
+    texts = [text for _, text in s.log]
+    assert "export of round 1 (step 5) -> /out/round-1" in texts
+    assert ("warning", "export of round 2 (step 10) failed: No space left on device") in s.log
+    assert not any("train.export" in text for text in texts)
