@@ -36,6 +36,8 @@ class TuiConfig:
     window: int = 0
     chunk_mb: int = 0
     steps: int = 50
+    train_model: str = ""  # train: `hwtui train --model` ("" = the built-in char model)
+    train_data: str = ""  # train: `hwtui train --data` ("" = the Python standard library's source)
     interval: float = 1.0  # dashboard sampling period, seconds
     export_path: str = "hwtui.env"
     # cluster: what `hwtui cluster init` is given (see engine/cluster/spec.py for the rules)

@@ -33,7 +33,10 @@ def build_stages(cfg: TuiConfig, defaults: dict[str, Any], workdir: Path) -> lis
     nproc = cfg.nproc or int(defaults["nproc"])
     if cfg.mode == "train":
         gpu_ids = cfg.gpu_ids or str(defaults["gpu_ids"])
-        return [Stage("run", [*hw, "train", "--gpu-ids", gpu_ids, "--steps", str(cfg.steps), "--events", "-"])]
+        model = ["--model", cfg.train_model] if cfg.train_model else []
+        data = ["--data", os.path.expanduser(cfg.train_data)] if cfg.train_data else []
+        return [Stage("run", [*hw, "train", "--gpu-ids", gpu_ids, "--steps", str(cfg.steps), *model, *data,
+                              "--events", "-"])]
     stages: list[Stage] = []
     plan = cfg.plan
     if cfg.source == "weights":

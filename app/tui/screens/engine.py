@@ -41,10 +41,12 @@ FIELDS: list[tuple[str, str, str, str, str | None]] = [
     ("chunk_mb", "Chunk MB", "chunk_mb", "integer", "chunk_mb"),
     ("gpu_ids", "Train devices", "gpu_ids", "text", "gpu_ids"),
     ("steps", "Train steps", "steps", "integer", None),
+    ("model", "Model", "train_model", "text", None),
+    ("data", "Text data", "train_data", "text", None),
     ("interval", "Sample every", "interval", "number", None),
 ]
 REPLICATE_ONLY = {"plan", "weights", "device", "nproc", "bucket_mb", "window", "chunk_mb"}
-TRAIN_ONLY = {"gpu_ids", "steps"}
+TRAIN_ONLY = {"gpu_ids", "steps", "model", "data"}
 LAUNCHERS = [("torchrun", "torchrun c10d"), ("slurm", "slurm"), ("mpirun", "mpirun")]
 INIT_TIMEOUT_S = 60
 
@@ -63,6 +65,25 @@ def _field_of(message: str) -> str:
     if "devices per node" in message:
         return "c-devices"
     return "c-nodes"
+
+
+def _train_input_problems(model: str, data: str) -> list[tuple[str, str]]:
+    """(field, problem) for what `hwtui train` would refuse in --model / --data before any worker
+    starts, said here first (the model's own checks, engine.training.modelspec: no torch, nothing
+    downloaded). What only loading can tell (an architecture, a tokenizer) is the run's one-line error."""
+    from hwtui.engine.training import modelspec
+
+    problems = []
+    if model:
+        try:
+            spec = modelspec.parse(model)
+            if spec.kind == "hf":
+                modelspec.read_config(spec)
+        except modelspec.ModelSpecError as exc:
+            problems.append(("model", f"Model: {str(exc).removeprefix(f'--model {model}: ')}"))
+    if data and not os.path.exists(os.path.expanduser(data)):
+        problems.append(("data", f"Text data: {data} does not exist"))
+    return problems
 
 
 class EngineScreen(WizardStep):
@@ -174,6 +195,9 @@ class EngineScreen(WizardStep):
         self.query_one("#in-weights", Input).placeholder = "model.safetensors or a directory"
         self.query_one("#in-interval", Input).placeholder = "1.0 s"
         self.query_one("#in-steps", Input).placeholder = "50"
+        # Short, to fit 80 columns: the help (?) says every form --model and --data take.
+        self.query_one("#in-model", Input).placeholder = "char (built in)"
+        self.query_one("#in-data", Input).placeholder = "stdlib source"
         devices = self.hw.devices
         usable = sum(1 for d in devices if d.usable)
         self.query_one("#in-c-devices", Input).placeholder = f"{defaults['devices_per_node']} (detected)"
@@ -409,6 +433,10 @@ class EngineScreen(WizardStep):
             values["steps"] = 50
         if not values.get("interval"):
             values["interval"] = 1.0
+        if mode == "train":
+            for fid, problem in _train_input_problems(values["train_model"], values["train_data"]):
+                problems.append(problem)
+                self.query_one(f"#in-{fid}", Input).add_class("-invalid")
         if mode == "replicate":
             if source == "plan":
                 if not values["plan"]:

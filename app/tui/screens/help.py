@@ -46,6 +46,9 @@ Engine
   cluster:      ctrl+o writes the launch files (`hwtui cluster init`)
                 ctrl+y copies the highlighted launch command
                 ctrl+s runs the smoke test here (`hwtui cluster test`)
+  train:        Model: char (built in), a Hugging Face model directory
+                or package.module:function (`hwtui train --model`);
+                Text data: a .txt, a directory of them or a .jsonl
 Run
   s             stop the engine (SIGTERM; SIGKILL after 5 s)
   r             run again                 l   log only / everything

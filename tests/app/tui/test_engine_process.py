@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,11 @@ def test_plan_source_and_training(tmp_path):
     assert only.argv[3:6] == ["replicate", "--plan", "p.json"] and "cuda" in only.argv and "8" in only.argv
     (train,) = build_stages(TuiConfig(mode="train", steps=5), DEFAULTS, tmp_path)
     assert train.argv[3:] == ["train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "5", "--events", "-"]
+    (mine,) = build_stages(TuiConfig(mode="train", steps=5, train_model="pkg.models:tiny", train_data="~/my text.txt"),
+                           DEFAULTS, tmp_path)
+    home = str(Path("~").expanduser())
+    assert mine.argv[3:] == ["train", "--gpu-ids", "cpu:0,cpu:1", "--steps", "5", "--model", "pkg.models:tiny",
+                             "--data", f"{home}/my text.txt", "--events", "-"], "one argv item per value, never a shell"
 
 
 def test_defaults_follow_the_hardware(snapshots):

@@ -79,6 +79,11 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
         engine.query_one("#mode").value = "train"
         engine.query_one("#in-gpu_ids").value = "cpu:0,cpu:1"
         engine.query_one("#in-steps").value = "4"
+        # The user's own model and text, as `hwtui train --model --data` takes them.
+        engine.query_one("#in-model").value = "tests.engine.training._models:tiny"
+        text = weights.parent / "corpus.txt"
+        text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400)))
+        engine.query_one("#in-data").value = str(text)
         await pilot.press("ctrl+s")
         run = app.screen
         await wait_for(pilot, lambda: run.state.finished, timeout=180)
@@ -88,6 +93,10 @@ async def test_real_replication_then_training_from_the_wizard(snapshots, weights
         train = run.state.train
         assert train.done and train.done.ok, log
         assert train.step == train.done.report["step"] == 4, "progress is the engine's own step count"
+        from tests.engine.training._models import tiny
+
+        assert train.start.params == sum(p.numel() for p in tiny().parameters()), "the user's model was trained"
+        assert "--model tests.engine.training._models:tiny --data" in log
         assert set(train.workers) == {0, 1} and train.step >= 4  # dynamic balance: a fast worker may take more
         assert len(train.loss) >= 1 and train.merges
         assert run.query_one(WorkerTable).row_count == 2

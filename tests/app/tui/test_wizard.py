@@ -158,6 +158,19 @@ async def test_engine_form_validation(snapshots, tmp_path):
         await pilot.press("right")
         assert screen.query_one("#mode").value == "train"
         assert screen.query_one("#in-plan").has_class("-off")
+        # The user's model and text are checked as `hwtui train` checks them, before a run.
+        no_config = tmp_path / "my-model"
+        no_config.mkdir()
+        for model, data, field, needle in [
+            (str(tmp_path / "nowhere"), "", "model", "Model: no such directory"),
+            (str(no_config), "", "model", "Model: no config.json"),
+            ("", str(tmp_path / "missing.txt"), "data", "Text data: " + str(tmp_path / "missing.txt") + " does not exist"),
+        ]:
+            screen.query_one("#in-model").value, screen.query_one("#in-data").value = model, data
+            await pilot.press("ctrl+s")
+            assert app.screen.STEP == "engine", "a bad form does not start anything"
+            assert needle in str(screen.query_one("#problems").render())
+            assert screen.query_one(f"#in-{field}").has_class("-invalid")
 
 
 async def test_training_run_on_the_dashboard(snapshots):
