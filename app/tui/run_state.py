@@ -539,8 +539,10 @@ class RunState:
             case TrainDone():
                 tr.done = ev
                 self.phase = self._finished_phase(ev.ok)
+                # 4 decimals, as the worker table and the merge rounds show losses ("3.000429391860962").
+                loss = "-" if ev.final_loss is None else f"{ev.final_loss:.4f}"
                 self._outcome(ev.ok, f"training {'done' if ev.ok else 'FAILED'}: {ev.samples} samples in "
-                                     f"{ev.seconds:.1f} s, final loss {ev.final_loss}")
+                                     f"{ev.seconds:.1f} s, final loss {loss}")
 
     # cluster smoke test --------------------------------------------------------------------
     def _cluster(self, ev: Event) -> None:

@@ -128,6 +128,12 @@ def test_training_stream(typed):
     assert t.shares() == {0: 0.57, 1: 0.43}
     assert s.progress()[0] == 1.0
 
+    # The last line says the engine's final loss as every loss is shown: 4 decimals (a real run's
+    # loss is a full float: "final loss 3.000429391860962").
+    long = TrainDone(ok=True, seconds=2.4, samples=1600, final_loss=3.000429391860962, report=None)
+    s.apply(long if typed else UnknownEvent(kind_name=long.kind, payload=long.to_dict()))
+    assert s.log[-1][1] == "training done: 1600 samples in 2.4 s, final loss 3.0004", s.log[-1]
+
 
 def _train_start(steps: int = 10, ranks: int = 1, merge_every: int = 5) -> TrainStart:
     return TrainStart(workers=[{"rank": r, "device": f"cpu:{r}"} for r in range(ranks)], steps=steps, batch_size=16,
