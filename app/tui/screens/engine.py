@@ -248,8 +248,10 @@ class EngineScreen(WizardStep):
         return self.query_one("#mode", ChoiceToggle).value, self.query_one("#source", ChoiceToggle).value
 
     def _grey_out(self) -> None:
-        """Dim the fields the chosen engine ignores (still editable: they are remembered)."""
+        """Dim the fields the chosen engine ignores and take them out of the tab order (their values
+        are kept and remembered; choosing that engine again brings them back)."""
         mode, source = self._mode()
+        self.query_one("#source", ChoiceToggle).can_focus = mode == "replicate"
         cluster = mode == "cluster"
         self.set_class(cluster, "-cluster")
         if cluster:
@@ -267,7 +269,10 @@ class EngineScreen(WizardStep):
             off = (mode == "train" and fid in REPLICATE_ONLY) or (mode == "replicate" and fid in TRAIN_ONLY)
             off = off or (mode == "replicate" and ((source == "plan" and fid in ("weights", "bucket_mb"))
                                                    or (source == "weights" and fid == "plan")))
-            self.query_one(f"#in-{fid}", Input).set_class(off, "-off")
+            field = self.query_one(f"#in-{fid}", Input)
+            field.set_class(off, "-off")
+            # Out of the tab order too: training's fields were 11 tabs away, behind 7 of replication's.
+            field.can_focus = not off
             self.query_one(f"#label-{fid}", Label).set_class(off, "-off")
 
     def action_reset_defaults(self) -> None:

@@ -158,6 +158,18 @@ async def test_engine_form_validation(snapshots, tmp_path):
         await pilot.press("right")
         assert screen.query_one("#mode").value == "train"
         assert screen.query_one("#in-plan").has_class("-off")
+        # Tab goes through training's own fields only: replication's are dimmed and skipped.
+        order = []
+        for _ in range(5):
+            await pilot.press("tab")
+            order.append(app.focused.id)
+        assert order == ["in-gpu_ids", "in-steps", "in-model", "in-data", "in-interval"], order
+        screen.query_one("#mode").focus()
+        await pilot.press("left")  # back to replicate: its fields are in the tab order again
+        await pilot.press("tab", "tab")
+        assert app.focused.id == "in-plan"
+        screen.query_one("#mode").focus()
+        await pilot.press("right")
         # The user's model and text are checked as `hwtui train` checks them, before a run.
         no_config = tmp_path / "my-model"
         no_config.mkdir()
