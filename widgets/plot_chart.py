@@ -130,7 +130,9 @@ class PlotChart(PlotextPlot):
 
     def _build(self, width: int, height: int, theme: str) -> Text:
         if width < MIN_WIDTH or height < MIN_HEIGHT:
-            note = f"(chart hidden: {width}x{height} is too small to read, it needs {MIN_WIDTH}x{MIN_HEIGHT})"
+            short = [f"{n} {what} (has {have})" for n, what, have in
+                     ((MIN_WIDTH, "columns", width), (MIN_HEIGHT, "rows", height)) if have < n]
+            note = f"(chart hidden: it needs {' and '.join(short)}; a larger terminal shows it)"
             return Text(f"{self.summary()}\n{note}" if height >= 2 else note, no_wrap=True, overflow="ellipsis")
         with self._plot_lock:
             self._plot_size = (width, height)

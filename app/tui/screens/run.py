@@ -90,7 +90,9 @@ class RunScreen(WizardStep):
     RunScreen #nodes-box ClusterNodes { height: auto; max-height: 12; }
     RunScreen.-wide #nodes-box ClusterNodes { height: 1fr; max-height: 100%; }
     RunScreen.-short #host-box { display: none; }
-    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 6; }
+    /* Short: a chart's figures and why it is not drawn, in 2 lines. It had 6, which can never draw
+       one (PlotChart needs 8), so 4 blank lines sat there while the log had no room. */
+    RunScreen.-short ThroughputChart, RunScreen.-short LossChart { height: 2; }
     RunScreen.-short MergeRounds { max-height: 2; }
     RunScreen.-log-only #engine-box, RunScreen.-log-only #monitor-col { display: none; }
     RunScreen #cluster-findings { height: auto; max-height: 6; min-height: 2; }

@@ -205,6 +205,11 @@ async def test_training_run_on_the_dashboard(snapshots):
         assert "step 40" in loss
         assert "#4" in str(run.query_one("#merges").render())
         assert app.config.mode == "train" and app.config.gpu_ids == "cpu:0,cpu:1"
+        # 30 rows is short: the chart cannot be drawn, so it takes its two lines of figures and
+        # why, and no blank rows (it had 6, 4 of them empty, while the log had no room).
+        assert run.has_class("-short")
+        chart = run.query_one("#loss")
+        assert chart.size.height == 2 and loss.splitlines()[1].startswith("(chart hidden")
 
 
 async def test_engine_errors_are_shown_never_swallowed(snapshots, tmp_path):
