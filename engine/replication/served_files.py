@@ -14,6 +14,7 @@ import errno
 import fcntl
 import grp
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,15 @@ def own(path: Path, mode: int, gid: int | None = None, directory: bool = False, 
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def own_real_dir(path: Path) -> bool:
+    """``path`` is a real directory of this user (lstat: a symlink to one is not)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def make_dir(path: Path, mode: int, gid: int | None = None, follow: bool = False) -> None:

@@ -118,6 +118,34 @@ def _remove_in_background(path: Path) -> None:
                      daemon=True).start()
 
 
+AGENT_LOCK = ".lock.agent"
+
+
+def lock_agent_out(out: Path) -> int:
+    """An exclusive flock on ``<out>/.lock.agent`` for this agent's life (its descriptor): one agent
+    per --out. The file holds the owner's pid so a second agent can say who has it; the kernel
+    drops the lock when its holder dies, so a killed agent never leaves a stale one."""
+    import fcntl
+
+    from hwtui.engine.replication.served_files import PRIVATE_FILE
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / AGENT_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    except OSError as exc:
+        raise HwtuiError(f"--out {out} cannot hold this agent's lock: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise HwtuiError(f"--out {out} is in use by another agent (pid {holder}); stop it or choose another "
+                         "--out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 def push_settings(settings: dict[str, Any], device_kind: str | None = None) -> tuple[ReplicationSettings, Timeouts]:
     """A push's settings, as the pusher sent them (untrusted JSON), into the rank's typed settings.
 
@@ -208,6 +236,11 @@ class ResidentRank:
         # source; a push's own settings.readers / settings.direct_io win.
         self.readers, self.direct_io = readers, direct_io
         self.out = Path(out).resolve()
+        # Before anything under --out is touched: a second agent started on it (a mistaken
+        # second start, a service manager's retry) ran the recovery below on the live agent's
+        # files -- its half-made spare, its staged push, its plan files -- and only then failed
+        # on its port.
+        self._out_lock = lock_agent_out(self.out)
         self.served = self.out / "served"
         self.ranks_out = self.out / "ranks"  # the worker's --out: decisions/<v>.json live here
         self.advertise = advertise
@@ -385,9 +418,13 @@ class ResidentRank:
             if not p.name.startswith("upload-"):  # a dead push's own plan, or a half-received upload
                 with contextlib.suppress(OSError):
                     p.unlink()
-        for half_made in [self.served / "spare" / ".spare.tmp", *(self.served / "spare").glob(".spare.discard.*")]:
-            with contextlib.suppress(OSError):
-                half_made.unlink()
+        from hwtui.engine.replication.served_files import own_real_dir
+
+        spare_dir = self.served / "spare"  # engine.resident.spare: never through a link planted there
+        if own_real_dir(spare_dir):
+            for half_made in [spare_dir / ".spare.tmp", *spare_dir.glob(".spare.discard.*")]:
+                with contextlib.suppress(OSError):
+                    half_made.unlink()
         for item in recovery.staged(self.served, self.ranks_out):
             v = item["version"]
             if self.serving() == v:
@@ -1051,6 +1088,9 @@ class ResidentRank:
         self._spawner.shutdown(wait=False)
         if self.device is not None:
             self.device.close()  # both slots: the agent stops
+        if self._out_lock >= 0:
+            os.close(self._out_lock)  # the flock goes with it: another agent may take --out now
+            self._out_lock = -1
 
     # ------------------------------------------------------------------ the served version on the device
 

@@ -350,8 +350,13 @@ def _make_spare(cfg: WorkerConfig, emit: Any, stop: Callable[[], bool]) -> None:
     except SpareStopped as exc:
         emit({"kind": "resident.spare", "state": "stopped", "reason": str(exc)})
         return
-    except (OSError, KeyError) as exc:
-        emit({"kind": "resident.spare", "state": "failed", "reason": str(exc)[:200]})
+    except Interrupted:
+        raise  # the agent stopping this rank: not the spare's failure
+    except Exception as exc:  # noqa: BLE001 - idle work: a failure is reported, never the rank's end
+        # A full disk (HwtuiError from its preallocation), an unreadable CURRENT (HwtuiError), a
+        # record whose "file" is not a name (TypeError): each ended the rank with a traceback.
+        why = str(exc) if isinstance(exc, (OSError, HwtuiError)) else f"{type(exc).__name__}: {exc}"
+        emit({"kind": "resident.spare", "state": "failed", "reason": why[:200]})
         return
     emit({"kind": "resident.spare", "state": "ready", "bytes": size, "seconds": round(time.perf_counter() - t, 3)})
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import queue
@@ -40,6 +41,19 @@ from hwtui.engine.replication.staging import Staging
 
 def spare_path(served_root: str | os.PathLike[str]) -> Path:
     return Path(served_root) / "spare" / "model.safetensors"
+
+
+def own_spare_dir(path: Path) -> bool:
+    """``<served>/spare`` as hwtui makes it: a real directory of this user, never a symlink.
+
+    Why: the spare becomes a staging copy of the weights, and everything in that directory is
+    created, replaced, moved and unlinked by name. Through a planted link (anyone who can write
+    the served directory can plant one) the spare's zeros replaced a file elsewhere, the next
+    push moved that directory's model.safetensors into its staging, and the agent's start
+    unlinked files there."""
+    from hwtui.engine.replication.served_files import own_real_dir
+
+    return own_real_dir(path)
 
 
 # Zeroed and written back per chunk: how soon a waiting push gets the rank. Measured here (1 GiB,
@@ -65,8 +79,16 @@ def make_spare(served_root: str | os.PathLike[str], size: int, stop: Callable[[]
     """
     import torch
 
+    from hwtui.engine.replication.disk import preallocate
+    from hwtui.engine.replication.served_files import PRIVATE_DIR, make_dir
+
     final = spare_path(served_root)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final.parent.parent.mkdir(parents=True, exist_ok=True)  # the served root (the rank's own directory)
+    # Owner-only whatever the umask (it was the umask's: 0777 under umask 0, writable by the
+    # serving group with --serve-group), and refused where a symlink stands (own_spare_dir).
+    make_dir(final.parent, PRIVATE_DIR)
+    if not own_spare_dir(final.parent):
+        raise OSError(errno.EPERM, f"{final.parent} is not a directory of this user")
     tmp = final.with_name(".spare.tmp")
     # Exclusive, 0600, never through a symlink: it becomes a staging copy of the weights. A
     # leftover of a killed agent at that name is unlinked (not followed) first.
@@ -74,6 +96,10 @@ def make_spare(served_root: str | os.PathLike[str], size: int, stop: Callable[[]
     sync = _sync_file_range()
     try:
         os.ftruncate(fd, size)
+        # Blocks reserved before a page is written through the mapping: on a full disk the first
+        # store into an unbacked page is SIGBUS, which killed the rank and left the whole
+        # .spare.tmp behind. Here it is one HwtuiError ("no space left ...").
+        preallocate(fd, size, f"the spare staging file {tmp}")
         if size:
             with mmap.mmap(fd, size) as mm:
                 data = None  # released before the mapping closes, whatever ends the loop (a signal too)
@@ -93,12 +119,14 @@ def make_spare(served_root: str | os.PathLike[str], size: int, stop: Callable[[]
                 finally:
                     del data
         os.fsync(fd)
-    except BaseException:
         os.close(fd)
+        fd = -1
+        os.replace(tmp, final)  # inside: a failed rename (a directory planted there) leaves no tmp
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
         _discard(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, final)
     return size
 
 
@@ -213,7 +241,8 @@ class SpareStaging(Staging):
     def _init(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str,
               file: str | os.PathLike[str] | None, first: list[str] | None, header: bytes | None) -> None:
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
-        reuse = device == "cpu" and file is not None and spare is not None and _own_regular_file(spare)
+        reuse = (device == "cpu" and file is not None and spare is not None and own_spare_dir(spare.parent)
+                 and _own_regular_file(spare))
         if reuse:
             assert file is not None and spare is not None
             Path(file).parent.mkdir(parents=True, exist_ok=True)
