@@ -1031,9 +1031,18 @@ class ResidentRank:
             # version). Outside the lock: finishing hashes the staged copy, and the node stays busy
             # meanwhile, so no push or resolve can start.
             self._settle(str(flight["version"]))
+        ended = child.poll()
+        if ended is None:  # its pipe closed first: reaped within moments (bounded), for the reason below
+            with contextlib.suppress(Exception):
+                ended = child.wait(timeout=2)
         with self._lock:
             if self.child is child:
                 self.world_key = None
+                if self.spare.get("state") == "preparing":
+                    # It was the rank's idle work: said "preparing" for as long as the agent lived.
+                    how = exit_text(ended) if ended is not None else "ended"
+                    self.spare = {"state": "failed", "reason": f"the resident rank {how} while making it",
+                                  "stopped": self.spare.get("stopped", 0)}
             if self.busy and self._flight_child is child and self.in_flight is not None:
                 code = child.poll()
                 stopped = bool((self.in_flight or {}).get("stopped"))

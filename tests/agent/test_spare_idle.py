@@ -114,3 +114,22 @@ def test_an_agent_starting_removes_half_made_and_stopped_spares_a_killed_rank_le
     world.start(1)
     world.replication(1)  # answering: its start-up recovery is done
     assert sorted(p.name for p in spare_dir.iterdir()) == ["model.safetensors"]
+
+
+def test_a_rank_that_dies_making_its_spare_is_a_failed_spare_not_preparing_for_ever(world, models):
+    """The spare is the rank's idle work: a rank killed while making it (the OOM killer, an
+    operator) left the agent saying "preparing" for as long as it lived."""
+    import signal
+
+    world.start(0)
+    world.start(1, HWTUI_TEST_SPARE_HOLD="1")  # the spare waits for a command: the rank is caught making it
+    done = push(models["v1"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = world.replication(1)
+    assert state["spare"]["state"] == "preparing", state["spare"]
+    os.kill(state["resident"]["pid"], signal.SIGKILL)
+    spare = _spare_settled(world, 1)
+    assert spare["state"] == "failed" and "killed by SIGKILL while making it" in spare["reason"], spare
+    # The next push starts a new rank and commits.
+    done = push(models["v2"][0], world.agents())
+    assert done.returncode == 0, done.stdout + done.stderr
