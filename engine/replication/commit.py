@@ -94,6 +94,32 @@ def read_decision(out: str | os.PathLike[str], version: str) -> dict[str, Any] |
     return raw
 
 
+class LockHeld(Exception):
+    """Another process holds the lock; ``holder`` is the pid it wrote ("unknown" if none)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def flock_with_pid(path: Path) -> int:
+    """An exclusive flock on ``path`` (created owner-only, never through a symlink) holding our pid,
+    as its descriptor; LockHeld when another process has it, OSError when it cannot be opened.
+    The kernel drops a flock when its holder dies: a crashed holder never leaves a stale lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LockHeld(holder) from None
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, PRIVATE_FILE)  # a lock file left by an older hwtui is 0644
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class OutLock:
     """An exclusive flock per rank directory, so two runs never write one ``--out`` at once.
 
@@ -118,25 +144,15 @@ class OutLock:
         if not self.out.is_dir():
             raise HwtuiError(f"--out {self.out} is not a directory")
         for r in self.ranks:
-            path = self.out / f".lock.rank{r}"
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+                self._fds.append(flock_with_pid(self.out / f".lock.rank{r}"))
+            except LockHeld as held:
+                self.release()
+                raise HwtuiError(f"--out {self.out} is in use by pid {held.holder} (another replication owns rank {r}); "
+                                 "wait for it or choose another --out") from None
             except OSError as exc:
                 self.release()
                 raise HwtuiError(f"--out {self.out} is not writable: {exc.strerror or exc}") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                self.release()
-                raise HwtuiError(f"--out {self.out} is in use by pid {holder} (another replication owns rank {r}); "
-                                 "wait for it or choose another --out") from None
-            with contextlib.suppress(OSError):
-                os.fchmod(fd, PRIVATE_FILE)  # a lock file left by an older hwtui is 0644
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            self._fds.append(fd)
         return self
 
     def release(self) -> None:

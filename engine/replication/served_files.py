@@ -16,6 +16,7 @@ import grp
 import os
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,13 +78,19 @@ def own(path: Path, mode: int, gid: int | None = None, directory: bool = False, 
         os.close(fd)
 
 
-def own_real_dir(path: Path) -> bool:
-    """``path`` is a real directory of this user (lstat: a symlink to one is not)."""
+def owned_entry(path: Path, is_kind: Callable[[int], bool]) -> bool:
+    """``path`` is an entry of this user of that kind (``stat.S_ISDIR``, ``stat.S_ISREG``), by lstat:
+    a symlink to one is not."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return is_kind(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def own_real_dir(path: Path) -> bool:
+    """``path`` is a real directory of this user, not a symlink to one."""
+    return owned_entry(path, stat.S_ISDIR)
 
 
 def make_dir(path: Path, mode: int, gid: int | None = None, follow: bool = False) -> None:

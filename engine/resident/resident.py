@@ -123,27 +123,17 @@ AGENT_LOCK = ".lock.agent"
 
 def lock_agent_out(out: Path) -> int:
     """An exclusive flock on ``<out>/.lock.agent`` for this agent's life (its descriptor): one agent
-    per --out. The file holds the owner's pid so a second agent can say who has it; the kernel
-    drops the lock when its holder dies, so a killed agent never leaves a stale one."""
-    import fcntl
-
-    from hwtui.engine.replication.served_files import PRIVATE_FILE
+    per --out. A second agent says who has it; a killed agent leaves no stale lock."""
+    from hwtui.engine.replication.commit import LockHeld, flock_with_pid
 
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / AGENT_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+        return flock_with_pid(out / AGENT_LOCK)
+    except LockHeld as held:
+        raise HwtuiError(f"--out {out} is in use by another agent (pid {held.holder}); stop it or choose another "
+                         "--out") from None
     except OSError as exc:
         raise HwtuiError(f"--out {out} cannot hold this agent's lock: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise HwtuiError(f"--out {out} is in use by another agent (pid {holder}); stop it or choose another "
-                         "--out") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def push_settings(settings: dict[str, Any], device_kind: str | None = None) -> tuple[ReplicationSettings, Timeouts]:

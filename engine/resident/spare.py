@@ -253,9 +253,7 @@ class SpareStaging(Staging):
 
 def _own_regular_file(path: Path) -> bool:
     """A spare hwtui made: a regular file of this user, not a symlink (never followed)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+    from hwtui.engine.replication.served_files import owned_entry
+
+    return owned_entry(path, stat.S_ISREG)
 

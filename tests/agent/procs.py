@@ -13,8 +13,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests import cli_proc
 from tests.agent.helpers import TOKEN
@@ -29,6 +33,23 @@ def until(what: str, cond: Any, bound_s: float = 60.0, step_s: float = 0.05) -> 
     while not cond():
         assert time.monotonic() < deadline, f"never: {what}"
         time.sleep(step_s)
+
+
+def small_tmpfs(parent: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (e.g. "1m") of its own under ``parent`` (root only; skips otherwise),
+    unmounted whatever the test did: a disk that fills, for the full-disk tests."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where = parent / f"tmpfs-{uuid.uuid4().hex[:6]}"
+    where.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+                          capture_output=True, text=True, timeout=30)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
 def env(**extra: str) -> dict[str, str]:

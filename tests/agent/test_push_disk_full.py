@@ -4,9 +4,6 @@ it never reads as an unreachable agent (the connection used to drop without a re
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from hwtui.app.cli import main
 from hwtui.app.node_api.push_routes import make_routes
 from hwtui.engine.resident.resident import ResidentRank
 from tests.agent.helpers import TOKEN, start_agent, stop_agent
+from tests.agent.procs import small_tmpfs
 
 pytestmark = [pytest.mark.timeout(120)]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -25,18 +23,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs of its own (root only), unmounted whatever the test did."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(where)],
-                          capture_output=True, text=True, timeout=30)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+    yield from small_tmpfs(tmp_path, "1m")
 
 
 def _fill(disk: Path) -> None:

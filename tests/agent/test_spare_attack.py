@@ -17,7 +17,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 from hwtui.core.errors import HwtuiError
 from hwtui.engine.resident.resident import ResidentRank
 from hwtui.engine.resident.spare import spare_path
-from tests.agent.procs import until
+from tests.agent.procs import small_tmpfs, until
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -34,18 +33,7 @@ pytestmark = [pytest.mark.timeout(120)]
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs of its own (root only), unmounted whatever the test did."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where = tmp_path / f"tmpfs-{uuid.uuid4().hex[:6]}"
-    where.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(where)],
-                          capture_output=True, text=True, timeout=30)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+    yield from small_tmpfs(tmp_path, "4m")
 
 
 def _served_version(out: Path, rank: int = 1, size: int = 0, current: str | None = None) -> Path:
