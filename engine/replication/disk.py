@@ -72,17 +72,24 @@ def preallocate(fd: int, nbytes: int, what: str) -> bool:
     """
     if nbytes <= 0:
         return False
+    return reserve_range(fd, 0, nbytes, what)
+
+
+def reserve_range(fd: int, offset: int, length: int, what: str, room_for: int | None = None) -> bool:
+    """:func:`preallocate` for ``length`` bytes at ``offset`` (a file reserved piece by piece, so
+    that a caller can stop between pieces). Where nothing can be reserved, the disk must have
+    ``room_for`` bytes free (default ``length``), and False says so."""
     try:
-        fallocate(fd, 0, nbytes)
+        fallocate(fd, offset, length)
     except OSError as exc:
         if exc.errno in NO_SPACE:
-            raise no_space(what, nbytes, exc) from None
+            raise no_space(what, length, exc) from None
         if exc.errno in _UNSUPPORTED:
-            _room_for(fd, nbytes, what)
+            _room_for(fd, room_for if room_for is not None else length, what)
             return False
         raise
     except AttributeError:  # a libc without fallocate
-        _room_for(fd, nbytes, what)
+        _room_for(fd, room_for if room_for is not None else length, what)
         return False
     return True
 

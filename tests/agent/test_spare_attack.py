@@ -171,3 +171,21 @@ def test_the_agent_s_lock_dies_with_it(tmp_path):
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
     assert (out / ".lock.agent").exists()
     ResidentRank(node="b", out=out, advertise="127.0.0.1").close()
+
+
+def test_the_spare_s_blocks_are_reserved_chunk_by_chunk_so_a_stop_never_waits_for_all_of_them(tmp_path):
+    """Reserving the whole spare at once took 0.9 s for 1 GiB on tmpfs, with no stop between: a push
+    arriving then waited. Each time the stop is asked, at most the chunks already zeroed are reserved."""
+    from hwtui.engine.resident.spare import SPARE_CHUNK, SpareStopped, make_spare
+
+    tmp = tmp_path / "served" / "spare" / ".spare.tmp"
+    seen: list[int] = []
+
+    def stop() -> bool:
+        seen.append(os.stat(tmp).st_blocks * 512)
+        return len(seen) == 3
+
+    with pytest.raises(SpareStopped):
+        make_spare(tmp_path / "served", 8 * SPARE_CHUNK, stop)
+    assert len(seen) == 3
+    assert all(reserved <= i * SPARE_CHUNK + (1 << 20) for i, reserved in enumerate(seen)), seen
