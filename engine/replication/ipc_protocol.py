@@ -141,14 +141,19 @@ class Channel:
             self._await(full, what, deadline)
         return got
 
-    def push(self, queue: str, value: bytes) -> None:
-        """Append ``value`` to ``queue`` (read in order by its one reader, ``pop``)."""
-        if self.queued:
-            self.store.queue_push(self.prefix + "q/" + queue, value)  # type: ignore[attr-defined]
-            return
-        n = self._next.get("w" + queue, 0)
-        self._next["w" + queue] = n + 1
-        self.put(f"q/{queue}/{n}", value)
+    def push(self, queue: str, value: bytes, what: str) -> None:
+        """Append ``value`` (``what``, for the error) to ``queue`` (read in order by its one reader,
+        ``pop``); IpcFailure when the store is gone. Why caught: a receiver whose ack met the store's
+        host (rank 0) gone reported c10d's own "DistNetworkError: Broken pipe" as an internal error."""
+        try:
+            if self.queued:
+                self.store.queue_push(self.prefix + "q/" + queue, value)  # type: ignore[attr-defined]
+                return
+            n = self._next.get("w" + queue, 0)
+            self._next["w" + queue] = n + 1
+            self.put(f"q/{queue}/{n}", value)
+        except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
+            raise IpcFailure(f"the control channel went away while sending {what}") from None
 
     @overload
     def pop(self, queue: str, what: str) -> bytes: ...
@@ -180,13 +185,16 @@ class Channel:
             self._await(full, what, deadline)
 
     def backlog(self, queue: str) -> int:
-        """How many values ``queue`` holds now (no wait)."""
-        if self.queued:
-            return int(self.store.queue_len(self.prefix + "q/" + queue))  # type: ignore[attr-defined]
-        n = first = self._next.get("r" + queue, 0)
-        while self.ready(f"q/{queue}/{n}"):
-            n += 1
-        return n - first
+        """How many values ``queue`` holds now (no wait); IpcFailure when the store is gone."""
+        try:
+            if self.queued:
+                return int(self.store.queue_len(self.prefix + "q/" + queue))  # type: ignore[attr-defined]
+            n = first = self._next.get("r" + queue, 0)
+            while self.ready(f"q/{queue}/{n}"):
+                n += 1
+            return n - first
+        except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
+            raise IpcFailure(f"the control channel went away while reading {queue}") from None
 
     def clear(self, queue: str, most: int) -> None:
         """Drop what is left in ``queue`` (at most ``most`` values: a run's window), so a failed
@@ -327,7 +335,7 @@ class IpcSource:
         self._hook("exported", bucket)
         raw = msg.encode()
         for r in self.receivers:
-            self.ch.push(exports_to(r), raw)
+            self.ch.push(exports_to(r), raw, f"the export of bucket {bucket}")
         self._hook("published", bucket)
         return digest
 
@@ -540,7 +548,7 @@ class IpcReceiver:
         return Received(st.bucket, ok, got, st.want, error, copy_s, verify_s)
 
     def _ack(self, ack: Ack) -> None:
-        self.ch.push(acks_from(self.rank), ack.encode())
+        self.ch.push(acks_from(self.rank), ack.encode(), f"the ack of bucket {ack.bucket}")
 
     def _hook(self, phase: str, bucket: int, dst: Any) -> None:
         if self.hook is not None:

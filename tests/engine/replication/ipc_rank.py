@@ -146,7 +146,7 @@ def _publish_hostile(ch: Channel, src: IpcSource, b: int, n: int, what: str) -> 
     else:
         raise ValueError(what)
     for r in src.receivers:
-        ch.push(exports_to(r), raw)
+        ch.push(exports_to(r), raw, f"the export of bucket {b}")
     src.pending.append(b)
     src.slots[b % src.window].bucket = b  # type: ignore[union-attr]
 

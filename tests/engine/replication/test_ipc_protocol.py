@@ -481,13 +481,13 @@ def test_two_exports_of_one_cuda_buffer_reuse_the_mapping_though_their_event_fie
     rx = IpcReceiver(ch, opener, 1, 1)
     digest = device_digest(data)
     for bucket, handle in enumerate((a, b, a)):
-        ch.push(exports_to(1), Export(bucket, 0, 4096, digest, "cuda", handle).encode())
+        ch.push(exports_to(1), Export(bucket, 0, 4096, digest, "cuda", handle).encode(), "an export")
         dst = torch.empty(4096, dtype=torch.uint8)
         got = rx.receive(bucket, dst)
         assert got.ok and torch.equal(dst, data)
     assert opener.opens == 1 and opener.closes == 0
     other = CudaHandle(0, b"g" * 64, 4096, 0, b"", 0, b"", False)  # the source replaced the slot's buffer
-    ch.push(exports_to(1), Export(3, 0, 4096, digest, "cuda", other).encode())
+    ch.push(exports_to(1), Export(3, 0, 4096, digest, "cuda", other).encode(), "an export")
     assert rx.receive(3, torch.empty(4096, dtype=torch.uint8)).ok
     assert opener.opens == 2 and opener.closes == 1
     rx.close()
@@ -517,9 +517,9 @@ def test_free_now_says_whether_acquire_would_wait_for_a_receiver() -> None:
             src.acquire(b, 64).fill_(b)
             src.publish(b, 64)
         assert not src.free_now(2)  # slot 0 holds bucket 0, released by nobody yet
-        ch.push(acks_from(1), Ack(0, 1, released=True, ok=True, digest="", error="").encode())
+        ch.push(acks_from(1), Ack(0, 1, released=True, ok=True, digest="", error="").encode(), "an ack")
         assert not src.free_now(2)  # rank 2 still holds it
-        ch.push(acks_from(2), Ack(0, 2, released=True, ok=True, digest="", error="").encode())
+        ch.push(acks_from(2), Ack(0, 2, released=True, ok=True, digest="", error="").encode(), "an ack")
         assert src.free_now(2) and not src.free_now(3)
         src.acquire(2, 64)  # returns at once: the acks are there
     finally:
@@ -749,3 +749,13 @@ def test_a_store_that_went_away_makes_abort_quiet_and_a_wait_an_ipc_failure() ->
     ch.abort("rank 2: OSError")  # returns
     with pytest.raises(IpcFailure, match="the control channel went away while waiting for the export of bucket 0"):
         ch.pop(exports_to(1), "the export of bucket 0")
+    # Sending and counting say the same (a receiver's ack once rank 0 had ended was c10d's own
+    # "DistNetworkError: Broken pipe", reported as an internal error), with queues or keys.
+    queued = Channel(dist.HashStore(), "run", 5.0)
+    assert queued.queued
+    queued.store = Gone()  # type: ignore[assignment]
+    for channel in (ch, queued):
+        with pytest.raises(IpcFailure, match="the control channel went away while sending the ack of bucket 0"):
+            channel.push(acks_from(1), b"ack", "the ack of bucket 0")
+        with pytest.raises(IpcFailure, match="the control channel went away while reading"):
+            channel.backlog(acks_from(1))

@@ -86,11 +86,13 @@ def test_a_source_failing_otherwise_than_by_ipc_is_named_and_no_receiver_reports
     assert not result.ok and "rank 0: OSError: [Errno 28]" in result.error
     said = [e for e in events if isinstance(e, ErrorEvent) and e.rank in (1, 2)]
     # Which of these a receiver meets is a race with the source's exit: the abort's reason, the
-    # store gone, or (a receiver behind) an export whose source process is gone.
+    # store gone (waiting for an export, or sending its ack: a full suite caught the latter as c10d's
+    # raw "Broken pipe"), or (a receiver behind) an export whose source process is gone.
     for e in said:
         assert e.where == "transport" and "DistNetworkError" not in e.message and any(
             why in e.message for why in ("aborted while waiting for the export of bucket 3: rank 0: OSError",
                                          "the control channel went away while waiting for the export of bucket",
+                                         "the control channel went away while sending the ack of bucket",
                                          "cannot open the source's shared buffer")), e
     for rank in (1, 2):
         assert not (model / "out" / f"rank{rank}" / "CURRENT").exists()
