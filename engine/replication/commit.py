@@ -42,10 +42,12 @@ stay owner-only whatever the group.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,17 +108,22 @@ def flock_with_pid(path: Path) -> int:
     """An exclusive flock on ``path`` (created owner-only, never through a symlink) holding our pid,
     as its descriptor; LockHeld when another process has it, OSError when it cannot be opened.
     The kernel drops a flock when its holder dies: a crashed holder never leaves a stale lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+    # O_NONBLOCK: a FIFO planted at the name must not hold the open (it is refused below).
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, PRIVATE_FILE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise LockHeld(holder) from None
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, PRIVATE_FILE)  # a lock file left by an older hwtui is 0644
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise LockHeld(os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown") from None
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, PRIVATE_FILE)  # a lock file left by an older hwtui is 0644
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)  # never a descriptor (or a flock) left behind by a refusal
+        raise
     return fd
 
 

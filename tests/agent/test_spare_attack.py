@@ -189,3 +189,19 @@ def test_the_spare_s_blocks_are_reserved_chunk_by_chunk_so_a_stop_never_waits_fo
         make_spare(tmp_path / "served", 8 * SPARE_CHUNK, stop)
     assert len(seen) == 3
     assert all(reserved <= i * SPARE_CHUNK + (1 << 20) for i, reserved in enumerate(seen)), seen
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "directory"])
+def test_whatever_is_planted_at_the_agent_s_lock_is_one_line_and_never_followed(tmp_path, planted):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    lock = out / ".lock.agent"
+    {"symlink": lambda: lock.symlink_to(victim), "fifo": lambda: os.mkfifo(lock),
+     "directory": lambda: lock.mkdir()}[planted]()
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(HwtuiError, match=rf"--out {out} cannot hold this agent's lock: "):
+        ResidentRank(node="n", out=out, advertise="127.0.0.1")
+    assert victim.read_text() == "keep"
+    assert len(os.listdir("/proc/self/fd")) == fds, "a refusal leaves no descriptor open"
