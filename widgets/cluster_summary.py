@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from hwtui.core.terminal_text import clean
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.cluster.views import ClusterView
 
@@ -88,7 +89,9 @@ class ClusterSummary(Widget):
         ranks = sorted(c.nodes)
         for rank in ranks[: self.max_nodes]:
             n = c.nodes[rank]
-            parts.append(Text(f"  rank {rank} {n.node}: {'ok  ' if n.ok else 'FAIL'} {n.summary}",
+            # Host names and summaries come from the ranks, on other machines: one clean line each.
+            parts.append(Text(f"  rank {rank} {clean(str(n.node), 64)}: {'ok  ' if n.ok else 'FAIL'} "
+                              f"{clean(str(n.summary), 300)}",
                               style="" if n.ok else "bold red", overflow="ellipsis", no_wrap=True))
         if len(ranks) > self.max_nodes:
             parts.append(Text(f"  ... {len(ranks) - self.max_nodes} more rank(s) (all in the log)", style="dim"))

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from hwtui.core.finding import Finding, Status
+from hwtui.core.terminal_text import clean
 
 # A word per verdict, not just a colour: readable with NO_COLOR and in a screen reader.
 VERDICT = {
@@ -39,7 +40,8 @@ class FindingsList(DataTable):
         self.findings = sorted(findings, key=lambda f: (-f.status.rank, f.id))
         self.clear()
         for i, f in enumerate(self.findings):
-            self.add_row(verdict_text(f.status), Text(f.id), Text(f.title), key=str(i))
+            # A cluster test's findings come from its ranks, on other machines: clean lines.
+            self.add_row(verdict_text(f.status), Text(clean(f.id, 80)), Text(clean(f.title, 300)), key=str(i))
         if self.findings:
             self.move_cursor(row=0)
 

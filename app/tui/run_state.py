@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwtui.core.events import ErrorEvent, Event, LogEvent, UnknownEvent, from_dict
+from hwtui.core.terminal_text import clean
 from hwtui.engine.cluster.events import BandwidthEvent, CorrectnessEvent, DoneEvent, MismatchEvent, NodeEvent
 from hwtui.engine.replication.events import (
     RANK_PHASES,
@@ -51,6 +52,7 @@ from hwtui.engine.training.events import (
 )
 
 _ALARMING = re.compile(r"error|warn|traceback|exception|fatal|killed|not found|refused", re.IGNORECASE)
+LOG_LINE_MAX = 4000  # characters of one log line (a traceback's line, a long path): the rest is "…"
 HISTORY = 600  # points kept for the throughput and loss charts (10 min at 1 Hz)
 SOURCE_RANK = 0  # the replication source: its window is the window
 # Until the engine's own "done, ok" the bar stops short of full: "99.9%", never "100.0%".
@@ -302,7 +304,11 @@ class RunState:
         self.last_t: float | None = None
 
     def _log(self, entry: tuple[str, str]) -> None:
-        self.log.append(entry)
+        # Engine lines carry names from the weights and the network (a safetensors header's tensor
+        # names, a peer's host name): ESC sequences in them reached the terminal through the log
+        # (Textual writes a Text's characters as they are). One clean line each (core.terminal_text).
+        level, text = entry
+        self.log.append((level, clean(text, LOG_LINE_MAX)))
         self.log_total += 1
 
     def _outcome(self, ok: bool, text: str) -> None:
@@ -323,7 +329,7 @@ class RunState:
         if self.stopped:
             self._log(("warn", text))
         else:
-            self.errors.append(text)
+            self.errors.append(clean(text, LOG_LINE_MAX))
             self._log(("error", text))
 
     # -- writers (reader thread) ----------------------------------------------------------
@@ -410,7 +416,7 @@ class RunState:
 
     def _error_only(self, text: str) -> None:
         if not self.stopped:
-            self.errors.append(text)
+            self.errors.append(clean(text, LOG_LINE_MAX))
 
     # replication ---------------------------------------------------------------------------
     def _replication(self, ev: Event) -> None:

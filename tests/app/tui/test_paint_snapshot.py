@@ -143,3 +143,35 @@ async def _paint_while_folding(lines: list[str], drawings: int) -> None:
         with state.lock:
             lanes.show(state.repl)
         assert "buckets 24/24" in _plain(lanes)
+
+
+async def test_what_remote_ranks_say_is_drawn_as_clean_lines():
+    """A cluster test's node names, summaries and findings come from ranks on other machines:
+    ESC sequences in them must not reach the terminal (Textual writes a Text's characters as is)."""
+    from hwtui.core.finding import Finding, Status
+    from hwtui.core.terminal_text import is_clean
+    from hwtui.widgets.findings_list import FindingsList
+
+    hostile = "evil\x1b]0;pwned\x07\x1b[2J\u202ename"
+    state = RunState()
+    for line in _lines("cluster_ok.jsonl"):
+        raw = json.loads(line)
+        if raw["kind"] == "cluster.node":
+            raw["node"], raw["summary"] = hostile, hostile
+        state.apply(parse_line(json.dumps(raw)))
+
+    class Findings(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ClusterSummary()
+            yield FindingsList()
+
+    async with Findings().run_test(size=(100, 40)) as pilot:
+        summary = pilot.app.query_one(ClusterSummary)
+        with state.lock:
+            summary.show(state.cluster)
+        drawn = _plain(summary)
+        assert "evilname" in drawn and all(is_clean(line) for line in drawn.splitlines()), repr(drawn)
+        table = pilot.app.query_one(FindingsList)
+        table.show([Finding(id="cluster." + hostile, status=Status.FAIL, title=hostile)])
+        cells = [str(c) for c in table.get_row_at(0)]
+        assert all(is_clean(c) for c in cells) and "evilname" in cells[2], cells

@@ -437,3 +437,19 @@ def test_an_export_is_a_line_of_the_log_not_a_dump():
     assert "export of round 1 (step 5) -> /out/round-1" in texts
     assert ("warning", "export of round 2 (step 10) failed: No space left on device") in s.log
     assert not any("train.export" in text for text in texts)
+
+
+def test_engine_text_reaches_the_log_as_one_clean_line(typed):
+    """Names in engine lines come from the weights (a safetensors header's tensor names) and the
+    network (a peer's host name): their ESC sequences reached the terminal through the log."""
+    from hwtui.core.terminal_text import is_clean
+
+    s = RunState()
+    hostile = "tensor \x1b]0;pwned\x07name\x1b[2J with\u202e bidi\nand a second line"
+    for ev in (LogEvent(message=hostile, level="info", source="replication"),
+               ErrorEvent(message=hostile, rank=1, where="verify")):
+        s.apply(ev if typed else UnknownEvent(kind_name=ev.kind, payload=ev.to_dict()))
+    s.add_stderr(hostile)
+    s.finish(1)
+    assert all(is_clean(text) for _, text in s.log) and all(is_clean(e) for e in s.errors), s.log
+    assert any("tensor name with bidi and a second line" in text for _, text in s.log)
