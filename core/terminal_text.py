@@ -38,6 +38,12 @@ def clean(text: str, limit: int | None = None) -> str:
     return out
 
 
+def clean_lines(text: str, limit: int | None = None) -> str:
+    """``text`` cleaned line by line (``clean``), its line breaks kept: for what is shown over
+    several lines (a finding's detail, a remedy), each line at most ``limit`` characters."""
+    return "\n".join(clean(line, limit) for line in text.splitlines())
+
+
 def is_clean(text: str) -> bool:
     """True when ``text`` holds nothing ``clean`` would remove (tests and assertions use it)."""
     return not any(c == "\x1b" or unicodedata.category(c) in _DROP for c in text)

@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.widgets import Static, TextArea
 
 from hwtui.core.finding import Finding
+from hwtui.core.terminal_text import clean, clean_lines
 from hwtui.widgets.findings_list import verdict_text
 
 
@@ -40,12 +41,15 @@ class FindingDetail(Vertical):
             detail.update("No findings.")
             self.remedy = ""
         else:
-            text = Text.assemble(verdict_text(finding.status), " ", (finding.id, "bold"), "\n", finding.title)
+            # A cluster test's findings come from its ranks, on other machines: clean lines (no ESC
+            # sequence reaches the terminal, nor the clipboard through c), their line breaks kept.
+            text = Text.assemble(verdict_text(finding.status), " ", (clean(finding.id, 80), "bold"), "\n",
+                                 clean(finding.title, 300))
             if finding.detail:
-                text.append("\n" + finding.detail.strip())
+                text.append("\n" + clean_lines(finding.detail.strip(), 1000))
             if finding.remedy:
                 text.append("\nRemedy (c copies it):", style="bold")
             detail.update(text)
-            self.remedy = finding.remedy or ""
+            self.remedy = clean_lines(finding.remedy or "", 1000)
         area.load_text(self.remedy)
         area.set_class(not self.remedy, "-empty")

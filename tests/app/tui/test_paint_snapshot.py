@@ -150,6 +150,7 @@ async def test_what_remote_ranks_say_is_drawn_as_clean_lines():
     ESC sequences in them must not reach the terminal (Textual writes a Text's characters as is)."""
     from hwtui.core.finding import Finding, Status
     from hwtui.core.terminal_text import is_clean
+    from hwtui.widgets.finding_detail import FindingDetail
     from hwtui.widgets.findings_list import FindingsList
 
     hostile = "evil\x1b]0;pwned\x07\x1b[2J\u202ename"
@@ -164,6 +165,7 @@ async def test_what_remote_ranks_say_is_drawn_as_clean_lines():
         def compose(self) -> ComposeResult:
             yield ClusterSummary()
             yield FindingsList()
+            yield FindingDetail()
 
     async with Findings().run_test(size=(100, 40)) as pilot:
         summary = pilot.app.query_one(ClusterSummary)
@@ -172,6 +174,13 @@ async def test_what_remote_ranks_say_is_drawn_as_clean_lines():
         drawn = _plain(summary)
         assert "evilname" in drawn and all(is_clean(line) for line in drawn.splitlines()), repr(drawn)
         table = pilot.app.query_one(FindingsList)
-        table.show([Finding(id="cluster." + hostile, status=Status.FAIL, title=hostile)])
+        finding = Finding(id="cluster." + hostile, status=Status.FAIL, title=hostile,
+                          detail=f"first {hostile}\nsecond line", remedy=f"export A=1\nrun {hostile}")
+        table.show([finding])
         cells = [str(c) for c in table.get_row_at(0)]
         assert all(is_clean(c) for c in cells) and "evilname" in cells[2], cells
+        detail = pilot.app.query_one(FindingDetail)
+        detail.show(finding)
+        shown = str(detail.query_one("#detail").render())
+        assert all(is_clean(line) for line in shown.splitlines()) and "second line" in shown, repr(shown)
+        assert detail.remedy == "export A=1\nrun evilname", "what c copies is clean too, its lines kept"
