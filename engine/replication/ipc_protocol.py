@@ -45,7 +45,7 @@ import contextlib
 import datetime
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
@@ -61,6 +61,19 @@ Hook = Callable[[str, int, Any], None]
 
 class IpcFailure(Exception):
     """The IPC exchange could not go on (a peer aborted, a wait timed out, a hostile message)."""
+
+
+@contextlib.contextmanager
+def _store_gone(doing: str) -> Iterator[None]:
+    """A store call that fails (c10d's network errors: rank 0, the store's host, ended) is the
+    protocol's IpcFailure, "the control channel went away while <doing>": a rank reports that,
+    never c10d's raw "DistNetworkError: Broken pipe" as an internal error."""
+    try:
+        yield
+    except IpcFailure:
+        raise
+    except Exception:  # noqa: BLE001 - any store failure means the same
+        raise IpcFailure(f"the control channel went away while {doing}") from None
 
 
 class Store(Protocol):
@@ -145,15 +158,13 @@ class Channel:
         """Append ``value`` (``what``, for the error) to ``queue`` (read in order by its one reader,
         ``pop``); IpcFailure when the store is gone. Why caught: a receiver whose ack met the store's
         host (rank 0) gone reported c10d's own "DistNetworkError: Broken pipe" as an internal error."""
-        try:
+        with _store_gone(f"sending {what}"):
             if self.queued:
                 self.store.queue_push(self.prefix + "q/" + queue, value)  # type: ignore[attr-defined]
                 return
             n = self._next.get("w" + queue, 0)
             self._next["w" + queue] = n + 1
             self.put(f"q/{queue}/{n}", value)
-        except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
-            raise IpcFailure(f"the control channel went away while sending {what}") from None
 
     @overload
     def pop(self, queue: str, what: str) -> bytes: ...
@@ -186,15 +197,13 @@ class Channel:
 
     def backlog(self, queue: str) -> int:
         """How many values ``queue`` holds now (no wait); IpcFailure when the store is gone."""
-        try:
+        with _store_gone(f"reading {queue}"):
             if self.queued:
                 return int(self.store.queue_len(self.prefix + "q/" + queue))  # type: ignore[attr-defined]
             n = first = self._next.get("r" + queue, 0)
             while self.ready(f"q/{queue}/{n}"):
                 n += 1
             return n - first
-        except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
-            raise IpcFailure(f"the control channel went away while reading {queue}") from None
 
     def clear(self, queue: str, most: int) -> None:
         """Drop what is left in ``queue`` (at most ``most`` values: a run's window), so a failed
@@ -219,22 +228,18 @@ class Channel:
         no message has answers that value for a missing key and the key's own otherwise, and sets
         nothing (``get`` waits for the key and then reads it: two)."""
         cas = getattr(self.store, "compare_set", None)
-        try:
+        with _store_gone(f"waiting for {what}"):
             if cas is None:
                 return self.store.get(full) if self.store.check([full]) else None
             got = bytes(cas(full, _ABSENT, _ABSENT))
-        except Exception:  # noqa: BLE001 - any store failure means the same
-            raise IpcFailure(f"the control channel went away while waiting for {what}") from None
         return None if got == _ABSENT else got
 
     def _await(self, full: str, what: str, deadline: float) -> None:
         """Until ``full`` (a key, or a queue with something in it) is there; IpcFailure on abort,
         at ``deadline``, or when the store goes away."""
         while True:
-            try:
+            with _store_gone(f"waiting for {what}"):
                 reason = self.aborted()
-            except Exception:  # noqa: BLE001 - c10d's network errors: the store's host ended
-                raise IpcFailure(f"the control channel went away while waiting for {what}") from None
             if reason is not None:
                 raise IpcFailure(f"aborted while waiting for {what}: {reason}")
             left = deadline - time.monotonic()
