@@ -1022,7 +1022,7 @@ class ResidentRank:
             # meanwhile, so no push or resolve can start.
             self._settle(str(flight["version"]))
         ended = child.poll()
-        if ended is None:  # its pipe closed first: reaped within moments (bounded), for the reason below
+        if ended is None:  # its pipe closed first: reaped within moments (bounded), for the reasons below
             with contextlib.suppress(Exception):
                 ended = child.wait(timeout=2)
         with self._lock:
@@ -1034,11 +1034,10 @@ class ResidentRank:
                     self.spare = {"state": "failed", "reason": f"the resident rank {how} while making it",
                                   "stopped": self.spare.get("stopped", 0)}
             if self.busy and self._flight_child is child and self.in_flight is not None:
-                code = child.poll()
                 stopped = bool((self.in_flight or {}).get("stopped"))
                 self._finish({"code": -1, "usable": False})
                 if self.last is not None and not stopped:
-                    self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(code)}"]
+                    self.last["failures"] = [*self.last["failures"], f"the resident rank {exit_text(ended)}"]
 
     def _settle(self, version: str) -> None:
         """A receiver's rank died during push of ``version``: finish it if this node has its decision,

@@ -36,24 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from hwtui.core.private_file import create_private, open_private
+from hwtui.engine.replication.served_files import PRIVATE_DIR, make_dir, own_real_dir, owned_entry
 from hwtui.engine.replication.staging import Staging
 
 
 def spare_path(served_root: str | os.PathLike[str]) -> Path:
     return Path(served_root) / "spare" / "model.safetensors"
-
-
-def own_spare_dir(path: Path) -> bool:
-    """``<served>/spare`` as hwtui makes it: a real directory of this user, never a symlink.
-
-    Why: the spare becomes a staging copy of the weights, and everything in that directory is
-    created, replaced, moved and unlinked by name. Through a planted link (anyone who can write
-    the served directory can plant one) the spare's zeros replaced a file elsewhere, the next
-    push moved that directory's model.safetensors into its staging, and the agent's start
-    unlinked files there."""
-    from hwtui.engine.replication.served_files import own_real_dir
-
-    return own_real_dir(path)
 
 
 # Zeroed and written back per chunk: how soon a waiting push gets the rank. Measured here (1 GiB,
@@ -80,14 +68,17 @@ def make_spare(served_root: str | os.PathLike[str], size: int, stop: Callable[[]
     import torch
 
     from hwtui.engine.replication.disk import reserve_range
-    from hwtui.engine.replication.served_files import PRIVATE_DIR, make_dir
 
     final = spare_path(served_root)
     final.parent.parent.mkdir(parents=True, exist_ok=True)  # the served root (the rank's own directory)
     # Owner-only whatever the umask (it was the umask's: 0777 under umask 0, writable by the
-    # serving group with --serve-group), and refused where a symlink stands (own_spare_dir).
+    # serving group with --serve-group), and never through a symlink: the spare becomes a staging
+    # copy of the weights, and everything in spare/ is created, replaced, moved and unlinked by
+    # name. Through a planted link (anyone who can write the served directory can plant one) the
+    # spare's zeros replaced a file elsewhere, the next push moved that directory's
+    # model.safetensors into its staging, and the agent's start unlinked files there.
     make_dir(final.parent, PRIVATE_DIR)
-    if not own_spare_dir(final.parent):
+    if not own_real_dir(final.parent):
         raise OSError(errno.EPERM, f"{final.parent} is not a directory of this user")
     tmp = final.with_name(".spare.tmp")
     # Exclusive, 0600, never through a symlink: it becomes a staging copy of the weights. A
@@ -245,7 +236,7 @@ class SpareStaging(Staging):
     def _init(self, tensors: list[dict[str, Any]], metadata: dict[str, str], device: str,
               file: str | os.PathLike[str] | None, first: list[str] | None, header: bytes | None) -> None:
         spare = spare_path(Path(file).parent.parent.parent) if file is not None else None
-        reuse = (device == "cpu" and file is not None and spare is not None and own_spare_dir(spare.parent)
+        reuse = (device == "cpu" and file is not None and spare is not None and own_real_dir(spare.parent)
                  and _own_regular_file(spare))
         if reuse:
             assert file is not None and spare is not None
@@ -257,7 +248,5 @@ class SpareStaging(Staging):
 
 def _own_regular_file(path: Path) -> bool:
     """A spare hwtui made: a regular file of this user, not a symlink (never followed)."""
-    from hwtui.engine.replication.served_files import owned_entry
-
     return owned_entry(path, stat.S_ISREG)
 
