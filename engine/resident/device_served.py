@@ -37,11 +37,10 @@ SLOT_KINDS = ("cuda", "host")
 class _Counting:
     """The allocator seam with counts: steady state allocates nothing (slot reuse), and says so."""
 
-    def __init__(self, inner: Any, after_free: Any = None):
+    def __init__(self, inner: Any):
         self.inner = inner
         self.allocs = 0
         self.frees = 0
-        self._after_free = after_free
 
     def alloc(self, nbytes: int) -> Any:
         buf = self.inner.alloc(nbytes)
@@ -51,8 +50,6 @@ class _Counting:
     def free(self, buf: Any) -> None:
         self.inner.free(buf)
         self.frees += 1
-        if self._after_free is not None:
-            self._after_free()
 
 
 def _cuda_release() -> None:
@@ -104,12 +101,13 @@ class DeviceServed:
                     from hwtui.engine.replication.ipc_provider import CudaIpc
 
                     torch.cuda.set_device(self.device_index)
-                    self._mem = _Counting(CudaIpc(self.device_index), _cuda_release)
+                    self._mem = _Counting(CudaIpc(self.device_index))
+                    self._slots = DeviceSlots(self._mem, released=_cuda_release)
                 else:
                     from hwtui.engine.replication.ipc_provider import HostStandIn
 
                     self._mem = _Counting(HostStandIn(self.run))
-                self._slots = DeviceSlots(self._mem)
+                    self._slots = DeviceSlots(self._mem)
             return self._slots
 
     # ------------------------------------------------------------------ a push
@@ -200,6 +198,10 @@ class DeviceServed:
                 read_range(wf, dst, device=self.device if self.kind == "cuda" else "cpu", threads=readers,
                            offset=start, nbytes=nbytes)
             except BaseException:
+                # This frame's view goes before the rollback frees the slot. The traceback's frames
+                # still hold read_range's: the block stays in torch's cache (reused by the next
+                # slot, not returned to the driver) until the agent handles the error.
+                del dst
                 slots.rollback(version)
                 raise
         slots.commit(version)

@@ -16,6 +16,7 @@ handle (engine.resident.slot_fill).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,8 +45,14 @@ class _Slot:
 class DeviceSlots:
     NAMES = ("A", "B")
 
-    def __init__(self, allocator: Allocator):
+    def __init__(self, allocator: Allocator, released: Callable[[], None] | None = None):
+        """``released`` runs after a buffer is freed and every reference this object held to it is
+        gone: on a GPU it hands the freed block back to the driver (device_served._cuda_release).
+        Why not inside ``allocator.free``: the slot and the caller's frame still reference the
+        buffer there, so torch's cache could return nothing (H200, round sixteen: a failed push's
+        1 GiB slot stayed in nvidia-smi after it was "freed")."""
         self._alloc = allocator
+        self._released = released
         self._slots = {name: _Slot() for name in self.NAMES}
         self._serving: str | None = None
         self._staging: str | None = None  # the slot a push is being received into
@@ -64,9 +71,7 @@ class DeviceSlots:
             name = self._other()
             slot = self._slots[name]
             if slot.buf is None or slot.capacity < nbytes:
-                if slot.buf is not None:
-                    self._alloc.free(slot.buf)
-                    slot.buf, slot.capacity = None, 0
+                self._free(slot)  # before the larger one is allocated: the device may hold one only
                 slot.buf, slot.capacity = self._alloc.alloc(nbytes), nbytes
             slot.version = version
             self._staging = name
@@ -91,10 +96,21 @@ class DeviceSlots:
             slot = self._slots[self._staging]
             if version is not None and slot.version != version:
                 raise SlotError(f"{version!r} is not the version being received")
-            if slot.buf is not None:
-                self._alloc.free(slot.buf)
+            self._free(slot)
             self._slots[self._staging] = _Slot()
             self._staging = None
+
+    def _free(self, slot: _Slot) -> None:
+        """Free ``slot``'s buffer (if any) and drop this object's last reference to it before
+        ``released`` runs. A view handed out by ``stage`` and still held by a caller keeps its
+        block allocated until that view goes: callers drop theirs before a rollback."""
+        buf, slot.buf, slot.capacity = slot.buf, None, 0
+        if buf is None:
+            return
+        self._alloc.free(buf)
+        del buf
+        if self._released is not None:
+            self._released()
 
     def _view(self, which: str | None) -> tuple[str | None, Any]:
         if which is None:
@@ -135,8 +151,7 @@ class DeviceSlots:
         """Free both buffers (the agent stops, or cleans up after its rank died)."""
         with self._lock:
             for name, slot in self._slots.items():
-                if slot.buf is not None:
-                    self._alloc.free(slot.buf)
+                self._free(slot)
                 self._slots[name] = _Slot()
             self._serving = self._staging = None
 

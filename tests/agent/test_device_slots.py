@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import weakref
 
 import pytest
 
@@ -101,3 +102,44 @@ def test_slot_memory_is_gone_when_its_holder_dies() -> None:
     p.stdin.flush()
     assert p.wait(timeout=60) == -9
     assert not os.path.exists(f"/proc/{pid}")  # its memfd had no other holder: the kernel freed it
+
+
+class Tracked:
+    """torch CPU tensors as the device memory, each freed one tracked by a weak reference: what a
+    ``released`` hook (torch.cuda.empty_cache on a GPU) can give back is only what nobody holds."""
+
+    def __init__(self) -> None:
+        self.freed: list[weakref.ref] = []  # type: ignore[type-arg]
+        self.alive_at_release: list[int] = []
+
+    def alloc(self, nbytes: int):  # type: ignore[no-untyped-def]
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def free(self, buf) -> None:  # type: ignore[no-untyped-def]
+        self.freed.append(weakref.ref(buf.untyped_storage()))
+
+    def released(self) -> None:
+        self.alive_at_release.append(sum(r() is not None for r in self.freed))
+
+
+def test_a_freed_slot_is_referenced_by_nothing_when_its_memory_is_released() -> None:
+    """H200, round sixteen: a failed push's 1 GiB slot stayed in nvidia-smi after the agent freed
+    it, because the release (empty_cache) ran inside ``free`` while the slot still held the
+    buffer. Every path that frees (rollback, a larger version, close) releases after the last
+    reference is gone."""
+    pytest.importorskip("torch")
+    mem = Tracked()
+    slots = DeviceSlots(mem, released=mem.released)
+    slots.stage("v1", 64)
+    slots.commit("v1")
+    slots.stage("v2", 64)
+    slots.rollback("v2")  # a failed push
+    slots.stage("v2", 128)  # a larger version: slot B again, allocated at 128
+    slots.commit("v2")
+    slots.stage("v3", 256)  # slot A grows: its 64-byte buffer is freed first
+    slots.commit("v3")
+    slots.close()  # both
+    assert len(mem.freed) == 4
+    assert mem.alive_at_release == [0, 0, 0, 0]

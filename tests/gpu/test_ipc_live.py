@@ -93,7 +93,7 @@ def test_a_long_lived_source_frees_each_runs_window(tmp_path: Path) -> None:
 
     res = tmp_path / "leg.json"
     bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_ipc_leg.py"
-    proc = subprocess.run([sys.executable, str(bench), "--mb", "1024", "--buckets", "16", "--rounds", "2",
+    proc = subprocess.run([sys.executable, str(bench), "--mb", "1024", "--buckets", "16", "--rounds", "3",
                            "--runs", "4", "--json", str(res)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     held = json.loads(res.read_text())["by_buckets"]["16"]["source_after_each_run"]
