@@ -7,10 +7,16 @@
 # then tests/gpu (the resident push and the IPC path first). Every stage is bounded by `timeout`
 # and logged under $OUT, so a call cut short still says how far it got. Knobs: EXP_COUNTS_S, CK_S,
 # LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, AHEADS, TESTS. The default bounds
-# add to 550 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), so a call
-# with a 575 s limit holds them. .whl/ is ignored by git: name it in the device call's carry.
+# add to 580 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), round
+# sixteen's 414 s (the checks and the bench 143 s, the tests cut at 270 s before the last two), so
+# give the call a 600 s limit. .whl/ is ignored by git: name it in the device call's carry.
+# What comes back: every log is bundled into $OUT/session.tgz when the script ends (a device call
+# returns a few files only: round sixteen's pytest log was left out by count), and the pytest log
+# is also kept beside it.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+bundle() { tar -C "$OUT" -czf /tmp/session.tgz --exclude=session.tgz . 2>/dev/null && mv /tmp/session.tgz "$OUT/" && find "$OUT" -type f ! -name session.tgz ! -name pytest.txt -delete; }
+trap bundle EXIT
 T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1
@@ -48,6 +54,6 @@ rm -f /tmp/w4.bin
 fi
 el tests
 # Every CLI exec'd, as in round nine's GPU runs: the tests' fork zygote (tests/cli_proc.py) was never run beside CUDA.
-HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-290} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
+HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-330} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|disk copy|agent load|passed|failed" "$OUT/pytest.txt" | tail -60
 el done
