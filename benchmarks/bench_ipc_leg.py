@@ -119,13 +119,58 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
     warm(device)  # the checksum's kernels loaded before any clock
     rows: list[dict[str, float]] = []
     opens = 0
+    copies: dict[str, Any] = {}
     for k in range(runs):
-        opens += _receive_run(store, _run_id(run, k), device, size, buckets, rounds, dsts, rows if k == 0 else [])
-    out.write_text(json.dumps({"rows": rows, "opens": opens}))
+        opens += _receive_run(store, _run_id(run, k), device, size, buckets, rounds, dsts, rows if k == 0 else [],
+                              copies if k == 0 else None)
+    out.write_text(json.dumps({"rows": rows, "opens": opens, "copies": copies}))
+
+
+def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
+    """Ways to copy one IPC-mapped source buffer into this process's ``dst``, timed by CUDA events
+    (medians of ``reps``), each checked exact, beside the same copies of a buffer of this process.
+
+    Why (round sixteen, H200): the receiver's copy of a 1 GiB mapping took 0.815 ms where a copy
+    inside one process took 0.524 ms. ``copy_`` of device memory is a driver memcpy; one
+    hypothesis is that the driver moves a mapping of another process's allocation on the copy
+    engines, where a kernel (SM loads and stores) would run at the memory's bandwidth. The fused
+    copy and sums (device_sums_triton.copy_row_col_sums) is such a kernel and also verifies."""
+    import torch
+
+    from hwtui.engine.replication import device_sums_triton
+    from hwtui.engine.replication.device_checksum import ROW_WORDS
+
+    n = int(dst.numel())
+    local = torch.empty_like(src[:n])
+    local.copy_(src[:n])
+    ways: dict[str, Any] = {"driver copy (copy_)": lambda s, d: d.copy_(s)}
+    if n % 8 == 0:  # a kernel over int64 words: bitwise_or with 0 is the identity
+        ways["kernel copy (int64 words)"] = lambda s, d: torch.bitwise_or(s.view(torch.int64), 0, out=d.view(torch.int64))
+    rows = n // (ROW_WORDS * 4)
+    if device_sums_triton.available() and rows and n == rows * ROW_WORDS * 4:
+        sums = torch.empty(ROW_WORDS + rows, dtype=torch.int32, device=dst.device)
+        ways["fused copy and sums (Triton)"] = lambda s, d: device_sums_triton.copy_row_col_sums(
+            s.view(torch.int32).view(rows, ROW_WORDS), d.view(torch.int32).view(rows, ROW_WORDS), sums)
+    out: dict[str, Any] = {"bytes": n}
+    for origin, source_buf in (("mapped", src[:n]), ("local", local)):
+        for name, way in ways.items():
+            dst.zero_()
+            times = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                way(source_buf, dst)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            ms = statistics.median(times[1:])
+            out[f"{origin}: {name}"] = {"ms": round(ms, 4), "gbps": round(n / (ms / 1e3) / 1e9, 1),
+                                        "exact": bool(torch.equal(dst, source_buf))}
+    return out
 
 
 def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rounds: int, dsts: list[Any],
-                 rows: list[dict[str, float]]) -> int:
+                 rows: list[dict[str, float]], copies: dict[str, Any] | None) -> int:
     from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver, exports_to
 
     ch = Channel(store, run, 120.0)
@@ -149,6 +194,8 @@ def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rou
                 raise RuntimeError(f"a bucket failed its check: {[x.error for x in got if not x.ok]}")
             rows.append({"wall": wall, "copy": sum(x.copy_s for x in got), "verify": sum(x.verify_s for x in got),
                          "overlap": overlap})
+        if copies is not None and device == "cuda":  # the mappings are still open: how fast a copy out of one is
+            copies.update(_time_copies(rx.mapped()[0], dsts[0]))
         ch.put("done", b"1")
     finally:
         rx.close()
@@ -223,6 +270,7 @@ def main() -> int:
             by_mode[mode] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
                              "gbps": round(nbytes / med["wall"] / 1e9, 1), "rounds": len(rows)}
         results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "opens": doc["opens"],
+                                    "copies": doc["copies"],
                                     "first_round_ms": round(doc["rows"][0]["wall"] * 1e3, 3),
                                     "source_after_each_run": source_held}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
@@ -237,6 +285,12 @@ def main() -> int:
         print(f"      overlapped (submit/settle, up to {n} started ahead of their acks): {ov['wall_ms']:8.3f} ms "
               f"= {ov['gbps']:7.1f} GB/s ({ov['wall_ms'] / row['wall_ms']:.2f}x the synced wall; copy {ov['copy_ms']:.3f} ms, "
               f"verify {ov['verify_ms']:.3f} ms)")
+        if row["copies"]:
+            print(f"      copies of one {row['copies']['bytes'] / MB:g} MiB bucket (device time, medians; every copy exact: "
+                  f"{all(v['exact'] for k, v in row['copies'].items() if k != 'bytes')}):")
+            for k, v in row["copies"].items():
+                if k != "bytes":
+                    print(f"        {k:<46} {v['ms']:8.3f} ms {v['gbps']:8.1f} GB/s")
         if row["source_after_each_run"]:
             print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "
                   f"{[round(h['reserved_bytes'] / MB) for h in row['source_after_each_run']]}, allocated: "

@@ -451,6 +451,11 @@ class IpcReceiver:
         self._mapped[msg.slot] = (msg.handle.memory(), opened)
         return opened
 
+    def mapped(self) -> list[Any]:
+        """The source's buffers this receiver has open now, whole (for a benchmark that times copies
+        out of an IPC mapping: benchmarks/bench_ipc_leg.py). Valid until ``close``."""
+        return [opened.tensor for _, opened in self._mapped.values()]
+
     def close(self) -> None:
         """Close every mapping (end of run, failure, abort): nothing of the source stays mapped, and
         nothing left for this receiver stays in the store.

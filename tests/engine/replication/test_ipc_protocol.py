@@ -113,10 +113,13 @@ def _run(sizes: list[int], receivers: int, window: int, *, corrupt: tuple[int, i
                 r = rx.receive(b, dst)
                 got.append((r.ok, r.error, torch.equal(dst, _data(b, n))))
             out.setdefault("held", {})[rank] = prov.opened
+            # What a benchmark times copies out of: the source's buffers, whole, each one's last bucket.
+            out.setdefault("mapped", {})[rank] = sorted(bytes(t[:4].tolist()) for t in rx.mapped())
         except IpcFailure as exc:
             out["errors"].append(str(exc))
         finally:
             rx.close()
+        out.setdefault("mapped_after_close", {})[rank] = len(rx.mapped())
         out.setdefault("opens", {})[rank] = rx.opens
         out["rx"][rank] = (got, prov.opened)
 
@@ -236,6 +239,9 @@ def test_a_receiver_maps_each_slot_once_while_the_source_keeps_its_buffers() -> 
     for rank, (got, opened) in out["rx"].items():
         assert all(g[0] and g[2] for g in got)
         assert out["opens"][rank] == 2 and out["held"][rank] == 2 and opened == 0
+        # Open until the close, each holding the last bucket its slot carried (buckets 7 and 8).
+        assert out["mapped"][rank] == sorted(bytes(_data(b, sizes[b])[:4].tolist()) for b in (7, 8))
+        assert out["mapped_after_close"][rank] == 0
 
 
 def test_a_slot_whose_buffer_the_source_replaced_is_mapped_again_not_read_stale() -> None:
