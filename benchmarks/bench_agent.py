@@ -102,12 +102,17 @@ def main() -> int:
                     "(a host of its own: the bytes cross a veth over TCP); needs root and ip netns")
     ap.add_argument("--pushes", type=int, default=3, help="with --push: how many versions to push in a row")
     ap.add_argument("--workdir", default=None, help="with --push: where models and served versions go (e.g. /dev/shm)")
+    ap.add_argument("--resident", choices=("cuda", "host"), default=None,
+                    help="with --push: GPU-resident receivers (`hwtui agent --device cuda`, --persist after-commit), "
+                         "pushed back to back: each push meets the last one's disk write. 'host' takes that path on "
+                         "CPU (the tests' host-memory slots and a copy written whole at flush, as a GPU's is)")
     args = ap.parse_args()
     if args.serve is not None:
         serve(args.serve)
         return 0
     if args.push:
-        return push_benchmark(args.mb, args.receivers, args.workdir, args.pushes, args.verbose, args.netns)
+        return push_benchmark(args.mb, args.receivers, args.workdir, args.pushes, args.verbose, args.netns,
+                              args.resident)
     return view_benchmark(args.nodes, args.seconds)
 
 
@@ -159,8 +164,18 @@ def _spares_ready(outs: list[Path], addrs: list[str] | None, limit: float = 300.
     return time.perf_counter() - t
 
 
+def _persist_state(addr: str) -> str:
+    """A receiver's last disk write as "<version> <state>" (GET /v1/replication)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}/v1/replication", timeout=10) as r:
+        doc = json.loads(r.read())
+    p = (doc.get("replication", doc) or {}).get("persist") or {}
+    return f"{p.get('version')} {p.get('state')}"
+
+
 def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, verbose: bool = False,
-                   netns: bool = False) -> int:
+                   netns: bool = False, resident: str | None = None) -> int:
     """Source + receivers as real `hwtui agent` processes; `hwtui push` run as a user would.
 
     On loopback (the default) every agent shares this host: a receiver copies the source's page
@@ -176,6 +191,9 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
     base = Path(tempfile.mkdtemp(prefix="hwtui-bench-agent-", dir=workdir))
     env = {**os.environ, "XDG_CONFIG_HOME": str(base / "config"), "GLOO_SOCKET_IFNAME": "eth0" if netns else "lo",
            "OMP_NUM_THREADS": "1"}
+    if resident == "host":  # the GPU receiver's path on CPU (what tests/agent/test_device_persist.py runs)
+        env.update(HWTUI_TEST_IPC="host", HWTUI_TEST_STAGING="at-flush")
+    device_args = ["--device", "cuda"] if resident else []
     plans = [_model(base / f"m{k}", f"v{k}", mb, seed=k) for k in range(1, pushes + 1)]
     agents: list[Child] = []
     net = None
@@ -198,7 +216,7 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
             in_ns = ["ip", "netns", "exec", net.node_ns[i]] if net else []
             listen = f"{net.addresses[i]}:9477" if net else "127.0.0.1:0"
             child = Child([*in_ns, sys.executable, "-m", "hwtui.app", "agent", "--listen", listen, "--node", f"n{i}",
-                           "--out", str(base / f"out{i}"), "--check-interval", "3600",
+                           "--out", str(base / f"out{i}"), "--check-interval", "3600", *device_args,
                            *(["--token-file", str(base / "agent.token")] if net else [])], name=f"agent{i}", env=env,
                           stdout="pipe", stderr="inherit", text=True).start()
             agents.append(child)
@@ -206,7 +224,10 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
             addrs.append(line.rsplit("//", 1)[1].strip())
         outs = [base / f"out{i}" for i in range(1, receivers + 1)]
         rows = []
+        disk: list[list[str]] = []  # each receiver's disk write as each push started (the push before's)
         for k, plan in enumerate(plans, 1):
+            if resident and not net:
+                disk.append([_persist_state(a) for a in addrs[1:]])
             t = time.perf_counter()
             done = subprocess.run([*prefix, sys.executable, "-m", "hwtui.app", "push", "--plan", str(plan), "--agents", ",".join(addrs),
                                    "--json"], capture_output=True, text=True, env=env, timeout=600)
@@ -215,8 +236,9 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
                 print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
                 return 1
             doc = json.loads(done.stdout)
+            # Back to back when resident: the next push meets this one's disk write (no spare to wait for).
             rows.append((k, doc["warm"], wall, doc["seconds"], doc["transfer_s"],
-                         _spares_ready(outs, None if net else addrs[1:])))
+                         0.0 if resident else _spares_ready(outs, None if net else addrs[1:])))
             if verbose:
                 for n in doc["nodes"]:
                     print(f"  push {k} {n['node']}: " + " ".join(f"{p}={v:.3f}" for p, v in (n.get("phases") or {}).items()),
@@ -240,6 +262,10 @@ def push_benchmark(mb: int, receivers: int, workdir: str | None, pushes: int, ve
     for k, warm, wall, e2e, transfer, spare_s in rows:
         print(f"{k:<5} {str(warm):<6} {wall:10.2f}   {e2e:10.2f}   {transfer:10.2f}   {e2e / max(transfer, 1e-9):8.2f}"
               f"       {spare_s:6.2f}")
+    if disk:
+        print("receivers' disk write as each push started (a push meeting one still writing waits for it, or stops it):")
+        for k, states in enumerate(disk, 1):
+            print(f"  push {k}: {', '.join(states)}")
     import statistics
 
     warm = [r for r in rows if r[1]] or rows[1:] or rows

@@ -6,8 +6,8 @@
 # optionally the page-cache registration experiment (EXP=1; measured in round seven: <= 21.8 GB/s),
 # then tests/gpu (the resident push and the IPC path first). Every stage is bounded by `timeout`
 # and logged under $OUT, so a call cut short still says how far it got. Knobs: EXP_COUNTS_S, CK_S,
-# LEG_S, BENCH_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, AHEADS, TESTS. The default bounds
-# add to 580 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), round
+# LEG_S, BENCH_S, RES_S, EXP, EXP_S, TEST_S, PER_TEST_S, READERS, SLICES, DEPTHS, AHEADS, TESTS. The default bounds
+# add to 595 s; round thirteen's whole call took 348 s (the bench 60 s, the tests 252 s), round
 # sixteen's 414 s (the checks and the bench 143 s, the tests cut at 270 s before the last two), so
 # give the call a 600 s limit. .whl/ is ignored by git: name it in the device call's carry.
 # What comes back: every log is bundled into $OUT/session.tgz when the script ends (a device call
@@ -33,13 +33,13 @@ timeout ${CK_S:-75} python3 benchmarks/bench_device_checksum.py --mb 1024 --roun
 cat "$OUT/checksum.txt" | tail -30
 el ipc-leg
 # The receiver's copy + verify with the source idle, 1/4/16 buckets per GiB (round nine: 610/307/90 GB/s).
-timeout ${LEG_S:-45} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,4,16 --rounds 7 --json "$OUT/ipc-leg.json" >"$OUT/ipc-leg.txt" 2>&1; echo "ipc-leg rc=$?"
+timeout ${LEG_S:-40} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,4,16 --rounds 7 --json "$OUT/ipc-leg.json" >"$OUT/ipc-leg.txt" 2>&1; echo "ipc-leg rc=$?"
 grep -v "^\[W" "$OUT/ipc-leg.txt" | tail -7
 el bench
 # Round seven measured 1/8/12/16 threads at 16/64 MiB (39.47 GB/s best, at 16 x 64 MiB x depth 2):
 # this grid looks for the last 1.3 % to 40 GB/s around that point (oversubscribed threads, a third
 # buffer per thread).
-timeout ${BENCH_S:-85} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-16,20} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --aheads ${AHEADS:-1,0,4,8} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
+timeout ${BENCH_S:-75} python3 benchmarks/bench_gpu.py --mb 4096 --rounds 3 --readers ${READERS:-16,20} --slices ${SLICES:-16,64} --depths ${DEPTHS:-2,3} --aheads ${AHEADS:-1,0,4,8} --json "$OUT/gpu-bench.json" >"$OUT/bench.txt" 2>&1; echo "bench rc=$?"
 cat "$OUT/bench.txt" | tail -30
 if [ "${EXP:-0}" = 1 ]; then
 el exp
@@ -52,8 +52,13 @@ cat /tmp/w4.bin >/dev/null
 timeout ${EXP_S:-80} python3 benchmarks/bench_gpu_register.py /tmp/w4.bin >"$OUT/exp.txt" 2>&1; echo "exp rc=$?"; cat "$OUT/exp.txt" | tail -12
 rm -f /tmp/w4.bin
 fi
+el resident
+# Pushes back to back into a GPU-resident receiver, each meeting the last one's disk write (round
+# sixteen: a newer push stops it; before, it waited for all of it, ~10x the push's transfer there).
+timeout ${RES_S:-60} python3 benchmarks/bench_agent.py --push --mb 512 --pushes 5 --receivers 1 --resident cuda >"$OUT/resident.txt" 2>&1; echo "resident rc=$?"
+grep -v "^\[W" "$OUT/resident.txt" | tail -14
 el tests
 # Every CLI exec'd, as in round nine's GPU runs: the tests' fork zygote (tests/cli_proc.py) was never run beside CUDA.
-HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-330} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
+HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-300} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|disk copy|agent load|passed|failed" "$OUT/pytest.txt" | tail -60
 el done

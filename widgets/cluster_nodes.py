@@ -109,14 +109,16 @@ def held_text(node: NodeStatus) -> str:
 
 
 def disk_text(node: NodeStatus) -> str:
-    """`` [disk: writing]`` / `` [disk: FAILED]`` after the version of a GPU-resident node whose disk
-    copy of it is still being written after the commit, or could not be (``--persist after-commit``);
+    """`` [disk: writing]`` / `` [disk: FAILED]`` / `` [disk: behind]`` after the version of a
+    GPU-resident node whose disk copy of it is still being written after the commit, could not be,
+    or was stopped for a newer push (``--persist after-commit``);
     ``""`` otherwise (and for a node serving from host memory, as `hwtui agents` does)."""
     if node.replication.device is None:
         return ""
     if "replication.persist.state" in node.unknown:
         return " [disk: ?]"
-    return {"writing": " [disk: writing]", "failed": " [disk: FAILED]"}.get(node.replication.disk_pending or "", "")
+    return {"writing": " [disk: writing]", "failed": " [disk: FAILED]",
+            "superseded": " [disk: behind]"}.get(node.replication.disk_pending or "", "")
 
 
 def note_text(node: NodeStatus) -> str:

@@ -82,6 +82,8 @@ def _device_served(n: NodeStatus) -> str:
         out += f", writing {n.replication.serving} to disk"
     elif pending == "failed" and p is not None:
         out += f", its disk copy FAILED: {p.error or '?'}"
+    elif pending == "superseded":
+        out += ", its disk write stopped for a newer push (the disk serves the version before)"
     return out
 
 

@@ -20,6 +20,7 @@ import json
 import mmap
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,13 @@ def as_buffer(src: Any) -> Any:
 
 
 AT_FLUSH_ENV = "HWTUI_TEST_STAGING"
+# A copy written at flush goes to disk this much at a time: each chunk crosses to the host alone,
+# and a newer push can stop the write between two (64 MiB: ~1 ms over PCIe, ~50 ms of a disk).
+WRITE_OUT_CHUNK = 64 << 20
+
+
+class WriteStopped(Exception):
+    """A deferred disk copy's write stopped for a newer push (``Staging.flush``'s ``should_stop``)."""
 
 
 class Staging:
@@ -413,17 +421,23 @@ class Staging:
                 bad.append(name)
         return bad
 
-    def flush(self) -> None:
-        """Make the staged file durable (prepare phase)."""
+    def flush(self, should_stop: Callable[[], bool] | None = None) -> None:
+        """Make the staged file durable (prepare phase).
+
+        ``should_stop`` (a deferred disk copy's write: a newer push is waiting) is asked before each
+        chunk of a copy written at flush and before the fsync; when it says so, WriteStopped is
+        raised and the file is left as far as it got (never switched to: its caller discards it)."""
         if self.file is None:
             return
         # fsync alone makes a mapped copy durable (no msync first: a store through the shared
         # mapping dirties its page at the write fault, and pwrite'd pages are dirty in the page
         # cache already, so msync(MS_SYNC) would only walk the same range once more).
         if self._mm is None and (self.device != "cpu" or self._at_flush):
-            self._write_out(self.header, self.data.cpu().numpy())
+            self._write_out(self.header, self.data, should_stop=should_stop)
         elif self._mm is None and not os.path.lexists(self.file):  # an empty model: header only
             self._write_out(self.header)
+        if should_stop is not None and should_stop():
+            raise WriteStopped(f"the staging copy {self.file} was not made durable: a newer push is waiting")
         if self._behind is not None:
             self._behind.drain()  # it only started write-out; the fsync below is what makes it durable
         if self._fd is not None:
@@ -477,17 +491,26 @@ class Staging:
         finally:
             os.close(fd)
 
-    def _write_out(self, *parts: Any) -> None:
-        """A staging file written whole at flush (a device copy, an empty model): created like any other."""
+    def _write_out(self, header: bytes, data: Any = None, *, should_stop: Callable[[], bool] | None = None) -> None:
+        """A staging file written whole at flush (a device copy, an empty model): created like any
+        other, the header then the data (a 1-D uint8 tensor on any device) WRITE_OUT_CHUNK at a
+        time. Why chunks: a device copy is brought to the host a chunk at a time (a 14 GB model is
+        never copied to host memory whole), and a newer push can stop the write between two
+        (``should_stop``: WriteStopped)."""
         assert self.file is not None
         fd = create_private(self.file, replace=True)
         try:
             st = os.fstat(fd)
             self._written_id = (st.st_dev, st.st_ino)
-            at = 0
-            for part in parts:
-                self._pwrite(fd, part, at)
-                at += memoryview(part).nbytes
+            self._pwrite(fd, header, 0)
+            at = len(header)
+            total = int(data.numel()) if data is not None else 0
+            for off in range(0, total, WRITE_OUT_CHUNK):
+                if should_stop is not None and should_stop():
+                    raise WriteStopped(f"the staging copy {self.file} was stopped after {off} of {total} bytes: "
+                                       "a newer push is waiting")
+                chunk = data[off: off + WRITE_OUT_CHUNK]
+                self._pwrite(fd, (chunk if chunk.device.type == "cpu" else chunk.cpu()).numpy(), at + off)
         finally:
             os.close(fd)
 

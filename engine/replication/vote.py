@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import json
 import os
+from collections.abc import Callable
 
 from hwtui.core.errors import HwtuiError
 from hwtui.core.events import ErrorEvent
@@ -120,8 +121,13 @@ class RankCommit(RankVerify):
         self.phases["commit"] = now() - t
         return unanimous and (decided or not self.cfg.commit) and not self.failures
 
-    def persist(self, plan: Plan) -> None:
+    def persist(self, plan: Plan, should_stop: Callable[[], bool] | None = None) -> None:
         """The disk half of a deferred commit: the staging copy made durable, then switched to.
+
+        ``should_stop``: a newer push is waiting (a resident receiver's agent asked). Asked before
+        the write, between its chunks and before the switch, it raises staging.WriteStopped and
+        nothing is switched: the disk keeps the version it had, the device serves this one, and
+        the newer push's copy is the next one made durable.
 
         Runs after the push is reported, with SIGTERM deferred as during a switch (a stopping
         agent waits for it, bounded). A failure is the caller's to report: a copy written through
@@ -131,7 +137,7 @@ class RankCommit(RankVerify):
         assert self.served is not None and self.switch_owed
         with GATE.held(True):
             self.faults.at_phase("persist")
-            self.staging.flush()
+            self.staging.flush(should_stop)
             if not self.staging.still_at_path():
                 # Replaced since it was verified (a link, another file): never published. The agent
                 # finds it at its next start, where its hash against the plan decides.

@@ -38,6 +38,7 @@ from hwtui.engine.replication.rank_signals import (
     TransportFailure,
     install_signal_gate,
 )
+from hwtui.engine.replication.staging import WriteStopped
 from hwtui.engine.replication.worker import Worker
 from hwtui.probes.distributed.replication_defaults import PERSIST_MODES
 
@@ -54,7 +55,8 @@ class ResidentWorker(Worker):
     final, verified bytes, so its byte ranges start going to disk at once (SpareStaging.written).
     """
 
-    def __init__(self, cfg: WorkerConfig, emit: Any, slot: Any = None, persist: str = "before-vote"):
+    def __init__(self, cfg: WorkerConfig, emit: Any, slot: Any = None, persist: str = "before-vote",
+                 superseded: Callable[[str], bool] | None = None):
         import torch.distributed as dist
 
         from hwtui.engine.resident.spare import SpareStaging
@@ -70,6 +72,9 @@ class ResidentWorker(Worker):
         self._bucket_ranges: list[list[tuple[int, int]]] = []
         self._slot_desc = slot  # the agent's staged device slot (engine.resident.device_served), or None
         self.slot_fill: Any = None
+        # Whether the agent asked this rank to stop writing a deferred disk copy (a push of a newer
+        # version is waiting): asked between the write's chunks (_persist).
+        self._superseded = superseded
 
     def setup(self, plan: Any) -> None:
         super().setup(plan)
@@ -202,7 +207,16 @@ class ResidentWorker(Worker):
                           **({"error": error[:300]} if error else {}), "seconds": round(time.perf_counter() - t, 3)})
 
         try:
-            self.persist(plan)
+            asked = self._superseded
+            self.persist(plan, (lambda: asked(version)) if asked is not None else None)
+        except WriteStopped:
+            # Not a failure: the device serves the version, the disk the one before, and the newer
+            # push's copy is the next made durable. The unfinished file is never switched to; the
+            # agent discards it with the staged copies before that push.
+            self._answer({"kind": "resident.persist", "ok": False, "superseded": True, "version": version,
+                          "error": f"rank {self.rank}: the write of {version} to disk stopped for a newer push",
+                          "seconds": round(time.perf_counter() - t, 3)})
+            return
         except Interrupted:
             if self.switch_owed:
                 report(False, f"rank {self.rank}: stopped before {version} was written to disk")
@@ -243,15 +257,15 @@ def _nothing() -> None:
     pass
 
 
-def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None,
-             persist: str = "before-vote") -> tuple[int, bool, Callable[[], None]]:
+def run_push(cfg: WorkerConfig, emit: Any, slot: Any = None, persist: str = "before-vote",
+             superseded: Callable[[str], bool] | None = None) -> tuple[int, bool, Callable[[], None]]:
     """One push on this rank: (exit code as the worker's EXIT_*, whether the group is still usable,
     what is left to do once the push is reported).
 
     Unmapping the staging copy and dropping the push's sub-groups (30-130 ms for 1 GB on a busy
     node) come after the report: the pusher waits for every node's "done", not for this tidying.
     The next push's command waits in the channel until it is over."""
-    w = ResidentWorker(cfg, emit, slot, persist)
+    w = ResidentWorker(cfg, emit, slot, persist, superseded)
     plan: Any = None
     try:
         if not w.reuse_world:
@@ -416,6 +430,24 @@ def _serve(emit: Any, stopping: list[int]) -> None:
         """A command (or the channel's end) is waiting: idle work stops for it."""
         return bool(lines) or bool(select.select([stdin], [], [], 0)[0])
 
+    def superseded(version: str) -> bool:
+        """Whether the agent asked this rank to stop writing ``version``'s deferred disk copy
+        (resident.supersede: a push of a newer version is waiting). What is waiting in the channel
+        is read, without waiting, into ``lines`` (the loop below takes the commands in order
+        afterwards); the channel's end is not such a request: the write goes on, as it would
+        without a channel."""
+        while select.select([stdin], [], [], 0)[0]:
+            chunk = stdin.read(65536)
+            if not chunk:
+                break
+            lines.extend(reader.feed(chunk))
+        asked = False  # the agent's last word on it counts: a push refused after asking withdraws
+        for line in lines:
+            msg = decode_message(line) or {}
+            if msg.get("kind") == "resident.supersede" and msg.get("version") == version:
+                asked = not msg.get("withdrawn")
+        return asked
+
     while True:
         chunk = stdin.read(65536)
         if not chunk:
@@ -435,7 +467,7 @@ def _serve(emit: Any, stopping: list[int]) -> None:
                 code, usable, tidy = EXIT_BAD_INPUT, False, _nothing
             else:
                 persist = str(cmd.get("persist")) if cmd.get("persist") in PERSIST_MODES else "before-vote"
-                code, usable, tidy = run_push(cfg, emit, cmd.get("slot"), persist)
+                code, usable, tidy = run_push(cfg, emit, cmd.get("slot"), persist, superseded)
             emit({"kind": "resident.done", "push_id": push_id, "code": code, "usable": usable})
             tidy()
             if usable and code == EXIT_OK and cfg.rank != SRC:

@@ -223,10 +223,10 @@ class SpareStaging(Staging):
             for off, n in ranges:
                 self.writeback.add(hlen + off, n)
 
-    def flush(self) -> None:
+    def flush(self, should_stop: Callable[[], bool] | None = None) -> None:
         if self.writeback is not None:
             self.writeback.finish(wait=True)
-        super().flush()  # the msync + fsync that makes it durable: only what is left to write
+        super().flush(should_stop)  # the fsync that makes it durable: only what is left to write
 
     def close(self) -> None:
         if self.writeback is not None:

@@ -128,13 +128,14 @@ class DeviceServed:
                 "hold_left_s": self.hold_left_s, "error": self.error}
 
 
-PERSIST_STATES = ("none", "writing", "done", "failed")
+PERSIST_STATES = ("none", "writing", "done", "failed", "superseded")
 
 
 @dataclass(frozen=True)
 class Persist:
     """A GPU-resident node's disk copy of the version it serves, written after the commit
-    (``hwtui agent --persist after-commit``): being written, done, or failed (with why)."""
+    (``hwtui agent --persist after-commit``): being written, done, failed (with why), or
+    superseded (its write stopped for a push of a newer version)."""
 
     state: str | None = None
     version: str | None = None
@@ -153,10 +154,12 @@ class Replication:
 
     @property
     def disk_pending(self) -> str | None:
-        """"writing" or "failed" while the disk copy of the version this node serves is still owed
-        (a GPU-resident node serves it from its device meanwhile), else None: what views show."""
+        """"writing", "failed" or "superseded" while the disk copy of the version this node serves
+        is still owed (a GPU-resident node serves it from its device meanwhile), else None: what
+        views show."""
         p = self.persist
-        return p.state if p is not None and p.version == self.serving and p.state in ("writing", "failed") else None
+        owed = ("writing", "failed", "superseded")
+        return p.state if p is not None and p.version == self.serving and p.state in owed else None
 
     def to_dict(self) -> dict[str, Any]:
         f = self.in_flight

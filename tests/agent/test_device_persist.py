@@ -3,9 +3,9 @@ on CPU with the device slots in host memory (``HWTUI_TEST_IPC=host``), real agen
 
 - after-commit (the default with --device cuda): the push is reported committed while the rank is
   still held before its disk write (a ``pause`` fault at phase ``persist``): the node serves the
-  version from its device slot, its disk still names the previous one, and a second push waits
-  for the write instead of failing or discarding the staged copy; once let go, the disk serves
-  the version byte for byte and the state says how long it took;
+  version from its device slot, its disk still names the previous one, and a push of a newer
+  version stops that write (never switched to) and runs; the disk then serves the newer one byte
+  for byte and the state says how long it took (tests/agent/test_persist_superseded.py: the rest);
 - the rank killed while it writes: the agent finishes the switch from the staged copy;
 - the agent killed while the rank writes: its restart finishes it (decision + staged copy);
 - a copy written whole at flush, as a GPU receiver's device copy is (``HWTUI_TEST_STAGING=at-flush``):
@@ -99,7 +99,7 @@ def persisted(world: Agents, i: int, version: str, bound_s: float = 120.0) -> di
         time.sleep(0.05)
 
 
-def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_it(world, models, tmp_path):
+def test_the_push_is_reported_before_the_disk_copy_and_a_newer_push_stops_its_write(world, models, tmp_path):
     go = tmp_path / "go"
     rep = paused_push(world, models["v1"][0], go)
     assert rep["serving"] == "v1" and rep["last"]["outcome"] == "committed" and rep["last"]["serving"] == "v1"
@@ -111,11 +111,13 @@ def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_i
     assert view.returncode == 0 and "serving v1 on host slot A" in view.stdout, view.stdout + view.stderr
     assert "writing v1 to disk" in view.stdout, view.stdout
     assert_bytes_equal(served_tensors(world, 1)[1], models["v1"][1])
-    # A second push while the first one's disk copy is still owed: it waits for it, then runs.
+    # A push of a newer version while v1's disk copy is being written: the agent asks the rank to
+    # stop that write (v1 would be replaced on disk at once), the rank stops before its next chunk
+    # (here: once let go of the fault), and the push runs. v1 never reaches the disk.
     bg = push_bg(models["v2"][0], world.agents())
     try:
-        time.sleep(0.5)  # (not a wait on state: only gives the push the chance to go wrong early)
-        assert bg.poll() is None and world.replication(1)["persist"]["state"] == "writing"
+        wait_for(lambda: world.replication(1)["persist"].get("superseded_by") == "v2", watch=bg)
+        assert world.replication(1)["persist"]["state"] == "writing"
         go.touch()
         out, err = bg.communicate(timeout=240)
     finally:
@@ -123,14 +125,24 @@ def test_the_push_is_reported_before_the_disk_copy_and_the_next_push_waits_for_i
             bg.kill()
             bg.wait()
     assert bg.returncode == 0, out + err
-    first = persisted(world, 1, "v2")  # v1 then v2: each written, switched, and its slot recorded
-    assert first["state"] == "done" and first["seconds"] >= 0, first
+    state = persisted(world, 1, "v2")
+    assert state["state"] == "done" and state["seconds"] >= 0, state
     assert disk_serves(world, 1) == "v2" and world.replication(1)["serving"] == "v2"
     assert_bytes_equal(disk_tensors(world, 1), models["v2"][1])
     assert_bytes_equal(served_tensors(world, 1)[1], models["v2"][1])
     slots = json.loads((world.served(1) / "SLOTS").read_text())
-    assert slots[slots["serving"]] == "v2" and "v1" in slots.values(), slots
+    assert slots[slots["serving"]] == "v2" and "v1" not in slots.values(), slots
+    assert not (world.served(1) / "versions" / "v1").exists()  # its write was stopped, never switched to
     assert not list((world.served(1) / "staging").glob("*")) if (world.served(1) / "staging").exists() else True
+
+
+def wait_for(ok: Any, bound_s: float = 120.0, watch: Any = None) -> None:
+    """Until ``ok()`` (bounded; fails at once if ``watch``, a process, ends first)."""
+    deadline = time.monotonic() + bound_s
+    while not ok():
+        assert watch is None or watch.poll() is None, "the push ended first"
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.05)
 
 
 def test_a_rank_killed_writing_the_disk_copy_is_finished_by_its_agent(world, models):
@@ -299,6 +311,7 @@ def test_a_push_waiting_longer_than_its_bound_for_the_write_is_refused_in_one_li
     assert "still writing version v1 to disk after 1 s; try again when it is done" in refused.stdout + refused.stderr
     rep = world.replication(1)
     assert rep["persist"]["state"] == "writing" and rep["serving"] == "v1" and rep["in_flight"] is None, rep
+    assert "superseded_by" not in rep["persist"], rep["persist"]  # the refused push withdrew its stop
     assert (world.served(1) / "staging" / "v1").is_dir()  # the copy being written is untouched
     go.touch()
     assert persisted(world, 1, "v1")["state"] == "done" and disk_serves(world, 1) == "v1"

@@ -255,3 +255,54 @@ def test_no_space_for_a_staging_file_made_ahead_is_raised_in_the_ranks_thread(tm
     made = PrefaultedFile(tmp_path / "model.safetensors", 1 << 20)
     with pytest.raises(HwtuiError, match="no space left on device for the staging copy"):
         made.take(60.0)
+
+
+def _at_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sizes: list[int]) -> tuple[Staging, dict[str, Any], Path]:
+    """A copy kept in memory and written whole at flush (a GPU receiver's device copy, on CPU),
+    written out 1000 bytes at a time: chunks that cut tensors and the header's end anywhere."""
+    from hwtui.engine.replication import staging
+
+    monkeypatch.setenv(staging.AT_FLUSH_ENV, "at-flush")
+    monkeypatch.setattr(staging, "WRITE_OUT_CHUNK", 1000)
+    meta, data = _tensors(sizes)
+    path = tmp_path / "s" / "model.safetensors"
+    path.parent.mkdir()
+    st = Staging(meta, {"format": "pt"}, file=path)
+    for name, t in data.items():
+        st.write_hashed(st.layout[name][0], t.numpy())
+    return st, data, path
+
+
+def test_a_copy_written_at_flush_in_chunks_is_the_model_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write of a device copy goes a chunk at a time (staging.WRITE_OUT_CHUNK): every byte lands
+    where one write of the whole would have put it, and a should_stop that never says stop is
+    asked before every chunk and before the fsync."""
+    from safetensors.torch import load_file
+
+    st, data, path = _at_flush(tmp_path, monkeypatch, [4321, 5, 2000, 999])
+    asked = []
+    st.flush(lambda: asked.append(1) and False)
+    st.close()
+    got = load_file(str(path))
+    assert all(torch.equal(got[k], data[k]) for k in data)
+    assert len(asked) == -(-st.data_bytes // 1000) + 1
+
+
+def test_a_copy_written_at_flush_stops_between_chunks_when_a_newer_push_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """should_stop saying so after three chunks: WriteStopped, no more bytes written and no fsync
+    (the caller never switches to the file); asked at the very end, it still stops before the fsync."""
+    from hwtui.engine.replication import staging
+
+    st, _, path = _at_flush(tmp_path, monkeypatch, [8000, 3000])
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    calls = []
+    with pytest.raises(staging.WriteStopped, match="stopped after 3000 of 11000 bytes"):
+        st.flush(lambda: calls.append(1) is None and len(calls) > 3)
+    assert os.path.getsize(path) == len(st.header) + 3000 and synced == []
+    n = -(-st.data_bytes // 1000)
+    late = []
+    with pytest.raises(staging.WriteStopped, match="was not made durable"):
+        st.flush(lambda: late.append(1) is None and len(late) > n)
+    assert os.path.getsize(path) == len(st.header) + st.data_bytes and synced == []
+    st.close()
