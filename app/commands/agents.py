@@ -83,7 +83,7 @@ def _device_served(n: NodeStatus) -> str:
     elif pending == "failed" and p is not None:
         out += f", its disk copy FAILED: {p.error or '?'}"
     elif pending == "superseded":
-        out += ", its disk write stopped for a newer push (the disk serves the version before)"
+        out += ", its disk write stopped for a newer push (not on its disk)"
     return out
 
 

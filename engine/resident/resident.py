@@ -74,6 +74,10 @@ _START_TIMEOUT_S = 120.0  # importing torch on a loaded node
 PERSIST_WAIT_S = 120.0
 MAX_PLAN_BYTES = 1 << 30  # one uploaded plan file (a plan of millions of tensors is tens of MB)
 KEEP_UPLOADS = 4  # uploaded plans kept by digest (a retry need not send it again); older ones go
+# Versions served from the device and replaced before their disk copy was written (MOVED_ON), kept
+# so that a --resume of one is refused as going back; a version older than these is long evicted.
+MAX_MOVED_ON = 64
+MOVED_ON_WHY = "the record of a version this node moved on from (served/MOVED_ON) could not be written"
 
 
 def _persist_wait_s() -> float:
@@ -326,7 +330,9 @@ class ResidentRank:
                   "device": "cuda" if self.device is not None and self.device.kind == "cuda" else "cpu",
                   # A consumer's hold on the slot this push would be received into (slot_holds):
                   # the pusher refuses (or waits, --wait-holds) before any rank starts.
-                  "slot_held": self.device.slot_held() if self.device is not None else None,
+                  # None for a version the device serves already (its push brings bytes to disk only).
+                  "slot_held": self.device.slot_held()
+                  if self.device is not None and not (version and self._device_serves(version)) else None,
                   **self._holds(version)}
         return answer
 
@@ -375,7 +381,8 @@ class ResidentRank:
                             **self._holds(version)}
                 recovery.discard(self.served, version)
                 return {"node": self.node, "done": True, "what": "its staged copy was removed", **self._holds(version)}
-            if self.serving() != version and version in (self.slots().get("A"), self.slots().get("B")):
+            if self.serving() != version and (version in (self.slots().get("A"), self.slots().get("B"))
+                                              or version in self._moved_on()):
                 # It served this version before and has moved on: going back is a new version,
                 # not a switch it missed (the push then refuses it as it always did).
                 return {"node": self.node, "done": False, "moved_on": True, "what": f"it served {version} before "
@@ -496,7 +503,15 @@ class ResidentRank:
             # of another version stops that write (the disk would be switched to a version this
             # push replaces at once); the same version again waits for it. Either way the staged
             # copies below are not this push's to discard until the rank has let go of them.
-            asked = self._supersede_persist(str(plan["version"]))
+            needs_slot = rank != 0 and self.device is not None and not self._device_serves(str(plan["version"]))
+            if needs_slot and self.device is not None and (held := self.device.slot_held()) is not None:
+                # Before anything is stopped or discarded below: a push refused here leaves the node
+                # as it was (a hold taken after this is refused by the slot's staging, below). A
+                # version the device serves already takes no slot: its bytes go to disk only.
+                raise PushRefused(409, f"node {self.node}: {held}")
+            # Only a push this node receives stops the write: as the source (rank 0) it gets no
+            # copy of the new version to write instead (the write it stopped was never made).
+            asked = rank != 0 and self._supersede_persist(str(plan["version"]))
             try:
                 self._await_persist()
             except PushRefused:
@@ -504,9 +519,6 @@ class ResidentRank:
                     self._supersede_persist(str(plan["version"]), withdraw=True)
                 raise
             owed_copy = self._retry_owed()
-            if rank != 0 and self.device is not None and (held := self.device.slot_held()) is not None:
-                # Before anything is discarded below: a push refused here leaves the node as it was.
-                raise PushRefused(409, f"node {self.node}: {held}")
             # The slot too, before any discard (a slot that cannot be had refuses the push with the
             # node as it was). None for a version the device serves already, whose disk copy was
             # lost (--persist after-commit, its write failed): the push brings the bytes to disk only.
@@ -912,6 +924,12 @@ class ResidentRank:
         """Called with the lock held: a receiver's push committed here. Its disk's slots record it
         now, or once its rank has written the disk copy (--persist after-commit: resident.persist)."""
         version, deferred = str(flight["version"]), bool(flight.get("deferred"))
+        if self._owed is not None and self._owed[0] != version:
+            # A version served from the device whose disk copy never came (its write stopped for
+            # this push, or failed and could not be finished) is replaced here: recorded as served
+            # and moved on from, as the disk's slots record the versions it held (resolve).
+            self._record_moved_on(self._owed[0])
+            self._owed = None
         if deferred and self._disk_serving() != version:
             # Served from the device slot from now on; the rank writes the disk copy out and
             # switches the disk after this report, and the disk's slots follow then.
@@ -928,6 +946,25 @@ class ResidentRank:
             # the device's version, whose disk write had failed, brought to disk by this push
             self._owed = None
             self.persist = {"state": "done", "version": version, "how": "received again"}
+
+    def _record_moved_on(self, version: str) -> None:
+        """Called with the lock held: ``version`` was served here (from the device) and a newer one
+        replaced it before its disk copy was written, so the disk's slots never held it. Kept in
+        ``MOVED_ON`` (the newest MAX_MOVED_ON), so that a pusher's --resume of it is refused as
+        going back, as for a version the slots held (it rolled the node back before)."""
+        seen = [v for v in self._moved_on() if v != version][-(MAX_MOVED_ON - 1):] + [version]
+        try:
+            atomic_write_text(self.served / "MOVED_ON", json.dumps({"versions": seen}) + "\n")
+        except OSError as exc:  # said, not fatal: only a later --resume of it is not refused
+            print(f"hwtui agent: {MOVED_ON_WHY}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+
+    def _moved_on(self) -> list[str]:
+        try:
+            raw = json.loads((self.served / "MOVED_ON").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        got = raw.get("versions") if isinstance(raw, dict) else None
+        return [v for v in got if isinstance(v, str)][-MAX_MOVED_ON:] if isinstance(got, list) else []
 
     def _layout_owed(self, version: str) -> None:
         """The owed version's tensor places for the export (the disk's CURRENT names the previous

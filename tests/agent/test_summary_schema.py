@@ -145,7 +145,7 @@ def test_a_disk_copy_still_written_or_failed_is_shown_and_a_bad_state_is_unknown
     # its write stopped for a newer push that has not committed (yet): the disk is behind the device
     behind = status({"state": "superseded", "version": "v1", "by": "v2", "seconds": 0.2})
     assert str(node_rows(behind)[0]["version"]) == "v1 [1 held: v1] [disk: behind]"
-    assert "its disk write stopped for a newer push (the disk serves the version before)" in _line(behind)
+    assert "its disk write stopped for a newer push (not on its disk)" in _line(behind)
     older = status({"state": "failed", "version": "v0", "error": "x"})  # about a version no longer served
     assert "disk" not in str(node_rows(older)[0]["version"]) and "disk" not in _line(older)
     bad = status({"state": "exploded", "version": "v1"})
