@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,13 +56,14 @@ from tests.engine.replication.helpers import assert_bytes_equal  # noqa: E402
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(600)]
 
 
-def _superseding_push(agents: Agents, plan: Path, go: Path) -> tuple[int, str]:
-    """Push ``plan`` while agent 1's rank is held before the last push's disk write (``go``): once
-    agent 1 has asked its rank to stop that write, let the rank go; the push's exit code and output."""
-    bg = push_bg(plan, agents.agents())
+def _push_meanwhile(agents: str, plan: Path, ready: Callable[[], bool],
+                    then: Callable[[subprocess.Popen[str]], object]) -> tuple[int, str]:
+    """Push ``plan`` to ``agents`` in the background; once ``ready()``, ``then(push)``; the push's exit
+    code and output once it ends (bounded; killed with its session if it has not)."""
+    bg = push_bg(plan, agents)
     try:
-        wait_for(lambda: agents.replication(1)["persist"].get("superseded_by") == plan.stem, watch=bg)
-        go.touch()
+        wait_for(ready, watch=bg)
+        then(bg)
         out, err = bg.communicate(timeout=240)
     finally:
         if bg.poll() is None:
@@ -69,10 +72,15 @@ def _superseding_push(agents: Agents, plan: Path, go: Path) -> tuple[int, str]:
     return bg.returncode, out + err
 
 
+def _asked_to_stop(world: Agents, version: str) -> Callable[[], bool]:  # noqa: F811
+    """Agent 1 has asked its rank to stop the last push's disk write for a push of ``version``."""
+    return lambda: world.replication(1)["persist"].get("superseded_by") == version
+
+
 def test_a_device_copy_stopped_for_a_newer_push_never_reaches_the_disk(world, models, tmp_path):  # noqa: F811
     go = tmp_path / "go"
     paused_push(world, models["v1"][0], go, AT_FLUSH)
-    code, out = _superseding_push(world, models["v2"][0], go)
+    code, out = _push_meanwhile(world.agents(), models["v2"][0], _asked_to_stop(world, "v2"), lambda _: go.touch())
     assert code == 0, out
     assert persisted(world, 1, "v2")["state"] == "done"
     assert disk_serves(world, 1) == "v2" and device(world, 1)["serving"] == "v2"
@@ -106,18 +114,14 @@ def test_a_superseding_push_that_fails_leaves_the_disk_behind_said_and_resume_se
     world.start(0, "--device", "cuda", **DEVICE, HWTUI_TEST_FAULT=f"pause:rank=0,bucket=1,until={hold}")
     paused_push(world, models["v1"][0], go)
     hold.unlink()
-    bg = push_bg(models["v2"][0], world.agents())
-    try:
-        wait_for(lambda: world.replication(1)["persist"].get("superseded_by") == "v2", watch=bg)
+
+    def let_go_then_kill_the_source(bg: subprocess.Popen[str]) -> None:
         go.touch()
         world.wait_phase(0, "transfer", watch=bg)  # node 1 gave up v1's write: the push is under way
         world.kill(0)  # the source dies mid-transfer: v2 is decided nowhere
-        out, err = bg.communicate(timeout=240)
-    finally:
-        if bg.poll() is None:
-            os.killpg(bg.pid, signal.SIGKILL)
-            bg.wait(10)
-    assert bg.returncode != 0 and "Traceback" not in err, out + err
+
+    code, out = _push_meanwhile(world.agents(), models["v2"][0], _asked_to_stop(world, "v2"), let_go_then_kill_the_source)
+    assert code != 0 and "Traceback" not in out, out
     wait_for(lambda: world.replication(1)["in_flight"] is None)
     rep = world.replication(1)
     assert rep["persist"]["state"] == "superseded" and rep["persist"]["version"] == "v1", rep["persist"]
@@ -146,18 +150,14 @@ def test_a_push_this_node_is_the_source_of_waits_for_its_write(world, models, tm
     go = tmp_path / "go"
     paused_push(world, models["v1"][0], go)
     source_first = f"127.0.0.1:{world.ports[1]},127.0.0.1:{world.ports[0]}"
-    bg = push_bg(models["v2"][0], source_first)
-    try:
-        # node 1 has taken the push (busy) and waits for its write: never asked to stop it
-        wait_for(lambda: _prepare(world, 1)["busy"], watch=bg)
+
+    def never_asked_then_let_go(_: subprocess.Popen[str]) -> None:
         assert "superseded_by" not in world.replication(1)["persist"]
         go.touch()
-        out, err = bg.communicate(timeout=240)
-    finally:
-        if bg.poll() is None:
-            os.killpg(bg.pid, signal.SIGKILL)
-            bg.wait(10)
-    assert bg.returncode == 0, out + err
+
+    # node 1 has taken the push (busy) and waits for its write: never asked to stop it
+    code, out = _push_meanwhile(source_first, models["v2"][0], lambda: _prepare(world, 1)["busy"], never_asked_then_let_go)
+    assert code == 0, out
     state = persisted(world, 1, "v1")
     assert state["state"] == "done", state
     assert disk_serves(world, 1) == "v1" and device(world, 1)["serving"] == "v1"
