@@ -499,25 +499,7 @@ class ResidentRank:
             # node free mid-start, so an abort of this push found nothing to stop).
             self._flight_child = None
         try:
-            # The last push's disk copy may still be being written (--persist after-commit): a push
-            # of another version stops that write (the disk would be switched to a version this
-            # push replaces at once); the same version again waits for it. Either way the staged
-            # copies below are not this push's to discard until the rank has let go of them.
-            needs_slot = rank != 0 and self.device is not None and not self._device_serves(str(plan["version"]))
-            if needs_slot and self.device is not None and (held := self.device.slot_held()) is not None:
-                # Before anything is stopped or discarded below: a push refused here leaves the node
-                # as it was (a hold taken after this is refused by the slot's staging, below). A
-                # version the device serves already takes no slot: its bytes go to disk only.
-                raise PushRefused(409, f"node {self.node}: {held}")
-            # Only a push this node receives stops the write: as the source (rank 0) it gets no
-            # copy of the new version to write instead (the write it stopped was never made).
-            asked = rank != 0 and self._supersede_persist(str(plan["version"]))
-            try:
-                self._await_persist()
-            except PushRefused:
-                if asked:  # this push is not coming: the write it stopped goes on
-                    self._supersede_persist(str(plan["version"]), withdraw=True)
-                raise
+            self._settle_last_write(rank, str(plan["version"]))
             owed_copy = self._retry_owed()
             # The slot too, before any discard (a slot that cannot be had refuses the push with the
             # node as it was). None for a version the device serves already, whose disk copy was
@@ -1041,6 +1023,28 @@ class ResidentRank:
             return None
         self._settle(owed[0])
         return None if self._owed_written(owed[0], "finished from its kept copy before the next push") else owed[0]
+
+    def _settle_last_write(self, rank: int, version: str) -> None:
+        """Before a push (rank ``rank``, of ``version``) touches any staged copy: the last push's
+        disk copy may still be being written (--persist after-commit). A push of another version
+        that this node receives stops that write (the disk would be switched to a version this
+        push replaces at once); the same version again, or this node as the source, waits for it.
+        Either way the staged copies are not this push's to discard until the rank has let go."""
+        if rank != 0 and self.device is not None and not self._device_serves(version) \
+                and (held := self.device.slot_held()) is not None:
+            # Before anything is stopped or discarded: a push refused here leaves the node as it was
+            # (a hold taken after this is refused by the slot's staging). A version the device
+            # serves already takes no slot: its bytes go to disk only.
+            raise PushRefused(409, f"node {self.node}: {held}")
+        # Only a push this node receives stops the write: as the source (rank 0) it gets no copy of
+        # the new version to write instead (the write it stopped would never be made).
+        asked = rank != 0 and self._supersede_persist(version)
+        try:
+            self._await_persist()
+        except PushRefused:
+            if asked:  # this push is not coming: the write it stopped goes on
+                self._supersede_persist(version, withdraw=True)
+            raise
 
     def _supersede_persist(self, version: str, *, withdraw: bool = False) -> bool:
         """Ask the rank writing the last push's disk copy to stop, where ``version`` replaces it.
