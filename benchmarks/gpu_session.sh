@@ -55,7 +55,7 @@ fi
 el resident
 # Pushes back to back into a GPU-resident receiver, each meeting the last one's disk write (round
 # sixteen: a newer push stops it; before, it waited for all of it, ~10x the push's transfer there).
-timeout ${RES_S:-60} python3 benchmarks/bench_agent.py --push --mb 512 --pushes 5 --receivers 1 --resident cuda >"$OUT/resident.txt" 2>&1; echo "resident rc=$?"
+timeout ${RES_S:-60} python3 benchmarks/bench_agent.py --push --mb 256 --pushes 4 --receivers 1 --resident cuda >"$OUT/resident.txt" 2>&1; echo "resident rc=$?"
 grep -v "^\[W" "$OUT/resident.txt" | tail -14
 el tests
 # Every CLI exec'd, as in round nine's GPU runs: the tests' fork zygote (tests/cli_proc.py) was never run beside CUDA.
