@@ -942,8 +942,9 @@ class ResidentRank:
 
     def _moved_on(self) -> list[str]:
         try:
-            raw = json.loads((self.served / "MOVED_ON").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            with open(self.served / "MOVED_ON", "rb") as f:
+                raw = json.loads(f.read(MAX_MOVED_ON * 512))  # 64 version names; more is not ours
+        except (OSError, ValueError, RecursionError):
             return []
         got = raw.get("versions") if isinstance(raw, dict) else None
         return [v for v in got if isinstance(v, str)][-MAX_MOVED_ON:] if isinstance(got, list) else []

@@ -218,3 +218,18 @@ def test_resume_of_a_version_the_device_serves_needs_no_free_slot(world, models)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert disk_serves(world, 1) == "v1" and device(world, 1)["serving"] == "v1"
     assert_bytes_equal(disk_tensors(world, 1), models["v1"][1])
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b"[" * 100_000, b'{"versions": "v1"}', b'{"versions": [1, null, "v2"]}',
+                                     b'{"versions": ["v1"' + b', "v1"' * 200_000 + b"]}"])
+def test_a_moved_on_record_that_is_not_ours_is_read_as_nothing_or_its_names(tmp_path, content):
+    """served/MOVED_ON as anything (empty, not JSON, nested past the parser, the wrong shapes, huge):
+    read bounded, never an exception; only its version names count."""
+    from hwtui.engine.resident.resident import ResidentRank
+
+    rr = ResidentRank(node="n1", out=tmp_path / "out", advertise="127.0.0.1")
+    try:
+        (tmp_path / "out" / "served" / "MOVED_ON").write_bytes(content)
+        assert rr._moved_on() == (["v2"] if b'"v2"' in content else [])
+    finally:
+        rr.close()
