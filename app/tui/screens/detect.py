@@ -10,10 +10,12 @@ from hwtui.app.tui.messages import DevicesDetected
 from hwtui.app.tui.screens._step import WizardStep
 from hwtui.widgets.device_table import DeviceTable
 
+# Two paragraphs, each one line of source text: the panel wraps them at its own width (a line break
+# written mid-sentence left "in /dev or" alone on a line of a 100-column terminal).
 NONE_FOUND = (
-    "No accelerator found: no NVIDIA, AMD, Intel, Gaudi or TPU device answered on the PCI bus, in /dev or\n"
+    "No accelerator found: no NVIDIA, AMD, Intel, Gaudi or TPU device answered on the PCI bus, in /dev or "
     "through its driver. That is a normal answer: replication and training run on CPU ranks over gloo.\n"
-    "Expected one? The Drivers step says whether a driver or runtime is missing; `hwtui list-gpus --all`\n"
+    "Expected one? The Drivers step says whether a driver or runtime is missing; `hwtui list-gpus --all` "
     "also lists devices passed through to a VM (vfio-pci), which this machine cannot use.")
 
 

@@ -78,3 +78,6 @@ async def test_detect_explains_a_machine_without_accelerators(snapshots, tmp_pat
         assert not screen.query_one("#devices").display and screen.query_one("#none-found").display
         text = str(screen.query_one("#none-found").render())
         assert "No accelerator found" in text and "CPU ranks" in text and "list-gpus --all" in text
+        # Every line break it writes ends a sentence: the panel wraps the rest at its width (a break
+        # mid-sentence left "in /dev or" alone on a line at 100 columns).
+        assert all(line.rstrip().endswith((".", "?", ":")) for line in text.split("\n")), text
