@@ -140,13 +140,19 @@ def _model(directory: Path, version: str, mb: int, seed: int) -> Path:
     return directory / "plan.json"
 
 
-def _wait_spares(addrs: list[str], limit: float = 300.0) -> float:
-    """Seconds until every receiver has made its spare staging file (idle work between pushes)."""
+def _replication(addr: str) -> dict:  # type: ignore[type-arg]
+    """An agent's GET /v1/replication."""
     import httpx
 
+    doc = httpx.get(f"http://{addr}/v1/replication", timeout=10).json()
+    return doc.get("replication", doc) if isinstance(doc, dict) else {}
+
+
+def _wait_spares(addrs: list[str], limit: float = 300.0) -> float:
+    """Seconds until every receiver has made its spare staging file (idle work between pushes)."""
     t = time.perf_counter()
     while time.perf_counter() - t < limit:
-        states = [httpx.get(f"http://{a}/v1/replication", timeout=10).json().get("spare", {}).get("state") for a in addrs]
+        states = [_replication(a).get("spare", {}).get("state") for a in addrs]
         if all(s in ("ready", "failed", "none") for s in states):
             break
         time.sleep(0.1)
@@ -165,12 +171,8 @@ def _spares_ready(outs: list[Path], addrs: list[str] | None, limit: float = 300.
 
 
 def _persist_state(addr: str) -> str:
-    """A receiver's last disk write as "<version> <state>" (GET /v1/replication)."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{addr}/v1/replication", timeout=10) as r:
-        doc = json.loads(r.read())
-    p = (doc.get("replication", doc) or {}).get("persist") or {}
+    """A receiver's last disk write as "<version> <state>"."""
+    p = _replication(addr).get("persist") or {}
     return f"{p.get('version')} {p.get('state')}"
 
 

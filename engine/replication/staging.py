@@ -510,7 +510,7 @@ class Staging:
                     raise WriteStopped(f"the staging copy {self.file} was stopped after {off} of {total} bytes: "
                                        "a newer push is waiting")
                 chunk = data[off: off + WRITE_OUT_CHUNK]
-                self._pwrite(fd, (chunk if chunk.device.type == "cpu" else chunk.cpu()).numpy(), at + off)
+                self._pwrite(fd, chunk.cpu().numpy(), at + off)  # .cpu(): the same tensor when on the host
         finally:
             os.close(fd)
 

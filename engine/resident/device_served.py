@@ -101,13 +101,12 @@ class DeviceServed:
                     from hwtui.engine.replication.ipc_provider import CudaIpc
 
                     torch.cuda.set_device(self.device_index)
-                    self._mem = _Counting(CudaIpc(self.device_index))
-                    self._slots = DeviceSlots(self._mem, released=_cuda_release)
+                    self._mem, released = _Counting(CudaIpc(self.device_index)), _cuda_release
                 else:
                     from hwtui.engine.replication.ipc_provider import HostStandIn
 
-                    self._mem = _Counting(HostStandIn(self.run))
-                    self._slots = DeviceSlots(self._mem)
+                    self._mem, released = _Counting(HostStandIn(self.run)), None
+                self._slots = DeviceSlots(self._mem, released=released)
             return self._slots
 
     # ------------------------------------------------------------------ a push

@@ -202,9 +202,10 @@ class ResidentWorker(Worker):
         t = time.perf_counter()
         version = plan["version"]
 
-        def report(ok: bool, error: str = "") -> None:
+        def report(ok: bool, error: str = "", superseded: bool = False) -> None:
             self._answer({"kind": "resident.persist", "ok": ok, "version": version,
-                          **({"error": error[:300]} if error else {}), "seconds": round(time.perf_counter() - t, 3)})
+                          **({"error": error[:300]} if error else {}), **({"superseded": True} if superseded else {}),
+                          "seconds": round(time.perf_counter() - t, 3)})
 
         try:
             asked = self._superseded
@@ -213,9 +214,7 @@ class ResidentWorker(Worker):
             # Not a failure: the device serves the version, the disk the one before, and the newer
             # push's copy is the next made durable. The unfinished file is never switched to; the
             # agent discards it with the staged copies before that push.
-            self._answer({"kind": "resident.persist", "ok": False, "superseded": True, "version": version,
-                          "error": f"rank {self.rank}: the write of {version} to disk stopped for a newer push",
-                          "seconds": round(time.perf_counter() - t, 3)})
+            report(False, f"rank {self.rank}: the write of {version} to disk stopped for a newer push", superseded=True)
             return
         except Interrupted:
             if self.switch_owed:
