@@ -177,17 +177,16 @@ def host_to_device(src: Any, dst: Any, device: str) -> float:
     return time.perf_counter() - t0
 
 
-def _source_label(ahead: int) -> str:
+def _source_label(ahead: int, bucket_mib: int | None = None) -> str:
+    of = f"{bucket_mib} MiB buckets, " if bucket_mib else ""
     if ahead == 0:
-        return "hwtui source path (bucket by bucket, no read-ahead)"
-    if ahead == 1:
-        return "hwtui source path (planned buckets, next read queued)"
-    return f"hwtui source path ({ahead} buckets read ahead)"
+        return f"hwtui source path ({of}bucket by bucket)"
+    return f"hwtui source path ({of}{ahead} read ahead)"
 
 
-def file_to_device(model: Path, plan_path: str, device: str, rounds: int, threads: list[int],
+def file_to_device(model: Path, plan_paths: dict[int, str], device: str, rounds: int, threads: list[int],
                    slices: list[int] | None = None, depths: list[int] | None = None,
-                   aheads: tuple[int, ...] = (1, 0)) -> dict:
+                   aheads: tuple[int, ...] = (3, 0)) -> dict:
     """Every method, rounds interleaved, medians; -> the results (GB/s and ratios to safetensors)."""
     import torch
 
@@ -217,7 +216,7 @@ def file_to_device(model: Path, plan_path: str, device: str, rounds: int, thread
         exact &= bool(torch.equal(dev, want_dev))
         dev.zero_()
         progress(f"{name}: warmed, exact so far {exact}")
-    staged_exact = exact_hwtui(hwtui_to_device(plan_path, device)[1], want_dev)
+    staged_exact = all(exact_hwtui(hwtui_to_device(path, device)[1], want_dev) for path in plan_paths.values())
     progress(f"source path: exact {staged_exact}")
     times: dict[str, list[float]] = {}
 
@@ -228,10 +227,11 @@ def file_to_device(model: Path, plan_path: str, device: str, rounds: int, thread
         progress(f"round {rnd + 1} of {rounds}")
         for name, r in readers.items():
             add(name, reader_to(model, r, dev, device))
-        for ahead in aheads:
-            t_src, staged = hwtui_to_device(plan_path, device, ahead)
-            add(_source_label(ahead), t_src)
-            del staged
+        for mib, path in plan_paths.items():
+            for ahead in aheads:
+                t_src, staged = hwtui_to_device(path, device, ahead)
+                add(_source_label(ahead, mib if len(plan_paths) > 1 else None), t_src)
+                del staged
         if device != "cpu":  # on CPU load_file maps the file lazily: it moves no bytes, so it is no reference
             add(f"safetensors load_file(device={device!r})", safetensors_direct(model, device))
             add("safetensors load_file cpu -> .to(device)", safetensors_via_cpu(model, device))
@@ -336,10 +336,13 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=1024, help="model size in MiB (default 1024)")
-    ap.add_argument("--aheads", default="1,0", metavar="LIST",
-                    help="the source path's read-ahead in buckets, one row each (default 1,0: what replicate "
-                         "does, and none). On an H200 the source path staged 64 MiB buckets at 12-13 GB/s where "
-                         "the reader took the whole file at 36-39: a 64 MiB bucket gives 16 threads 4 MiB each")
+    ap.add_argument("--aheads", default="3,0", metavar="LIST",
+                    help="the source path's read-ahead in buckets, one row each (default 3,0: what replicate "
+                         "does with its default window of 4, and none). On an H200 the source path staged 64 MiB "
+                         "buckets at 11-13 GB/s where the reader took the whole file at 31-39 while a 64 MiB bucket "
+                         "gave 16 threads 4 MiB each (reader.DEVICE_MIN_SLICE)")
+    ap.add_argument("--bucket-mb", default="64", metavar="LIST",
+                    help="the source path's bucket sizes in MiB, one plan each (default 64; replicate's default is 32)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -359,17 +362,26 @@ def main() -> int:
     from hwtui.engine.replication.plan import build_plan_from_files, write_json_atomic
     from hwtui.engine.replication.reader import default_readers
 
+    try:
+        bucket_mibs = [int(x) for x in args.bucket_mb.split(",")]
+    except ValueError:
+        bucket_mibs = []
+    if not bucket_mibs or min(bucket_mibs) < 1:
+        print(f"bench_gpu.py: --bucket-mb {args.bucket_mb[:40]!r}: expected sizes in MiB like 64,32", file=sys.stderr)
+        return 2
     results: dict = {"device": args.device, "mb": args.mb, "rounds": args.rounds,
                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "torch": torch.__version__}
     with tempfile.TemporaryDirectory(prefix="hwtui-bench-gpu-") as tmp:
         model = Path(tmp) / "model.safetensors"
         make_model(model, args.mb)
         progress(f"model written: {model.stat().st_size / 1e9:.2f} GB")
-        plan_path = str(Path(tmp) / "plan.json")
         nbytes = model.stat().st_size
-        # 64 MiB buckets (the engine's default order of magnitude); at toy sizes, still several buckets.
-        bucket = max(MB, min(64 * MB, nbytes // 8))
-        write_json_atomic(plan_path, build_plan_from_files([str(model)], model="bench", version="v1", bucket_bytes=bucket))
+        plan_paths: dict[int, str] = {}
+        for mib in bucket_mibs:  # at toy sizes, still several buckets
+            plan_paths[mib] = str(Path(tmp) / f"plan-{mib}.json")
+            write_json_atomic(plan_paths[mib], build_plan_from_files([str(model)], model="bench", version="v1",
+                                                                     bucket_bytes=max(MB, min(mib * MB, nbytes // 8))))
+        plan_path = plan_paths[bucket_mibs[0]]
         threads = [int(x) for x in args.readers.split(",")] if args.readers else (
             [1, 2] if args.device == "cpu" else sorted({1, default_readers()}))
         slices = [int(x) for x in args.slices.split(",")] if args.slices else None
@@ -379,7 +391,7 @@ def main() -> int:
         except ValueError:
             print(f"bench_gpu.py: --aheads {args.aheads!r}: expected a list of integers like 1,4,8", file=sys.stderr)
             return 2
-        res = results["file_to_device"] = file_to_device(model, plan_path, args.device, args.rounds, threads, slices,
+        res = results["file_to_device"] = file_to_device(model, plan_paths, args.device, args.rounds, threads, slices,
                                                          depths, aheads)
         print(f"file -> {args.device}: {nbytes / 1e9:.2f} GB file, warm page cache, medians of {args.rounds} interleaved "
               f"rounds (x = speed / that of {res['reference']}); hwtui bit-exact: {res['exact']}")

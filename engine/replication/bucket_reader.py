@@ -18,6 +18,7 @@ from typing import Any
 
 from hwtui.engine.replication.reader import (
     ALIGN,
+    DEVICE_MIN_SLICE,
     MIN_SLICE,
     SLICE_BYTES,
     Extent,
@@ -62,9 +63,14 @@ class BucketReader:
         self.device = str(device)
         self.threads = readers or default_readers(devices=devices)
         self.direct = check_direct(direct)
-        # Ring buffers no larger than a bucket's share per thread: pinned memory is T x 2 x slice.
-        share = -(-(largest or SLICE_BYTES) // self.threads)  # ceil(largest / threads)
-        self.slice_bytes = min(SLICE_BYTES, max(MIN_SLICE, -(-share // ALIGN) * ALIGN))
+        # Ring buffers of a bucket's share per thread (pinned memory is T x 2 x slice), but for a
+        # device never below DEVICE_MIN_SLICE where the buckets are that large: a 64 MiB bucket
+        # shared by 16 threads went in 4 MiB slices, and per-slice costs held the source to a third
+        # of the reader's speed (reader.DEVICE_MIN_SLICE). At most 16 x 2 x 16 MiB = 512 MiB pinned.
+        largest = largest or SLICE_BYTES
+        share = -(-largest // self.threads)  # ceil(largest / threads)
+        floor = MIN_SLICE if self.device == "cpu" else min(DEVICE_MIN_SLICE, largest)
+        self.slice_bytes = min(SLICE_BYTES, max(floor, -(-share // ALIGN) * ALIGN))
         self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
         # Files opened by the caller (their identity pinned when the source opened them) are shared,
         # and closed by the caller; the rest are opened on first use and closed here.
@@ -97,7 +103,7 @@ class BucketReader:
         self.start(items, size, dst, other).wait()
 
     def start(self, items: Sequence[dict[str, Any]], size: int, dst: Any,
-              other: Callable[[dict[str, Any]], Any] | None = None) -> BucketFill:
+              other: Callable[[dict[str, Any]], Any] | None = None, *, min_slice: int | None = None) -> BucketFill:
         """:meth:`fill`, queued: padding and torch-file pieces are written now, the file pieces are
         handed to the reader's threads; ``wait()`` on the result returns when every byte is in place."""
         reader = self._ready()
@@ -117,7 +123,7 @@ class BucketReader:
         fill = BucketFill()
         try:
             for idx, extents in by_file.items():
-                fill.readings.append(reader.submit(self._file(idx), extents, dst))
+                fill.readings.append(reader.submit(self._file(idx), extents, dst, min_slice=min_slice))
         except BaseException:
             fill.settle()  # nothing queued is left writing into dst
             raise

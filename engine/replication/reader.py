@@ -39,6 +39,13 @@ from hwtui.core.errors import HwtuiError
 
 SLICE_BYTES = 64 << 20  # H200, 16 threads: 39.5 GB/s with 64 MiB slices, 38.3 with 16 MiB (bench_gpu.py)
 MIN_SLICE = 1 << 20  # smaller slices cost more in syscalls and copy launches than they gain
+# The smallest slice a request is cut into for a device (each slice also a copy launch and an event,
+# taken under the GIL). H200, 16 threads, a warm 4 GiB file (bench_gpu.py, round seventeen): 4 MiB
+# slices 9.6-12.7 GB/s, 8 MiB 23.2-26.9, 64 MiB 31.0-33.8 (16 MiB 38.4 in round sixteen). Cut at
+# total / T, a 64 MiB bucket went in 4 MiB slices: the source path staged at 11-13 GB/s where the
+# same reader took the whole file at 31-39. Where a bucket gives fewer slices than threads, the
+# threads take the next bucket's (a source queues its reads ahead: source_reader.stage).
+DEVICE_MIN_SLICE = 16 << 20
 DEPTH = 2  # buffers per thread: one being read, one being copied
 ALIGN = 4096  # O_DIRECT: offset, length and buffer address aligned to this (covers 512 B and 4 KiB devices)
 MAX_READERS = 64
@@ -393,6 +400,20 @@ class WeightFile:
 # ---------------------------------------------------------------- the reader
 
 
+def coalesce(extents: Sequence[Extent]) -> list[Extent]:
+    """``extents`` in file order, neighbours that continue each other both in the file and in the
+    destination joined into one: a bucket of many tensors that lie back to back in the file and in
+    the bucket is one range to read, not one slice (a syscall and a copy) per tensor."""
+    out: list[Extent] = []
+    for e in sorted((e for e in extents if e.nbytes), key=lambda e: e.file_offset):
+        last = out[-1] if out else None
+        if last is not None and last.file_offset + last.nbytes == e.file_offset and last.dst_offset + last.nbytes == e.dst_offset:
+            out[-1] = Extent(last.file_offset, last.nbytes + e.nbytes, last.dst_offset)
+        else:
+            out.append(e)
+    return out
+
+
 @dataclass
 class ReadStats:
     threads: int = 0
@@ -620,15 +641,17 @@ class ParallelReader:
             for t in range(self.threads):
                 self._crew.ring(t)
 
-    def _slices(self, extents: Sequence[Extent]) -> list[_Slice]:
+    def _slices(self, extents: Sequence[Extent], min_slice: int | None) -> list[_Slice]:
         out: list[_Slice] = []
         # Every thread gets work even when the request is smaller than T slices (one bucket):
-        # slices of total / T, at least MIN_SLICE (a syscall and a copy launch per slice), at most
-        # the ring's buffer.
+        # slices of total / T, at least MIN_SLICE on the host and DEVICE_MIN_SLICE for a device
+        # (a syscall, and a copy launch, per slice) unless the caller says (``min_slice``), at
+        # most the ring's buffer.
         total = sum(e.nbytes for e in extents)
         per = -(-total // self.threads)
-        per = min(self.slice_bytes, max(min(MIN_SLICE, self.slice_bytes), -(-per // ALIGN) * ALIGN))
-        for e in sorted(extents, key=lambda e: e.file_offset):
+        floor = min_slice or (MIN_SLICE if self.seam.on_host else DEVICE_MIN_SLICE)
+        per = min(self.slice_bytes, max(min(floor, self.slice_bytes), -(-per // ALIGN) * ALIGN))
+        for e in coalesce(extents):
             pos = 0
             while pos < e.nbytes:
                 n = min(per, e.nbytes - pos)
@@ -641,10 +664,14 @@ class ParallelReader:
         returns when every byte is in place (device copies synchronised) or raises ReadFailed."""
         self.submit(wf, extents, dst, check=check).wait()
 
-    def submit(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, *, check: bool = True) -> Reading:
+    def submit(self, wf: WeightFile, extents: Sequence[Extent], dst: Any, *, check: bool = True,
+               min_slice: int | None = None) -> Reading:
         """Queue a read of every extent of ``wf`` into ``dst`` and return at once; the returned
         :class:`Reading`'s ``wait()`` is :meth:`read`'s return. ``dst`` is not touched by anyone
-        else until then. Bad extents and a too-small destination are refused here, before any read."""
+        else until then. Bad extents and a too-small destination are refused here, before any read.
+        ``min_slice``: the smallest slice this read is cut into (default: MIN_SLICE on the host,
+        DEVICE_MIN_SLICE for a device; a caller that queues no reads behind this one may want all
+        T threads on it)."""
         for e in extents:
             if e.file_offset < 0 or e.nbytes < 0 or e.file_offset + e.nbytes > wf.size:
                 raise ReadFailed("short-read", f"weight file {wf.path} is {wf.size} bytes; bytes "
@@ -652,7 +679,7 @@ class ParallelReader:
         need = max((e.dst_offset + e.nbytes for e in extents), default=0)
         if min((e.dst_offset for e in extents), default=0) < 0 or _nbytes(dst) < need:
             raise ValueError(f"the destination holds {_nbytes(dst)} bytes; the extents need {need}")
-        slices = self._slices(extents)
+        slices = self._slices(extents, min_slice)
         straight = self.seam.on_host and not wf.direct
         job = Reading(wf, slices, dst, host_view(dst) if straight and slices else None, check)
         crew = self._crew

@@ -233,9 +233,11 @@ class SourceReader:
         read from the files by the parallel reader of ``dst``'s device."""
         self.start_into(plan, b, dst).wait()
 
-    def start_into(self, plan: Plan, b: int, dst: Any) -> BucketFill:
-        """:meth:`copy_into`, queued behind the reads already queued; ``wait()`` on the result."""
-        return self.reader(dst.device).start(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece)
+    def start_into(self, plan: Plan, b: int, dst: Any, *, min_slice: int | None = None) -> BucketFill:
+        """:meth:`copy_into`, queued behind the reads already queued; ``wait()`` on the result.
+        ``min_slice``: as ParallelReader.submit's."""
+        return self.reader(dst.device).start(plan.bucket_items[b], plan.buckets[b]["size"], dst, self.piece,
+                                             min_slice=min_slice)
 
     def release_readers(self) -> None:
         """The readers' pinned rings, threads and descriptors, released (the mapping stays)."""

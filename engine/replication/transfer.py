@@ -58,9 +58,11 @@ class RankTransfer(RankHostCopy):
                     self.faults.at_bucket(x)
                 t0 = now()
                 if len(group) == 1:
-                    # The next bucket's read is queued behind this one's into a spare pool buffer:
-                    # the reader's threads never drain between buckets (source_reader.stage).
-                    buf, pooled = self._sources.stage(plan, group[0], self.pool, ahead=1)
+                    # The next buckets' reads are queued behind this one's, each into a spare pool
+                    # buffer (the window bounds them): the reader's threads never drain between
+                    # buckets, and a bucket of fewer slices than threads leaves none idle
+                    # (source_reader.stage, reader.DEVICE_MIN_SLICE).
+                    buf, pooled = self._sources.stage(plan, group[0], self.pool, ahead=max(1, self.settings.window - 1))
                     total = sizes[group[0]]
                 else:  # one contiguous range of the mapped file (see collective_groups)
                     it = plan.bucket_items[group[0]][0]

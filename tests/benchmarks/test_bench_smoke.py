@@ -92,14 +92,16 @@ def test_gpu_benchmarks_run_their_cpu_paths_exact():
     """What a lent GPU's one prepared call runs (benchmarks/gpu_session.sh) works before it gets
     there: the reader and the source path both ways, the copy + device checksum both ways, the IPC
     leg, every byte checked."""
-    out = _run("bench_gpu.py", "--device", "cpu", "--mb", "16", "--rounds", "1")
+    out = _run("bench_gpu.py", "--device", "cpu", "--mb", "16", "--rounds", "1", "--bucket-mb", "2,1")
     assert "hwtui bit-exact: True" in out, out[-2000:]
-    assert "source path (planned buckets, next read queued)" in out and "bucket by bucket, no read-ahead" in out
+    for mib in (2, 1):  # each plan, as replicate reads it (3 ahead: its default window) and bucket by bucket
+        assert f"source path ({mib} MiB buckets, 3 read ahead)" in out and f"({mib} MiB buckets, bucket by bucket)" in out
     out = _run("bench_device_checksum.py", "--device", "cpu", "--mb", "4", "--rounds", "1")
     assert "every copy exact: True" in out and "copy, then checksum, torch reductions" in out, out[-2000:]
     assert "copied and verified, best way:" in out
     assert "checksum alone, torch reductions" in out and "rows only (one pass)" in out
     # The IPC leg: a source and a receiver process over the memfd stand-in, two whole runs.
     out = _run("bench_ipc_leg.py", "--device", "cpu", "--mb", "2", "--buckets", "2", "--rounds", "3", "--runs", "2")
-    assert "2 bucket(s) of 1 MiB:" in out and "GB/s copied and verified" in out and "4 opens)" in out, out[-2000:]
-    assert "overlapped (submit/settle, up to 2 started ahead of their acks)" in out, out[-2000:]
+    assert "2 bucket(s) of 1 MiB (first round" in out and "GB/s copied and verified" in out and "4 opens)" in out, out[-2000:]
+    assert "overlapped (submit/settle, up to 2 ahead of their acks)" in out, out[-2000:]
+    assert "synced host clock: export taken and mapping found" in out, out[-2000:]  # every bucket's phases seen

@@ -38,3 +38,15 @@ def test_every_bucket_matches_the_plan_checksum(tmp_path: Path, align: int, read
     finally:
         r.close()
     assert r.stats is None  # closed
+
+
+def test_a_device_ring_slice_is_a_share_of_the_largest_bucket_but_not_below_the_floor() -> None:
+    """Pinned ring slices: a bucket's share per thread, at least DEVICE_MIN_SLICE for a device (16
+    threads on 64 MiB buckets cut 4 MiB slices, a third of the reader's speed on an H200), never
+    more than the largest bucket needs; host rings keep the 1 MiB floor."""
+    mib = 1 << 20
+    ring = lambda device, largest: BucketReader([], device, readers=16, largest=largest).slice_bytes  # noqa: E731
+    assert ring("cuda:0", 64 * mib) == 16 * mib
+    assert ring("cuda:0", 1024 * mib) == 64 * mib  # a share of 64 MiB, the ring's most
+    assert ring("cuda:0", 4 * mib) == 4 * mib  # small buckets: no ring larger than a bucket
+    assert ring("cpu", 64 * mib) == 4 * mib
