@@ -231,3 +231,20 @@ def test_the_fused_copy_and_sums_copy_exactly_and_give_the_two_reductions_sums_i
             "except ValueError:\n"
             "    print('ok')\n")
     _prints_ok_in_triton_interpreter(code)
+
+
+def test_the_digest_is_xxh3_128_of_the_tag_the_byte_count_the_rows_then_the_columns() -> None:
+    """The definition (module docstring), computed in one piece from bytes: the digest hashes the
+    sums in place (no copies), and must still be exactly this, for any array it is handed (a
+    strided view, a big-endian or wider array of the same values)."""
+    import numpy as np
+    import xxhash
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(-2**31, 2**31 - 1, 70, dtype=np.int32)
+    cols = rng.integers(-2**31, 2**31 - 1, device_checksum.ROW_WORDS, dtype=np.int32)
+    whole = b"hwtui-dd1" + (12345).to_bytes(8, "little") + rows.astype("<i4").tobytes() + cols.astype("<i4").tobytes()
+    want = f"{xxhash.xxh3_128(whole).intdigest():032x}"
+    assert device_checksum._digest(12345, rows, cols) == want
+    assert device_checksum._digest(12345, np.repeat(rows, 2)[::2], cols.astype(">i4")) == want
+    assert device_checksum._digest(12345, rows.astype(np.int64), cols) == want
