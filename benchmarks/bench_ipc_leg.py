@@ -18,7 +18,13 @@ open (host) plus the copy's device time, verify the sums' device time (CUDA even
 the wall outside both (the sums' one transfer to the host, the hash, the ack, the store, Python);
 on CPU both are host time and the rest is the ack and the store.
 
-    python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--device cuda]
+With each synced round, the host clock between the receiver's phases (a hook at each: the export
+taken and its mapping found, the copy launched, the sums launched + the device waited for + the
+digest + the ack), and the copy out of the mapping timed after the GPU idles 0, 2 and 20 ms.
+Round seventeen (H200): one 1 GiB bucket spends 0.28-0.44 ms of host work before its copy starts
+and ~0.33 ms after the device is done, around ~0.80 ms of device work.
+
+    python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--profile]
 
 ``--device cpu`` runs the same protocol on the memfd stand-in (what this says about a GPU: nothing).
 """
@@ -108,7 +114,8 @@ def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: 
     out.write_text(json.dumps(held))
 
 
-def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: int, runs: int, out: Path) -> None:
+def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: int, runs: int, out: Path,
+             profile: bool) -> None:
     import torch
 
     from hwtui.engine.replication.device_checksum import warm
@@ -120,10 +127,74 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
     rows: list[dict[str, float]] = []
     opens = 0
     copies: dict[str, Any] = {}
+    prof = None
+    if profile:  # where the receiver's host time goes, per function (cProfile slows what it sees)
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     for k in range(runs):
         opens += _receive_run(store, _run_id(run, k), device, size, buckets, rounds, dsts, rows if k == 0 else [],
                               copies if k == 0 else None)
+    if prof is not None:
+        import io
+        import pstats
+
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        print(f"receiver profile, {buckets} bucket(s), {rounds} rounds x {runs} run(s), by own time:\n"
+              + "\n".join(text.getvalue().splitlines()[:45]), file=sys.stderr)
     out.write_text(json.dumps({"rows": rows, "opens": opens, "copies": copies}))
+
+
+def _host_split(t0: float, marks: list[tuple[str, float]], wall: float) -> dict[str, float]:
+    """A synced round's host clock between the receiver's phases, summed over its buckets: "to_open"
+    (the export taken, checked and its mapping found), "open_to_copied" (the copy launched),
+    "copied_to_acked" (the sums launched, the device waited for, the digest, the ack sent) and
+    "after_ack" (back to the caller). Overlapped rounds interleave buckets: only the total."""
+    out = {"to_open": 0.0, "open_to_copied": 0.0, "copied_to_acked": 0.0, "after_ack": 0.0}
+    last, prev = t0, "start"
+    for phase, t in marks:
+        key = {("start", "opened"): "to_open", ("acked", "opened"): "to_open", ("opened", "copied"): "open_to_copied",
+               ("copied", "acked"): "copied_to_acked"}.get((prev, phase))
+        if key is None:
+            return {}
+        out[key] += t - last
+        last, prev = t, phase
+    out["after_ack"] = t0 + wall - last
+    return out
+
+
+def _time_after(src: Any, dst: Any, other: Any, reps: int = 5) -> dict[str, Any]:
+    """Why the receiver's copy of a mapping takes ~0.9 ms in a round where the same copy repeated
+    takes ~0.52 (H200, round seventeen): the copy timed (device time, CUDA events) right after the
+    GPU idled 0 / 2 / 20 ms (its clocks), and right after a copy of another 1 GiB of this process
+    (its TLBs and caches); the first of each and the median."""
+    import torch
+
+    def timed(before: Any) -> float:
+        before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        return float(a.elapsed_time(b))
+
+    def idle(ms: float) -> Any:
+        return lambda: (torch.cuda.synchronize(), time.sleep(ms / 1e3))
+
+    def evict() -> None:
+        other[1].copy_(other[0])
+        torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    for name, before in (("back to back", lambda: None), ("after 2 ms idle", idle(2)), ("after 20 ms idle", idle(20)),
+                         ("after another 1 GiB copy", evict)):
+        times = [timed(before) for _ in range(reps)]
+        out[name] = {"first_ms": round(times[0], 4), "median_ms": round(statistics.median(times), 4)}
+    return out
 
 
 def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
@@ -131,10 +202,10 @@ def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
     (medians of ``reps``), each checked exact, beside the same copies of a buffer of this process.
 
     Why (round sixteen, H200): the receiver's copy of a 1 GiB mapping took 0.815 ms where a copy
-    inside one process took 0.524 ms. ``copy_`` of device memory is a driver memcpy; one
-    hypothesis is that the driver moves a mapping of another process's allocation on the copy
-    engines, where a kernel (SM loads and stores) would run at the memory's bandwidth. The fused
-    copy and sums (device_sums_triton.copy_row_col_sums) is such a kernel and also verifies."""
+    inside one process took 0.524 ms; the hypothesis was the driver's copy engines. Measured in
+    round seventeen: no, a copy out of the mapping runs as fast as a local one (0.52-0.53 ms) and a
+    kernel is no faster. The receiver's "copy" includes the host's launch after its start event
+    (0.16-0.21 ms for the first bucket of a round): the host clock split says so."""
     import torch
 
     from hwtui.engine.replication import device_sums_triton
@@ -170,11 +241,13 @@ def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
 
 
 def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rounds: int, dsts: list[Any],
-                 rows: list[dict[str, float]], copies: dict[str, Any] | None) -> int:
+                 rows: list[dict[str, Any]], copies: dict[str, Any] | None) -> int:
     from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver, exports_to
 
     ch = Channel(store, run, 120.0)
-    rx = IpcReceiver(ch, _provider(device, run), 1, window=buckets)
+    marks: list[tuple[str, float]] = []  # (phase, host clock) of every bucket of the round, in order
+    rx = IpcReceiver(ch, _provider(device, run), 1, window=buckets,
+                     hook=lambda phase, b, dst: marks.append((phase, time.perf_counter())))
     try:
         for r in range(rounds):
             deadline = time.monotonic() + 120
@@ -183,6 +256,7 @@ def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rou
                     raise TimeoutError("the source did not export a round in 120 s")
                 time.sleep(0.001)
             overlap = r % 2 == 1  # interleaved: each bucket synced on (receive), or overlapped (submit)
+            marks.clear()
             t0 = time.perf_counter()
             if overlap:
                 got = [x for i in range(buckets) for x in rx.submit(r * buckets + i, dsts[i])]
@@ -193,9 +267,14 @@ def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rou
             if len(got) != buckets or not all(x.ok for x in got):
                 raise RuntimeError(f"a bucket failed its check: {[x.error for x in got if not x.ok]}")
             rows.append({"wall": wall, "copy": sum(x.copy_s for x in got), "verify": sum(x.verify_s for x in got),
-                         "overlap": overlap})
+                         "overlap": overlap, **_host_split(t0, marks, wall)})
         if copies is not None and device == "cuda":  # the mappings are still open: how fast a copy out of one is
             copies.update(_time_copies(rx.mapped()[0], dsts[0]))
+            import torch
+
+            other = [torch.empty(1 << 30, dtype=torch.uint8, device=device) for _ in range(2)]
+            copies["after"] = _time_after(rx.mapped()[0][: dsts[0].numel()], dsts[0], other)
+            del other
         ch.put("done", b"1")
     finally:
         rx.close()
@@ -209,6 +288,7 @@ def main() -> int:
     ap.add_argument("--buckets", default="1,4,16")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--runs", type=int, default=1, help="whole source lifetimes per bucket count (the allocator after each)")
+    ap.add_argument("--profile", action="store_true", help="print where the receiver's host time goes (cProfile)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--role", choices=("source", "receiver"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -228,7 +308,8 @@ def main() -> int:
         source(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out))
         return 0
     if args.role == "receiver":
-        receiver(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out))
+        receiver(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out),
+                 args.profile)
         return 0
     import torch
 
@@ -244,7 +325,8 @@ def main() -> int:
         port, run = free_port("127.0.0.1"), secrets.token_hex(8)
         out = Path(f"/tmp/bench_ipc_leg.{os.getpid()}.{n}.json")
         common = [sys.executable, __file__, "--device", args.device, "--mb", str(args.mb), "--buckets", str(n),
-                  "--rounds", str(args.rounds), "--runs", str(args.runs), "--port", str(port), "--run", run]
+                  "--rounds", str(args.rounds), "--runs", str(args.runs), "--port", str(port), "--run", run,
+                  *(["--profile"] if args.profile else [])]
         held = out.with_suffix(".source.json")
         src = subprocess.Popen([*common, "--role", "source", "--out", str(held)], env=env)
         rx = subprocess.Popen([*common, "--role", "receiver", "--out", str(out)], env=env)
@@ -267,29 +349,34 @@ def main() -> int:
         for mode, overlap in (("synced", False), ("overlapped", True)):
             rows = [r for r in warm if r["overlap"] == overlap]
             med = {k: statistics.median(r[k] for r in rows) for k in ("wall", "copy", "verify")}
+            split = [k for k in ("to_open", "open_to_copied", "copied_to_acked", "after_ack") if all(k in r for r in rows)]
+            med.update({k: statistics.median(r[k] for r in rows) for k in split} if not overlap else {})
             by_mode[mode] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
                              "gbps": round(nbytes / med["wall"] / 1e9, 1), "rounds": len(rows)}
-        results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "opens": doc["opens"],
-                                    "copies": doc["copies"],
+        results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "opens": doc["opens"], "copies": doc["copies"],
                                     "first_round_ms": round(doc["rows"][0]["wall"] * 1e3, 3),
                                     "source_after_each_run": source_held}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     print(f"IPC leg on {name}: {args.mb} MiB per round, medians of {args.rounds - 1} warm rounds "
           f"(the first opens the mappings), the source idle while the receiver copies and verifies")
     for n, row in results["by_buckets"].items():
-        print(f"  {n:3d} bucket(s) of {args.mb / n:g} MiB: {row['wall_ms']:8.3f} ms = {row['gbps']:7.1f} GB/s copied and "
-              f"verified (copy {row['copy_ms']:.3f} ms, verify {row['verify_ms']:.3f} ms, rest "
-              f"{row['wall_ms'] - row['copy_ms'] - row['verify_ms']:.3f} ms; first round "
-              f"{row['first_round_ms']:.3f} ms, {row['opens']} opens)")
-        ov = row["overlapped"]
-        print(f"      overlapped (submit/settle, up to {n} started ahead of their acks): {ov['wall_ms']:8.3f} ms "
-              f"= {ov['gbps']:7.1f} GB/s ({ov['wall_ms'] / row['wall_ms']:.2f}x the synced wall; copy {ov['copy_ms']:.3f} ms, "
-              f"verify {ov['verify_ms']:.3f} ms)")
+        print(f"  {n:3d} bucket(s) of {args.mb / n:g} MiB (first round {row['first_round_ms']:.3f} ms, {row['opens']} opens):")
+        w, ov = row, row["overlapped"]
+        print(f"      synced {w['wall_ms']:8.3f} ms = {w['gbps']:7.1f} GB/s copied and verified (copy {w['copy_ms']:.3f} ms, "
+              f"verify {w['verify_ms']:.3f} ms, rest {w['wall_ms'] - w['copy_ms'] - w['verify_ms']:.3f} ms); overlapped "
+              f"(submit/settle, up to {n} ahead of their acks) {ov['wall_ms']:8.3f} ms = {ov['gbps']:7.1f} GB/s (copy "
+              f"{ov['copy_ms']:.3f}, verify {ov['verify_ms']:.3f})")
+        if "to_open_ms" in w:
+            print(f"        synced host clock: export taken and mapping found {w['to_open_ms']:.3f} ms, copy launched "
+                  f"{w['open_to_copied_ms']:.3f}, sums launched + device waited + digest + ack {w['copied_to_acked_ms']:.3f}, "
+                  f"back to the caller {w['after_ack_ms']:.3f}")
         if row["copies"]:
             print(f"      copies of one {row['copies']['bytes'] / MB:g} MiB bucket (device time, medians; every copy exact: "
-                  f"{all(v['exact'] for k, v in row['copies'].items() if k != 'bytes')}):")
+                  f"{all(v['exact'] for k, v in row['copies'].items() if k not in ('bytes', 'after'))}):")
+            for k, v in row["copies"].get("after", {}).items():
+                print(f"        the mapped copy_ {k:<40} first {v['first_ms']:.3f} ms, median {v['median_ms']:.3f} ms")
             for k, v in row["copies"].items():
-                if k != "bytes":
+                if k not in ("bytes", "after"):
                     print(f"        {k:<46} {v['ms']:8.3f} ms {v['gbps']:8.1f} GB/s")
         if row["source_after_each_run"]:
             print(f"      the source's allocator after each of {args.runs} run(s), MiB reserved: "

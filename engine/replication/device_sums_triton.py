@@ -169,11 +169,10 @@ def copy_row_col_sums(src_words: Any, dst_words: Any, out: Any, config: SumsConf
     place in the destination and summed.
 
     A measured candidate, not used by the product (ipc_protocol and device_checksum do not call it).
-    The receiver today copies the bucket out of the exporter's slot (``dst.copy_(src)``), then reads
-    its copy again for the sums: two passes over the destination's bytes, ~0.77 ms for the copy of
-    1 GiB through an IPC mapping and 0.325 ms for the sums on an H200, against a target of ~1.0 ms
-    for both. This kernel drops the second read. What it verifies differs, and that is the decision
-    its GPU figures (bench_device_checksum.py) inform:
+    The receiver copies the bucket out of the exporter's slot (``dst.copy_(src)``), then reads its
+    copy again for the sums: on an H200 (round seventeen, bench_ipc_leg.py) 0.52-0.53 ms for the copy
+    of 1 GiB out of an IPC mapping (as fast as a local copy) and ~0.27 ms for the sums, where this
+    kernel took 0.64-0.74 ms for both. What it verifies differs, and that keeps it out:
 
     - the sums are of the values read from the exporter's slot, which are the values this kernel
       stores: the digest still proves the slot held the source's bytes when they were read (a slot
