@@ -66,7 +66,8 @@ class BucketReader:
         # Ring buffers of a bucket's share per thread (pinned memory is T x 2 x slice), but for a
         # device never below DEVICE_MIN_SLICE where the buckets are that large: a 64 MiB bucket
         # shared by 16 threads went in 4 MiB slices, and per-slice costs held the source to a third
-        # of the reader's speed (reader.DEVICE_MIN_SLICE). At most 16 x 2 x 16 MiB = 512 MiB pinned.
+        # of the reader's speed (reader.DEVICE_MIN_SLICE). With the default readers (16 at most) that
+        # is at most 16 x 2 x 16 MiB = 512 MiB pinned; --readers 64 pins up to 2 GiB.
         largest = largest or SLICE_BYTES
         share = -(-largest // self.threads)  # ceil(largest / threads)
         floor = MIN_SLICE if self.device == "cpu" else min(DEVICE_MIN_SLICE, largest)
