@@ -177,14 +177,14 @@ def host_to_device(src: Any, dst: Any, device: str) -> float:
     return time.perf_counter() - t0
 
 
-def _source_label(ahead: int, bucket_mib: int | None = None) -> str:
-    of = f"{bucket_mib} MiB buckets, " if bucket_mib else ""
+def _source_label(ahead: int, bucket_mib: float | None = None) -> str:
+    of = f"{bucket_mib:g} MiB buckets, " if bucket_mib else ""
     if ahead == 0:
         return f"hwtui source path ({of}bucket by bucket)"
     return f"hwtui source path ({of}{ahead} read ahead)"
 
 
-def file_to_device(model: Path, plan_paths: dict[int, str], device: str, rounds: int, threads: list[int],
+def file_to_device(model: Path, plan_paths: dict[float, str], device: str, rounds: int, threads: list[int],
                    slices: list[int] | None = None, depths: list[int] | None = None,
                    aheads: tuple[int, ...] = (3, 0)) -> dict:
     """Every method, rounds interleaved, medians; -> the results (GB/s and ratios to safetensors)."""
@@ -376,12 +376,14 @@ def main() -> int:
         make_model(model, args.mb)
         progress(f"model written: {model.stat().st_size / 1e9:.2f} GB")
         nbytes = model.stat().st_size
-        plan_paths: dict[int, str] = {}
-        for mib in bucket_mibs:  # at toy sizes, still several buckets
-            plan_paths[mib] = str(Path(tmp) / f"plan-{mib}.json")
-            write_json_atomic(plan_paths[mib], build_plan_from_files([str(model)], model="bench", version="v1",
-                                                                     bucket_bytes=max(MB, min(mib * MB, nbytes // 8))))
-        plan_path = plan_paths[bucket_mibs[0]]
+        plan_paths: dict[float, str] = {}  # by the bucket size the plan really has, in MiB
+        for mib in bucket_mibs:
+            bucket = max(MB, min(mib * MB, nbytes // 8))  # at toy sizes, still several buckets
+            if bucket / MB not in plan_paths:
+                plan_paths[bucket / MB] = str(Path(tmp) / f"plan-{bucket}.json")
+                write_json_atomic(plan_paths[bucket / MB], build_plan_from_files(
+                    [str(model)], model="bench", version="v1", bucket_bytes=bucket))
+        plan_path = next(iter(plan_paths.values()))
         threads = [int(x) for x in args.readers.split(",")] if args.readers else (
             [1, 2] if args.device == "cpu" else sorted({1, default_readers()}))
         slices = [int(x) for x in args.slices.split(",")] if args.slices else None

@@ -303,6 +303,9 @@ def main() -> int:
     if args.mb < 1 or args.rounds < 3 or args.runs < 1 or not counts or min(counts) < 1:
         print("bench_ipc_leg: --mb, --runs and every bucket count must be at least 1, --rounds at least 3", file=sys.stderr)
         return 2
+    if args.mb * MB // max(counts) < 4096:  # a bucket of 0 bytes waits out the receiver's 120 s
+        print(f"bench_ipc_leg: {max(counts)} buckets of {args.mb} MiB are under 4 KiB each; use fewer", file=sys.stderr)
+        return 2
     nbytes = args.mb * MB
     if args.role == "source":
         source(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out))

@@ -55,9 +55,9 @@ class BufferPool:
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
         return buf
 
-    def spare(self) -> bool:
-        """True when acquire() would hand out a buffer now (free, or not yet made) without exhausting the pool."""
-        return bool(self._free) or self._allocated < self.count
+    def spare(self, n: int = 1) -> bool:
+        """True when ``n`` acquire()s would hand out a buffer now (free, or not yet made) without exhausting the pool."""
+        return len(self._free) + self.count - self._allocated >= n
 
     def release(self, buf: Any) -> None:
         self.in_use_bytes -= self.buffer_bytes

@@ -10,7 +10,7 @@ from hwtui.engine.replication.bucket_reader import BucketFill, BucketReader
 from hwtui.engine.replication.checksum import Streaming
 from hwtui.engine.replication.plan import Plan
 from hwtui.engine.replication.pool import BufferPool
-from hwtui.engine.replication.reader import WeightFile, check_direct
+from hwtui.engine.replication.reader import MIN_SLICE, WeightFile, check_direct
 from hwtui.engine.replication.weights import MappedFile, load_torch_state, tensor_bytes
 
 
@@ -179,7 +179,15 @@ class SourceReader:
             return view, False
         assert pool is not None, "setup() allocates the pool when a bucket must be packed"
         queued = self._ahead.pop(b, None)
-        buf, fill = queued[:2] if queued is not None else self._begin(plan, b, pool)
+        if queued is not None:
+            buf, fill = queued[:2]
+        else:
+            # A bucket with no read queued behind it, and none that can be (no spare buffer: a
+            # replicate's window full of buckets in flight), is cut into T shares, as the IPC
+            # source cuts its own: at the 16 MiB device floor a 32 MiB bucket would keep 2 of 16
+            # threads busy (reader.DEVICE_MIN_SLICE).
+            alone = not self._ahead and not (ahead and b + 1 < len(plan.buckets) and pool.spare(2))
+            buf, fill = self._begin(plan, b, pool, min_slice=MIN_SLICE if alone else None)
         try:
             self._read_ahead(plan, b, pool, ahead)
             fill.wait()
@@ -193,18 +201,21 @@ class SourceReader:
         if pool is None:
             return
         for nb in range(b + 1, min(len(plan.buckets), b + 1 + ahead)):
-            if nb not in self._ahead and pool.spare() and self._zero_copy(plan, nb, pool) is None:
+            # Not a bucket with pieces of a torch file: those are copied on this thread as the
+            # read is queued, which would only hold bucket b back.
+            if (nb not in self._ahead and pool.spare() and self._zero_copy(plan, nb, pool) is None
+                    and all(it["file"] in self.mapped for it in plan.bucket_items[nb])):
                 self._ahead[nb] = (*self._begin(plan, nb, pool), pool)
 
     def _zero_copy(self, plan: Plan, b: int, pool: BufferPool | None) -> Any | None:
         """Bucket b as a slice of the mapping, where it goes out from host memory as it is."""
         return self.contiguous_view(plan, b) if pool is None or pool.device == "cpu" else None
 
-    def _begin(self, plan: Plan, b: int, pool: BufferPool) -> tuple[Any, BucketFill]:
+    def _begin(self, plan: Plan, b: int, pool: BufferPool, *, min_slice: int | None = None) -> tuple[Any, BucketFill]:
         """A pooled buffer with bucket b's read queued into it."""
         buf = pool.acquire(plan.buckets[b]["size"])
         try:
-            return buf, self.start_into(plan, b, buf)
+            return buf, self.start_into(plan, b, buf, min_slice=min_slice)
         except BaseException:
             pool.release(buf)
             raise
@@ -230,8 +241,9 @@ class SourceReader:
 
     def copy_into(self, plan: Plan, b: int, dst: Any) -> None:
         """Bucket b's bytes (pieces and zero padding, as the planner laid them out) into ``dst``,
-        read from the files by the parallel reader of ``dst``'s device."""
-        self.start_into(plan, b, dst).wait()
+        read from the files by the parallel reader of ``dst``'s device: one bucket at a time, so
+        cut into T shares (no read is queued behind it to keep the other threads busy)."""
+        self.start_into(plan, b, dst, min_slice=MIN_SLICE).wait()
 
     def start_into(self, plan: Plan, b: int, dst: Any, *, min_slice: int | None = None) -> BucketFill:
         """:meth:`copy_into`, queued behind the reads already queued; ``wait()`` on the result.

@@ -195,7 +195,9 @@ def test_reading_ahead_fills_the_next_bucket_into_a_spare_pool_buffer_only(tmp_p
                 ahead_before = b in src._ahead
                 buf, pooled = src.stage(plan, b, pool, ahead=1)
                 assert xxh3_hex(buf[:bk["size"]].numpy()) == bk["checksum"], (count, b)
-                nxt = b + 1 < len(plan.buckets) and not src.contiguous(plan, b + 1)
+                # Not a bucket holding pieces of a torch file: those are copied on the caller's thread.
+                nxt = (b + 1 < len(plan.buckets) and not src.contiguous(plan, b + 1)
+                       and all(it["file"] in src.mapped for it in plan.bucket_items[b + 1]))
                 # One buffer staged plus the next bucket's, read ahead, when the pool has a spare one.
                 assert (b + 1 in src._ahead) == (nxt and count - int(pooled) >= 1)
                 assert pool.in_use_bytes == largest * (int(pooled) + int(b + 1 in src._ahead)) <= count * largest
@@ -206,6 +208,69 @@ def test_reading_ahead_fills_the_next_bucket_into_a_spare_pool_buffer_only(tmp_p
             assert pool.peak_bytes <= count * largest
         finally:
             src.close()
+
+
+def test_a_bucket_alone_is_cut_into_shares_of_the_threads_and_a_queue_keeps_the_device_floor(tmp_path: Path) -> None:
+    """A bucket staged with no read queued behind it and none possible (no spare buffer: a window
+    full of buckets in flight) is cut into T shares (MIN_SLICE), as copy_into's one-at-a-time
+    reads are; one with reads queued behind it, or read ahead itself, keeps the reader's device
+    floor (None), which only pays where other reads keep the threads busy. A bucket holding a
+    torch file's pieces is never read ahead. Every bucket exact."""
+    from hwtui.engine.replication.checksum import xxh3_hex
+    from hwtui.engine.replication.reader import MIN_SLICE
+
+    plan = _plan(tmp_path)
+    largest = max(b["size"] for b in plan.buckets)
+    packed = _packed_run(SourceReader(plan, readers=2, direct="off"), plan)
+    torch_buckets = [b for b in range(len(plan.buckets)) if any(it["file"] != 0 for it in plan.bucket_items[b])]
+    assert torch_buckets and len(packed) >= 4
+    for count, ahead in ((1, 2), (4, 3)):
+        src = SourceReader(plan, readers=2, direct="off")
+        asked: dict[int, int | None] = {}
+        real = src.start_into
+
+        def record(plan_: Plan, b: int, dst: object, *, min_slice: int | None = None, real=real, asked=asked) -> object:
+            asked[b] = min_slice
+            return real(plan_, b, dst, min_slice=min_slice)
+
+        src.start_into = record  # type: ignore[method-assign]
+        pool = BufferPool(count, largest, "cpu:0")  # host memory, but never zero-copy: every bucket read
+        try:
+            for b, bk in enumerate(plan.buckets):
+                buf, _ = src.stage(plan, b, pool, ahead=ahead)
+                assert xxh3_hex(buf[:bk["size"]].numpy()) == bk["checksum"], (count, b)
+                pool.release(buf)
+        finally:
+            src.close()
+        if count == 1:  # never a spare buffer: every bucket alone
+            assert asked == {b: MIN_SLICE for b in range(len(plan.buckets))}
+        else:
+            assert asked[0] is None  # three more queued behind it
+            read_ahead = [b for b, m in asked.items() if m is None and b]
+            assert read_ahead and not set(read_ahead) & set(torch_buckets)
+
+
+def test_copy_into_reads_one_bucket_in_shares_of_the_threads(tmp_path: Path) -> None:
+    """The same-host path copies bucket by bucket (copy_into): no read is queued behind one, so it
+    is cut into T shares, not at the device floor."""
+    from hwtui.engine.replication.reader import MIN_SLICE
+
+    plan = _plan(tmp_path)
+    src = SourceReader(plan, readers=2, direct="off")
+    seen: list[int | None] = []
+    reader = src.reader("cpu")
+    real = reader.start
+
+    def record(*args: object, min_slice: int | None = None, **kw: object) -> object:
+        seen.append(min_slice)
+        return real(*args, min_slice=min_slice, **kw)  # type: ignore[arg-type]
+
+    reader.start = record  # type: ignore[method-assign]
+    try:
+        src.copy_into(plan, 0, torch.zeros(plan.buckets[0]["size"], dtype=torch.uint8))
+    finally:
+        src.close()
+    assert seen == [MIN_SLICE]
 
 
 def test_a_bucket_read_ahead_that_fails_is_named_when_staged_and_its_buffer_returns(
