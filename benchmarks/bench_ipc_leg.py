@@ -22,9 +22,12 @@ With each synced round, the host clock between the receiver's phases (a hook at 
 taken and its mapping found, the copy launched, the sums launched + the device waited for + the
 digest + the ack), and the copy out of the mapping timed after the GPU idles 0, 2 and 20 ms.
 Round seventeen (H200): one 1 GiB bucket spends 0.28-0.44 ms of host work before its copy starts
-and ~0.33 ms after the device is done, around ~0.80 ms of device work.
+and ~0.33 ms after the device is done, around ~0.80 ms of device work. ``--trace`` times the steps
+inside that host work (the export's pop and decode, the mapping, the clock, the sums' launch and
+transfer, the wait + digest + ack, the ack's push) per bucket, for the next step: which of them a
+batched or native receiver must remove.
 
-    python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--profile]
+    python3 benchmarks/bench_ipc_leg.py [--mb 1024] [--buckets 1,4,16] [--rounds 7] [--profile] [--trace]
 
 ``--device cpu`` runs the same protocol on the memfd stand-in (what this says about a GPU: nothing).
 """
@@ -114,8 +117,45 @@ def source(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: 
     out.write_text(json.dumps(held))
 
 
+# What --trace times inside the receiver: (the module or class that holds it, its name). Each call
+# adds its host time to its name's total; _settle_oldest includes the wait for the device, the
+# digest and the ack, _ack the ack's encoding and its push.
+TRACED = (("ipc_protocol.Channel", "pop"), ("ipc_protocol", "decode_export"), ("ipc_protocol.IpcReceiver", "_open"),
+          ("ipc_protocol._Clock", "__init__"), ("ipc_protocol", "device_sums"),
+          ("ipc_protocol", "_to_host"), ("ipc_protocol.IpcReceiver", "_settle_oldest"),
+          ("ipc_protocol", "sums_digest"), ("ipc_protocol.IpcReceiver", "_ack"))
+
+
+def _trace(acc: dict[str, list[float]]) -> None:
+    """Wrap every TRACED function so that its calls add their host time to ``acc`` [seconds, calls]."""
+    import functools
+
+    from hwtui.engine.replication import ipc_protocol
+
+    for owner_path, name in TRACED:
+        owner: Any = ipc_protocol
+        for part in owner_path.split(".")[1:]:
+            owner = getattr(owner, part)
+        if not hasattr(owner, name):
+            continue  # a name this version of the protocol does not have
+
+        def wrap(fn: Any, key: str) -> Any:
+            @functools.wraps(fn)
+            def timed(*a: Any, **kw: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    rec = acc.setdefault(key, [0.0, 0])
+                    rec[0] += time.perf_counter() - t
+                    rec[1] += 1
+            return timed
+
+        setattr(owner, name, wrap(getattr(owner, name), name))
+
+
 def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds: int, runs: int, out: Path,
-             profile: bool) -> None:
+             profile: bool, trace: bool = False) -> None:
     import torch
 
     from hwtui.engine.replication.device_checksum import warm
@@ -127,6 +167,9 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
     rows: list[dict[str, float]] = []
     opens = 0
     copies: dict[str, Any] = {}
+    traced: dict[str, list[float]] = {}
+    if trace:
+        _trace(traced)
     prof = None
     if profile:  # where the receiver's host time goes, per function (cProfile slows what it sees)
         import cProfile
@@ -135,7 +178,7 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
         prof.enable()
     for k in range(runs):
         opens += _receive_run(store, _run_id(run, k), device, size, buckets, rounds, dsts, rows if k == 0 else [],
-                              copies if k == 0 else None)
+                              copies if k == 0 else None, traced if k == 0 else None)
     if prof is not None:
         import io
         import pstats
@@ -145,7 +188,7 @@ def receiver(port: int, run: str, device: str, nbytes: int, buckets: int, rounds
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
         print(f"receiver profile, {buckets} bucket(s), {rounds} rounds x {runs} run(s), by own time:\n"
               + "\n".join(text.getvalue().splitlines()[:45]), file=sys.stderr)
-    out.write_text(json.dumps({"rows": rows, "opens": opens, "copies": copies}))
+    out.write_text(json.dumps({"rows": rows, "opens": opens, "copies": copies, "trace": traced}))
 
 
 def _host_split(t0: float, marks: list[tuple[str, float]], wall: float) -> dict[str, float]:
@@ -241,7 +284,7 @@ def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
 
 
 def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rounds: int, dsts: list[Any],
-                 rows: list[dict[str, Any]], copies: dict[str, Any] | None) -> int:
+                 rows: list[dict[str, Any]], copies: dict[str, Any] | None, traced: dict[str, list[float]] | None) -> int:
     from hwtui.engine.replication.ipc_protocol import Channel, IpcReceiver, exports_to
 
     ch = Channel(store, run, 120.0)
@@ -257,6 +300,8 @@ def _receive_run(store: Any, run: str, device: str, size: int, buckets: int, rou
                 time.sleep(0.001)
             overlap = r % 2 == 1  # interleaved: each bucket synced on (receive), or overlapped (submit)
             marks.clear()
+            if r == 1 and traced is not None:
+                traced.clear()  # warm rounds only: the first opens the mappings and launches everything once
             t0 = time.perf_counter()
             if overlap:
                 got = [x for i in range(buckets) for x in rx.submit(r * buckets + i, dsts[i])]
@@ -289,6 +334,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--runs", type=int, default=1, help="whole source lifetimes per bucket count (the allocator after each)")
     ap.add_argument("--profile", action="store_true", help="print where the receiver's host time goes (cProfile)")
+    ap.add_argument("--trace", action="store_true",
+                    help="time the receiver's protocol steps (host clock, warm rounds), per bucket: lighter than --profile")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--role", choices=("source", "receiver"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -312,7 +359,7 @@ def main() -> int:
         return 0
     if args.role == "receiver":
         receiver(args.port, args.run, args.device, nbytes, counts[0], args.rounds, args.runs, Path(args.out),
-                 args.profile)
+                 args.profile, args.trace)
         return 0
     import torch
 
@@ -329,7 +376,7 @@ def main() -> int:
         out = Path(f"/tmp/bench_ipc_leg.{os.getpid()}.{n}.json")
         common = [sys.executable, __file__, "--device", args.device, "--mb", str(args.mb), "--buckets", str(n),
                   "--rounds", str(args.rounds), "--runs", str(args.runs), "--port", str(port), "--run", run,
-                  *(["--profile"] if args.profile else [])]
+                  *(["--profile"] if args.profile else []), *(["--trace"] if args.trace else [])]
         held = out.with_suffix(".source.json")
         src = subprocess.Popen([*common, "--role", "source", "--out", str(held)], env=env)
         rx = subprocess.Popen([*common, "--role", "receiver", "--out", str(out)], env=env)
@@ -356,7 +403,10 @@ def main() -> int:
             med.update({k: statistics.median(r[k] for r in rows) for k in split} if not overlap else {})
             by_mode[mode] = {**{f"{k}_ms": round(v * 1e3, 4) for k, v in med.items()},
                              "gbps": round(nbytes / med["wall"] / 1e9, 1), "rounds": len(rows)}
-        results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "opens": doc["opens"], "copies": doc["copies"],
+        warm_buckets = n * (args.rounds - 1)
+        trace_us = {k: round(v[0] / warm_buckets * 1e6, 1) for k, v in doc.get("trace", {}).items()}
+        results["by_buckets"][n] = {**by_mode["synced"], "overlapped": by_mode["overlapped"], "trace_us_per_bucket": trace_us,
+                                    "opens": doc["opens"], "copies": doc["copies"],
                                     "first_round_ms": round(doc["rows"][0]["wall"] * 1e3, 3),
                                     "source_after_each_run": source_held}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
@@ -373,6 +423,9 @@ def main() -> int:
             print(f"        synced host clock: export taken and mapping found {w['to_open_ms']:.3f} ms, copy launched "
                   f"{w['open_to_copied_ms']:.3f}, sums launched + device waited + digest + ack {w['copied_to_acked_ms']:.3f}, "
                   f"back to the caller {w['after_ack_ms']:.3f}")
+        if row["trace_us_per_bucket"]:
+            print("        host time per bucket, warm rounds (us): "
+                  + ", ".join(f"{k} {v:g}" for k, v in row["trace_us_per_bucket"].items()))
         if row["copies"]:
             print(f"      copies of one {row['copies']['bytes'] / MB:g} MiB bucket (device time, medians; every copy exact: "
                   f"{all(v['exact'] for k, v in row['copies'].items() if k not in ('bytes', 'after'))}):")

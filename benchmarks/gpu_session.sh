@@ -46,8 +46,9 @@ grep -v "^\[W" "$OUT/ipc-leg.txt" | tail -22
 fi
 if want profile; then
 el ipc-profile
-# Where the receiver's host time goes per bucket (16 x 64 MiB), by cProfile.
-timeout ${PROF_S:-30} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 16 --rounds 5 --profile >"$OUT/ipc-profile.txt" 2>&1; echo "ipc-profile rc=$?"
+# Where the receiver's host time goes per bucket (1 x 1 GiB, 16 x 64 MiB), step by step (--trace;
+# --profile is cProfile, heavier).
+timeout ${PROF_S:-40} python3 benchmarks/bench_ipc_leg.py --mb 1024 --buckets 1,16 --rounds 5 --trace >"$OUT/ipc-profile.txt" 2>&1; echo "ipc-profile rc=$?"
 grep -v "^\[W" "$OUT/ipc-profile.txt" | head -40
 fi
 if want huge; then
@@ -85,7 +86,7 @@ fi
 if want tests; then
 el tests
 # Every CLI exec'd, as in round nine's GPU runs: the tests' fork zygote (tests/cli_proc.py) was never run beside CUDA.
-HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-250} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
+HWTUI_TEST_CLI_EXEC=1 timeout ${TEST_S:-240} python3 -m pytest ${TESTS:-tests/gpu/test_resident_live.py tests/gpu/test_ipc_live.py tests/gpu/test_reader_live.py tests/gpu/test_gpu_live.py} -m gpu -v -rs -s -p no:cacheprovider -o addopts="" --timeout=${PER_TEST_S:-150} --junitxml="$OUT/junit.xml" >"$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|XFAIL|IPC:|replicate 1 GiB|push |warm pushes|nvidia-smi|allocator|timeline|phases|disk copy|agent load|passed|failed" "$OUT/pytest.txt" | tail -60
 fi
 el done

@@ -101,7 +101,8 @@ def test_gpu_benchmarks_run_their_cpu_paths_exact():
     assert "copied and verified, best way:" in out
     assert "checksum alone, torch reductions" in out and "rows only (one pass)" in out
     # The IPC leg: a source and a receiver process over the memfd stand-in, two whole runs.
-    out = _run("bench_ipc_leg.py", "--device", "cpu", "--mb", "2", "--buckets", "2", "--rounds", "3", "--runs", "2")
+    out = _run("bench_ipc_leg.py", "--device", "cpu", "--mb", "2", "--buckets", "2", "--rounds", "3", "--runs", "2", "--trace")
     assert "2 bucket(s) of 1 MiB (first round" in out and "GB/s copied and verified" in out and "4 opens)" in out, out[-2000:]
     assert "overlapped (submit/settle, up to 2 ahead of their acks)" in out, out[-2000:]
     assert "synced host clock: export taken and mapping found" in out, out[-2000:]  # every bucket's phases seen
+    assert "host time per bucket, warm rounds (us): pop " in out and "_ack " in out, out[-2000:]  # --trace
