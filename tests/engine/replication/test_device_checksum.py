@@ -248,3 +248,11 @@ def test_the_digest_is_xxh3_128_of_the_tag_the_byte_count_the_rows_then_the_colu
     assert device_checksum._digest(12345, rows, cols) == want
     assert device_checksum._digest(12345, np.repeat(rows, 2)[::2], cols.astype(">i4")) == want
     assert device_checksum._digest(12345, rows.astype(np.int64), cols) == want
+
+
+def test_a_digest_is_32_lowercase_hex_digits_and_nothing_else() -> None:
+    good = "0123456789abcdef" * 2
+    assert device_checksum.is_digest(good)
+    for bad in (good.upper(), good[:-1], good + "0", good + "\n", " " + good[1:], good[:-1] + "g", good[:-1] + "\u0661",
+                good[:-1] + "０", "", None, 32, b"0" * 32, ["0"] * 32):
+        assert not device_checksum.is_digest(bad), repr(bad)
