@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import secrets
@@ -131,8 +132,6 @@ TRACED = (("ipc_protocol.Channel", "pop"), ("ipc_protocol", "decode_export"), ("
 
 def _trace(acc: dict[str, list[float]]) -> None:
     """Wrap every TRACED function so that its calls add their host time to ``acc`` [seconds, calls]."""
-    import functools
-
     from hwtui.engine.replication import ipc_protocol
 
     for owner_path, name in TRACED:
@@ -212,6 +211,18 @@ def _host_split(t0: float, marks: list[tuple[str, float]], wall: float) -> dict[
     return out
 
 
+def _event_ms(work: Any) -> float:
+    """``work()``'s device time in ms, between two CUDA events on the current stream, waited for."""
+    import torch
+
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    work()
+    b.record()
+    b.synchronize()
+    return float(a.elapsed_time(b))
+
+
 def _time_after(src: Any, dst: Any, other: Any, reps: int = 5) -> dict[str, Any]:
     """Why the receiver's copy of a mapping takes ~0.9 ms in a round where the same copy repeated
     takes ~0.52 (H200, round seventeen): the copy timed (device time, CUDA events) right after the
@@ -221,12 +232,7 @@ def _time_after(src: Any, dst: Any, other: Any, reps: int = 5) -> dict[str, Any]
 
     def timed(before: Any) -> float:
         before()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        return float(a.elapsed_time(b))
+        return _event_ms(lambda: dst.copy_(src))
 
     def idle(ms: float) -> Any:
         return lambda: (torch.cuda.synchronize(), time.sleep(ms / 1e3))
@@ -272,14 +278,7 @@ def _time_copies(src: Any, dst: Any, reps: int = 7) -> dict[str, Any]:
     for origin, source_buf in (("mapped", src[:n]), ("local", local)):
         for name, way in ways.items():
             dst.zero_()
-            times = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                way(source_buf, dst)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
+            times = [_event_ms(functools.partial(way, source_buf, dst)) for _ in range(reps)]
             ms = statistics.median(times[1:])
             out[f"{origin}: {name}"] = {"ms": round(ms, 4), "gbps": round(n / (ms / 1e3) / 1e9, 1),
                                         "exact": bool(torch.equal(dst, source_buf))}

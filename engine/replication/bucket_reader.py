@@ -18,8 +18,6 @@ from typing import Any
 
 from hwtui.engine.replication.reader import (
     ALIGN,
-    DEVICE_MIN_SLICE,
-    MIN_SLICE,
     SLICE_BYTES,
     Extent,
     ParallelReader,
@@ -28,7 +26,9 @@ from hwtui.engine.replication.reader import (
     WeightFile,
     check_direct,
     default_readers,
+    on_host,
     seam_for,
+    slice_floor,
 )
 
 
@@ -70,7 +70,8 @@ class BucketReader:
         # is at most 16 x 2 x 16 MiB = 512 MiB pinned; --readers 64 pins up to 2 GiB.
         largest = largest or SLICE_BYTES
         share = -(-largest // self.threads)  # ceil(largest / threads)
-        floor = MIN_SLICE if self.device == "cpu" else min(DEVICE_MIN_SLICE, largest)
+        host = on_host(self.device)  # host rings are O_DIRECT's bounce buffers only: MIN_SLICE, as before
+        floor = slice_floor(host) if host else min(slice_floor(host), largest)
         self.slice_bytes = min(SLICE_BYTES, max(floor, -(-share // ALIGN) * ALIGN))
         self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
         # Files opened by the caller (their identity pinned when the source opened them) are shared,

@@ -199,9 +199,20 @@ class TorchSeam:
             self.module.synchronize(self.device)
 
 
+def on_host(device: Any) -> bool:
+    """Whether ``device`` ("cpu", "cpu:0", "cuda:1", a torch.device) is host memory: read straight into."""
+    return str(device).split(":")[0] == "cpu"
+
+
+def slice_floor(host: bool) -> int:
+    """The smallest slice a read is cut into by default: MIN_SLICE into host memory,
+    DEVICE_MIN_SLICE for a device (each of its slices also a copy launch and an event)."""
+    return MIN_SLICE if host else DEVICE_MIN_SLICE
+
+
 def seam_for(device: Any) -> DeviceSeam:
     """The seam for a destination on ``device`` ("cpu", "cuda", "cuda:1", "xpu", a torch.device)."""
-    if str(device).split(":")[0] == "cpu":
+    if on_host(device):
         return HostSeam()
     return TorchSeam(device)
 
@@ -649,7 +660,7 @@ class ParallelReader:
         # most the ring's buffer.
         total = sum(e.nbytes for e in extents)
         per = -(-total // self.threads)
-        floor = min_slice or (MIN_SLICE if self.seam.on_host else DEVICE_MIN_SLICE)
+        floor = min_slice or slice_floor(self.seam.on_host)
         per = min(self.slice_bytes, max(min(floor, self.slice_bytes), -(-per // ALIGN) * ALIGN))
         for e in coalesce(extents):
             pos = 0

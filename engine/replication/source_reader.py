@@ -183,10 +183,11 @@ class SourceReader:
             buf, fill = queued[:2]
         else:
             # A bucket with no read queued behind it, and none that can be (no spare buffer: a
-            # replicate's window full of buckets in flight), is cut into T shares, as the IPC
-            # source cuts its own: at the 16 MiB device floor a 32 MiB bucket would keep 2 of 16
-            # threads busy (reader.DEVICE_MIN_SLICE).
-            alone = not self._ahead and not (ahead and b + 1 < len(plan.buckets) and pool.spare(2))
+            # replicate's window full of buckets in flight; no bucket after it to read ahead), is
+            # cut into T shares, as the IPC source cuts its own: at the 16 MiB device floor a 32
+            # MiB bucket would keep 2 of 16 threads busy (reader.DEVICE_MIN_SLICE).
+            alone = not self._ahead and not (pool.spare(2) and any(self._can_read_ahead(plan, nb, pool)
+                                                                   for nb in self._ahead_range(plan, b, ahead)))
             buf, fill = self._begin(plan, b, pool, min_slice=MIN_SLICE if alone else None)
         try:
             self._read_ahead(plan, b, pool, ahead)
@@ -200,12 +201,20 @@ class SourceReader:
     def _read_ahead(self, plan: Plan, b: int, pool: BufferPool | None, ahead: int) -> None:
         if pool is None:
             return
-        for nb in range(b + 1, min(len(plan.buckets), b + 1 + ahead)):
-            # Not a bucket with pieces of a torch file: those are copied on this thread as the
-            # read is queued, which would only hold bucket b back.
-            if (nb not in self._ahead and pool.spare() and self._zero_copy(plan, nb, pool) is None
-                    and all(it["file"] in self.mapped for it in plan.bucket_items[nb])):
+        for nb in self._ahead_range(plan, b, ahead):
+            if pool.spare() and self._can_read_ahead(plan, nb, pool):
                 self._ahead[nb] = (*self._begin(plan, nb, pool), pool)
+
+    @staticmethod
+    def _ahead_range(plan: Plan, b: int, ahead: int) -> range:
+        return range(b + 1, min(len(plan.buckets), b + 1 + ahead))
+
+    def _can_read_ahead(self, plan: Plan, nb: int, pool: BufferPool) -> bool:
+        """Whether bucket nb, not queued yet, would be read ahead into a pool buffer: it needs one
+        (no zero-copy view), and holds no piece of a torch file (those are copied on this thread
+        as the read is queued, which would only hold the bucket being staged back)."""
+        return (nb not in self._ahead and self._zero_copy(plan, nb, pool) is None
+                and all(it["file"] in self.mapped for it in plan.bucket_items[nb]))
 
     def _zero_copy(self, plan: Plan, b: int, pool: BufferPool | None) -> Any | None:
         """Bucket b as a slice of the mapping, where it goes out from host memory as it is."""
