@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from hwtui.app.node_api.server import Limits, StreamRoute
 from tests import cli_proc
-from tests.agent.helpers import TOKEN, start_agent, stop_agent
+from tests.agent.helpers import TOKEN, answered, start_agent, stop_agent
 
 # Short deadlines: an example that holds its connection open ends when one fires (a fifth of them),
 # and an answer cut by one is a 408, which the checks accept like any other. 1.0/1.5/0.5 s proved
@@ -171,7 +171,8 @@ def send(port: int, raw: bytes, cuts: list[int], pauses: list[float], ending: st
 
 
 def _healthy(port: int) -> None:
-    r = httpx.get(f"http://127.0.0.1:{port}/v1/node", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    r = answered(lambda: httpx.get(f"http://127.0.0.1:{port}/v1/node", headers={"Authorization": f"Bearer {TOKEN}"},
+                                   timeout=10))
     assert r.status_code == 200 and r.json()["node"] == "fuzz"
 
 

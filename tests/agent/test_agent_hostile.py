@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from hwtui.app.node_api.server import Limits, StreamRoute
-from tests.agent.helpers import TOKEN, start_agent, stop_agent
+from tests.agent.helpers import TOKEN, answered, start_agent, stop_agent
 
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"
 
@@ -129,11 +129,11 @@ def test_requests_without_the_token_never_hold_up_one_with_it(agent):
     # request with the token is served at once, one without waits for a slot, then gets 429.
     assert agent.anon_slots.acquire(timeout=10)
     try:
-        assert authed_get(agent.port) == 200
-        assert status_of(exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nHost: x\r\n\r\n")) == 429
+        assert answered(lambda: authed_get(agent.port)) == 200
+        assert status_of(answered(lambda: exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nHost: x\r\n\r\n"))) == 429
     finally:
         agent.anon_slots.release()
-    assert status_of(exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+    assert status_of(answered(lambda: exchange(agent.port, b"GET /v1/node HTTP/1.1\r\nConnection: close\r\n\r\n"))) == 200
 
 
 @pytest.mark.parametrize("agent", [Limits(head_deadline_s=1.0)], indirect=True)
@@ -187,7 +187,7 @@ def test_a_silent_new_connection_is_closed_at_the_head_deadline():
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
             reply = read_all(s)
         assert reply == b"" or status_of(reply) == 408
-        assert authed_get(server.port) == 200
+        assert answered(lambda: authed_get(server.port)) == 200
     finally:
         stop_agent(server)
 
