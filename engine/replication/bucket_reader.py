@@ -59,7 +59,7 @@ class BucketFill:
 class BucketReader:
     def __init__(self, files: Sequence[dict[str, Any]], device: Any, *, readers: int | None = None,
                  direct: str = "auto", devices: int = 1, largest: int | None = None,
-                 opened: dict[int, WeightFile] | None = None):
+                 opened: dict[int, WeightFile] | None = None, min_slice: int | None = None):
         self.device = str(device)
         self.threads = readers or default_readers(devices=devices)
         self.direct = check_direct(direct)
@@ -71,7 +71,12 @@ class BucketReader:
         largest = largest or SLICE_BYTES
         share = -(-largest // self.threads)  # ceil(largest / threads)
         host = on_host(self.device)  # host rings are O_DIRECT's bounce buffers only: MIN_SLICE, as before
-        floor = slice_floor(host) if host else min(slice_floor(host), largest)
+        # ``min_slice``: a caller whose every read is cut with this floor (the IPC source: T shares
+        # of each bucket) needs no larger ring slices: 16 threads x 2 x 16 MiB pinned (512 MiB)
+        # held the 2 MiB reads of 32 MiB buckets, where their shares take 64 MiB.
+        floor = min_slice if min_slice is not None else slice_floor(host)
+        if not host:
+            floor = min(floor, largest)
         self.slice_bytes = min(SLICE_BYTES, max(floor, -(-share // ALIGN) * ALIGN))
         self._paths = {i: f["path"] for i, f in enumerate(files) if f.get("format") == "safetensors"}
         # Files opened by the caller (their identity pinned when the source opened them) are shared,

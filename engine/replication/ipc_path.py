@@ -44,6 +44,12 @@ class RankIpc(RankVerify):
     def _ipc_ranks(self) -> list[int]:
         return [r for r, (path, _) in sorted(self.paths.items()) if path == "ipc"]
 
+    def _ipc_read_floor(self) -> int | None:
+        """The floor of every read of a source whose only receivers take the ipc path: each bucket
+        is cut into T shares (``_send_ipc``), so its reader's pinned ring needs no larger slices.
+        None where the source also sends over the network (those reads keep the device floor)."""
+        return MIN_SLICE if self._ipc_ranks() and len(self.net_ranks) <= 1 else None
+
     def _ipc_run(self, plan: Plan) -> str:
         # The same on every rank of this world, different for the next (a new port each run).
         seed = f"{plan['version']}|{self.cfg.master_addr}|{self.cfg.master_port}|{self.cfg.plan_digest}"

@@ -110,12 +110,15 @@ class SourceReader:
     they are copied: into a device buffer (pinned slices, one stream per reader thread: no device
     copy ever reads through the mapping) or into a host buffer (``preadv`` straight into it)."""
 
-    def __init__(self, plan: Plan, *, readers: int | None = None, direct: str = "auto", devices: int = 1):
+    def __init__(self, plan: Plan, *, readers: int | None = None, direct: str = "auto", devices: int = 1,
+                 min_slice: int | None = None):
         self.mapped: dict[int, MappedFile] = {}
         self.states: dict[int, dict[str, Any]] = {}
         self._files = plan["files"]
+        # min_slice: every read of this source is cut with that floor (its rings sized to match).
         self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
-                                           "largest": max((b["size"] for b in plan.buckets), default=1)}
+                                           "largest": max((b["size"] for b in plan.buckets), default=1),
+                                           "min_slice": min_slice}
         self._readers: dict[str, BucketReader] = {}
         # Buckets queued behind the one being staged (stage(ahead=...)): buffer, its read, its pool.
         self._ahead: dict[int, tuple[Any, BucketFill, BufferPool]] = {}

@@ -133,7 +133,8 @@ class Worker(RankWorld, RankTransfer, RankIpc, RankCommit):
 
     def _setup_source(self, plan: Plan, comm: str, n: int) -> bool:
         """The source's readers (and the shm path's staging copy); whether buckets need a pool."""
-        self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io)
+        self._sources = SourceReader(plan, readers=self.cfg.readers, direct=self.cfg.direct_io,
+                                     min_slice=self._ipc_read_floor())
         needs_pool = comm != "cpu" or any(not self._sources.contiguous(plan, b) for b in range(n))
         self._sources.warm(comm)  # the reader's pinned ring, before the clock starts
         if SRC in self.leader_files:

@@ -10,6 +10,7 @@ import torch
 from hwtui.engine.replication.bucket_reader import BucketReader
 from hwtui.engine.replication.checksum import xxh3_hex
 from hwtui.engine.replication.plan import load_plan
+from hwtui.engine.replication.reader import MIN_SLICE
 from hwtui.engine.replication.weights import load_torch_state, tensor_bytes
 from tests.engine.replication.helpers import make_model, write_plan
 
@@ -50,3 +51,16 @@ def test_a_device_ring_slice_is_a_share_of_the_largest_bucket_but_not_below_the_
     assert ring("cuda:0", 1024 * mib) == 64 * mib  # a share of 64 MiB, the ring's most
     assert ring("cuda:0", 4 * mib) == 4 * mib  # small buckets: no ring larger than a bucket
     assert ring("cpu", 64 * mib) == 4 * mib
+
+
+def test_a_ring_for_reads_cut_into_shares_holds_a_share_not_the_device_floor() -> None:
+    """The IPC source cuts every bucket into T shares (min_slice=MIN_SLICE): its ring slices are a
+    share of the largest bucket (16 threads x 2 x 2 MiB pinned for 32 MiB buckets, not 16 MiB
+    slices and 512 MiB), still never larger than the largest bucket."""
+    mib = 1 << 20
+    ring = lambda largest: BucketReader([], "cuda:0", readers=16, largest=largest,  # noqa: E731
+                                        min_slice=MIN_SLICE).slice_bytes
+    assert ring(32 * mib) == 2 * mib
+    assert ring(1024 * mib) == 64 * mib
+    assert ring(8 * mib) == MIN_SLICE  # a share of 512 KiB: the floor
+    assert ring(64 << 10) == 64 << 10

@@ -174,6 +174,31 @@ def test_one_reader_per_device_whichever_way_it_is_named(tmp_path: Path) -> None
         src.close()
 
 
+def test_a_source_read_only_by_ipc_sizes_its_device_ring_to_shares(tmp_path: Path) -> None:
+    """The worker builds the IPC-only source with min_slice (RankIpc._ipc_read_floor): it reaches
+    the device reader's ring; a source that also sends over the network keeps the device floor."""
+    from types import SimpleNamespace
+
+    from hwtui.engine.replication.ipc_path import RankIpc
+    from hwtui.engine.replication.reader import MIN_SLICE
+
+    make_model(tmp_path / "m", big=1_200_000)  # a 4.8 MB tensor: 4 MiB buckets
+    write_plan(tmp_path / "m", tmp_path / "p.json", version="v1", bucket_kib=4096, align=64)
+    plan = load_plan(tmp_path / "p.json")
+    assert max(b["size"] for b in plan.buckets) == 4 << 20
+    floor = lambda ipc, net: RankIpc._ipc_read_floor(SimpleNamespace(_ipc_ranks=lambda: ipc, net_ranks=net))  # noqa: E731
+    assert floor([1], [0]) == MIN_SLICE
+    assert floor([1], [0, 2]) is None and floor([], [0, 1]) is None
+    for min_slice in (None, MIN_SLICE):
+        src = SourceReader(plan, readers=16, direct="off", min_slice=min_slice)
+        try:  # no CUDA is touched until a read: the ring's size is decided here
+            # 16 shares of 4 MiB are 256 KiB: the 1 MiB floor; without it the device floor, capped
+            # at the largest bucket.
+            assert src.reader("cuda:0").slice_bytes == (MIN_SLICE if min_slice else 4 << 20)
+        finally:
+            src.close()
+
+
 def _packed_run(src: SourceReader, plan: Plan) -> list[int]:
     """Consecutive buckets the source must pack (no zero-copy view of the mapping)."""
     return [b for b in range(len(plan.buckets)) if not src.contiguous(plan, b)]
