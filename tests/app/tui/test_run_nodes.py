@@ -28,10 +28,12 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
     plan.write_text("{}")
     try:
         nodes = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
-        # 2 s (stale past 4 s), not 0.2 or 1: on a loaded box a 0.4 s stale threshold let the live
-        # node flicker STALE, and a fresh-clone suite on a slow day kept it stale past 2 s for the
-        # wait's 20 s; the wait below needs a moment with only the dead one stale.
-        nodes.poller.interval = 2.0
+        # 10 s (stale past 20 s): the live node answers its first poll and stays fresh while the
+        # test reads the table; the dead one is stale from its first refusal (it never answered).
+        # At 2 s (stale past 4 s) a loaded box (six shards) kept the live node stale at every
+        # refresh for the wait's 20 s: this process's event loop and the agent's threads share
+        # one core's slice, and a poll came late. The test needs states, not a poll cadence.
+        nodes.poller.interval = 10.0
         app = HwtuiApp(ReplayHost.load(snapshots["h100_x8"]), TuiConfig.load(), config_file=config_path(),
                        engine_stages=RecordedEngine("replicate_ok.jsonl"), sampler_factory=FixedSampler,
                        nodes_screen=nodes)
@@ -50,7 +52,7 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
             def both_shown() -> bool:
                 return table.row_count >= 2 and table.stale_nodes == [f"127.0.0.1:{dead}"]
 
-            await wait_for(pilot, both_shown)
+            await wait_for(pilot, both_shown, timeout=60.0)
             await wait_for(pilot, lambda: run.state.finished)
             cells = [str(c) for c in table.get_row_at(0)]
             assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0"
