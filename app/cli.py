@@ -74,12 +74,14 @@ def _add_output_options(parser: argparse.ArgumentParser, suppress: bool) -> None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with ``only``, every other subcommand is a stub that takes anything.
+    """The whole parser; with ``only``, every other subcommand is a stub that takes anything
+    (``only=""``: every one, for a run that names no command: `hwtui --check`, the TUI).
 
     Building a subcommand imports its module (and what that imports at the top): all thirteen cost
-    50-60 ms of every run, a sixth of a warm `hwtui push` beyond its transfer. ``main`` builds only
-    the command it finds in argv, and builds everything again if argparse picked a stub (argv
-    held a command's name as an option's value)."""
+    50-60 ms of every run, a sixth of a warm `hwtui push` beyond its transfer; built, they still
+    cost ~12 ms of argparse per run. ``main`` builds only the command it finds in argv (none when
+    there is none), and builds everything again if argparse picked a stub (argv held a command's
+    name as an option's value) or met an argument it does not know (its error lists every command)."""
     parser = OneLineParser(
         prog="hwtui",
         description="Detect and verify GPUs of every vendor, then replicate weights and train on them. "
@@ -193,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
     argv = list(sys.argv[1:] if argv is None else argv)
     # The first word that names a command is very likely the command (see build_parser), unless
-    # the top-level help comes first: that lists every command with its description.
+    # the top-level help comes first: that lists every command with its description. No such word
+    # and no help: no command is built.
     at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
-    only = argv[at] if at is not None and not {"-h", "--help"} & set(argv[:at]) else None
+    asks_help = bool({"-h", "--help"} & set(argv if at is None else argv[:at]))
+    only = None if asks_help else argv[at] if at is not None else ""
     args, unknown = build_parser(only).parse_known_args(argv)
     if getattr(args, "_stub", False) or unknown:  # a stub was picked, or an error: argparse's own words
         args = build_parser().parse_args(argv)
