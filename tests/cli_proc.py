@@ -23,7 +23,9 @@ The CLI is exec'd as before (``subprocess``) when a fork could differ from an ex
 * the zygote is not running (it did not start, or it died);
 * argv is not ``[sys.executable, "-m", <hwtui's CLI module>, ...]`` (a wrapper such as ``unshare
   -m``, interpreter flags, another Python). A CLI in a network namespace is forked too: :func:`in_netns`
-  gives ``python -m tests.in_netns NETNS <module> ...``, which does what ``ip netns exec`` does;
+  gives ``python -m tests.in_netns NETNS <module> ...``, which does what ``ip netns exec`` does,
+  and one in a mount namespace of its own too: :func:`in_mountns` gives ``python -m
+  tests.in_mountns SETUP AFTER ARG... -- <module> ...``, which does what ``unshare -m sh -c ...`` did;
 * a variable that is read once, at import or interpreter start, differs between the child's
   environment and the zygote's (torch's and its libraries', Hugging Face's, ``PYTHON*``, the
   locale): the child would silently keep the zygote's value;
@@ -55,6 +57,7 @@ from hwtui.core import forkserver
 EXEC_ENV = "HWTUI_TEST_CLI_EXEC"
 CLI_MODULES = ("hwtui", "hwtui.app", "hwtui.app.cli")
 NETNS_MODULE = "tests.in_netns"  # python -m tests.in_netns NETNS <a CLI module> ...: ip netns exec, forkable
+MOUNTNS_MODULE = "tests.in_mountns"  # python -m tests.in_mountns SETUP AFTER ARG... -- <a CLI module> ...: unshare -m
 # Read once at import or at interpreter start: a child whose value differs is exec'd.
 _ALLOWED_TO_DIFFER = frozenset({"PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
 _SUPPORTED = frozenset({"stdin", "stdout", "stderr", "env", "cwd", "text", "universal_newlines", "encoding", "errors",
@@ -217,6 +220,19 @@ def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
     return ["ip", "netns", "exec", netns, *argv]
 
 
+def in_mountns(setup: str, after: str, script_args: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """``argv`` (``python -m <a CLI module> ...``) run in a mount namespace of its own, after ``sh -c
+    setup sh *script_args`` and before ``sh -c after sh *script_args`` (``$RC``: the run's exit
+    status), exiting with the run's status (tests/in_mountns.py): forked from the zygote where it
+    can be, else that file exec'd with the same arguments."""
+    argv, script_args = [str(a) for a in argv], [str(a) for a in script_args]
+    wrapped = [setup, after, *script_args, "--", *argv[2:]]
+    forkable = [*argv[:2], MOUNTNS_MODULE, *wrapped]
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in CLI_MODULES and why_exec(forkable) is None:
+        return forkable
+    return [argv[0], os.path.join(os.path.dirname(os.path.abspath(__file__)), "in_mountns.py"), *wrapped]
+
+
 def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: Mapping[str, Any] | None = None) -> str | None:
     """Why this CLI would be exec'd rather than forked from the zygote (None: forked)."""
     if os.environ.get(EXEC_ENV, "").strip() not in ("", "0"):
@@ -226,6 +242,8 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
     argv = [str(a) for a in argv]
     if argv[2:3] == [NETNS_MODULE]:
         argv = [*argv[:2], *argv[4:]]  # what runs in the namespace
+    elif argv[2:3] == [MOUNTNS_MODULE] and "--" in argv[3:]:
+        argv = [*argv[:2], *argv[argv.index("--", 3) + 1:]]  # what runs in the namespace
     if len(argv) < 3 or argv[1] != "-m" or argv[2] not in CLI_MODULES or os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
         return "not `python -m hwtui...` with this interpreter"
     unsupported = sorted(set(kwargs or {}) - _SUPPORTED)

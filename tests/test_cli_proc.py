@@ -229,3 +229,28 @@ def test_a_cli_forked_into_a_network_namespace_sees_that_namespace_as_ip_netns_e
         assert "10.77.0.1" not in here["ipv4"], here  # the namespace's, not this one's
     finally:
         net.down()
+
+
+@pytest.mark.parametrize("how", ["forked", "execd"])
+def test_a_cli_in_a_mount_namespace_writes_into_that_namespace_only_and_exits_as_it_did(
+        zygote, tmp_path: Path, monkeypatch, how: str) -> None:
+    """cli_proc.in_mountns: the setup's tmpfs is where the CLI writes, the after script reads it
+    and the CLI's status in the namespace, the host never sees it; forked from the zygote, or
+    tests/in_mountns.py exec'd (the same steps) when a fork could differ."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    if how == "execd":
+        monkeypatch.setenv(cli_proc.EXEC_ENV, "1")
+    mnt, root = tmp_path / "mnt", tmp_path / "root"
+    mnt.mkdir()
+    root.mkdir()
+    setup = 'set -e; mount --make-rprivate /; mount -t tmpfs -o mode=700 hwtui-test "$1"'
+    after = 'ls "$1"; echo "RC=$RC"'
+    for extra, code in (([], 0), (["--bogus"], 2)):
+        argv = cli_proc.in_mountns(setup, after, [mnt], [sys.executable, "-m", "hwtui.app", "snapshot", "--sysroot",
+                                                         str(root), "-o", str(mnt / "snap.json"), *extra])
+        assert (argv[2] == "tests.in_mountns") == (how == "forked"), argv[:3]
+        proc = cli_proc.run(argv, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code, proc.stderr[-2000:]
+        assert proc.stdout.splitlines()[-2:] == (["snap.json", "RC=0"] if code == 0 else ["RC=2"]), proc.stdout
+        assert not (mnt / "snap.json").exists()  # the tmpfs went with the namespace

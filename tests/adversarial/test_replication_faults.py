@@ -136,15 +136,18 @@ def test_fault_before_the_decision_leaves_every_rank_on_the_old_version(base: di
     assert result.report["serving"] == {"1": "v1", "2": "v1"} and not result.report["committed"]
 
 
-def cli(plan: Path, out: Path, *, fault: str | None = None, wrap: list[str] | None = None,
+def cli(plan: Path, out: Path, *, fault: str | None = None, mountns: tuple[str, str, list[Any]] | None = None,
         timeout: float = 90, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    """``hwtui replicate --commit`` as an operator runs it (``wrap``: a command it runs under, e.g. unshare)."""
+    """``hwtui replicate --commit`` as an operator runs it; ``mountns`` = (setup, after, their
+    arguments): in a mount namespace of its own, between those two shell scripts (cli_proc.in_mountns)."""
     env = {k: v for k, v in os.environ.items() if k != "HWTUI_TEST_FAULT"}
     if fault:
         env["HWTUI_TEST_FAULT"] = fault
     argv = [sys.executable, "-m", "hwtui.app.cli", "replicate", "--plan", str(plan), "--nproc", "3", "--commit",
             "--out", str(out), "--timeout", "10", *extra]
-    return cli_proc.run([*(wrap or []), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    if mountns is not None:
+        argv = cli_proc.in_mountns(*mountns, argv)
+    return cli_proc.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def assert_rank_2_voted_no(result: Any, events: list[Any]) -> None:
@@ -245,9 +248,8 @@ def test_versions_on_another_or_read_only_mount_votes_no(base: dict[str, Any], o
     # too (EXDEV): both used to be found only by the switch, after the decision.
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
-    script = f'set -e; mount --make-rprivate /; {_MOUNTS[mount]}; shift 2; exec "$@"'
-    wrap = ["unshare", "-m", "--", "sh", "-c", script, "sh", str(out / "rank2" / "versions"), str(tmp_path)]
-    proc = cli(base["root"] / "v2.json", out, wrap=wrap)
+    setup = f'set -e; mount --make-rprivate /; {_MOUNTS[mount]}'
+    proc = cli(base["root"] / "v2.json", out, mountns=(setup, "", [out / "rank2" / "versions", tmp_path]))
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "rank 2 cannot switch to 'v2'" in proc.stderr, proc.stderr
     # The mount went with the namespace: what every rank serves is read back from the real disk.
@@ -268,8 +270,7 @@ def test_no_space_for_the_new_current_is_caught_before_the_vote(base: dict[str, 
 # rank 2's directory on a tmpfs of its own, filled until exactly FREE pages are left ($3).
 _FULL_DISK = ('set -e; mount --make-rprivate /; cp -a "$1/." "$2"; mount -t tmpfs -o size=4m,mode=700 hwtui-test "$1"; '
               'cp -a "$2/." "$1"; "$4" -c "import os,sys; d,free=sys.argv[1],int(sys.argv[2]); s=os.statvfs(d); '
-              'open(os.path.join(d,\'.filler\'),\'wb\').write(bytes(s.f_bavail*s.f_frsize-free*4096))" "$1" "$3"; '
-              'shift 4; exec "$@"')
+              'open(os.path.join(d,\'.filler\'),\'wb\').write(bytes(s.f_bavail*s.f_frsize-free*4096))" "$1" "$3"')
 
 
 @pytest.mark.parametrize("spare_pages,switches", [(0, False), (1, True)])
@@ -281,9 +282,8 @@ def test_a_real_full_disk_at_current_votes_no(base: dict[str, Any], out: Path, t
         pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
     v1 = out / "rank2" / "versions" / "v1"
     pages = sum(-(-(v1 / name).stat().st_size // 4096) for name in ("model.safetensors", "manifest.json"))
-    wrap = ["unshare", "-m", "--", "sh", "-c", _FULL_DISK, "sh", str(out / "rank2"), str(tmp_path),
-            str(pages + spare_pages), sys.executable]
-    proc = cli(base["root"] / "v2.json", out, wrap=wrap)
+    proc = cli(base["root"] / "v2.json", out,
+               mountns=(_FULL_DISK, "", [out / "rank2", tmp_path, pages + spare_pages, sys.executable]))
     assert "Traceback" not in proc.stdout + proc.stderr
     if switches:
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -412,15 +412,12 @@ _FULL_EXT2 = ('set -e; mount --make-rprivate /; mkdir "$2/save"; cp -a "$1/." "$
               'while (lambda s: s.f_bavail*s.f_frsize)(os.statvfs(d)) > free*4096:\n'
               ' try: os.write(fd,bytes(4096))\n'
               ' except OSError: break\n'
-              'os.fsync(fd)" "$1" "$3"; '
-              'shift 4; exec "$@"')
+              'os.fsync(fd)" "$1" "$3"')
 
 
-def _with_leftovers(script: str) -> str:
-    """``script``, and after the run, what is left of rank 2's staging/ (read inside the namespace,
-    where its filesystem still exists) printed as "LEFT: <name>" lines."""
-    return script.replace('shift 4; exec "$@"', 'd="$1"; shift 4; rc=0; "$@" || rc=$?; '
-                                                'ls -A "$d/staging" 2>/dev/null | sed "s/^/LEFT: /"; exit $rc')
+# After the run: what is left of rank 2's staging/ ($1), read inside the namespace where its
+# filesystem still exists, printed as "LEFT: <name>" lines.
+_LEFTOVERS = 'ls -A "$1/staging" 2>/dev/null | sed "s/^/LEFT: /"'
 
 
 def _loop_mounts_work(tmp_path: Path) -> bool:
@@ -453,10 +450,9 @@ def test_no_space_for_the_staging_copy_is_one_no_space_line_and_nothing_commits(
     if fs == "ext2" and not _loop_mounts_work(tmp_path):
         pytest.skip("no loop-mounted ext2 in a private mount namespace here (needs root, unshare -m, mkfs.ext2)")
     pages = -(-(out / "rank2" / "versions" / "v1" / "model.safetensors").stat().st_size // 4096)
-    script = _with_leftovers(_FULL_DISK if fs == "tmpfs" else _FULL_EXT2)
-    wrap = ["unshare", "-m", "--", "sh", "-c", script, "sh", str(out / "rank2"), str(tmp_path), str(pages // 2),
-            sys.executable]
-    proc = cli(base["root"] / "v2.json", out, wrap=wrap, extra=("--no-same-host",) if path == "network" else ())
+    setup = _FULL_DISK if fs == "tmpfs" else _FULL_EXT2
+    proc = cli(base["root"] / "v2.json", out, mountns=(setup, _LEFTOVERS, [out / "rank2", tmp_path, pages // 2, sys.executable]),
+               extra=("--no-same-host",) if path == "network" else ())
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hwtui: error:")]
