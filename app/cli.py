@@ -190,19 +190,29 @@ def _standard_fds() -> None:
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
 
 
+def parse_argv(argv: list[str]) -> argparse.Namespace:
+    """What the whole parser makes of ``argv`` (its SystemExit on help and usage errors included),
+    building only the command argv names (build_parser).
+
+    The first word that names a command is very likely the command; no such word: no command is
+    built. Help anywhere builds everything: the top-level help lists every command with its
+    description, and a help flag after a command's name used as an option's value (`--replay push
+    -h`) is the top level's. Then argparse is asked again with everything built when it picked a
+    stub (argv held a command's name as an option's value) or met an argument it does not know
+    (its words list every command)."""
+    at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
+    asks_help = bool({"-h", "--help"} & set(argv))
+    only = None if asks_help else argv[at] if at is not None else ""
+    args, unknown = build_parser(only).parse_known_args(argv)
+    if getattr(args, "_stub", False) or unknown:
+        args = build_parser().parse_args(argv)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _standard_fds()
     _tolerant_streams()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # The first word that names a command is very likely the command (see build_parser), unless
-    # the top-level help comes first: that lists every command with its description. No such word
-    # and no help: no command is built.
-    at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
-    asks_help = bool({"-h", "--help"} & set(argv if at is None else argv[:at]))
-    only = None if asks_help else argv[at] if at is not None else ""
-    args, unknown = build_parser(only).parse_known_args(argv)
-    if getattr(args, "_stub", False) or unknown:  # a stub was picked, or an error: argparse's own words
-        args = build_parser().parse_args(argv)
+    args = parse_argv(list(sys.argv[1:] if argv is None else argv))
     try:
         return _dispatch(args)
     except HwtuiError as exc:

@@ -3,13 +3,18 @@ exactly as the whole parser does, whatever word in argv looks like a command."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hwtui.app.cli import SUBCOMMANDS, build_parser
+from hwtui.app.cli import SUBCOMMANDS, build_parser, parse_argv
 
 
 def _loaded_commands(only: str) -> list[str]:
@@ -100,3 +105,26 @@ def test_a_word_that_is_no_command_is_refused_naming_every_command():
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1 and "bogus-word" in err
     assert all(name in err for name in SUBCOMMANDS), err
+
+
+_WORDS = [*SUBCOMMANDS, "--check", "--json", "--strict", "--replay", "--only", "--plan", "--agents", "--mb", "-q", "-v",
+          "-h", "--help", "--version", "--sysroot", "--bogus", "x", "1", "gpu", "--", "-", "push,plan", "--json=1"]
+
+
+def _outcome(parse: Any, argv: list[str]) -> tuple[Any, ...]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            ns = parse(argv)
+        except SystemExit as exc:
+            return ("exit", exc.code, out.getvalue(), err.getvalue())
+    return ("args", {k: v for k, v in vars(ns).items()}, out.getvalue(), err.getvalue())
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.sampled_from(_WORDS), max_size=7))
+def test_any_argv_parses_as_the_whole_parser_parses_it(argv: list[str]) -> None:
+    """main's parse (cli.parse_argv: one command built, or none) against the whole parser, for any
+    argv of commands, options, values and help flags: the same arguments, or the same exit with
+    the same words (help text, usage errors)."""
+    assert _outcome(parse_argv, argv) == _outcome(lambda a: build_parser().parse_args(a), argv), argv
