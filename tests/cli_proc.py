@@ -57,6 +57,7 @@ from hwtui.core import forkserver
 EXEC_ENV = "HWTUI_TEST_CLI_EXEC"
 CLI_MODULES = ("hwtui", "hwtui.app", "hwtui.app.cli")
 NETNS_MODULE = "tests.in_netns"  # python -m tests.in_netns NETNS <a CLI module> ...: ip netns exec, forkable
+UMASK_MODULE = "tests.with_umask"  # python -m tests.with_umask MASK <a CLI module> ...: Popen's umask=, forkable
 MOUNTNS_MODULE = "tests.in_mountns"  # python -m tests.in_mountns SETUP AFTER ARG... -- <a CLI module> ...: unshare -m
 # Read once at import or at interpreter start: a child whose value differs is exec'd.
 _ALLOWED_TO_DIFFER = frozenset({"PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE"})
@@ -242,6 +243,8 @@ def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: 
     argv = [str(a) for a in argv]
     if argv[2:3] == [NETNS_MODULE]:
         argv = [*argv[:2], *argv[4:]]  # what runs in the namespace
+    elif argv[2:3] == [UMASK_MODULE]:
+        argv = [*argv[:2], *argv[4:]]  # what runs under the umask
     elif argv[2:3] == [MOUNTNS_MODULE] and "--" in argv[3:]:
         argv = [*argv[:2], *argv[argv.index("--", 3) + 1:]]  # what runs in the namespace
     if len(argv) < 3 or argv[1] != "-m" or argv[2] not in CLI_MODULES or os.path.abspath(argv[0]) != os.path.abspath(sys.executable):
@@ -390,8 +393,21 @@ def _wrap(fd: int | None, mode: str, text: tuple[str, str] | None) -> IO[Any] | 
     return open(fd, mode, encoding=text[0], errors=text[1])  # noqa: SIM115
 
 
+def _with_umask(argv: Sequence[str], kwargs: dict[str, Any]) -> tuple[Sequence[str], dict[str, Any]]:
+    """A CLI's ``umask=`` as tests.with_umask around it, where that can be forked (the fork-server
+    protocol carries no umask); else as given, for subprocess."""
+    mask = kwargs.get("umask", -1)
+    argv = [str(a) for a in argv]
+    if mask == -1 or len(argv) < 3 or argv[1] != "-m" or argv[2] not in CLI_MODULES:
+        return argv, kwargs
+    rest = {k: v for k, v in kwargs.items() if k != "umask"}
+    wrapped = [*argv[:2], UMASK_MODULE, f"{int(mask):o}", *argv[2:]]
+    return (wrapped, rest) if why_exec(wrapped, rest.get("env"), rest) is None else (argv, kwargs)
+
+
 def Popen(argv: Sequence[str], **kwargs: Any) -> ForkedCli | subprocess.Popen[Any]:  # noqa: N802 - subprocess's name
     """``subprocess.Popen(argv, **kwargs)`` for a hwtui CLI: forked from the zygote where it can be."""
+    argv, kwargs = _with_umask(argv, kwargs)
     if why_exec(argv, kwargs.get("env"), kwargs) is not None:
         return subprocess.Popen(argv, **kwargs)
     assert _zygote is not None
@@ -459,6 +475,7 @@ def zygote() -> _Zygote | None:
 def run(argv: Sequence[str], *, input: str | bytes | None = None, capture_output: bool = False,  # noqa: A002 - subprocess's name
         timeout: float | None = None, check: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run`` for a hwtui CLI: forked from the zygote where it can be."""
+    argv, kwargs = _with_umask(argv, kwargs)
     if why_exec(argv, kwargs.get("env"), kwargs) is not None:
         return subprocess.run(argv, input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs)
     if capture_output:

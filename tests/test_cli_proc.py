@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -254,3 +255,26 @@ def test_a_cli_in_a_mount_namespace_writes_into_that_namespace_only_and_exits_as
         assert proc.returncode == code, proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == (["snap.json", "RC=0"] if code == 0 else ["RC=2"]), proc.stdout
         assert not (mnt / "snap.json").exists()  # the tmpfs went with the namespace
+
+
+@pytest.mark.parametrize("mask,mode", [(0o000, 0o666), (0o077, 0o600)])
+def test_a_forked_cli_runs_under_the_umask_asked_for_as_an_execd_one_does(zygote, tmp_path: Path, mask: int,
+                                                                         mode: int) -> None:
+    """``umask=`` (which the fork-server protocol does not carry) is tests.with_umask around a forked
+    CLI: the snapshot it writes (honouring the umask, as an exec'd one) gets the same mode."""
+    root = tmp_path / "root"
+    root.mkdir()
+    modes = []
+    for exec_it in (False, True):
+        out = tmp_path / f"snap-{exec_it}.json"
+        argv = [sys.executable, "-m", "hwtui.app", "snapshot", "--sysroot", str(root), "-o", str(out)]
+        wrapped, rest = cli_proc._with_umask(argv, {"umask": mask, "env": dict(os.environ)})
+        assert (wrapped[2] == cli_proc.UMASK_MODULE and "umask" not in rest), wrapped
+        env = {**os.environ, cli_proc.EXEC_ENV: "1"} if exec_it else None
+        if exec_it:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, umask=mask)
+        else:
+            proc = cli_proc.run(argv, capture_output=True, text=True, timeout=120, umask=mask)
+        assert proc.returncode == 0, proc.stderr
+        modes.append(stat.S_IMODE(out.stat().st_mode))
+    assert modes == [mode, mode]
