@@ -8,8 +8,10 @@ heavy dependencies inside ``run``; ``hwtui --help`` and ``--version`` must answe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -195,15 +197,17 @@ def parse_argv(argv: list[str]) -> argparse.Namespace:
     building only the command argv names (build_parser).
 
     The first word that names a command is very likely the command; no such word: no command is
-    built. Help anywhere builds everything: the top-level help lists every command with its
-    description, and a help flag after a command's name used as an option's value (`--replay push
-    -h`) is the top level's. Then argparse is asked again with everything built when it picked a
-    stub (argv held a command's name as an option's value) or met an argument it does not know
-    (its words list every command)."""
+    built. argparse is asked again with everything built when it picked a stub (argv held a
+    command's name as an option's value), met an argument it does not know, or exited: help (the
+    top level's lists every command with its description, however the flag was spelt: -h, --he,
+    -vh) and usage errors are the whole parser's words. The first parse's own words are dropped."""
     at = next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), None)
-    asks_help = bool({"-h", "--help"} & set(argv))
-    only = None if asks_help else argv[at] if at is not None else ""
-    args, unknown = build_parser(only).parse_known_args(argv)
+    words = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(words), contextlib.redirect_stderr(words):
+            args, unknown = build_parser(argv[at] if at is not None else "").parse_known_args(argv)
+    except SystemExit:
+        return build_parser().parse_args(argv)
     if getattr(args, "_stub", False) or unknown:
         args = build_parser().parse_args(argv)
     return args

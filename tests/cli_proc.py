@@ -224,14 +224,22 @@ def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
 def in_mountns(setup: str, after: str, script_args: Sequence[str], argv: Sequence[str]) -> list[str]:
     """``argv`` (``python -m <a CLI module> ...``) run in a mount namespace of its own, after ``sh -c
     setup sh *script_args`` and before ``sh -c after sh *script_args`` (``$RC``: the run's exit
-    status), exiting with the run's status (tests/in_mountns.py): forked from the zygote where it
-    can be, else that file exec'd with the same arguments."""
+    status), exiting with the run's status (tests/in_mountns.py): run and Popen fork it from the
+    zygote where they can, else exec that file with the same arguments (_execable)."""
     argv, script_args = [str(a) for a in argv], [str(a) for a in script_args]
-    wrapped = [setup, after, *script_args, "--", *argv[2:]]
-    forkable = [*argv[:2], MOUNTNS_MODULE, *wrapped]
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in CLI_MODULES and why_exec(forkable) is None:
-        return forkable
-    return [argv[0], os.path.join(os.path.dirname(os.path.abspath(__file__)), "in_mountns.py"), *wrapped]
+    if len(argv) < 3 or argv[1] != "-m":
+        raise ValueError(f"in_mountns runs `python -m MODULE ...`, not {argv[:3]}")
+    return [*argv[:2], MOUNTNS_MODULE, setup, after, *script_args, "--", *argv[2:]]
+
+
+def _execable(argv: Sequence[str]) -> list[str]:
+    """``argv`` to exec: a test wrapper module (``-m tests.in_mountns``, ``-m tests.with_umask``) as
+    its file, which needs no ``tests`` package on the exec'd interpreter's path."""
+    argv = [str(a) for a in argv]
+    if argv[1:2] == ["-m"] and argv[2:3] and argv[2] in (MOUNTNS_MODULE, UMASK_MODULE):
+        here = os.path.dirname(os.path.abspath(__file__))
+        return [argv[0], os.path.join(here, argv[2].rsplit(".", 1)[1] + ".py"), *argv[3:]]
+    return argv
 
 
 def why_exec(argv: Sequence[str], env: Mapping[str, str] | None = None, kwargs: Mapping[str, Any] | None = None) -> str | None:
@@ -409,14 +417,14 @@ def Popen(argv: Sequence[str], **kwargs: Any) -> ForkedCli | subprocess.Popen[An
     """``subprocess.Popen(argv, **kwargs)`` for a hwtui CLI: forked from the zygote where it can be."""
     argv, kwargs = _with_umask(argv, kwargs)
     if why_exec(argv, kwargs.get("env"), kwargs) is not None:
-        return subprocess.Popen(argv, **kwargs)
+        return subprocess.Popen(_execable(argv), **kwargs)
     assert _zygote is not None
     try:
         return forked(_zygote, argv, **kwargs)
     except OSError:
         if _zygote.alive:
             raise
-        return subprocess.Popen(argv, **kwargs)  # the zygote died (its CLIs with it): exec from now on
+        return subprocess.Popen(_execable(argv), **kwargs)  # the zygote died (its CLIs with it): exec from now on
 
 
 def forked(zygote: _Zygote, argv: Sequence[str], **kwargs: Any) -> ForkedCli:
@@ -477,7 +485,7 @@ def run(argv: Sequence[str], *, input: str | bytes | None = None, capture_output
     """``subprocess.run`` for a hwtui CLI: forked from the zygote where it can be."""
     argv, kwargs = _with_umask(argv, kwargs)
     if why_exec(argv, kwargs.get("env"), kwargs) is not None:
-        return subprocess.run(argv, input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs)
+        return subprocess.run(_execable(argv), input=input, capture_output=capture_output, timeout=timeout, check=check, **kwargs)
     if capture_output:
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
     if input is not None:

@@ -17,6 +17,7 @@ import os
 import runpy
 import subprocess
 import sys
+import traceback
 
 CLONE_NEWNS = 0x00020000
 
@@ -50,6 +51,11 @@ def main() -> None:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, status 1, then AFTER
+        traceback.print_exc()
+        code = 1
+    # Unlike `sh -c '"$@"; AFTER'`, AFTER runs before this process's atexit handlers and while its
+    # non-daemon threads may still run: no hwtui CLI leaves either behind.
     sys.stdout.flush()
     sys.stderr.flush()
     if after:

@@ -250,7 +250,7 @@ def test_a_cli_in_a_mount_namespace_writes_into_that_namespace_only_and_exits_as
     for extra, code in (([], 0), (["--bogus"], 2)):
         argv = cli_proc.in_mountns(setup, after, [mnt], [sys.executable, "-m", "hwtui.app", "snapshot", "--sysroot",
                                                          str(root), "-o", str(mnt / "snap.json"), *extra])
-        assert (argv[2] == "tests.in_mountns") == (how == "forked"), argv[:3]
+        assert argv[2] == "tests.in_mountns" and (cli_proc.why_exec(argv) is None) == (how == "forked")
         proc = cli_proc.run(argv, capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, proc.stderr[-2000:]
         assert proc.stdout.splitlines()[-2:] == (["snap.json", "RC=0"] if code == 0 else ["RC=2"]), proc.stdout
@@ -278,3 +278,15 @@ def test_a_forked_cli_runs_under_the_umask_asked_for_as_an_execd_one_does(zygote
         assert proc.returncode == 0, proc.stderr
         modes.append(stat.S_IMODE(out.stat().st_mode))
     assert modes == [mode, mode]
+
+
+def test_a_run_in_a_mount_namespace_that_raises_still_runs_its_after_script_with_status_1(tmp_path: Path) -> None:
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -m needs CAP_SYS_ADMIN)")
+    argv = cli_proc._execable(cli_proc.in_mountns("true", 'echo "RC=$RC"', [tmp_path],
+                                                  [sys.executable, "-m", "hwtui_no_such_module"]))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout.splitlines() == ["RC=1"], proc
+    assert "No module named hwtui_no_such_module" in proc.stderr
+    with pytest.raises(ValueError):
+        cli_proc.in_mountns("true", "", [], ["/usr/bin/hwtui", "snapshot"])

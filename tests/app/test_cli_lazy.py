@@ -109,7 +109,7 @@ def test_a_word_that_is_no_command_is_refused_naming_every_command():
 
 
 _WORDS = [*SUBCOMMANDS, "--check", "--json", "--strict", "--replay", "--only", "--plan", "--agents", "--mb", "-q", "-v",
-          "-h", "--help", "--version", "--sysroot", "--bogus", "x", "1", "gpu", "--", "-", "push,plan", "--json=1"]
+          "-h", "--help", "--he", "--hel", "-vh", "-qh", "-hv", "--version", "--sysroot", "--bogus", "x", "1", "gpu", "--", "-", "push,plan", "--json=1"]
 
 
 def _outcome(parse: Any, argv: list[str]) -> tuple[Any, ...]:
@@ -126,8 +126,8 @@ def _outcome(parse: Any, argv: list[str]) -> tuple[Any, ...]:
 @given(st.lists(st.sampled_from(_WORDS), max_size=7))
 def test_any_argv_parses_as_the_whole_parser_parses_it(argv: list[str]) -> None:
     """main's parse (cli.parse_argv: one command built, or none) against the whole parser, for any
-    argv of commands, options, values and help flags: the same arguments, or the same exit with
-    the same words (help text, usage errors)."""
+    argv of commands, options, values and help flags (spelt as argparse takes them: --he, -vh):
+    the same arguments, or the same exit with the same words (help text, usage errors)."""
     assert _outcome(parse_argv, argv) == _outcome(_whole().parse_args, argv), argv
 
 
