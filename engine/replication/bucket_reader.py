@@ -68,7 +68,9 @@ class BucketReader:
         # shared by 16 threads went in 4 MiB slices, and per-slice costs held the source to a third
         # of the reader's speed (reader.DEVICE_MIN_SLICE). With the default readers (16 at most) that
         # is at most 16 x 2 x 16 MiB = 512 MiB pinned; --readers 64 pins up to 2 GiB.
-        largest = largest or SLICE_BYTES
+        # Unknown: the ring's most. A plan whose buckets are all empty reads nothing: one page, not
+        # the 16 MiB device slices (512 MiB pinned at 16 threads) that `largest or SLICE_BYTES` gave.
+        largest = SLICE_BYTES if largest is None else max(ALIGN, largest)
         share = -(-largest // self.threads)  # ceil(largest / threads)
         host = on_host(self.device)  # host rings are O_DIRECT's bounce buffers only: MIN_SLICE, as before
         # ``min_slice``: a caller whose every read is cut with this floor (the IPC source: T shares

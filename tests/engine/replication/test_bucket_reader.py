@@ -64,3 +64,9 @@ def test_a_ring_for_reads_cut_into_shares_holds_a_share_not_the_device_floor() -
     assert ring(1024 * mib) == 64 * mib
     assert ring(8 * mib) == MIN_SLICE  # a share of 512 KiB: the floor
     assert ring(64 << 10) == 64 << 10
+
+
+def test_a_ring_for_empty_buckets_is_one_page_and_an_unknown_size_the_rings_most() -> None:
+    for min_slice in (None, MIN_SLICE):
+        assert BucketReader([], "cuda:0", readers=16, largest=0, min_slice=min_slice).slice_bytes == 4096
+    assert BucketReader([], "cuda:0", readers=16).slice_bytes == 16 << 20  # the device floor, a 64 MiB bucket assumed
