@@ -161,6 +161,8 @@ def _build_hf(spec: ModelSpec, seed: int, checkpointing: bool) -> nn.Module:
         raise ModelSpecError(f"--model {spec.value}: cannot build it ({_one_line(exc)})") from None
     if checkpointing and getattr(model, "supports_gradient_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not isinstance(model, nn.Module):  # what the Auto class resolved to is the model's config's choice
+        raise ModelSpecError(f"--model {spec.value}: its class {type(model).__name__} is not a torch module")
     return model
 
 
