@@ -28,12 +28,15 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
     plan.write_text("{}")
     try:
         nodes = NodesScreen(parse_agents(f"127.0.0.1:{live.port},127.0.0.1:{dead}"))
-        # 10 s (stale past 20 s): the live node answers its first poll and stays fresh while the
-        # test reads the table; the dead one is stale from its first refusal (it never answered).
-        # At 2 s (stale past 4 s) a loaded box (six shards) kept the live node stale at every
-        # refresh for the wait's 20 s: this process's event loop and the agent's threads share
-        # one core's slice, and a poll came late. The test needs states, not a poll cadence.
+        # Polled every 10 s (stale past 20 s), each poll given 10 s to answer: the live node
+        # answers its first poll and stays fresh while the test reads the table; the dead one is
+        # stale from its first refusal (it never answered). The agent here is a thread of this
+        # process, sharing its core's slice with the 200x60 screen's rendering: on a box loaded
+        # by six shards every poll of it missed the 1 s answer deadline the poller had derived
+        # from its default interval (min(interval, 5 s), fixed when it was made), and the live
+        # node stayed stale for the whole wait. The test needs states, not a poll cadence.
         nodes.poller.interval = 10.0
+        nodes.poller.request_timeout = 10.0
         app = HwtuiApp(ReplayHost.load(snapshots["h100_x8"]), TuiConfig.load(), config_file=config_path(),
                        engine_stages=RecordedEngine("replicate_ok.jsonl"), sampler_factory=FixedSampler,
                        nodes_screen=nodes)
@@ -52,7 +55,11 @@ async def test_run_screen_shows_every_node_and_marks_the_stale_one(snapshots, tm
             def both_shown() -> bool:
                 return table.row_count >= 2 and table.stale_nodes == [f"127.0.0.1:{dead}"]
 
-            await wait_for(pilot, both_shown, timeout=60.0)
+            try:
+                await wait_for(pilot, both_shown, timeout=60.0)
+            except AssertionError:
+                views = {url: (v.polls, v.failures, v.error) for url, v in nodes.poller.views.items()}
+                raise AssertionError(f"rows {table.row_count}, stale {table.stale_nodes}, polls {views}") from None
             await wait_for(pilot, lambda: run.state.finished)
             cells = [str(c) for c in table.get_row_at(0)]
             assert cells[0] == "alpha" and cells[1] == "ok" and cells[2] == "cuda:0"
