@@ -81,9 +81,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     Building a subcommand imports its module (and what that imports at the top): all thirteen cost
     50-60 ms of every run, a sixth of a warm `hwtui push` beyond its transfer; built, they still
-    cost ~12 ms of argparse per run. ``main`` builds only the command it finds in argv (none when
-    there is none), and builds everything again if argparse picked a stub (argv held a command's
-    name as an option's value) or met an argument it does not know (its error lists every command)."""
+    cost ~9 ms of argparse per run. ``parse_argv`` builds only the command it finds in argv (none
+    when there is none), and everything where that parse cannot be the whole parser's."""
     parser = OneLineParser(
         prog="hwtui",
         description="Detect and verify GPUs of every vendor, then replicate weights and train on them. "

@@ -76,7 +76,7 @@ class BucketReader:
         # ``min_slice``: a caller whose every read is cut with this floor (the IPC source: T shares
         # of each bucket) needs no larger ring slices: 16 threads x 2 x 16 MiB pinned (512 MiB)
         # held the 2 MiB reads of 32 MiB buckets, where their shares take 64 MiB.
-        floor = min_slice if min_slice is not None else slice_floor(host)
+        floor = slice_floor(host, min_slice)
         if not host:
             floor = min(floor, largest)
         self.slice_bytes = min(SLICE_BYTES, max(floor, -(-share // ALIGN) * ALIGN))

@@ -204,9 +204,12 @@ def on_host(device: Any) -> bool:
     return str(device).split(":")[0] == "cpu"
 
 
-def slice_floor(host: bool) -> int:
-    """The smallest slice a read is cut into by default: MIN_SLICE into host memory,
-    DEVICE_MIN_SLICE for a device (each of its slices also a copy launch and an event)."""
+def slice_floor(host: bool, min_slice: int | None = None) -> int:
+    """The smallest slice a read is cut into: the caller's ``min_slice`` where it gives one, else
+    MIN_SLICE into host memory and DEVICE_MIN_SLICE for a device (each of its slices also a copy
+    launch and an event). One rule for the reader's cut and the bucket reader's ring."""
+    if min_slice is not None:
+        return min_slice
     return MIN_SLICE if host else DEVICE_MIN_SLICE
 
 
@@ -660,7 +663,7 @@ class ParallelReader:
         # most the ring's buffer.
         total = sum(e.nbytes for e in extents)
         per = -(-total // self.threads)
-        floor = min_slice or slice_floor(self.seam.on_host)
+        floor = slice_floor(self.seam.on_host, min_slice)
         per = min(self.slice_bytes, max(min(floor, self.slice_bytes), -(-per // ALIGN) * ALIGN))
         for e in coalesce(extents):
             pos = 0

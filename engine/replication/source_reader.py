@@ -115,7 +115,8 @@ class SourceReader:
         self.mapped: dict[int, MappedFile] = {}
         self.states: dict[int, dict[str, Any]] = {}
         self._files = plan["files"]
-        # min_slice: every read of this source is cut with that floor (its rings sized to match).
+        # min_slice: the floor this source's callers cut every read with (the IPC-only source's
+        # T shares): its rings' slices are sized to it; a read's own cut is the caller's (start_into).
         self._read_opts: dict[str, Any] = {"readers": readers, "direct": direct, "devices": devices,
                                            "largest": max((b["size"] for b in plan.buckets), default=1),
                                            "min_slice": min_slice}
