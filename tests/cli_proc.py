@@ -212,12 +212,13 @@ def start() -> str | None:
 
 
 def in_netns(netns: str, argv: Sequence[str]) -> list[str]:
-    """``argv`` to run inside network namespace ``netns``: through tests.in_netns where the zygote can
-    fork it (a hwtui CLI), else ``ip netns exec`` as before."""
+    """``argv`` to run inside network namespace ``netns``: a hwtui CLI through tests.in_netns, which
+    run and Popen fork from the zygote where they can and exec as ``ip netns exec`` where they
+    cannot (_execable: the decision is theirs, made with the child's own environment); anything
+    else under ``ip netns exec``."""
     argv = [str(a) for a in argv]
-    forkable = [*argv[:2], NETNS_MODULE, netns, *argv[2:]]
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in CLI_MODULES and why_exec(forkable) is None:
-        return forkable
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in CLI_MODULES:
+        return [*argv[:2], NETNS_MODULE, netns, *argv[2:]]
     return ["ip", "netns", "exec", netns, *argv]
 
 
@@ -233,9 +234,12 @@ def in_mountns(setup: str, after: str, script_args: Sequence[str], argv: Sequenc
 
 
 def _execable(argv: Sequence[str]) -> list[str]:
-    """``argv`` to exec: a test wrapper module (``-m tests.in_mountns``, ``-m tests.with_umask``) as
-    its file, which needs no ``tests`` package on the exec'd interpreter's path."""
+    """``argv`` to exec: ``-m tests.in_netns NETNS ...`` as ``ip netns exec NETNS python -m ...``;
+    another test wrapper module (``-m tests.in_mountns``, ``-m tests.with_umask``) as its file,
+    which needs no ``tests`` package on the exec'd interpreter's path."""
     argv = [str(a) for a in argv]
+    if argv[1:2] == ["-m"] and argv[2:3] == [NETNS_MODULE] and len(argv) >= 5:
+        return ["ip", "netns", "exec", argv[3], argv[0], "-m", *argv[4:]]
     if argv[1:2] == ["-m"] and argv[2:3] and argv[2] in (MOUNTNS_MODULE, UMASK_MODULE):
         here = os.path.dirname(os.path.abspath(__file__))
         return [argv[0], os.path.join(here, argv[2].rsplit(".", 1)[1] + ".py"), *argv[3:]]

@@ -209,7 +209,7 @@ def test_a_dead_zygote_takes_its_children_and_later_clis_are_execd(tmp_path: Pat
     wait_gone([got["pid"]], "the agent outlived its zygote")
 
 
-def test_a_cli_forked_into_a_network_namespace_sees_that_namespace_as_ip_netns_exec_shows_it(zygote) -> None:
+def test_a_cli_forked_into_a_network_namespace_sees_that_namespace_as_ip_netns_exec_shows_it(zygote, monkeypatch) -> None:
     from tests.engine.cluster.netns import NetnsCluster, unavailable_reason
 
     if (why := unavailable_reason()) is not None:
@@ -228,6 +228,10 @@ def test_a_cli_forked_into_a_network_namespace_sees_that_namespace_as_ip_netns_e
         assert json.loads(out) == json.loads(execd.stdout) == seen
         here = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout)
         assert "10.77.0.1" not in here["ipv4"], here  # the namespace's, not this one's
+        # Where a fork could differ, run execs the same argv as `ip netns exec` (cli_proc._execable).
+        monkeypatch.setenv(cli_proc.EXEC_ENV, "1")
+        again = cli_proc.run(cli_proc.in_netns(ns, argv), capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and json.loads(again.stdout) == seen, again.stderr
     finally:
         net.down()
 
